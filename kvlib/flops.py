@@ -1,0 +1,182 @@
+"""Counting the work (notebook 09): multiply-adds of each part of the model, by formula and
+by counting the matrix products that really run.
+
+One multiply-add (MAC) is one multiplication and one addition, 2 FLOPs. For a chunk of T
+new tokens attending over S positions, each layer does:
+
+    projections       4 T d^2   (Q, K, V and the output projection)
+    attention scores  T S d     (every head: T x dh times dh x S)
+    attention sums    T S d     (every head: T x S times S x dh)
+    MLP               2 T d f   (up and down)
+
+and the unembedding does R d V for the R rows it turns into logits. Without a cache, S = T
+grows with every new token and the attention terms grow with its square; with a cache T = 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .config import ModelConfig
+from .params import LayerParams, Params
+
+
+@dataclass(frozen=True)
+class MultiplyAdds:
+    """Multiply-adds split by part of the model."""
+
+    projections: int = 0
+    attention_scores: int = 0
+    attention_sums: int = 0
+    mlp: int = 0
+    unembedding: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.as_dict().values())
+
+    @property
+    def flops(self) -> int:
+        """2 FLOPs per multiply-add."""
+        return 2 * self.total
+
+    def as_dict(self) -> dict[str, int]:
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+    def __add__(self, other: MultiplyAdds) -> MultiplyAdds:
+        return MultiplyAdds(**{name: value + getattr(other, name)
+                               for name, value in self.as_dict().items()})
+
+
+def chunk_multiply_adds(config: ModelConfig, new_tokens: int, attended_positions: int,
+                        unembedded_rows: int) -> MultiplyAdds:
+    """Work of one pass over new_tokens queries attending over attended_positions keys."""
+    if not 1 <= new_tokens <= attended_positions:
+        raise ValueError(f"need 1 <= new_tokens <= attended_positions, got {new_tokens} "
+                         f"and {attended_positions}")
+    T, S, d, L = new_tokens, attended_positions, config.d_model, config.n_layers
+    return MultiplyAdds(
+        projections=L * 4 * T * d * d,
+        attention_scores=L * T * S * d,
+        attention_sums=L * T * S * d,
+        mlp=L * 2 * T * d * config.d_ff,
+        unembedding=unembedded_rows * d * config.vocab_size,
+    )
+
+
+def forward_multiply_adds(config: ModelConfig, n_tokens: int, last_only: bool = False):
+    """A full forward over n_tokens, no cache (kvlib.forward): S = T = n_tokens."""
+    return chunk_multiply_adds(config, n_tokens, n_tokens, 1 if last_only else n_tokens)
+
+
+def prefill_multiply_adds(config: ModelConfig, n_tokens: int, cached: int = 0,
+                          last_only: bool = False):
+    """kvlib.prefill of n_tokens after `cached` positions already in the cache."""
+    return chunk_multiply_adds(config, n_tokens, cached + n_tokens, 1 if last_only else n_tokens)
+
+
+def decode_step_multiply_adds(config: ModelConfig, position: int) -> MultiplyAdds:
+    """One cached decode step for the token at 0-based `position`: it attends over
+    position + 1 keys (the cached ones and its own)."""
+    return chunk_multiply_adds(config, 1, position + 1, 1)
+
+
+def generation_multiply_adds(config: ModelConfig, prompt_length: int, new_tokens: int,
+                             use_cache: bool = True) -> MultiplyAdds:
+    """Generating new_tokens after a prompt_length prompt, as kvlib.generate does it.
+
+    With the cache: a prefill of the prompt (the first new token comes from its last row),
+    then new_tokens - 1 decode steps. Without: new_tokens full forwards over P, P + 1, ...
+    tokens. Both unembed only the last row of each pass.
+    """
+    if prompt_length < 1 or new_tokens < 1:
+        raise ValueError("prompt_length and new_tokens must be at least 1")
+    if not use_cache:
+        total = MultiplyAdds()
+        for length in range(prompt_length, prompt_length + new_tokens):
+            total = total + forward_multiply_adds(config, length, last_only=True)
+        return total
+    total = prefill_multiply_adds(config, prompt_length, last_only=True)
+    for position in range(prompt_length, prompt_length + new_tokens - 1):
+        total = total + decode_step_multiply_adds(config, position)
+    return total
+
+
+# Which part a matrix product belongs to, by the kvlib.model function that performs it.
+_PART_OF_FUNCTION = {
+    "project_qkv": "projections",
+    "output_projection": "projections",
+    "attention_scores": "attention_scores",
+    "weighted_sum": "attention_sums",
+    "mlp": "mlp",
+    "unembed": "unembedding",
+}
+
+
+class _CountedArray(np.ndarray):
+    """An array whose matrix products are tallied, by the function that performs them."""
+
+    tally: dict[str, int]
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if ufunc is np.matmul and method == "__call__":
+            caller = sys._getframe(1).f_code.co_name
+            if caller not in _PART_OF_FUNCTION:
+                raise RuntimeError(f"a matrix product in {caller}() is not assigned to a part")
+            a, b = (np.asarray(x) for x in inputs[:2])
+            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+            macs = int(np.prod(batch, dtype=np.int64)) * a.shape[-2] * a.shape[-1] * b.shape[-1]
+            self.tally[_PART_OF_FUNCTION[caller]] += macs
+        plain = [np.asarray(x) if isinstance(x, _CountedArray) else x for x in inputs]
+        return self._wrap(getattr(ufunc, method)(*plain, **kwargs))
+
+    def __array_function__(self, function, types, args, kwargs):
+        return self._wrap(function(*_unwrap(args), **_unwrap(kwargs)))
+
+    def _wrap(self, result):
+        if isinstance(result, tuple):
+            return tuple(self._wrap(r) for r in result)
+        if isinstance(result, np.ndarray) and not isinstance(result, _CountedArray):
+            result = result.view(_CountedArray)
+            result.tally = self.tally
+        return result
+
+    def __array_finalize__(self, source):
+        self.tally = getattr(source, "tally", None)
+
+
+def _unwrap(value):
+    if isinstance(value, _CountedArray):
+        return value.view(np.ndarray)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unwrap(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _unwrap(v) for k, v in value.items()}
+    return value
+
+
+def count_multiply_adds(function, params: Params, *args, **kwargs):
+    """Run function(params, *args, **kwargs) and count the multiply-adds of every matrix
+    product it performs: returns (its result, MultiplyAdds).
+
+    The check on the formulas above: the count comes from the products that really run.
+    """
+    tally = dict.fromkeys(_PART_OF_FUNCTION.values(), 0)
+
+    def counted(array):
+        view = array.view(_CountedArray)
+        view.tally = tally
+        return view
+
+    counted_params = Params(
+        config=params.config,
+        embedding=counted(params.embedding),
+        layers=tuple(LayerParams(**{name: counted(getattr(layer, name))
+                                    for name in LayerParams.__annotations__})
+                     for layer in params.layers),
+    )
+    result = function(counted_params, *args, **kwargs)
+    return _unwrap(result), MultiplyAdds(**tally)

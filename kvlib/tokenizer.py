@@ -1,0 +1,77 @@
+"""A toy word-level tokenizer (notebook 01): 12 tokens, ids chosen to match the article."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+BOS = "<bos>"
+
+TOY_VOCABULARY = (BOS, "you", "am", "How", "fine", "I", "thanks", "are", ".", "?", "good", "and")
+"""Token id -> word. "How are you?" is BOS 3 7 1 9, and 5 ("I") is the article's prediction."""
+
+_WORD_OR_PUNCTUATION = re.compile(r"<bos>|\w+|[^\w\s]")
+
+
+class ToyTokenizer:
+    """Splits text into words and punctuation and maps each to its id.
+
+    >>> tokenizer = ToyTokenizer()
+    >>> tokenizer.encode("How are you?")
+    [0, 3, 7, 1, 9]
+    >>> tokenizer.decode([0, 3, 7, 1, 9, 5, 2, 4])
+    'How are you? I am fine'
+
+    Matching ignores case; decoding gives each word as it is written in the vocabulary.
+    """
+
+    def __init__(self, vocabulary: tuple[str, ...] = TOY_VOCABULARY):
+        self.vocabulary = tuple(vocabulary)
+        self._ids = {word.lower(): index for index, word in enumerate(self.vocabulary)}
+        self.bos_id = self._ids[BOS]
+
+    def __len__(self) -> int:
+        return len(self.vocabulary)
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        """Text -> ids, with the BOS id in front unless add_bos is False."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects a string, got {type(text).__name__}")
+        words = _WORD_OR_PUNCTUATION.findall(text)
+        unknown = [word for word in words if word.lower() not in self._ids]
+        if unknown:
+            raise ValueError(
+                f"unknown word(s) {unknown}: this toy vocabulary only has {self.words()}"
+            )
+        ids = [self._ids[word.lower()] for word in words]
+        return [self.bos_id, *ids] if add_bos else ids
+
+    def tokens(self, ids) -> list[str]:
+        """Ids -> the token strings, BOS included (for labelling plots)."""
+        return [self.vocabulary[i] for i in self._check_ids(ids)]
+
+    def decode(self, ids) -> str:
+        """Ids -> text; BOS is left out and punctuation is attached to the word before it."""
+        text = ""
+        for token in self.tokens(ids):
+            if token == BOS:
+                continue
+            separator = "" if not text or re.fullmatch(r"[^\w\s]", token) else " "
+            text += separator + token
+        return text
+
+    def words(self) -> list[str]:
+        return [word for word in self.vocabulary if word != BOS]
+
+    def _check_ids(self, ids) -> list[int]:
+        ids = np.atleast_1d(np.asarray(ids))
+        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+            raise TypeError(f"ids must be a sequence of integers, got {ids.tolist()!r}")
+        bad = [int(i) for i in ids if not 0 <= i < len(self.vocabulary)]
+        if bad:
+            raise ValueError(
+                f"id(s) {bad} are outside the vocabulary: valid ids are 0 to "
+                f"{len(self.vocabulary) - 1} ({dict(enumerate(self.vocabulary))})"
+            )
+        return [int(i) for i in ids]
