@@ -1,0 +1,48 @@
+"""Feedback for a student's answer, in words."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """The verdict on one answer: shown in the notebook as a single line of text."""
+
+    passed: bool
+    message: str
+
+    def __repr__(self) -> str:
+        return f"{'Correct' if self.passed else 'Not yet'}: {self.message}"
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+
+def check_array(answer, expected: np.ndarray, name: str, hint: str = "",
+                atol: float = 1e-8) -> Feedback:
+    """Compare an array answer with the expected one: missing, type, shape, then values."""
+    if answer is None or answer is ...:
+        return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
+    if not isinstance(answer, np.ndarray):
+        return Feedback(False, f"{name} should be a numpy array, got {type(answer).__name__}.")
+    if answer.shape != expected.shape:
+        return Feedback(False, f"{name} should have shape {expected.shape}, got {answer.shape}."
+                        + (f" {hint}" if hint else ""))
+    if not np.allclose(answer, expected, atol=atol, equal_nan=True):
+        worst = np.unravel_index(np.nanargmax(np.abs(answer - expected)), expected.shape)
+        return Feedback(False, f"{name} has the right shape but not the right values (first "
+                        f"look at position {tuple(int(i) for i in worst)})."
+                        + (f" {hint}" if hint else ""))
+    return Feedback(True, f"{name} has shape {expected.shape} and the right values.")
+
+
+def show_solution(solutions: dict[int, str], number: int):
+    """Display exercise `number`'s solution (for the instructor; students try first)."""
+    from IPython.display import Markdown
+
+    if number not in solutions:
+        raise ValueError(f"there is no exercise {number}; exercises: {sorted(solutions)}")
+    return Markdown(f"**Solution to exercise {number}**\n\n```python\n{solutions[number].strip()}\n```")
