@@ -12,14 +12,17 @@ from .params import Params
 def check_ids(ids, params: Params, what: str = "prompt") -> np.ndarray:
     """Validate token ids: a non-empty sequence of integers in [0, vocab_size) -> int array (T,)."""
     if not isinstance(params, Params):
-        raise TypeError(f"params must be kvlib Params (from init_params), got {type(params).__name__}")
+        raise TypeError("params must be kvlib Params (from init_params), "
+                        f"got {type(params).__name__}")
     array = np.asarray(ids)
     if array.ndim == 0:
         array = array.reshape(1)
     if array.ndim != 1:
-        raise ValueError(f"the {what} must be a flat sequence of token ids, got shape {array.shape}")
+        raise ValueError(f"the {what} must be a flat sequence of token ids, "
+                         f"got shape {array.shape}")
     if array.size == 0:
-        raise ValueError(f"the {what} is empty: give at least one token id (for example the BOS id 0)")
+        raise ValueError(f"the {what} is empty: give at least one token id "
+                         "(for example the BOS id 0)")
     if not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"token ids must be integers, got {array.tolist()!r} ({array.dtype})")
     vocab_size = params.config.vocab_size
@@ -158,7 +161,8 @@ def generate(params: Params, ids, max_new_tokens: int, use_cache: bool = True,
     needed = len(ids) + max_new_tokens - 1
     if needed > params.config.context_length:
         raise ValueError(f"a {len(ids)}-token prompt plus {max_new_tokens} new tokens needs "
-                         f"{needed} positions; the context length is {params.config.context_length}")
+                         f"{needed} positions; the context length is "
+                         f"{params.config.context_length}")
     rng = np.random.default_rng(seed)
     sequence = [int(i) for i in ids]
     if use_cache:

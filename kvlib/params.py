@@ -56,8 +56,9 @@ class Params:
     @property
     def n_parameters(self) -> int:
         """Number of weights, counting the tied table once."""
+        names = LayerParams.__annotations__
         return self.embedding.size + sum(
-            getattr(layer, name).size for layer in self.layers for name in LayerParams.__annotations__
+            getattr(layer, name).size for layer in self.layers for name in names
         )
 
 

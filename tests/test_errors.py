@@ -63,7 +63,8 @@ def test_decode_step_takes_one_token(params):
 def test_weights_of_the_wrong_shape_or_dtype(params):
     layer = params.layers[0]
     bad_layer = kvlib.LayerParams(**{**layer.__dict__, "Wq": np.zeros((4, 5))})
-    with pytest.raises(ValueError, match=r"layer 0 Wq has shape \(4, 5\); the config expects \(4, 4\)"):
+    expected = r"layer 0 Wq has shape \(4, 5\); the config expects \(4, 4\)"
+    with pytest.raises(ValueError, match=expected):
         kvlib.Params(params.config, params.embedding, (bad_layer, *params.layers[1:]))
     with pytest.raises(ValueError, match=r"embedding has shape \(11, 4\)"):
         kvlib.Params(params.config, params.embedding[:11], params.layers)
@@ -97,7 +98,8 @@ def test_shape_errors_in_the_steps():
 
 def test_tokenizer_errors():
     tokenizer = kvlib.ToyTokenizer()
-    with pytest.raises(ValueError, match=r"unknown word\(s\) \['hello'\]: this toy vocabulary only has"):
+    expected = r"unknown word\(s\) \['hello'\]: this toy vocabulary only has"
+    with pytest.raises(ValueError, match=expected):
         tokenizer.encode("hello you")
     with pytest.raises(ValueError, match="valid ids are 0 to 11"):
         tokenizer.decode([3, 15])

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvlib
-from kvlib import causal_mask, softmax, split_heads, merge_heads
+from kvlib import causal_mask, merge_heads, softmax, split_heads
 
 
 @given(st.integers(1, 6), st.integers(1, 9), st.integers(0, 2**31))

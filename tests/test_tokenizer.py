@@ -15,4 +15,5 @@ def test_case_punctuation_and_no_bos():
     tokenizer = kvlib.ToyTokenizer()
     assert tokenizer.encode("how ARE you ?", add_bos=False) == [3, 7, 1, 9]
     assert tokenizer.decode([5, 2, 4, 8, 6, 11, 10, 9]) == "I am fine. thanks and good?"
-    assert sorted(tokenizer.encode(" ".join(tokenizer.words()), add_bos=False)) == list(range(1, 12))
+    every_word = " ".join(tokenizer.words())
+    assert sorted(tokenizer.encode(every_word, add_bos=False)) == list(range(1, 12))

@@ -5,8 +5,16 @@ import pytest
 
 import kvlib
 from kvlib import (
-    attention_weights, causal_mask, embed, merge_heads, mlp, output_projection, project_qkv,
-    split_heads, unembed, weighted_sum,
+    attention_weights,
+    causal_mask,
+    embed,
+    merge_heads,
+    mlp,
+    output_projection,
+    project_qkv,
+    split_heads,
+    unembed,
+    weighted_sum,
 )
 
 

@@ -45,4 +45,5 @@ def show_solution(solutions: dict[int, str], number: int):
 
     if number not in solutions:
         raise ValueError(f"there is no exercise {number}; exercises: {sorted(solutions)}")
-    return Markdown(f"**Solution to exercise {number}**\n\n```python\n{solutions[number].strip()}\n```")
+    code = solutions[number].strip()
+    return Markdown(f"**Solution to exercise {number}**\n\n```python\n{code}\n```")
