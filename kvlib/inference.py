@@ -115,13 +115,16 @@ def next_token_probabilities(logits_row, temperature: float = 1.0, top_k: int | 
     """Sampling distribution over the vocabulary (notebook 06): logits (V,) -> probabilities (V,).
 
     Logits are divided by the temperature (below 1 sharpens, above 1 flattens); with top_k,
-    all but the k largest logits get probability 0.
+    all but the k largest logits get probability 0. Temperature 0 is greedy decoding: all
+    the probability on the largest logit, the token choose_next_token picks.
     """
     logits_row = np.asarray(logits_row)
     if logits_row.ndim != 1:
         raise ValueError(f"expected one row of logits (V,), got shape {logits_row.shape}")
-    if not np.isfinite(temperature) or temperature <= 0:
-        raise ValueError(f"temperature must be a positive number, got {temperature}")
+    if not np.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be 0 (greedy) or a positive number, got {temperature}")
+    if temperature == 0:
+        return (np.arange(len(logits_row)) == np.argmax(logits_row)).astype(logits_row.dtype)
     scaled = logits_row / float(temperature)
     if top_k is not None:
         if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)):

@@ -190,7 +190,8 @@ def attention_heatmaps(weights, query_labels, key_labels, mask=None, fig=None, t
         raise ValueError(f"attention_heatmaps draws (heads, T, S) weights, got {weights.shape}")
     n_heads, rows, columns = weights.shape
     if fig is None:
-        fig = plt.figure(figsize=(n_heads * (1.4 + 0.7 * columns), 1.6 + 0.55 * rows))
+        fig = plt.figure(figsize=(n_heads * (1.4 + 0.7 * columns), 1.6 + 0.55 * rows),
+                         layout="constrained")
     fig.clear()
     axes = fig.subplots(1, n_heads, squeeze=False)[0]
     for head, ax in enumerate(axes):

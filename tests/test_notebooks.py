@@ -19,6 +19,8 @@ SERIES = [
     "06_logits_next_token",
     "07_prefill",
     "08_kv_cached_decode",
+    "09_cost_of_generation",
+    "10_kv_cache_memory",
 ]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"

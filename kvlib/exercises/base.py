@@ -32,7 +32,8 @@ def check_array(answer, expected: np.ndarray, name: str, hint: str = "",
         return Feedback(False, f"{name} should have shape {expected.shape}, got {answer.shape}."
                         + (f" {hint}" if hint else ""))
     if not np.allclose(answer, expected, atol=atol, equal_nan=True):
-        worst = np.unravel_index(np.nanargmax(np.abs(answer - expected)), expected.shape)
+        error = np.nan_to_num(np.abs(answer - expected), nan=np.inf)
+        worst = np.unravel_index(np.argmax(error), expected.shape)
         return Feedback(False, f"{name} has the right shape but not the right values (first "
                         f"look at position {tuple(int(i) for i in worst)})."
                         + (f" {hint}" if hint else ""))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import display
@@ -32,6 +34,31 @@ class LiveFigure:
             display(self.figure)
 
 
+def read_prompt(text, tokenizer, max_tokens: int) -> list[int]:
+    """A prompt typed into a widget -> its ids, BOS first (notebooks 01-08).
+
+    Raises the tokenizer's ValueError for unknown words (safely() shows it escaped, since a
+    student may type < or >), and a ValueError in words when the prompt has more than
+    max_tokens tokens.
+    """
+    ids = tokenizer.encode(text)
+    if len(ids) > max_tokens:
+        raise ValueError(f"this prompt has {len(ids)} tokens (BOS included); at most "
+                         f"{max_tokens} fit here: try a shorter one")
+    return ids
+
+
+def as_html(text: str) -> str:
+    """Plain text for an HTML line: token labels such as <bos> must show as written."""
+    return html.escape(text, quote=False)
+
+
+def prompt_box(prompt: str) -> widgets.Text:
+    """The text box in which a student types a prompt (applied on Enter)."""
+    return widgets.Text(value=prompt, description="prompt", continuous_update=False,
+                        layout=widgets.Layout(width="20em"))
+
+
 def safely(callback, message_widget: widgets.HTML | None = None):
     """Wrap a widget callback so that a bad value is reported in words, never a traceback."""
 
@@ -43,6 +70,6 @@ def safely(callback, message_widget: widgets.HTML | None = None):
         except (ValueError, TypeError) as error:
             if message_widget is None:
                 raise
-            message_widget.value = f"<b>Cannot show this:</b> {error}"
+            message_widget.value = f"<b>Cannot show this:</b> {as_html(str(error))}"
 
     return run

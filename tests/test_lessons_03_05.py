@@ -1,0 +1,627 @@
+"""Notebooks 03-05: their widgets, driven headless, and their exercise checkers.
+
+Widgets are built, their controls set (observers fire synchronously), and the drawn artists
+compared with what kvlib computes. Every checker must say "Not yet" with the specific reason
+for each typical wrong answer, and every published solution, executed in the namespace of its
+notebook, must pass its checker.
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import json  # noqa: E402
+from functools import lru_cache  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import kvlib  # noqa: E402
+from kvlib.exercises import lesson03 as exercises03  # noqa: E402
+from kvlib.exercises import lesson04 as exercises04  # noqa: E402
+from kvlib.exercises import lesson05 as exercises05  # noqa: E402
+from kvlib.widgets import lesson03 as widgets03  # noqa: E402
+from kvlib.widgets import lesson04 as widgets04  # noqa: E402
+from kvlib.widgets import lesson05 as widgets05  # noqa: E402
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+IDS = [0, 3, 7, 1, 9]
+
+
+@pytest.fixture(scope="module")
+def params():
+    return kvlib.init_params()
+
+
+@pytest.fixture(autouse=True)
+def no_figure_leaks():
+    """Every test must leave the set of open pyplot figures as it found it."""
+    before = set(plt.get_fignums())
+    yield
+    assert set(plt.get_fignums()) == before
+
+
+def image_of(ax):
+    """The array shown by the first image of an Axes (a masked array for attention maps)."""
+    return ax.images[0].get_array()
+
+
+def bar_heights(ax, container=0):
+    return np.array([bar.get_height() for bar in ax.containers[container]])
+
+
+# ---------------------------------------------------------------- notebook 03 widgets
+
+
+def test_attention_by_layer_masked_is_the_model_and_unmasked_differs(params):
+    record = []
+    kvlib.forward(params, IDS, record_attention=record)
+    masked = widgets03.attention_by_layer(params, IDS, masked=True)
+    unmasked = widgets03.attention_by_layer(params, IDS, masked=False)
+    for layer in range(3):
+        np.testing.assert_array_equal(masked[layer], record[layer])
+        assert unmasked[layer].shape == (2, 5, 5)
+        assert np.all(unmasked[layer][:, 0, 1:] > 0)        # the first token reads the future
+    # Layer 0's last row sees everything either way; later layers' inputs differ without a mask.
+    np.testing.assert_allclose(unmasked[0][:, -1], masked[0][:, -1])
+    assert not np.allclose(unmasked[1][:, -1], masked[1][:, -1])
+
+
+def test_mask_explorer_draws_the_chosen_head_with_and_without_the_mask(params):
+    box = widgets03.mask_explorer(params)
+    ax = box.figure.axes[0]
+    masked = widgets03.attention_by_layer(params, IDS, masked=True)
+    shown = image_of(ax)
+    np.testing.assert_allclose(shown.data, masked[0][0])
+    np.testing.assert_array_equal(np.ma.getmaskarray(shown), ~kvlib.causal_mask(5))
+    assert "mask on" in ax.get_title() and "sums to 1" in box.status.value
+
+    box.controls["mask"].value = False
+    unmasked = widgets03.attention_by_layer(params, IDS, masked=False)
+    shown = image_of(ax)
+    assert not np.ma.getmaskarray(shown).any()
+    np.testing.assert_allclose(shown.data, unmasked[0][0])
+    future = unmasked[0][0][0, 1:].sum()
+    assert f"gives {future:.2f} of its weight to later tokens" in box.status.value
+    assert "first token (&lt;bos&gt;)" in box.status.value   # escaped, so the label shows in HTML
+
+    box.controls["layer"].value = 2
+    box.controls["head"].value = 1
+    np.testing.assert_allclose(image_of(ax).data, unmasked[2][1])
+    box.controls["mask"].value = True
+    np.testing.assert_allclose(image_of(ax).data, masked[2][1])
+    assert ax.get_title() == "Layer 2, head 1, mask on"
+
+
+def test_mask_explorer_reports_a_bad_prompt_and_recovers(params):
+    box = widgets03.mask_explorer(params)
+    before = image_of(box.figure.axes[0]).copy()
+    box.controls["prompt"].value = "How are bananas?"
+    assert "Cannot show this" in box.message.value and "bananas" in box.message.value
+    np.testing.assert_array_equal(image_of(box.figure.axes[0]).data, before.data)
+    box.controls["prompt"].value = "you " * 40
+    assert "at most 32 fit" in box.message.value
+    box.controls["prompt"].value = "I am fine"
+    assert box.message.value == ""
+    assert image_of(box.figure.axes[0]).shape == (4, 4)
+    assert [t.get_text() for t in box.figure.axes[0].get_xticklabels()] == ["<bos>", "I", "am",
+                                                                           "fine"]
+
+
+def test_mask_explorer_keeps_one_figure_and_one_colorbar(params):
+    box = widgets03.mask_explorer(params)
+    n_axes = len(box.figure.axes)
+    for step in range(24):
+        box.controls["mask"].value = bool(step % 2)
+        box.controls["layer"].value = step % 3
+        box.controls["head"].value = step % 2
+    assert len(box.figure.axes) == n_axes == 2   # the heatmap and its colorbar, never more
+
+
+def test_row_changes_are_exactly_zero_before_the_changed_position(params):
+    changes = widgets03.row_changes(params, IDS, 3, 5)
+    assert changes.shape == (5,)
+    assert np.all(changes[:3] == 0) and np.all(changes[3:] > 0)
+    assert np.all(widgets03.row_changes(params, IDS, 0, 4) > 0)
+    assert np.all(widgets03.row_changes(params, IDS, 2, IDS[2]) == 0)
+    with pytest.raises(ValueError, match="position must be between 0 and 4"):
+        widgets03.row_changes(params, IDS, 5, 1)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        widgets03.row_changes(params, IDS, 1, 12)
+    with pytest.raises(TypeError, match="whole number"):
+        widgets03.row_changes(params, IDS, 1.5, 1)
+
+
+def test_change_explorer_bars_follow_the_chosen_change(params):
+    box = widgets03.change_explorer(params, position=3, replacement=5)
+    ax = box.figure.axes[0]
+    heights = bar_heights(ax)
+    np.testing.assert_array_equal(heights, widgets03.row_changes(params, IDS, 3, 5))
+    assert np.all(heights[:3] == 0) and np.all(heights[3:] > 0)
+    texts = [t.get_text() for t in ax.texts]
+    assert texts[:3] == ["0 exactly"] * 3
+    assert "rows 0-2: change exactly 0" in box.status.value
+
+    box.controls["position"].value = 1
+    box.controls["replacement"].value = 4          # "fine"
+    heights = bar_heights(ax)
+    assert heights[0] == 0 and np.all(heights[1:] > 0)
+    assert "row 0: change exactly 0" in box.status.value
+    assert ax.get_xticklabels()[1].get_text() == "1\nHow -> fine"
+
+    box.controls["replacement"].value = IDS[1]     # the token already there
+    assert np.all(bar_heights(ax) == 0) and "already holds 'How'" in box.status.value
+
+    box.controls["position"].value = 0
+    box.controls["replacement"].value = 5
+    assert np.all(bar_heights(ax) > 0)
+
+
+def test_change_explorer_follows_a_new_prompt_and_reports_bad_ones(params):
+    box = widgets03.change_explorer(params, position=4, replacement=5)
+    box.controls["prompt"].value = "I am"          # 3 tokens: position 4 no longer exists
+    assert box.controls["position"].max == 2 and box.controls["position"].value == 2
+    assert len(bar_heights(box.figure.axes[0])) == 3
+    assert box.message.value == ""
+    box.controls["prompt"].value = "I am hungry"
+    assert "unknown word" in box.message.value and "hungry" in box.message.value
+    assert box.status.value == ""
+    box.controls["prompt"].value = "How are you?"
+    assert box.message.value == "" and box.controls["position"].max == 4
+
+
+def test_change_explorer_does_not_leak_figures(params):
+    box = widgets03.change_explorer(params)
+    figures = plt.get_fignums()
+    for step in range(24):
+        box.controls["position"].value = step % 5
+        box.controls["replacement"].value = step % 12
+    assert plt.get_fignums() == figures
+    assert len(box.figure.axes) == 1
+
+
+# ---------------------------------------------------------------- notebook 04 widgets
+
+
+def frames(ax, color):
+    return [p for p in ax.patches if not p.get_fill()
+            and matplotlib.colors.same_color(p.get_edgecolor(), color)]
+
+
+def test_head_columns_frames_each_head_and_rejects_bad_splits():
+    Q = np.arange(20.0).reshape(5, 4)
+    fig, ax = plt.subplots()
+    try:
+        widgets04.head_columns(Q, 2, list("abcde"), ax=ax, highlight=1)
+        red = frames(ax, widgets04.FRAME_COLOR)
+        assert len(red) == 1 and red[0].get_x() == 1.5 and red[0].get_width() == 2
+        assert sorted(t.get_text() for t in ax.texts if t.get_text().startswith("head")) == [
+            "head 0", "head 1"]
+        with pytest.raises(ValueError, match="cannot split 4 columns into 3"):
+            widgets04.head_columns(Q, 3, ax=ax)
+        with pytest.raises(ValueError, match="highlight must be a head between 0 and 1"):
+            widgets04.head_columns(Q, 2, ax=ax, highlight=2)
+    finally:
+        plt.close(fig)
+
+
+def test_layer_inputs_are_the_stream_entering_each_block(params):
+    inputs = widgets04.layer_inputs(params, IDS)
+    assert len(inputs) == 3
+    X = kvlib.embed(np.array(IDS), params.embedding)
+    for layer, X_in in zip(params.layers, inputs):
+        np.testing.assert_array_equal(X_in, X)
+        X = kvlib.decoder_block(X, layer, 2, mask=kvlib.causal_mask(5))
+
+
+def test_head_explorer_shows_the_chosen_head(params):
+    box = widgets04.head_explorer(params)
+    left, right = box.figure.axes
+    X = kvlib.embed(np.array(IDS), params.embedding)
+    Q, _, _ = kvlib.project_qkv(X, params.layers[0])
+    np.testing.assert_array_equal(box.state["head_slice"], Q[:, 0:2])
+    np.testing.assert_allclose(image_of(left), Q)
+    assert frames(left, widgets04.FRAME_COLOR)[0].get_x() == -0.5
+
+    box.controls["head"].value = 1
+    np.testing.assert_array_equal(box.state["head_slice"], Q[:, 2:4])
+    assert frames(left, widgets04.FRAME_COLOR)[0].get_x() == 1.5
+    assert "columns 2:4" in box.status.value
+
+    box.controls["layer"].value = 2
+    record = []
+    kvlib.forward(params, IDS, record_attention=record)
+    np.testing.assert_allclose(image_of(right).data, record[2][1])
+    Q2 = widgets04.layer_inputs(params, IDS)[2] @ params.layers[2].Wq
+    np.testing.assert_allclose(box.state["Q"], Q2)
+    assert right.get_title() == "Layer 2, head 1: weights (5, 5)"
+
+
+def test_head_explorer_reports_a_bad_prompt_and_does_not_leak(params):
+    box = widgets04.head_explorer(params)
+    box.controls["prompt"].value = "How are zebras?"
+    assert "unknown word" in box.message.value and box.status.value == ""
+    box.controls["prompt"].value = "How are you? I am fine."
+    assert box.message.value == "" and box.state["Q"].shape == (9, 4)
+    figures = plt.get_fignums()
+    for step in range(24):
+        box.controls["layer"].value = step % 3
+        box.controls["head"].value = (step // 3) % 2
+    assert plt.get_fignums() == figures and len(box.figure.axes) == 2
+
+
+def test_split_for_heads_cuts_the_same_q(params):
+    Q1, _ = widgets04.split_for_heads(IDS, 1)
+    for count in (1, 2, 4, 8):
+        Q, weights = widgets04.split_for_heads(IDS, count)
+        np.testing.assert_array_equal(Q, Q1)
+        assert weights.shape == (count, 5, 5)
+        np.testing.assert_allclose(weights.sum(axis=-1), 1.0)
+        assert np.all(weights[:, kvlib.causal_mask(5) == 0] == 0)
+    with pytest.raises(ValueError, match=r"divisible by n_heads \(3\)"):
+        widgets04.split_for_heads(IDS, 3)
+
+
+def test_head_count_explorer_redraws_one_heatmap_per_head():
+    box = widgets04.head_count_explorer(n_heads=2)
+    Q = box.state["Q"]
+    for count in (1, 2, 4, 8):
+        box.controls["heads"].value = count
+        assert box.state["head_dim"] == 8 // count
+        assert len(box.figure.axes) == 1 + count          # Q and one heatmap per head
+        np.testing.assert_array_equal(box.state["Q"], Q)
+        heads = [t.get_text() for t in box.figure.axes[0].texts if t.get_text().startswith("head")]
+        assert heads == [f"head {h}" for h in range(count)]
+        assert f"head_dim {8 // count}" in box.status.value
+    box.controls["heads"].value = 3
+    assert "must be divisible by n_heads (3)" in box.message.value
+    assert box.status.value == "" and box.state["head_dim"] == 1   # the last good drawing stays
+    box.controls["heads"].value = 4
+    assert box.message.value == "" and len(box.figure.axes) == 5
+
+
+def test_head_count_explorer_does_not_leak():
+    box = widgets04.head_count_explorer()
+    figures = plt.get_fignums()
+    for step in range(24):
+        box.controls["heads"].value = 1 + step % 8
+    assert plt.get_fignums() == figures
+
+
+# ---------------------------------------------------------------- notebook 05 widgets
+
+
+def test_residual_stream_is_the_stack_of_decoder_blocks(params):
+    stream = widgets05.residual_stream(params, IDS)
+    assert len(stream["streams"]) == 4
+    mask = kvlib.causal_mask(5)
+    for i, layer in enumerate(params.layers):
+        X, X_next = stream["streams"][i], stream["streams"][i + 1]
+        assert X_next.shape == (5, 4)
+        np.testing.assert_allclose(X_next, kvlib.decoder_block(X, layer, 2, mask=mask))
+        np.testing.assert_allclose(X_next, X + stream["attention"][i] + stream["mlp"][i])
+        np.testing.assert_allclose(stream["mlp"][i], kvlib.mlp(X + stream["attention"][i], layer))
+    np.testing.assert_allclose(kvlib.unembed(stream["streams"][-1], params.embedding),
+                               kvlib.forward(params, IDS))
+
+
+def test_stream_explorer_draws_the_stream_the_vector_and_the_edits(params):
+    box = widgets05.stream_explorer(params, blocks=3, token=4)
+    heat, vector, sizes = box.figure.axes[:3]
+    stream = widgets05.residual_stream(params, IDS)
+    np.testing.assert_allclose(image_of(heat), stream["streams"][3])
+    assert len(vector.patches) == 4 * 4                      # 4 components x X0..X3
+    np.testing.assert_allclose(bar_heights(vector, 3), stream["streams"][3][4])
+    np.testing.assert_allclose(bar_heights(sizes, 0),
+                               [np.linalg.norm(a[4]) for a in stream["attention"]])
+    assert "X3[4]" in box.status.value and "6 update(s)" in box.status.value
+
+    box.controls["blocks"].value = 0
+    np.testing.assert_allclose(image_of(heat), stream["streams"][0])
+    assert len(vector.patches) == 4
+    box.controls["blocks"].value = 1
+    box.controls["token"].value = 1
+    np.testing.assert_allclose(bar_heights(vector, 1), stream["streams"][1][1])
+    outline = [p for p in heat.patches if not p.get_fill()]
+    assert outline[0].get_y() == 0.5                          # the frame around row 1
+    np.testing.assert_allclose(bar_heights(sizes, 0), [np.linalg.norm(stream["attention"][0][1])])
+
+
+def test_stream_explorer_follows_a_new_prompt_and_reports_bad_ones(params):
+    box = widgets05.stream_explorer(params, token=4)
+    box.controls["prompt"].value = "I am"
+    assert box.controls["token"].value == 2
+    assert [label for label, _ in box.controls["token"].options] == ["0 <bos>", "1 I", "2 am"]
+    assert image_of(box.figure.axes[0]).shape == (3, 4)
+    box.controls["prompt"].value = "I am a robot"
+    assert "unknown word" in box.message.value and box.status.value == ""
+    box.controls["prompt"].value = "How are you?"
+    assert box.message.value == "" and len(box.controls["token"].options) == 5
+
+
+def test_stream_explorer_does_not_leak(params):
+    box = widgets05.stream_explorer(params)
+    figures = plt.get_fignums()
+    for step in range(24):
+        box.controls["blocks"].value = step % 4
+        box.controls["token"].value = step % 5
+    assert plt.get_fignums() == figures and len(box.figure.axes) == 3
+
+
+def test_gelu_explorer_plots_gelu_and_relu_and_rejects_bad_values():
+    box = widgets05.gelu_explorer()
+    ax = box.figure.axes[0]
+    gelu_line, relu_line = ax.lines[:2]
+    np.testing.assert_allclose(gelu_line.get_ydata(), kvlib.gelu(gelu_line.get_xdata()))
+    np.testing.assert_allclose(relu_line.get_ydata(), np.maximum(relu_line.get_xdata(), 0))
+    assert "gelu(-0.75) = -0.170" in box.status.value
+
+    box.controls["x"].value = 1.0
+    assert "gelu(1) = 0.841, relu(1) = 1.000" in box.status.value
+    box.controls["range"].value = (-2.0, 0.5)
+    assert ax.get_xlim() == (-2.0, 0.5)
+    box.controls["relu"].value = False
+    assert [line.get_label() for line in ax.lines if not line.get_label().startswith("_")][0] \
+        == "GeLU"
+    assert "ReLU" not in [line.get_label() for line in ax.lines]
+    assert "outside the plotted range" in box.status.value
+
+    box.controls["x"].value = float("nan")
+    assert "x must be a finite number" in box.message.value
+    box.controls["x"].value = 0.0
+    assert box.message.value == ""
+    box.controls["range"].value = (1.0, 1.0)
+    assert "range wider than zero" in box.message.value
+    figures = plt.get_fignums()
+    for step in range(24):
+        box.controls["range"].value = (-4.0 + step % 3, 4.0)
+        box.controls["x"].value = step / 4
+    assert plt.get_fignums() == figures
+
+
+def test_gelu_plot_marks_the_dip():
+    fig, ax = plt.subplots()
+    try:
+        widgets05.gelu_plot(-4, 4, ax=ax)
+        assert any(t.get_text().startswith("the dip: -0.170") for t in ax.texts)
+        grid = np.linspace(-2, 0, 200001)
+        assert abs(grid[np.argmin(kvlib.gelu(grid))] - widgets05.GELU_MINIMUM_X) < 1e-4
+    finally:
+        plt.close(fig)
+
+
+# ---------------------------------------------------------------- exercise checkers
+
+
+def article_layer0():
+    params = kvlib.init_params()
+    X = kvlib.embed(np.array(IDS), params.embedding)
+    return params, kvlib.project_qkv(X, params.layers[0])
+
+
+def test_mask_checker():
+    mask = kvlib.causal_mask(5)
+    cases = [
+        (..., "not filled in yet"),
+        ([[1, 0], [1, 1]], "should be a numpy array"),
+        (np.tril(np.ones((4, 4), bool)), "shape (5, 5)"),
+        (mask.astype(int), "holds numbers, not booleans"),
+        (~mask, "the opposite"),
+        (np.triu(np.ones((5, 5), bool)), "upper triangle"),
+        (np.tril(np.ones((5, 5), bool), k=-1), "diagonal is missing"),
+        (np.ones((5, 5), bool), "no masking at all"),
+        (np.tril(np.ones((5, 5), bool), k=1), "look at row 0, column 1"),
+    ]
+    for answer, message in cases:
+        feedback = exercises03.check_mask(answer)
+        assert not feedback and repr(feedback).startswith("Not yet:"), answer
+        assert message in feedback.message, (message, feedback.message)
+    assert exercises03.check_mask(np.tril(np.ones((5, 5), dtype=bool)))
+
+
+def test_masked_weights_checker():
+    scores = exercises03.layer0_scores()
+    mask = kvlib.causal_mask(5)
+    cases = [
+        (None, "not filled in yet"),
+        (kvlib.softmax(scores[1]), "unmasked weights"),
+        (kvlib.softmax(scores[1]) * mask, "rows no longer sum to 1"),
+        (kvlib.softmax(np.where(mask, scores[1], 0.0)), "a score of 0 is not forbidden"),
+        (kvlib.softmax(kvlib.apply_mask(scores[0], mask)), "head 0's weights"),
+        (kvlib.softmax(kvlib.apply_mask(scores, mask)), "shape (5, 5)"),
+        (np.tril(np.ones((5, 5))), "should sum to 1"),
+        (np.full((5, 5), 0.2), "above the diagonal"),
+        (np.eye(5), "right shape but not the right values"),
+    ]
+    for answer, message in cases:
+        feedback = exercises03.check_masked_weights(answer)
+        assert not feedback and message in feedback.message, (message, feedback.message)
+    assert exercises03.check_masked_weights(kvlib.softmax(kvlib.apply_mask(scores[1], mask)))
+
+
+def test_changed_rows_checker():
+    cases = [
+        (..., "not filled in yet"),
+        ("2, 3, 4", "list of row numbers"),
+        ([2.0, 3.0], "list of row numbers"),
+        ([2, 3, 4, 5], "numbered 0 to 4"),
+        ([1, 2, 3, 4], "row(s) [1] come before position 2"),
+        ([0, 1, 2, 3, 4], "row(s) [0, 1] come before position 2"),
+        ([3, 4], "row 2 changes too"),
+        ([2, 3], "row(s) [4] also change"),
+    ]
+    for answer, message in cases:
+        feedback = exercises03.check_changed_rows(answer)
+        assert not feedback and message in feedback.message, (message, feedback.message)
+    for right in ([2, 3, 4], (4, 3, 2), np.array([2, 3, 4]), {2, 3, 4}):
+        assert exercises03.check_changed_rows(right)
+
+
+def test_head_slice_checker():
+    _, (Q, _, _) = article_layer0()
+    cases = [
+        (..., "not filled in yet"),
+        (Q[2:4], "rows 2 and 3, which are tokens"),
+        (Q[:, 0:2], "head 0's slice"),
+        (Q[:, 1:3], "not at column h"),
+        (Q.reshape(2, 5, 2)[1], "mixes tokens"),
+        (Q[:, 1::2], "next to each other"),
+        (Q, "shape (5, 2)"),
+        (Q[:, 2:4] * 2, "not the right values"),
+    ]
+    for answer, message in cases:
+        feedback = exercises04.check_head_slice(answer)
+        assert not feedback and message in feedback.message, (message, feedback.message)
+    assert exercises04.check_head_slice(Q[:, 2:4].copy())
+
+
+def test_three_heads_checker():
+    M = np.arange(30).reshape(5, 6)
+    cases = [
+        (..., "not filled in yet"),
+        (M.reshape(3, 5, 2), "M.reshape(3, 5, 2)"),
+        (M.reshape(5, 3, 2), "transpose(1, 0, 2)"),
+        (M.reshape(5, 2, 3).transpose(1, 0, 2), "2 heads of 3 columns"),
+        (M.reshape(3, 10), "shape (3, 5, 2)"),
+    ]
+    for answer, message in cases:
+        feedback = exercises04.check_three_heads(answer)
+        assert not feedback and message in feedback.message, (message, feedback.message)
+    assert exercises04.check_three_heads(M.reshape(5, 3, 2).transpose(1, 0, 2))
+
+
+def test_attention_output_checker():
+    params, (Q, K, V) = article_layer0()
+    heads = kvlib.attention(*(kvlib.split_heads(M, 2) for M in (Q, K, V)),
+                            mask=kvlib.causal_mask(5))
+    Wo = params.layers[0].Wo
+    concatenated = kvlib.merge_heads(heads)
+    cases = [
+        (..., "not filled in yet"),
+        (concatenated, "output projection is still missing"),
+        (heads.reshape(5, 4) @ Wo, "heads.reshape(5, 4)"),
+        (heads.sum(axis=0), "not added"),
+        (Wo @ concatenated.T, "rows must stay tokens"),
+        (concatenated @ Wo.T, "not the right values"),
+    ]
+    for answer, message in cases:
+        feedback = exercises04.check_attention_output(answer)
+        assert not feedback and message in feedback.message, (message, feedback.message)
+    assert exercises04.check_attention_output(concatenated @ Wo)
+
+
+def test_hidden_shape_checker():
+    cases = [
+        (..., "not filled in yet"),
+        (3072, "tuple of two whole numbers"),
+        ((10, 768), "input and output shape"),
+        ((768, 3072), "W_up's shape"),
+        ((3072, 10), "rows are tokens"),
+        ((1, 3072), "all 10 prompt tokens"),
+        ((5, 8), "toy model"),
+        ((10, 3073), "not (10, 3073)"),
+    ]
+    for answer, message in cases:
+        feedback = exercises05.check_hidden_shape(answer)
+        assert not feedback and message in feedback.message, (message, feedback.message)
+    assert exercises05.check_hidden_shape((10, 3072))
+    assert exercises05.check_hidden_shape([10, 3072])
+
+
+def test_second_block_checker():
+    params = kvlib.init_params()
+    mask = kvlib.causal_mask(5)
+    X0 = kvlib.embed(np.array(IDS), params.embedding)
+    X1 = kvlib.decoder_block(X0, params.layers[0], 2, mask=mask)
+    layer = params.layers[1]
+    Q, K, V = (kvlib.split_heads(M, 2) for M in kvlib.project_qkv(X1, layer))
+    attention = kvlib.merge_heads(kvlib.attention(Q, K, V, mask)) @ layer.Wo
+    cases = [
+        (..., "not filled in yet"),
+        (attention + kvlib.mlp(attention, layer), "replaced the stream"),
+        (X1 + attention, "stops after attention"),
+        (X1 + attention + kvlib.mlp(X1, layer), "the MLP reads the stream after attention"),
+        (kvlib.decoder_block(X1, params.layers[0], 2, mask=mask), "first block's weights"),
+        (kvlib.decoder_block(X1, layer, 2), "without the causal mask"),
+        (X1, "not the right values"),
+        (X1[:4], "shape (5, 4)"),
+    ]
+    for answer, message in cases:
+        feedback = exercises05.check_second_block(answer)
+        assert not feedback and message in feedback.message, (message, feedback.message)
+    assert exercises05.check_second_block(kvlib.decoder_block(X1, layer, 2, mask=mask))
+
+
+def test_gelu_values_checker():
+    cases = [
+        (..., "not filled in yet"),
+        ("0, 10, 0", "give three numbers"),
+        ((0, 10), "got 2"),
+        ((0.5, 10, 0), "passes through the origin"),
+        ((0, 0, 0), "almost everything through"),
+        ((0, 10, -10), "not -10"),
+        ((0, 10, -0.17), "not -10 and not -0.17"),
+        ((0, float("nan"), 0), "almost everything through"),
+    ]
+    for answer, message in cases:
+        feedback = exercises05.check_gelu_values(answer)
+        assert not feedback and message in feedback.message, (message, feedback.message)
+    assert exercises05.check_gelu_values((0, 10, 0))
+    assert exercises05.check_gelu_values((0.0, 9.995, -0.004))
+
+
+# ---------------------------------------------------------------- solutions, run in their notebooks
+
+
+@lru_cache(maxsize=None)
+def notebook_namespace(name):
+    """Run every code cell of a committed notebook, in order, in one namespace."""
+    notebook = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text(encoding="utf-8"))
+    namespace = {}
+    figures = set(plt.get_fignums())
+    for index, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] == "code":
+            exec(compile("".join(cell["source"]), f"{name} cell {index}", "exec"), namespace)
+    for number in set(plt.get_fignums()) - figures:
+        plt.close(number)
+    return namespace
+
+
+EXERCISES = [
+    ("03_causal_masking", exercises03, {1: "check_mask", 2: "check_masked_weights",
+                                        3: "check_changed_rows"}),
+    ("04_multi_head_attention", exercises04, {1: "check_head_slice", 2: "check_three_heads",
+                                              3: "check_attention_output"}),
+    ("05_mlp_residual_stream", exercises05, {1: "check_hidden_shape", 2: "check_second_block",
+                                             3: "check_gelu_values"}),
+]
+
+
+@pytest.mark.parametrize("name, module, checkers", EXERCISES, ids=[e[0] for e in EXERCISES])
+def test_every_solution_passes_its_checker_in_its_notebook(name, module, checkers):
+    assert sorted(module.SOLUTIONS) == sorted(checkers)
+    base = notebook_namespace(name)
+    assert base["answer"] is ...   # the notebook leaves every exercise for the student
+    for number, checker in checkers.items():
+        namespace = dict(base)
+        exec(module.SOLUTIONS[number], namespace)
+        feedback = getattr(module, checker)(namespace["answer"])
+        assert feedback, (name, number, feedback)
+        assert repr(feedback).startswith("Correct:")
+        assert f"exercise {number}" in module.solution(number).data
+    with pytest.raises(ValueError, match="there is no exercise 9"):
+        module.solution(9)
+
+
+@pytest.mark.parametrize("name, module, checkers", EXERCISES, ids=[e[0] for e in EXERCISES])
+def test_each_notebook_calls_its_checkers_on_unfilled_answers(name, module, checkers):
+    notebook = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text(encoding="utf-8"))
+    sources = ["".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code"]
+    lesson = f"lesson{name[:2]}"
+    for checker in checkers.values():
+        cell = next(s for s in sources if f"{lesson}.{checker}(answer)" in s)
+        outputs = next(c["outputs"] for c in notebook["cells"] if "".join(c["source"]) == cell)
+        text = "".join(outputs[0]["data"]["text/plain"])
+        assert text.startswith("Not yet:") and "not filled in yet" in text
