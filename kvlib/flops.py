@@ -92,17 +92,33 @@ def generation_multiply_adds(config: ModelConfig, prompt_length: int, new_tokens
     then new_tokens - 1 decode steps. Without: new_tokens full forwards over P, P + 1, ...
     tokens. Both unembed only the last row of each pass.
     """
+    total = MultiplyAdds()
+    for step in generation_step_multiply_adds(config, prompt_length, new_tokens, use_cache):
+        total = total + step
+    return total
+
+
+def generation_step_multiply_adds(config: ModelConfig, prompt_length: int, new_tokens: int,
+                                  use_cache: bool = True) -> list[MultiplyAdds]:
+    """The work of each pass that produces a new token (notebook 09): a list of new_tokens
+    MultiplyAdds, whose sum is generation_multiply_adds.
+
+    Pass i produces new token i. With the cache, pass 0 is the prefill of the prompt and pass
+    i >= 1 the decode step of the token at position prompt_length + i - 1. Without the cache,
+    pass i is a full forward over prompt_length + i tokens.
+    """
+    for name, value in (("prompt_length", prompt_length), ("new_tokens", new_tokens)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be a whole number, got {value!r}")
     if prompt_length < 1 or new_tokens < 1:
         raise ValueError("prompt_length and new_tokens must be at least 1")
     if not use_cache:
-        total = MultiplyAdds()
-        for length in range(prompt_length, prompt_length + new_tokens):
-            total = total + forward_multiply_adds(config, length, last_only=True)
-        return total
-    total = prefill_multiply_adds(config, prompt_length, last_only=True)
-    for position in range(prompt_length, prompt_length + new_tokens - 1):
-        total = total + decode_step_multiply_adds(config, position)
-    return total
+        return [forward_multiply_adds(config, length, last_only=True)
+                for length in range(prompt_length, prompt_length + new_tokens)]
+    steps = [prefill_multiply_adds(config, prompt_length, last_only=True)]
+    steps += [decode_step_multiply_adds(config, position)
+              for position in range(prompt_length, prompt_length + new_tokens - 1)]
+    return steps
 
 
 # Which part a matrix product belongs to, by the kvlib.model function that performs it.

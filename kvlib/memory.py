@@ -1,7 +1,9 @@
-"""How much memory the KV cache takes (notebook 10)."""
+"""How much memory the KV cache takes (notebook 10): the formula, the weights beside it, and
+the published shapes of a few real models."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from numbers import Integral
 
 GiB = 2**30
@@ -31,3 +33,118 @@ def kv_cache_bytes(n_layers: int, d_model: int | None, seq_len: int, batch_size:
         if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
             raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
     return 2 * batch_size * seq_len * width * dtype_bytes * n_layers
+
+
+def weights_bytes(n_parameters: int, dtype_bytes: int = 2) -> int:
+    """Bytes of a model's weights (notebook 10): n_parameters x dtype_bytes."""
+    for name, value in (("n_parameters", n_parameters), ("dtype_bytes", dtype_bytes)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+    return n_parameters * dtype_bytes
+
+
+def tokens_that_fit(memory_bytes: int, weights: int, bytes_per_token: int) -> int:
+    """How many cached tokens fit beside the weights in an accelerator's memory (notebook 10).
+
+    (memory_bytes - weights) // bytes_per_token, summed over every sequence of a batch; 0 when
+    the weights alone do not fit. bytes_per_token is a whole sequence position: K and V of
+    every layer.
+    """
+    named = {"memory_bytes": memory_bytes, "weights": weights, "bytes_per_token": bytes_per_token}
+    for name, value in named.items():
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+    if bytes_per_token == 0:
+        raise ValueError("bytes_per_token must be at least 1")
+    return max(memory_bytes - weights, 0) // bytes_per_token
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """The published shapes of a real model that set the size of its KV cache (notebook 10).
+
+    n_heads query heads of head_dim columns; n_kv_heads key/value heads, the ones that are
+    cached: n_kv_heads == n_heads is multi-head attention (MHA), 1 is multi-query attention
+    (MQA), anything between is grouped-query attention (GQA). n_parameters counts every
+    weight, so that the weights can be set beside the cache. `source` names where the
+    numbers come from.
+    """
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    context_length: int
+    n_parameters: int
+    source: str
+
+    def __post_init__(self):
+        for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim",
+                     "context_length", "n_parameters"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+                raise ValueError(f"ModelPreset.{name} must be a whole number >= 1, got {value!r}")
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
+                             f"({self.n_kv_heads}): each K/V head serves a group of query heads")
+
+    @property
+    def attention(self) -> str:
+        """'MHA', 'GQA' or 'MQA', from the number of K/V heads."""
+        if self.n_kv_heads == self.n_heads:
+            return "MHA"
+        return "MQA" if self.n_kv_heads == 1 else "GQA"
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """Bytes that one more token adds to the cache: 2 x n_layers x n_kv_heads x head_dim
+        x dtype_bytes (BF16 by default)."""
+        return self.kv_cache_bytes(1, dtype_bytes=dtype_bytes)
+
+    def kv_cache_bytes(self, seq_len: int, batch_size: int = 1, dtype_bytes: int = 2) -> int:
+        """kv_cache_bytes for this model's layers and K/V heads."""
+        return kv_cache_bytes(self.n_layers, None, seq_len, batch_size, dtype_bytes,
+                              n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
+
+    def weights_bytes(self, dtype_bytes: int = 2) -> int:
+        """Bytes of the weights at dtype_bytes a weight (BF16 by default)."""
+        return weights_bytes(self.n_parameters, dtype_bytes)
+
+
+PRESETS: dict[str, ModelPreset] = {preset.name: preset for preset in (
+    ModelPreset(
+        "GPT-2 small", n_layers=12, d_model=768, n_heads=12, n_kv_heads=12, head_dim=64,
+        context_length=1024, n_parameters=124_439_808,
+        source="Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners'; "
+               "config.json of openai-community/gpt2 (n_layer 12, n_embd 768, n_head 12)"),
+    ModelPreset(
+        "Llama-2-7B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, head_dim=128,
+        context_length=4096, n_parameters=6_738_415_616,
+        source="Touvron et al. 2023, 'Llama 2: Open Foundation and Fine-Tuned Chat Models'; "
+               "config.json of meta-llama/Llama-2-7b-hf (32 layers, hidden 4096, 32 heads, "
+               "32 K/V heads)"),
+    ModelPreset(
+        "Llama-3-8B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128,
+        context_length=8192, n_parameters=8_030_261_248,
+        source="Meta Llama 3 model card; config.json of meta-llama/Meta-Llama-3-8B "
+               "(32 layers, hidden 4096, 32 heads, 8 K/V heads)"),
+    ModelPreset(
+        "Llama-2-70B", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, head_dim=128,
+        context_length=4096, n_parameters=68_976_648_192,
+        source="Touvron et al. 2023, 'Llama 2' (grouped-query attention for 34B and 70B); "
+               "config.json of meta-llama/Llama-2-70b-hf (80 layers, hidden 8192, 64 heads, "
+               "8 K/V heads)"),
+    ModelPreset(
+        "Falcon-7B", n_layers=32, d_model=4544, n_heads=71, n_kv_heads=1, head_dim=64,
+        context_length=2048, n_parameters=6_921_720_704,
+        source="config.json of tiiuae/falcon-7b (n_layer 32, hidden_size 4544, n_head 71, "
+               "multi_query true: one K/V head of 64 shared by all 71 query heads)"),
+    ModelPreset(
+        "source example (d 8192, 80 layers, MHA)", n_layers=80, d_model=8192, n_heads=64,
+        n_kv_heads=64, head_dim=128, context_length=4096, n_parameters=12 * 80 * 8192**2,
+        source="the blog section this series follows: d_model 8192, 80 layers, 4096 tokens; "
+               "64 heads of 128 assumed; weights estimated as 12 x layers x d_model^2 (the "
+               "source gives no vocabulary, so embeddings are left out)"),
+)}
+"""Published configurations, by name, for notebook 10's calculator."""

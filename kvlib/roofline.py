@@ -1,0 +1,353 @@
+"""From counts to time (notebook 09 and benchmarks/decode.py): how fast this machine reads
+memory and multiplies matrices, and the roofline model built on those two rates.
+
+A pass through the model needs a number of FLOPs (kvlib.flops) and has to read a number of
+bytes from memory at least once (the weights, and the cached keys and values). Whichever
+takes longer sets the time:
+
+    time = max(FLOPs / compute rate, bytes / bandwidth)
+
+Recomputing a whole sequence multiplies matrices by matrices: many FLOPs for every byte
+read, so it is limited by arithmetic. A cached decode step multiplies one row by every weight
+matrix: two FLOPs for every weight read, so it is limited by how fast memory is read.
+
+The measuring functions use numpy only and return rates in FLOP/s and bytes/s. They measure
+whatever this machine does at the moment they run: use them for plots and printed reports,
+never for assertions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import time
+from numbers import Integral, Real
+
+import numpy as np
+
+from .config import ModelConfig
+from .flops import generation_step_multiply_adds
+from .memory import kv_cache_bytes
+
+MiB = 2**20
+
+
+# ----------------------------------------------------------------------------- bytes read
+
+
+def _check_config(config) -> None:
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"expected a kvlib ModelConfig, got {type(config).__name__}")
+
+
+def _check_count(name: str, value, minimum: int = 0) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+
+
+def weights_bytes(config: ModelConfig) -> int:
+    """Bytes of all the weights (notebook 09): (V d + L (4 d^2 + 2 d f)) x bytes a number.
+
+    The lookup table is counted once: the unembedding reads the same table (tied weights).
+    Equal to init_params(config).n_parameters x itemsize.
+    """
+    _check_config(config)
+    d, f, L = config.d_model, config.d_ff, config.n_layers
+    n_weights = config.vocab_size * d + L * (4 * d * d + 2 * d * f)
+    return n_weights * config.numpy_dtype.itemsize
+
+
+def cache_bytes(config: ModelConfig, n_positions: int) -> int:
+    """Bytes of the keys and values of n_positions, in every layer (notebook 09):
+    2 x L x n_positions x d x bytes a number, the kv_cache_bytes formula at batch 1."""
+    _check_config(config)
+    _check_count("n_positions", n_positions)
+    return kv_cache_bytes(config.n_layers, config.d_model, n_positions,
+                          dtype_bytes=config.numpy_dtype.itemsize)
+
+
+def decode_step_bytes(config: ModelConfig, position: int) -> int:
+    """Bytes a cached decode step must read (notebook 09) for the token at 0-based `position`:
+    every weight once (each matrix meets the new row once; the unembedding reads the whole
+    table), and the keys and values of the position + 1 positions it attends over."""
+    _check_count("position", position)
+    return weights_bytes(config) + cache_bytes(config, position + 1)
+
+
+def forward_bytes(config: ModelConfig, n_tokens: int) -> int:
+    """Bytes a full recomputation over n_tokens must read at least once (notebook 09): the
+    weights, and the keys and values it computes and attends over. (The other activations
+    are left out: they are small beside the weights and often stay in the CPU's caches.)"""
+    _check_count("n_tokens", n_tokens, minimum=1)
+    return weights_bytes(config) + cache_bytes(config, n_tokens)
+
+
+def generation_step_bytes(config: ModelConfig, prompt_length: int, new_tokens: int,
+                          use_cache: bool = True) -> np.ndarray:
+    """Bytes read by each pass that produces a new token: an int array (new_tokens,).
+
+    The passes are those of kvlib.flops.generation_step_multiply_adds: with the cache, a
+    prefill of the prompt then decode steps; without, full forwards over a growing sequence.
+    Pass i reads the weights and the keys and values of prompt_length + i positions either
+    way (the decode step at position prompt_length + i - 1 attends over prompt_length + i
+    positions): the cache changes the FLOPs, not the bytes. use_cache is accepted so that
+    the call reads like its FLOP counterpart.
+    """
+    _check_count("prompt_length", prompt_length, minimum=1)
+    _check_count("new_tokens", new_tokens, minimum=1)
+    lengths = range(prompt_length, prompt_length + new_tokens)
+    return np.array([forward_bytes(config, n) for n in lengths], dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
+    """Predicted seconds (notebook 09): max(flops / compute_rate, n_bytes / bandwidth).
+
+    flops and n_bytes may be numbers or arrays of the same shape; rates in FLOP/s and bytes/s.
+    """
+    for name, rate in (("compute_rate", compute_rate), ("bandwidth", bandwidth)):
+        if isinstance(rate, bool) or not isinstance(rate, Real) or not rate > 0:
+            raise ValueError(f"{name} must be a positive number, got {rate!r}")
+    flops = np.asarray(flops, dtype=np.float64)
+    n_bytes = np.asarray(n_bytes, dtype=np.float64)
+    if flops.shape != n_bytes.shape:
+        raise ValueError(f"flops {flops.shape} and n_bytes {n_bytes.shape} must have one shape")
+    if (flops < 0).any() or (n_bytes < 0).any():
+        raise ValueError("flops and n_bytes must not be negative")
+    times = np.maximum(flops / compute_rate, n_bytes / bandwidth)
+    return float(times) if times.ndim == 0 else times
+
+
+def arithmetic_intensity(flops, n_bytes):
+    """FLOPs per byte read (notebook 09): above compute_rate / bandwidth, arithmetic sets the
+    time; below it, memory does."""
+    flops = np.asarray(flops, dtype=np.float64)
+    n_bytes = np.asarray(n_bytes, dtype=np.float64)
+    if (n_bytes <= 0).any():
+        raise ValueError("n_bytes must be positive")
+    result = flops / n_bytes
+    return float(result) if result.ndim == 0 else result
+
+
+def matmul_intensity(rows: int, inner: int, columns: int, itemsize: int = 4) -> float:
+    """FLOPs per byte of X (rows, inner) @ W (inner, columns) (notebook 09): 2 rows inner
+    columns FLOPs over the bytes of X, W and the result. About rows / 2 for one float32 row
+    against a large matrix: decode (rows = 1) does 0.5 FLOP per byte."""
+    for name, value in (("rows", rows), ("inner", inner), ("columns", columns),
+                        ("itemsize", itemsize)):
+        _check_count(name, value, minimum=1)
+    flops = 2 * rows * inner * columns
+    n_bytes = itemsize * (rows * inner + inner * columns + rows * columns)
+    return flops / n_bytes
+
+
+def generation_step_times(config: ModelConfig, prompt_length: int, new_tokens: int,
+                          use_cache: bool, compute_rate: float, bandwidth: float) -> np.ndarray:
+    """Roofline prediction of each pass's seconds (notebook 09): an array (new_tokens,)."""
+    flops = [step.flops for step in
+             generation_step_multiply_adds(config, prompt_length, new_tokens, use_cache)]
+    n_bytes = generation_step_bytes(config, prompt_length, new_tokens, use_cache)
+    return roofline_time(np.array(flops, dtype=np.float64), n_bytes, compute_rate, bandwidth)
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def _best_seconds(function, repeats: int) -> float:
+    _check_count("repeats", repeats, minimum=1)
+    function()  # once to warm up (page faults, BLAS start-up)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_read_bandwidth(n_bytes: int = 256 * MiB, repeats: int = 5) -> float:
+    """How fast numpy reads a large float32 array from memory, in bytes/s (notebook 09).
+
+    The array is dotted with itself: every byte is read once, with one multiply-add per
+    4 bytes, far too little arithmetic to matter. Best of `repeats`. Make n_bytes several
+    times the CPU's last-level cache, or the cache is measured instead of memory.
+    """
+    _check_count("n_bytes", n_bytes, minimum=4096)
+    array = np.ones(n_bytes // 4, dtype=np.float32)
+    return array.nbytes / _best_seconds(lambda: np.dot(array, array), repeats)
+
+
+def measure_matmul_rate(size: int = 1024, dtype: str = "float32", repeats: int = 3) -> float:
+    """How fast numpy multiplies two square matrices (size, size), in FLOP/s (notebook 09):
+    2 size^3 FLOPs, best of `repeats`. This is the compute rate of the roofline."""
+    _check_count("size", size, minimum=1)
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((size, size)).astype(dtype)
+    B = rng.standard_normal((size, size)).astype(dtype)
+    return 2 * size**3 / _best_seconds(lambda: A @ B, repeats)
+
+
+def measure_matmul_rows(weight: np.ndarray, rows: int, repeats: int = 5) -> float:
+    """FLOP/s of X (rows, inner) @ weight (inner, columns) (notebook 09): how the rate grows
+    with the number of rows multiplied at once (1 for decode, the prompt length for prefill)."""
+    if not isinstance(weight, np.ndarray) or weight.ndim != 2:
+        raise ValueError("weight must be a 2-D numpy array (inner, columns)")
+    _check_count("rows", rows, minimum=1)
+    X = np.ones((rows, weight.shape[0]), dtype=weight.dtype)
+    return 2 * rows * weight.size / _best_seconds(lambda: X @ weight, repeats)
+
+
+def time_cached_generation(params, prompt, new_tokens: int, cache=None, repeats: int = 1):
+    """Greedy generation with the cache, timing each pass (notebook 09, the benchmark).
+
+    Pass 0 is kvlib.prefill of the prompt (it gives the first new token), pass i >= 1 a
+    kvlib.decode_step. Returns (the new_tokens new ids, seconds of each pass: array
+    (new_tokens,)); with repeats > 1 the generation is run again with a fresh cache of the
+    same kind and each pass keeps its fastest time. `cache` (empty) chooses the kind:
+    kvlib.KVCache by default, or kvlib.ConcatenatingKVCache.
+    """
+    from .cache import KVCache
+    from .inference import decode_step, prefill
+
+    _check_count("new_tokens", new_tokens, minimum=1)
+    _check_count("repeats", repeats, minimum=1)
+    kind = KVCache if cache is None else type(cache)
+    if cache is not None and len(cache) != 0:
+        raise ValueError("give an empty cache: the generation starts from the prompt")
+    best, new_ids = None, []
+    for run in range(repeats):
+        current = cache if run == 0 and cache is not None else kind(params.config)
+        seconds, new_ids = [], []
+        start = time.perf_counter()
+        logits, current = prefill(params, prompt, current, last_only=True)
+        token = int(np.argmax(logits[-1]))
+        seconds.append(time.perf_counter() - start)
+        new_ids.append(token)
+        for _ in range(new_tokens - 1):
+            start = time.perf_counter()
+            logits = decode_step(params, token, current)
+            token = int(np.argmax(logits[-1]))
+            seconds.append(time.perf_counter() - start)
+            new_ids.append(token)
+        best = np.array(seconds) if best is None else np.minimum(best, seconds)
+    return new_ids, best
+
+
+def time_recomputation(params, sequence, lengths, repeats: int = 1,
+                       return_tokens: bool = False):
+    """Seconds of a full recomputation, no cache, at each given length (notebook 09, the
+    benchmark): kvlib.forward over sequence[:n], unembedding only the last row, as
+    kvlib.generate does without the cache. Returns an array (len(lengths),), the fastest of
+    `repeats`; with return_tokens=True also the greedy token each forward chose."""
+    from .inference import forward
+
+    _check_count("repeats", repeats, minimum=1)
+    sequence = list(sequence)
+    seconds, tokens = [], []
+    for n in lengths:
+        _check_count("a length", int(n), minimum=1)
+        if n > len(sequence):
+            raise ValueError(f"length {n} is longer than the sequence ({len(sequence)} tokens)")
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            logits = forward(params, sequence[:n], last_only=True)
+            token = int(np.argmax(logits[-1]))   # choosing the token is part of the pass
+            best = min(best, time.perf_counter() - start)
+        seconds.append(best)
+        tokens.append(token)
+    return (np.array(seconds), tokens) if return_tokens else np.array(seconds)
+
+
+def time_appends(config: ModelConfig, cache_class, cached: int, repeats: int = 5) -> float:
+    """Seconds to append one token's K and V to every layer of a cache that already holds
+    `cached` positions (notebook 09, the benchmark), the median of `repeats` appends.
+    cache_class is kvlib.KVCache (in place) or kvlib.ConcatenatingKVCache (a copy)."""
+    _check_config(config)
+    _check_count("cached", cached, minimum=1)
+    _check_count("repeats", repeats, minimum=1)
+    if cached + repeats > config.context_length:
+        raise ValueError(f"{cached} cached positions and {repeats} appends need a context "
+                         f"length of {cached + repeats}; the config has {config.context_length}")
+    cache = cache_class(config, capacity=cached + repeats)
+    rng = np.random.default_rng(0)
+    block = rng.standard_normal((cached, config.d_model)).astype(config.numpy_dtype)
+    row = block[:1].copy()
+    for layer in range(config.n_layers):
+        cache.append(layer, block, block)
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for layer in range(config.n_layers):
+            cache.append(layer, row, row)
+        seconds.append(time.perf_counter() - start)
+    return float(np.median(seconds))
+
+
+# ----------------------------------------------------------------------------- BLAS threads
+
+_THREAD_FUNCTIONS = ("scipy_openblas_{}_num_threads64_", "openblas_{}_num_threads64_",
+                     "scipy_openblas_{}_num_threads", "openblas_{}_num_threads")
+
+
+def _openblas_library():
+    """The OpenBLAS library numpy is linked to, loaded with ctypes; None if not found."""
+    candidates = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            candidates += [line.split()[-1] for line in maps if "openblas" in line.lower()]
+    except OSError:
+        pass
+    numpy_dir = os.path.dirname(np.__file__)
+    for pattern in ("numpy.libs/*openblas*", ".dylibs/*openblas*", "../numpy.libs/*openblas*"):
+        candidates += glob.glob(os.path.join(numpy_dir, pattern))
+    for path in dict.fromkeys(candidates):
+        if not os.path.isfile(path):
+            continue
+        try:
+            library = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in _THREAD_FUNCTIONS:
+            if hasattr(library, name.format("get")):
+                return library, name
+    return None
+
+
+def blas_threads() -> int | None:
+    """How many threads numpy's BLAS uses now (benchmarks/decode.py, notebook 09), asked of
+    OpenBLAS itself; None when numpy is linked to another BLAS or the library is not found."""
+    found = _openblas_library()
+    if found is None:
+        return None
+    library, name = found
+    get = getattr(library, name.format("get"))
+    get.restype = ctypes.c_int
+    return int(get())
+
+
+def set_blas_threads(n_threads: int) -> int | None:
+    """Ask OpenBLAS to use n_threads from now on (notebook 09); returns the count now in
+    effect, or None (nothing changed) when numpy is not linked to OpenBLAS."""
+    _check_count("n_threads", n_threads, minimum=1)
+    found = _openblas_library()
+    if found is None:
+        return None
+    library, name = found
+    setter = getattr(library, name.format("set"), None)
+    if setter is None:
+        return None
+    setter.argtypes = [ctypes.c_int]
+    setter(int(n_threads))
+    return blas_threads()
+
+
+def blas_name() -> str:
+    """Name and version of the BLAS numpy was built with, from numpy's build configuration."""
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas.get('name', 'unknown')} {blas.get('version', '')}".strip()
+    except Exception:  # the layout of the configuration differs between numpy builds
+        return "unknown"
