@@ -5,9 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 READY := $(VENV)/.installed
+BROWSER_READY := $(VENV)/.browser-installed
 FIRST_NOTEBOOK := notebooks/00_big_picture.ipynb
 
-.PHONY: setup lab test lint notebooks clean
+.PHONY: setup lab test lint notebooks benchmark binder-check browser-test links clean
 
 $(READY): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed, found " + sys.version)'
@@ -25,11 +26,35 @@ test: $(READY)
 	$(BIN)/python -m pytest
 
 lint: $(READY)
-	$(BIN)/ruff check kvlib tests
+	$(BIN)/ruff check kvlib tests tools benchmarks notebooks
 
-# Re-execute every notebook top to bottom and save its outputs and widget state.
+# Re-execute every notebook top to bottom and save its outputs and widget state in place.
 notebooks: $(READY)
-	$(BIN)/jupyter nbconvert --to notebook --execute --inplace notebooks/[0-9]*.ipynb
+	$(BIN)/python tools/execute_notebooks.py --inplace notebooks/[0-9][0-9]_*.ipynb
+
+# Decode speed on this machine (GPT-2-small size, one thread): about 6 minutes; --quick < 1.
+benchmark: $(READY)
+	$(BIN)/python benchmarks/decode.py
+
+# Binder's environment built without Docker: a fresh venv with exactly binder/requirements.txt,
+# binder/postBuild, pip check, the widgets extension enabled, every notebook executed.
+binder-check:
+	bash tools/binder_check.sh
+
+# The browser test drives the system's Chromium (/usr/bin/chromium, or $KVLIB_CHROMIUM) with
+# Playwright for Python, installed into .venv on top of requirements.txt; no browser download.
+$(BROWSER_READY): $(READY) requirements-browser.txt
+	$(BIN)/python -m pip install --quiet -r requirements-browser.txt
+	touch $(BROWSER_READY)
+
+# Every notebook run in JupyterLab in headless Chromium; screenshots in artifacts/screenshots/.
+browser-test: $(BROWSER_READY)
+	KVLIB_BROWSER_TEST=1 $(BIN)/python -m pytest tests/browser -v
+
+# Point the Binder badge and the nbviewer links at a repository (also how a fork does it).
+links:
+	@test -n "$(REPO)" || { echo "usage: make links REPO=owner/name [BRANCH=main]" >&2; exit 2; }
+	$(PYTHON) tools/set_repo_links.py $(REPO) --branch $(or $(BRANCH),main)
 
 clean:
 	rm -rf $(VENV)
