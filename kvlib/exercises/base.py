@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from numbers import Real
 
 import numpy as np
+
+import kvlib
 
 
 @dataclass(frozen=True)
@@ -21,10 +25,29 @@ class Feedback:
         return self.passed
 
 
+def is_missing(answer) -> bool:
+    """True while the student's cell still says `answer = ...` (or None)."""
+    return answer is None or answer is ...
+
+
+def as_number(answer) -> float | None:
+    """A plain number as a float; None for anything else (bools, arrays, strings)."""
+    if isinstance(answer, bool) or not isinstance(answer, Real):
+        return None
+    return float(answer)
+
+
+@lru_cache(maxsize=1)
+def article_example() -> tuple[kvlib.Params, list[int]]:
+    """The worked example the checkers compare against: the default params and the ids of
+    "How are you?". Made once; callers must not modify the arrays."""
+    return kvlib.init_params(), kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT)
+
+
 def check_array(answer, expected: np.ndarray, name: str, hint: str = "",
                 atol: float = 1e-8) -> Feedback:
     """Compare an array answer with the expected one: missing, type, shape, then values."""
-    if answer is None or answer is ...:
+    if is_missing(answer):
         return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
     if not isinstance(answer, np.ndarray):
         return Feedback(False, f"{name} should be a numpy array, got {type(answer).__name__}.")

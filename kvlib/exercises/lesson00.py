@@ -6,14 +6,10 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, show_solution
+from .base import Feedback, is_missing, show_solution
 
 EXERCISE_1_PROMPT = "I am fine and you?"
 """Exercise 1's prompt: 6 words and punctuation, 7 tokens with BOS."""
-
-
-def _is_missing(answer) -> bool:
-    return answer is None or answer is ...
 
 
 def _is_whole_number(value) -> bool:
@@ -22,7 +18,7 @@ def _is_whole_number(value) -> bool:
 
 def check_logits_shape(answer) -> Feedback:
     """Exercise 1: the shape of kvlib.forward's logits for EXERCISE_1_PROMPT, as a tuple."""
-    if _is_missing(answer):
+    if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a shape, "
                                "for example (2, 3).")
     if isinstance(answer, np.ndarray):
@@ -75,7 +71,7 @@ def check_next_token(answer) -> Feedback:
     logits = practice_logits()
     expected = int(np.argmax(logits[-1]))
     word = kvlib.TOY_VOCABULARY[expected]
-    if _is_missing(answer):
+    if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a token id.")
     if isinstance(answer, str):
         return Feedback(False, "give the token's id (a whole number); tokenizer.tokens([id]) "

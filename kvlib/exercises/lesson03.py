@@ -8,7 +8,7 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, check_array, show_solution
+from .base import Feedback, check_array, is_missing, show_solution
 
 CHANGED_POSITION = 2
 """Exercise 3 replaces the token at this position of "How are you?" ("are") by "fine"."""
@@ -55,7 +55,7 @@ def layer0_scores() -> np.ndarray:
 
 
 def _missing(answer, name: str) -> Feedback | None:
-    if answer is None or answer is ...:
+    if is_missing(answer):
         return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
     return None
 

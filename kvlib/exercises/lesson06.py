@@ -12,7 +12,7 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, check_array, show_solution
+from .base import Feedback, check_array, is_missing, show_solution
 
 TARGET_TOKEN = 5            # "I", the greedy choice after "How are you?"
 TARGET_PROBABILITY = 0.5
@@ -27,14 +27,10 @@ def _article_logits() -> np.ndarray:
     return kvlib.forward(params, ids)
 
 
-def _missing(answer) -> bool:
-    return answer is None or answer is ...
-
-
 def check_predictions_per_position(answer) -> Feedback:
     """Exercise 1: the greedy guess of every row of the logits, ids (5,)."""
     name = "answer"
-    if _missing(answer):
+    if is_missing(answer):
         return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
     logits = _article_logits()
     expected = np.argmax(logits, axis=-1)
@@ -66,7 +62,7 @@ def check_predictions_per_position(answer) -> Feedback:
 
 def check_temperature_for_half(answer) -> Feedback:
     """Exercise 2: a temperature at which "I" (token 5) gets probability 0.5 (within 0.005)."""
-    if _missing(answer):
+    if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a temperature.")
     if isinstance(answer, bool) or not isinstance(answer, (int, float, np.integer, np.floating)):
         return Feedback(False, f"expected one number, a temperature, got {type(answer).__name__}.")
@@ -92,7 +88,7 @@ def check_temperature_for_half(answer) -> Feedback:
 def check_top_k(answer) -> Feedback:
     """Exercise 3: top-3 probabilities by hand (12,), zeros outside the 3 largest logits."""
     name = "answer"
-    if _missing(answer):
+    if is_missing(answer):
         return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
     if isinstance(answer, np.ndarray) and not np.issubdtype(answer.dtype, np.number):
         return Feedback(False, f"{name} should hold numbers, got an array of {answer.dtype}.")

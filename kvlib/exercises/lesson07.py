@@ -6,25 +6,16 @@ empties it, so each new prompt attends to the keys and values of the prompts bef
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 import kvlib
 
-from .base import Feedback, check_array, show_solution
+from .base import Feedback, article_example, check_array, is_missing, show_solution
 
 EXERCISE_LAYER = 1
 EXERCISE_TOKENS = 20
 SERVED_PROMPTS = ("How are you?", "I am fine and you?", "you are good", "?",
                   "How are you? I am good and you?")
-
-
-@lru_cache(maxsize=1)
-def _article():
-    params = kvlib.init_params()
-    ids = kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT)
-    return params, ids
 
 
 def _layer_inputs(params, ids):
@@ -38,18 +29,14 @@ def _layer_inputs(params, ids):
     return inputs
 
 
-def _missing(answer) -> bool:
-    return answer is None or answer is ...
-
-
 def check_layer_keys(answer) -> Feedback:
     """Exercise 1: layer 1's cached keys (5, 4), computed from that layer's input."""
     name = "answer"
-    if _missing(answer):
+    if is_missing(answer):
         return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
     if isinstance(answer, np.ndarray) and not np.issubdtype(answer.dtype, np.number):
         return Feedback(False, f"{name} should hold numbers, got an array of {answer.dtype}.")
-    params, ids = _article()
+    params, ids = article_example()
     inputs = _layer_inputs(params, ids)
     layer = params.layers[EXERCISE_LAYER]
     expected = inputs[EXERCISE_LAYER] @ layer.Wk
@@ -75,7 +62,7 @@ def check_layer_keys(answer) -> Feedback:
 
 def check_cache_bytes(answer) -> Feedback:
     """Exercise 2: bytes of the cache after prefilling 20 tokens into the float32 toy model."""
-    if _missing(answer):
+    if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
     if isinstance(answer, bool) or not isinstance(answer, (int, np.integer, float, np.floating)):
         return Feedback(False, f"expected a number of bytes, got {type(answer).__name__}.")
@@ -109,13 +96,13 @@ def check_serve(serve) -> Feedback:
     Serves several unrelated prompts one after the other, then the first again, and compares
     each answer with kvlib.forward on that prompt alone.
     """
-    if _missing(serve):
+    if is_missing(serve):
         return Feedback(False, "your fixed function is not filled in yet: write it, then set "
                         "answer = your function (without calling it).")
     if not callable(serve):
         return Feedback(False, f"answer should be a function, like serve_broken, not "
                         f"{type(serve).__name__}: write answer = serve_fixed, without ().")
-    params, _ = _article()
+    params, _ = article_example()
     prompts = list(SERVED_PROMPTS) + [SERVED_PROMPTS[0]]   # the first again, after the others
     tokenizer = kvlib.ToyTokenizer()
     for number, text in enumerate(prompts, start=1):

@@ -8,13 +8,12 @@ Exercise 3 is the generation loop, where the classic slip is feeding a token twi
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import numpy as np
 
 import kvlib
 
-from .base import Feedback, check_array, show_solution
+from .base import Feedback, article_example, check_array, is_missing, show_solution
 
 EXERCISE_TOKEN = 5  # "I", the token chosen after "How are you?"
 CHUNK_CASES = (  # (text already in the cache, new chunk); the tokenizer adds BOS to the first
@@ -27,27 +26,16 @@ CHUNK_CASES = (  # (text already in the cache, new chunk); the tokenizer adds BO
 GENERATION_CASES = (("How are you?", 10), ("I am", 6), ("?", 3), ("How are you? I am fine.", 1))
 
 
-@lru_cache(maxsize=1)
-def _article():
-    params = kvlib.init_params()
-    ids = kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT)
-    return params, ids
-
-
-def _missing(answer) -> bool:
-    return answer is None or answer is ...
-
-
 # Exercise 1 ------------------------------------------------------------------------------
 
 def check_decode_weights(answer) -> Feedback:
     """Exercise 1: the new token's layer-0 attention weights, per head: (2, 1, 6)."""
     name = "answer"
-    if _missing(answer):
+    if is_missing(answer):
         return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
     if isinstance(answer, np.ndarray) and not np.issubdtype(answer.dtype, np.number):
         return Feedback(False, f"{name} should hold numbers, got an array of {answer.dtype}.")
-    params, ids = _article()
+    params, ids = article_example()
     n_heads = params.config.n_heads
     recorded = []
     _, cache = kvlib.prefill(params, ids)
@@ -120,13 +108,13 @@ def check_chunked_prefill(prefill_chunk) -> Feedback:
     Runs it on several splits of a text into (already cached, new chunk), including a first
     chunk on an empty cache, and compares with kvlib.forward on the whole text.
     """
-    if _missing(prefill_chunk):
+    if is_missing(prefill_chunk):
         return Feedback(False, "your fixed function is not filled in yet: write it, then set "
                         "answer = your function (without calling it).")
     if not callable(prefill_chunk):
         return Feedback(False, f"answer should be a function like prefill_chunk_broken, not "
                         f"{type(prefill_chunk).__name__}: write answer = prefill_chunk_fixed.")
-    params, _ = _article()
+    params, _ = article_example()
     tokenizer = kvlib.ToyTokenizer()
     for cached_ids, ids in _chunk_cases():
         P, T = len(cached_ids), len(ids)
@@ -200,13 +188,13 @@ def check_generation_loop(my_generate) -> Feedback:
     Compares with kvlib.generate(..., use_cache=False) on several prompts, and counts the
     calls to kvlib.decode_step to see that the cache is used.
     """
-    if _missing(my_generate):
+    if is_missing(my_generate):
         return Feedback(False, "your function is not filled in yet: write it, then set "
                         "answer = your function (without calling it).")
     if not callable(my_generate):
         return Feedback(False, f"answer should be a function, not {type(my_generate).__name__}: "
                         "write answer = my_generate, without ().")
-    params, _ = _article()
+    params, _ = article_example()
     tokenizer = kvlib.ToyTokenizer()
     original = kvlib.decode_step
     calls = []

@@ -13,7 +13,7 @@ from numbers import Real
 import kvlib
 from kvlib import roofline
 
-from .base import Feedback, show_solution
+from .base import Feedback, as_number, is_missing, show_solution
 
 PARTS = ("projections", "attention_scores", "attention_sums", "mlp", "unembedding")
 
@@ -27,20 +27,10 @@ EXERCISE3_COMPUTE_RATE = 200e9   # FLOP/s
 EXERCISE3_BANDWIDTH = 50e9       # bytes/s
 
 
-def _missing(answer) -> bool:
-    return answer is None or answer is ...
-
-
-def _as_number(answer):
-    if isinstance(answer, bool) or not isinstance(answer, Real):
-        return None
-    return float(answer)
-
-
 def check_forward_macs(answer) -> Feedback:
     """Exercise 1: a dict {part: multiply-adds} of GPT-2 small's full forward over 100 tokens,
     no cache, unembedding only the last row."""
-    if _missing(answer):
+    if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a dict.")
     if isinstance(answer, kvlib.MultiplyAdds):
         answer = answer.as_dict()
@@ -90,9 +80,9 @@ def check_forward_macs(answer) -> Feedback:
 
 def check_flop_ratio(answer) -> Feedback:
     """Exercise 2: FLOPs without the cache / with it, GPT-2 small, prompt 128, 256 new tokens."""
-    if _missing(answer):
+    if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    value = _as_number(answer)
+    value = as_number(answer)
     if value is None:
         return Feedback(False, f"expected a number (a ratio), got {type(answer).__name__}.")
     config, P, N = kvlib.GPT2_SMALL, EXERCISE2_PROMPT, EXERCISE2_NEW
@@ -115,10 +105,10 @@ def check_flop_ratio(answer) -> Feedback:
 def check_roofline_time(answer) -> Feedback:
     """Exercise 3: roofline seconds of GPT-2 small's decode step at position 543, with
     200 GFLOP/s and 50 GB/s."""
-    if _missing(answer):
+    if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a number "
                         "of seconds.")
-    value = _as_number(answer)
+    value = as_number(answer)
     if value is None:
         return Feedback(False, f"expected a number of seconds, got {type(answer).__name__}.")
     config = kvlib.GPT2_SMALL

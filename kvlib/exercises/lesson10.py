@@ -8,11 +8,10 @@
 from __future__ import annotations
 
 import math
-from numbers import Real
 
 from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit
 
-from .base import Feedback, show_solution
+from .base import Feedback, as_number, is_missing, show_solution
 
 # Exercise 1: an imagined model with grouped-query attention, in BF16
 EXERCISE1 = {"n_layers": 40, "n_heads": 40, "n_kv_heads": 8, "head_dim": 128, "dtype_bytes": 2}
@@ -22,22 +21,12 @@ EXERCISE2 = {"n_layers": 80, "d_model": 8192, "seq_len": 4096, "dtype_bytes": 2}
 EXERCISE3_MEMORY = 24 * GiB
 
 
-def _missing(answer) -> bool:
-    return answer is None or answer is ...
-
-
-def _as_number(answer):
-    if isinstance(answer, bool) or not isinstance(answer, Real):
-        return None
-    return float(answer)
-
-
 def check_bytes_per_token(answer) -> Feedback:
     """Exercise 1: bytes one token adds to the cache of a 40-layer model with 40 query heads,
     8 K/V heads of 128, in BF16."""
-    if _missing(answer):
+    if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    value = _as_number(answer)
+    value = as_number(answer)
     if value is None:
         return Feedback(False, f"expected a number of bytes, got {type(answer).__name__}.")
     e = EXERCISE1
@@ -64,9 +53,9 @@ def check_bytes_per_token(answer) -> Feedback:
 def check_batch_where_cache_equals_weights(answer) -> Feedback:
     """Exercise 2: the batch at which the source example's cache (4096 tokens, BF16) weighs
     as much as its weights, estimated as 12 L d^2 in BF16."""
-    if _missing(answer):
+    if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    value = _as_number(answer)
+    value = as_number(answer)
     if value is None:
         return Feedback(False, f"expected a number (a batch size), got {type(answer).__name__}.")
     e = EXERCISE2
@@ -90,9 +79,9 @@ def check_batch_where_cache_equals_weights(answer) -> Feedback:
 def check_tokens_that_fit(answer) -> Feedback:
     """Exercise 3: cached tokens of Llama-3-8B (BF16) that fit beside its BF16 weights in
     24 GiB."""
-    if _missing(answer):
+    if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    value = _as_number(answer)
+    value = as_number(answer)
     if value is None:
         return Feedback(False, f"expected a number of tokens, got {type(answer).__name__}.")
     model = PRESETS["Llama-3-8B"]
