@@ -133,14 +133,19 @@ def cache_diagram(cached: int, new: int = 1, d_model: int = 4, ax=None, names=("
 
 
 def matrix_heatmap(matrix, row_labels=None, column_labels=None, ax=None, title=None,
-                   show_values: bool = True, colorbar: bool = False, cmap: str = COLORMAP):
-    """A matrix as coloured cells with its values written in, labelled rows and columns."""
+                   show_values: bool = True, colorbar: bool = False, cmap: str = COLORMAP,
+                   vmin: float | None = None, vmax: float | None = None):
+    """A matrix as coloured cells with its values written in, labelled rows and columns.
+
+    Colours span the matrix's own range unless vmin and vmax fix the scale (so that, say, a
+    row copied from the lookup table keeps its colours in X).
+    """
     matrix = np.asarray(matrix)
     if matrix.ndim != 2:
         raise ValueError(f"matrix_heatmap draws a 2-D matrix, got shape {matrix.shape}")
     rows, columns = matrix.shape
     ax = _new_axes(ax, (1.2 + 0.6 * columns, 1.0 + 0.45 * rows))
-    image = ax.imshow(matrix, cmap=cmap)
+    image = ax.imshow(matrix, cmap=cmap, vmin=vmin, vmax=vmax)
     _label_axes(ax, rows, columns, row_labels, column_labels)
     if show_values:
         _write_values(ax, matrix, image)

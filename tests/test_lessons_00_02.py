@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import kvlib  # noqa: E402
+from kvlib import plots  # noqa: E402
 from kvlib.exercises import lesson00, lesson01, lesson02  # noqa: E402
 from kvlib.widgets import lesson01 as widgets01  # noqa: E402
 from kvlib.widgets import lesson02 as widgets02  # noqa: E402
@@ -133,7 +134,7 @@ def test_lookup_explorer_rejects_bad_arguments(params):
     with pytest.raises(ValueError, match="selected"):
         widgets01.embedding_explorer(params, selected=12)
     with pytest.raises(ValueError, match="2-D"):
-        widgets01.draw_heatmap(plt.figure().gca(), np.zeros(3), [], [], 0, 1)
+        plots.matrix_heatmap(np.zeros(3), ax=plt.figure().gca(), vmin=0, vmax=1)
     with pytest.raises(ValueError, match="between 0 and 11"):
         widgets01.lookup_figure(params.embedding, [0, 12], kvlib.TOY_VOCABULARY)
     with pytest.raises(ValueError, match="between 0 and 11"):

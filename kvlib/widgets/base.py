@@ -59,6 +59,22 @@ def prompt_box(prompt: str) -> widgets.Text:
                         layout=widgets.Layout(width="20em"))
 
 
+def explorer(live: LiveFigure, controls: dict, status: widgets.HTML, message: widgets.HTML,
+             redraw, state: dict) -> widgets.VBox:
+    """Wire every control to redraw (through safely, so bad input lands in message), draw
+    once, and lay the widget out: the controls in a row, the message and status lines, then
+    the figure. The VBox carries what tests use: figure, controls, status, message, state.
+    """
+    run = safely(redraw, message)
+    for control in controls.values():
+        control.observe(run, names="value")
+    run()
+    box = widgets.VBox([widgets.HBox(list(controls.values())), message, status, live.output])
+    box.figure, box.controls, box.status, box.message, box.state = (
+        live.figure, controls, status, message, state)
+    return box
+
+
 def safely(callback, message_widget: widgets.HTML | None = None):
     """Wrap a widget callback so that a bad value is reported in words, never a traceback."""
 

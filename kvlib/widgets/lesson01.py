@@ -26,30 +26,6 @@ MAX_TOKENS = 12
 """The explorer draws at most this many tokens (BOS included), so the rows stay readable."""
 
 
-def draw_heatmap(ax, matrix, row_labels, column_labels, vmin: float, vmax: float,
-                 title: str | None = None):
-    """A matrix as coloured cells with values, on a FIXED colour scale (notebook 01).
-
-    Unlike kvlib.plots.matrix_heatmap, which scales colours to each matrix, vmin and vmax are
-    given, so that a row copied from the table has the same colours in X as in the table.
-    """
-    matrix = np.asarray(matrix, dtype=float)
-    if matrix.ndim != 2:
-        raise ValueError(f"draw_heatmap draws a 2-D matrix, got shape {matrix.shape}")
-    image = ax.imshow(matrix, cmap=plots.COLORMAP, vmin=vmin, vmax=vmax)
-    ax.set_xticks(range(matrix.shape[1]), column_labels)
-    ax.set_yticks(range(matrix.shape[0]), row_labels)
-    ax.xaxis.tick_top()
-    ax.xaxis.set_label_position("top")
-    shade = image.norm(matrix)
-    for (r, c), value in np.ndenumerate(matrix):
-        ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=8,
-                color="black" if shade[r, c] > 0.55 else "white")
-    if title:
-        ax.set_title(title)
-    return image
-
-
 def _outline_row(ax, row: int, columns: int, color: str, linestyle: str = "-",
                  lw: float = 2.5) -> None:
     ax.add_patch(Rectangle((-0.5, row - 0.5), columns, 1, fill=False, edgecolor=color,
@@ -80,15 +56,15 @@ def draw_lookup(table_ax, x_ax, table, ids, vocabulary, selected: int | None = N
     vmin, vmax = float(table.min()), float(table.max())
     _place_axes(table_ax, x_ax, vocab_size, len(ids), d)
     columns = [str(j) for j in range(d)]
-    draw_heatmap(table_ax, table, [f"{i} {word}" for i, word in enumerate(vocabulary)],
-                 columns, vmin, vmax, title=f"lookup table {table.shape}")
+    plots.matrix_heatmap(table, [f"{i} {word}" for i, word in enumerate(vocabulary)], columns,
+                         ax=table_ax, title=f"lookup table {table.shape}", vmin=vmin, vmax=vmax)
     for row in sorted(set(ids)):
         _outline_row(table_ax, row, d, PROMPT_ROW_COLOR)
         table_ax.get_yticklabels()[row].set_fontweight("bold")
     if selected is not None:
         _outline_row(table_ax, selected, d, SELECTED_ROW_COLOR, linestyle="--", lw=3.5)
-    draw_heatmap(x_ax, X, [f"{t}: {vocabulary[i]}" for t, i in enumerate(ids)], columns,
-                 vmin, vmax, title=f"X = table[ids] {X.shape}")
+    plots.matrix_heatmap(X, [f"{t}: {vocabulary[i]}" for t, i in enumerate(ids)], columns,
+                         ax=x_ax, title=f"X = table[ids] {X.shape}", vmin=vmin, vmax=vmax)
     x_ax.yaxis.tick_right()
     for ax in (table_ax, x_ax):
         ax.set_xlabel("embedding dimension", fontsize=9)

@@ -18,7 +18,7 @@ from matplotlib.patches import Rectangle
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, as_html, prompt_box, read_prompt, safely
+from .base import LiveFigure, as_html, explorer, prompt_box, read_prompt
 
 UNCHANGED_COLOR = plt.get_cmap(plots.COLORMAP)(0.35)
 CHANGED_COLOR = plots.NEW_ROWS_COLOR
@@ -97,16 +97,6 @@ def _rows(first: int, last: int) -> str:
     return f"row {first}" if first == last else f"rows {first}-{last}"
 
 
-def _assemble(live: LiveFigure, controls: dict, status: widgets.HTML, message: widgets.HTML):
-    rows = [widgets.HBox(list(controls.values()))]
-    box = widgets.VBox([*rows, message, status, live.output])
-    box.figure = live.figure
-    box.controls = controls
-    box.status = status
-    box.message = message
-    return box
-
-
 def mask_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICLE_PROMPT,
                   tokenizer: kvlib.ToyTokenizer | None = None):
     """Notebook 03: one head's (T, T) attention weights with the causal mask on or off.
@@ -160,13 +150,7 @@ def mask_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICL
         state.update(ids=ids, weights=weights, mask=mask)
         live.show()
 
-    run = safely(redraw, message)
-    for control in controls.values():
-        control.observe(run, names="value")
-    run()
-    box = _assemble(live, controls, status, message)
-    box.state = state
-    return box
+    return explorer(live, controls, status, message, redraw, state)
 
 
 def change_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICLE_PROMPT,
@@ -224,10 +208,4 @@ def change_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTI
         state.update(ids=ids, position=position, changes=changes)
         live.show()
 
-    run = safely(redraw, message)
-    for control in controls.values():
-        control.observe(run, names="value")
-    run()
-    box = _assemble(live, controls, status, message)
-    box.state = state
-    return box
+    return explorer(live, controls, status, message, redraw, state)

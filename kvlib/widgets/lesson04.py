@@ -16,8 +16,7 @@ from matplotlib.transforms import blended_transform_factory
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, prompt_box, read_prompt, safely
-from .lesson03 import _assemble
+from .base import LiveFigure, explorer, prompt_box, read_prompt
 
 FRAME_COLOR = "#d62728"   # the chosen head's frame: red stands out on viridis
 DIM_ALPHA = 0.65          # how strongly the other heads' columns are washed out
@@ -127,13 +126,7 @@ def head_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICL
         state.update(ids=ids, Q=Q, head_slice=Q[:, head * dh:(head + 1) * dh], weights=weights)
         live.show()
 
-    run = safely(redraw, message)
-    for control in controls.values():
-        control.observe(run, names="value")
-    run()
-    box = _assemble(live, controls, status, message)
-    box.state = state
-    return box
+    return explorer(live, controls, status, message, redraw, state)
 
 
 def split_for_heads(ids, n_heads: int, d_model: int = 8):
@@ -218,10 +211,4 @@ def head_count_explorer(prompt: str = kvlib.ARTICLE_PROMPT, d_model: int = 8, n_
         state.update(ids=ids, Q=Q, weights=weights, head_dim=head_dim)
         live.show()
 
-    run = safely(redraw, message)
-    for control in controls.values():
-        control.observe(run, names="value")
-    run()
-    box = _assemble(live, controls, status, message)
-    box.state = state
-    return box
+    return explorer(live, controls, status, message, redraw, state)

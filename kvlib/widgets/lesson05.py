@@ -16,8 +16,7 @@ from matplotlib.patches import Rectangle
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, as_html, prompt_box, read_prompt, safely
-from .lesson03 import _assemble
+from .base import LiveFigure, as_html, explorer, prompt_box, read_prompt
 
 ATTENTION_COLOR = plt.get_cmap(plots.COLORMAP)(0.25)
 MLP_COLOR = plt.get_cmap(plots.COLORMAP)(0.75)
@@ -163,13 +162,7 @@ def stream_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTI
         state.update(ids=ids, stream=stream, token=token, blocks=blocks)
         live.show()
 
-    run = safely(redraw, message)
-    for control in controls.values():
-        control.observe(run, names="value")
-    run()
-    box = _assemble(live, controls, status, message)
-    box.state = state
-    return box
+    return explorer(live, controls, status, message, redraw, state)
 
 
 def gelu_plot(low: float = -4.0, high: float = 4.0, ax=None, x: float | None = None,
@@ -242,10 +235,4 @@ def gelu_explorer(low: float = -4.0, high: float = 4.0, x: float = -0.75):
         state.update(x=point, gelu=gelu_value)
         live.show()
 
-    run = safely(redraw, message)
-    for control in controls.values():
-        control.observe(run, names="value")
-    run()
-    box = _assemble(live, controls, status, message)
-    box.state = state
-    return box
+    return explorer(live, controls, status, message, redraw, state)
