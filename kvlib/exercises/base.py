@@ -30,6 +30,15 @@ def is_missing(answer) -> bool:
     return answer is None or answer is ...
 
 
+def not_an_array_answer(answer, name: str = "answer") -> Feedback | None:
+    """Feedback when an array answer is still `...` or holds no numbers; None otherwise."""
+    if is_missing(answer):
+        return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
+    if isinstance(answer, np.ndarray) and not np.issubdtype(answer.dtype, np.number):
+        return Feedback(False, f"{name} should hold numbers, got an array of {answer.dtype}.")
+    return None
+
+
 def as_number(answer) -> float | None:
     """A plain number as a float; None for anything else (bools, arrays, strings)."""
     if isinstance(answer, bool) or not isinstance(answer, Real):

@@ -12,7 +12,13 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, check_array, is_missing, show_solution
+from .base import (
+    Feedback,
+    check_array,
+    is_missing,
+    not_an_array_answer,
+    show_solution,
+)
 
 TARGET_TOKEN = 5            # "I", the greedy choice after "How are you?"
 TARGET_PROBABILITY = 0.5
@@ -88,10 +94,8 @@ def check_temperature_for_half(answer) -> Feedback:
 def check_top_k(answer) -> Feedback:
     """Exercise 3: top-3 probabilities by hand (12,), zeros outside the 3 largest logits."""
     name = "answer"
-    if is_missing(answer):
-        return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
-    if isinstance(answer, np.ndarray) and not np.issubdtype(answer.dtype, np.number):
-        return Feedback(False, f"{name} should hold numbers, got an array of {answer.dtype}.")
+    if (feedback := not_an_array_answer(answer, name)) is not None:
+        return feedback
     last = _article_logits()[-1]
     k = EXERCISE_TOP_K
     top = np.argsort(last)[-k:]

@@ -10,7 +10,14 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, article_example, check_array, is_missing, show_solution
+from .base import (
+    Feedback,
+    article_example,
+    check_array,
+    is_missing,
+    not_an_array_answer,
+    show_solution,
+)
 
 EXERCISE_LAYER = 1
 EXERCISE_TOKENS = 20
@@ -32,10 +39,8 @@ def _layer_inputs(params, ids):
 def check_layer_keys(answer) -> Feedback:
     """Exercise 1: layer 1's cached keys (5, 4), computed from that layer's input."""
     name = "answer"
-    if is_missing(answer):
-        return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
-    if isinstance(answer, np.ndarray) and not np.issubdtype(answer.dtype, np.number):
-        return Feedback(False, f"{name} should hold numbers, got an array of {answer.dtype}.")
+    if (feedback := not_an_array_answer(answer, name)) is not None:
+        return feedback
     params, ids = article_example()
     inputs = _layer_inputs(params, ids)
     layer = params.layers[EXERCISE_LAYER]

@@ -13,7 +13,14 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, article_example, check_array, is_missing, show_solution
+from .base import (
+    Feedback,
+    article_example,
+    check_array,
+    is_missing,
+    not_an_array_answer,
+    show_solution,
+)
 
 EXERCISE_TOKEN = 5  # "I", the token chosen after "How are you?"
 CHUNK_CASES = (  # (text already in the cache, new chunk); the tokenizer adds BOS to the first
@@ -31,10 +38,8 @@ GENERATION_CASES = (("How are you?", 10), ("I am", 6), ("?", 3), ("How are you? 
 def check_decode_weights(answer) -> Feedback:
     """Exercise 1: the new token's layer-0 attention weights, per head: (2, 1, 6)."""
     name = "answer"
-    if is_missing(answer):
-        return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
-    if isinstance(answer, np.ndarray) and not np.issubdtype(answer.dtype, np.number):
-        return Feedback(False, f"{name} should hold numbers, got an array of {answer.dtype}.")
+    if (feedback := not_an_array_answer(answer, name)) is not None:
+        return feedback
     params, ids = article_example()
     n_heads = params.config.n_heads
     recorded = []
