@@ -10,6 +10,14 @@ GiB = 2**30
 MiB = 2**20
 
 
+def _whole(name: str, value, minimum: int = 0) -> int:
+    """A whole number >= minimum as a Python int: numpy's int32 would overflow the products
+    (80 layers x 8192 x 2**20 tokens x 64 is far past 2**31)."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return int(value)
+
+
 def kv_cache_bytes(n_layers: int, d_model: int | None, seq_len: int, batch_size: int = 1,
                    dtype_bytes: int = 2, *, n_kv_heads: int | None = None,
                    head_dim: int | None = None) -> int:
@@ -24,23 +32,48 @@ def kv_cache_bytes(n_layers: int, d_model: int | None, seq_len: int, batch_size:
     """
     if (n_kv_heads is None) != (head_dim is None):
         raise ValueError("give both n_kv_heads and head_dim, or neither")
-    width = d_model if n_kv_heads is None else n_kv_heads * head_dim
-    if width is None:
-        raise ValueError("give d_model, or n_kv_heads and head_dim")
-    named = {"n_layers": n_layers, "width of a cached row": width, "seq_len": seq_len,
-             "batch_size": batch_size, "dtype_bytes": dtype_bytes}
-    for name, value in named.items():
-        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
-    return 2 * batch_size * seq_len * width * dtype_bytes * n_layers
+    if n_kv_heads is None:
+        if d_model is None:
+            raise ValueError("give d_model, or n_kv_heads and head_dim")
+        width = _whole("d_model", d_model)
+    else:
+        width = _whole("n_kv_heads", n_kv_heads, 1) * _whole("head_dim", head_dim, 1)
+    return (2 * _whole("batch_size", batch_size) * _whole("seq_len", seq_len) * width
+            * _whole("dtype_bytes", dtype_bytes) * _whole("n_layers", n_layers))
+
+
+def latent_cache_bytes(n_layers: int, latent_dim: int, rope_head_dim: int, seq_len: int,
+                       batch_size: int = 1, dtype_bytes: int = 2) -> int:
+    """Bytes of a multi-head latent attention cache (notebook 15): batch x seq_len x
+    (latent_dim + rope_head_dim) x dtype_bytes x n_layers. No factor 2: the one latent
+    serves as keys and as values.
+
+    >>> latent_cache_bytes(n_layers=61, latent_dim=512, rope_head_dim=64, seq_len=1)  # V3
+    70272
+    """
+    width = _whole("latent_dim", latent_dim, 1) + _whole("rope_head_dim", rope_head_dim)
+    return (_whole("batch_size", batch_size) * _whole("seq_len", seq_len) * width
+            * _whole("dtype_bytes", dtype_bytes) * _whole("n_layers", n_layers))
+
+
+def config_cache_bytes(config, seq_len: int, batch_size: int = 1,
+                       dtype_bytes: int | None = None) -> int:
+    """Bytes of the cache a kvlib model holds after seq_len positions (notebooks 11-16):
+    kv_cache_bytes or latent_cache_bytes for its shapes, over the positions it holds (with
+    a sliding window, the sinks and the last W). dtype_bytes defaults to the model's own.
+    Equal to ``cache.nbytes`` of a live cache of that config."""
+    dtype_bytes = config.numpy_dtype.itemsize if dtype_bytes is None else dtype_bytes
+    held = config.held_positions(_whole("seq_len", seq_len))
+    if config.latent_dim is not None:
+        return latent_cache_bytes(config.n_layers, config.latent_dim, config.rope_head_dim,
+                                  held, batch_size, dtype_bytes)
+    return kv_cache_bytes(config.n_layers, None, held, batch_size, dtype_bytes,
+                          n_kv_heads=config.kv_heads, head_dim=config.head_dim)
 
 
 def weights_bytes(n_parameters: int, dtype_bytes: int = 2) -> int:
     """Bytes of a model's weights (notebook 10): n_parameters x dtype_bytes."""
-    for name, value in (("n_parameters", n_parameters), ("dtype_bytes", dtype_bytes)):
-        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
-    return n_parameters * dtype_bytes
+    return _whole("n_parameters", n_parameters) * _whole("dtype_bytes", dtype_bytes)
 
 
 def tokens_that_fit(memory_bytes: int, weights: int, bytes_per_token: int) -> int:
@@ -50,12 +83,8 @@ def tokens_that_fit(memory_bytes: int, weights: int, bytes_per_token: int) -> in
     the weights alone do not fit. bytes_per_token is a whole sequence position: K and V of
     every layer.
     """
-    named = {"memory_bytes": memory_bytes, "weights": weights, "bytes_per_token": bytes_per_token}
-    for name, value in named.items():
-        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
-    if bytes_per_token == 0:
-        raise ValueError("bytes_per_token must be at least 1")
+    memory_bytes, weights = _whole("memory_bytes", memory_bytes), _whole("weights", weights)
+    bytes_per_token = _whole("bytes_per_token", bytes_per_token, 1)
     return max(memory_bytes - weights, 0) // bytes_per_token
 
 

@@ -108,7 +108,7 @@ def test_bad_values_are_refused_in_words():
         weights_bytes(-1)
     with pytest.raises(ValueError, match="dtype_bytes"):
         weights_bytes(10, dtype_bytes=1.5)
-    with pytest.raises(ValueError, match="bytes_per_token must be at least 1"):
+    with pytest.raises(ValueError, match="bytes_per_token must be a whole number >= 1"):
         tokens_that_fit(100, 10, 0)
     with pytest.raises(ValueError, match="memory_bytes"):
         tokens_that_fit(-1, 10, 1)
