@@ -14,3 +14,10 @@ from .safetensors import (
     read_safetensors,
     write_safetensors,
 )
+from .tokenizer import (
+    END_OF_TEXT,
+    PRETOKENIZER_PATTERN,
+    Tokenizer,
+    bytes_to_unicode,
+    load_tokenizer,
+)
