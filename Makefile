@@ -8,7 +8,8 @@ READY := $(VENV)/.installed
 BROWSER_READY := $(VENV)/.browser-installed
 FIRST_NOTEBOOK := notebooks/00_big_picture.ipynb
 
-.PHONY: setup lab test lint notebooks benchmark binder-check browser-test links clean
+.PHONY: setup lab test lint notebooks benchmark binder-check browser-test links clean \
+	test-reference
 
 $(READY): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed, found " + sys.version)'
@@ -51,10 +52,26 @@ $(BROWSER_READY): $(READY) requirements-browser.txt
 browser-test: $(BROWSER_READY)
 	KVLIB_BROWSER_TEST=1 $(BIN)/python -m pytest tests/browser -v
 
+# Optional: kvlib's GPT-2 against transformers, live, at small and at GPT-2 124M shapes
+# (tests/reference). Needs torch and transformers, installed into their own .venv-reference;
+# never part of `make test` or CI. TORCH says which torch to install, for example
+# TORCH="torch --index-url https://download.pytorch.org/whl/cpu" for the small CPU build.
+TORCH ?= torch
+REFERENCE_VENV := .venv-reference
+$(REFERENCE_VENV)/.installed: requirements.txt requirements-reference.txt
+	$(PYTHON) -m venv $(REFERENCE_VENV)
+	$(REFERENCE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(REFERENCE_VENV)/bin/python -m pip install --quiet $(TORCH)
+	$(REFERENCE_VENV)/bin/python -m pip install --quiet -r requirements.txt -r requirements-reference.txt
+	touch $@
+
+test-reference: $(REFERENCE_VENV)/.installed
+	$(REFERENCE_VENV)/bin/python -m pytest tests/reference tests/test_gpt2_reference.py -v
+
 # Point the Binder badge and the nbviewer links at a repository (also how a fork does it).
 links:
 	@test -n "$(REPO)" || { echo "usage: make links REPO=owner/name [BRANCH=main]" >&2; exit 2; }
 	$(PYTHON) tools/set_repo_links.py $(REPO) --branch $(or $(BRANCH),main)
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(REFERENCE_VENV)
