@@ -80,62 +80,91 @@ def _check_choice(name: str, value, low: int, high: int) -> int:
     return int(value)
 
 
-def _draw_plane(ax, q_pair, k_pair, q_start, k_start, pair, m, n) -> None:
-    ax.clear()
-    for start, color in ((q_start, QUERY_COLOR), (k_start, KEY_COLOR)):
-        ax.annotate("", xy=tuple(start), xytext=(0, 0),
-                    arrowprops=dict(arrowstyle="-|>", color=color, alpha=0.3, lw=1.2,
-                                    linestyle="--"))
-    ax.annotate("", xy=tuple(q_pair), xytext=(0, 0),
-                arrowprops=dict(arrowstyle="-|>", color=QUERY_COLOR, lw=2.5))
-    ax.annotate("", xy=tuple(k_pair), xytext=(0, 0),
-                arrowprops=dict(arrowstyle="-|>", color=KEY_COLOR, lw=2.5, linestyle="--"))
-    ax.plot([], [], color=QUERY_COLOR, lw=2.5, label=f"q at m = {m}")
-    ax.plot([], [], color=KEY_COLOR, lw=2.5, linestyle="--", label=f"k at n = {n}")
-    ax.plot([], [], color="black", alpha=0.3, lw=1.2, linestyle="--",
-            label="before turning (position 0)")
-    for vector, color in ((q_pair, QUERY_COLOR), (k_pair, KEY_COLOR)):
+class _RotationArtists:
+    """The artists of draw_rotation's figure, made once and then updated in place, so that a
+    slider move changes a few numbers instead of rebuilding two Axes (about 0.1 s each)."""
+
+    def __init__(self, figure, n_distances: int):
+        figure.clear()
+        self.plane, self.curves = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1.0, 1.6]})
+        plane, curves = self.plane, self.curves
+        self.starts = [plane.annotate("", xy=(1, 0), xytext=(0, 0), arrowprops=dict(
+            arrowstyle="-|>", color=color, alpha=0.3, lw=1.2, linestyle="--"))
+            for color in (QUERY_COLOR, KEY_COLOR)]
+        self.arrows = [plane.annotate("", xy=(1, 0), xytext=(0, 0), arrowprops=dict(
+            arrowstyle="-|>", color=color, lw=2.5, linestyle=style))
+            for color, style in ((QUERY_COLOR, "-"), (KEY_COLOR, "--"))]
         # a turn keeps the length: each arrow's tip stays on its own circle
-        ax.add_patch(Circle((0, 0), float(np.linalg.norm(vector)), fill=False, color=color,
-                            alpha=0.35, lw=0.8, linestyle=":", zorder=0))
-    radius = 1.15 * max(np.linalg.norm(q_pair), np.linalg.norm(k_pair), 1e-9)
-    ax.set_xlim(-radius, radius)
-    ax.set_ylim(-radius, radius)
-    ax.set_aspect("equal")
-    ax.axhline(0, color="#d0d0d0", lw=0.8, zorder=0)
-    ax.axvline(0, color="#d0d0d0", lw=0.8, zorder=0)
-    ax.set_xlabel(f"column {2 * pair} of the head")
-    ax.set_ylabel(f"column {2 * pair + 1} of the head")
-    ax.set_title(f"Pair {pair} of q and k, turned to their positions")
-    ax.legend(loc="lower left", fontsize=8, framealpha=0.9)
+        self.circles = [plane.add_patch(Circle((0, 0), 1.0, fill=False, color=color,
+                                               alpha=0.35, lw=0.8, linestyle=":", zorder=0))
+                        for color in (QUERY_COLOR, KEY_COLOR)]
+        handles = [plane.plot([], [], color=QUERY_COLOR, lw=2.5)[0],
+                   plane.plot([], [], color=KEY_COLOR, lw=2.5, linestyle="--")[0],
+                   plane.plot([], [], color="black", alpha=0.3, lw=1.2, linestyle="--")[0]]
+        self.plane_legend = plane.legend(handles, ["q", "k", "before turning (position 0)"],
+                                         loc="lower left", fontsize=8, framealpha=0.9)
+        plane.axhline(0, color="#d0d0d0", lw=0.8, zorder=0)
+        plane.axvline(0, color="#d0d0d0", lw=0.8, zorder=0)
+        plane.set_aspect("equal")
+        distances = np.arange(n_distances)
+        self.pair_line, = curves.plot(distances, np.zeros(n_distances), color=QUERY_COLOR,
+                                      lw=2)
+        self.head_line, = curves.plot(distances, np.zeros(n_distances), color=HEAD_COLOR,
+                                      lw=1.5, linestyle="--")
+        self.marker_line = curves.axvline(0, color="black", lw=0.8, alpha=0.5)
+        self.markers, = curves.plot([0, 0], [0, 0], "o", color="black", ms=5)
+        curves.axhline(0, color="#d0d0d0", lw=0.8, zorder=0)
+        self.curve_legend = curves.legend(
+            [self.pair_line, self.head_line, self.markers],
+            ["pair", "the head's score (all pairs)", "distance"], loc="upper right",
+            fontsize=8, framealpha=0.9)
+        curves.set_xlabel("distance m - n (positions)")
+        curves.set_ylabel("score  q_m . k_n / sqrt(head_dim)")
+        curves.set_title("The score depends on the distance only")
+        self.n_distances = n_distances
 
+    def update_plane(self, q_pair, k_pair, q_start, k_start, pair, m, n) -> None:
+        for arrow, tip in zip(self.starts + self.arrows, (q_start, k_start, q_pair, k_pair)):
+            arrow.xy = tuple(float(x) for x in tip)
+        for circle, tip in zip(self.circles, (q_pair, k_pair)):
+            circle.set_radius(float(np.linalg.norm(tip)))
+        for text, label in zip(self.plane_legend.texts, (f"q at m = {m}", f"k at n = {n}")):
+            text.set_text(label)
+        radius = 1.15 * max(np.linalg.norm(q_pair), np.linalg.norm(k_pair), 1e-9)
+        self.plane.set_xlim(-radius, radius)
+        self.plane.set_ylim(-radius, radius)
+        self.plane.set_xlabel(f"column {2 * pair} of the head")
+        self.plane.set_ylabel(f"column {2 * pair + 1} of the head")
+        self.plane.set_title(f"Pair {pair} of q and k, turned to their positions")
 
-def _draw_curves(ax, curve, pair, distance, pair_score, head_score) -> None:
-    ax.clear()
-    distances = np.arange(len(curve))
-    ax.plot(distances, curve[:, pair], color=QUERY_COLOR, lw=2,
-            label=f"pair {pair}'s share of the score")
-    ax.plot(distances, curve.sum(axis=1), color=HEAD_COLOR, lw=1.5, linestyle="--",
-            label="the head's score (all pairs)")
-    ax.axvline(distance, color="black", lw=0.8, alpha=0.5)
-    ax.plot([distance, distance], [pair_score, head_score], "o", color="black", ms=5,
-            label=f"distance m - n = {distance}")
-    ax.axhline(0, color="#d0d0d0", lw=0.8, zorder=0)
-    ax.set_xlabel("distance m - n (positions)")
-    ax.set_ylabel("score  q_m . k_n / sqrt(head_dim)")
-    ax.set_title("The score depends on the distance only")
-    ax.legend(loc="upper right", fontsize=8, framealpha=0.9)
+    def update_curves(self, curve, pair, distance, pair_score, head_score) -> None:
+        self.pair_line.set_ydata(curve[:, pair])
+        self.head_line.set_ydata(curve.sum(axis=1))
+        self.marker_line.set_xdata([distance, distance])
+        self.markers.set_data([distance, distance], [pair_score, head_score])
+        for text, label in zip(self.curve_legend.texts,
+                               (f"pair {pair}'s share of the score",
+                                "the head's score (all pairs)",
+                                f"distance m - n = {distance}")):
+            text.set_text(label)
+        low = min(curve[:, pair].min(), curve.sum(axis=1).min(), 0.0)
+        high = max(curve[:, pair].max(), curve.sum(axis=1).max(), 0.0)
+        margin = 0.08 * (high - low or 1.0)
+        self.curves.set_ylim(low - margin, high + margin)
+        self.curves.set_xlim(-0.02 * self.n_distances, 1.02 * (self.n_distances - 1))
 
 
 def draw_rotation(figure, q: np.ndarray, k: np.ndarray, pair: int, distance: int,
                   key_position: int, base: float = 10000.0,
                   max_distance: int = MAX_DISTANCE) -> dict:
     """Draw one pair of q and k turned to m = n + distance and n, and the score against the
-    distance (notebook 13), into `figure`, cleared first. q, k: (dim,) before any rotation.
+    distance (notebook 13), into `figure`. q, k: (dim,) before any rotation.
 
-    Returns what is drawn: the pair's angle per position (its frequency), the angles of the
-    turned arrows, this pair's share of the score and the head's score at (m, n), the same at
-    (distance, 0), and the curve (max_distance + 1, dim / 2) of scores_by_distance.
+    The first call on a figure clears it and makes the artists; later calls with the same
+    max_distance move them. Returns what is drawn: the pair's angle per position (its
+    frequency), the turned arrows of the pair, this pair's share of the score and the head's
+    score at (m, n), the curve (max_distance + 1, dim / 2) of scores_by_distance, and the
+    two Axes ("plane", "curves").
     """
     q, k = np.asarray(q, dtype=np.float64), np.asarray(k, dtype=np.float64)
     if q.ndim != 1 or q.shape != k.shape or len(q) % 2:
@@ -150,18 +179,20 @@ def draw_rotation(figure, q: np.ndarray, k: np.ndarray, pair: int, distance: int
     curve = scores_by_distance(q, k, max_distance, base)
     turned_q = rotated(q, query_position, base).reshape(-1, 2)[pair]
     turned_k = rotated(k, key_position, base).reshape(-1, 2)[pair]
-    figure.clear()
-    plane, curves = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1.0, 1.6]})
-    _draw_plane(plane, turned_q, turned_k, q.reshape(-1, 2)[pair], k.reshape(-1, 2)[pair],
-                pair, query_position, key_position)
-    _draw_curves(curves, curve, pair, distance, shares[pair], shares.sum())
+    artists = getattr(figure, "_rotation_artists", None)
+    if artists is None or artists.n_distances != max_distance + 1 \
+            or artists.plane not in figure.axes:
+        artists = figure._rotation_artists = _RotationArtists(figure, max_distance + 1)
+    artists.update_plane(turned_q, turned_k, q.reshape(-1, 2)[pair], k.reshape(-1, 2)[pair],
+                         pair, query_position, key_position)
+    artists.update_curves(curve, pair, distance, shares[pair], shares.sum())
     angle_per_position = float(kvlib.rotary_angles(np.array([1]), len(q), base)[0, pair])
     return {"angle_per_position": angle_per_position,
             "turn_every": 2 * math.pi / angle_per_position,
             "query_position": query_position, "key_position": key_position,
             "q_pair": turned_q, "k_pair": turned_k,
             "pair_score": float(shares[pair]), "head_score": float(shares.sum()),
-            "curve": curve, "plane": plane, "curves": curves}
+            "curve": curve, "plane": artists.plane, "curves": artists.curves}
 
 
 def rotation_explorer(q: np.ndarray | None = None, k: np.ndarray | None = None,
