@@ -216,6 +216,15 @@ def test_head_scaling_and_temperature_change_the_weights(params):
     assert explorer.shown["weights"].max() < 0.25                # rows near uniform
 
 
+def test_each_rows_strongest_key_is_framed(params):
+    explorer = widgets02.attention_explorer(params)
+    frames = explorer.axes[0].collections[0]
+    centres = [tuple(np.round(path.vertices[:4].mean(axis=0)).astype(int)) for path in
+               frames.get_paths()]
+    weights = explorer.shown["weights"]
+    assert centres == [(int(np.argmax(row)), r) for r, row in enumerate(weights)]
+
+
 def test_typing_a_sentence_updates_the_queries(params):
     explorer = widgets02.attention_explorer(params, query=4)
     explorer.sentence.value = "I am fine"

@@ -119,6 +119,15 @@ def test_mask_explorer_reports_a_bad_prompt_and_recovers(params):
                                                                            "fine"]
 
 
+def test_mask_explorer_with_a_single_token_says_there_is_no_future(params):
+    box = widgets03.mask_explorer(params)
+    box.controls["prompt"].value = ""               # only <bos>
+    for masked in (False, True):
+        box.controls["mask"].value = masked
+        assert "single token" in box.status.value and "reads the future" not in box.status.value
+        assert image_of(box.figure.axes[0]).shape == (1, 1)
+
+
 def test_mask_explorer_keeps_one_figure_and_one_colorbar(params):
     box = widgets03.mask_explorer(params)
     n_axes = len(box.figure.axes)
@@ -281,14 +290,41 @@ def test_head_count_explorer_redraws_one_heatmap_per_head():
         assert box.state["head_dim"] == 8 // count
         assert len(box.figure.axes) == 1 + count          # Q and one heatmap per head
         np.testing.assert_array_equal(box.state["Q"], Q)
-        heads = [t.get_text() for t in box.figure.axes[0].texts if t.get_text().startswith("head")]
-        assert heads == [f"head {h}" for h in range(count)]
+        heads = [t.get_text() for t in box.figure.axes[0].texts if t.get_text().startswith("h")]
+        short = count == 8                                  # one column per head: "h0".."h7"
+        assert heads == [f"h{h}" if short else f"head {h}" for h in range(count)]
         assert f"head_dim {8 // count}" in box.status.value
     box.controls["heads"].value = 3
     assert "must be divisible by n_heads (3)" in box.message.value
     assert box.status.value == "" and box.state["head_dim"] == 1   # the last good drawing stays
     box.controls["heads"].value = 4
     assert box.message.value == "" and len(box.figure.axes) == 5
+
+
+def figure_artists(figure):
+    """Everything an update draws: each axes' children and tick labels, the figure's texts."""
+    return sum(len(ax.get_children()) + len(ax.get_xticklabels()) + len(ax.get_yticklabels())
+               for ax in figure.axes) + len(figure.texts)
+
+
+def test_head_count_explorer_draws_a_bounded_number_of_artists():
+    """8 heads on a 32-token prompt took 5.9 s per update when every masked cell was its own
+    hatched patch (3,968 of them). What it draws must not grow with the masked cells: one
+    hatch patch per heatmap and a few token labels, so an update is as fast as at 5 tokens.
+    Counted, not timed: a timing would fail on a busy machine."""
+    box = widgets04.head_count_explorer(n_heads=8)
+    short = figure_artists(box.figure)
+    box.controls["prompt"].value = "How are you? I am fine and you? " * 3 + "I"
+    assert len(box.state["ids"]) == 32 and box.message.value == ""
+    heatmaps = box.figure.axes[1:]
+    assert len(heatmaps) == 8
+    for ax in heatmaps:
+        assert len(ax.patches) == 1 and len(ax.images) == 1          # weights, one hatch
+        assert len(ax.get_xticklabels()) <= 8 and len(ax.get_yticklabels()) <= 8
+    assert figure_artists(box.figure) <= short + 40 and figure_artists(box.figure) < 300
+    labels = [t for t in box.figure.axes[0].texts if t.get_text().startswith("h")]
+    assert [t.get_text() for t in labels] == [f"h{h}" for h in range(8)]
+    assert box.figure.axes[0].get_aspect() == "auto"       # Q is not a thin strip of 32 rows
 
 
 def test_head_count_explorer_does_not_leak():
@@ -388,6 +424,29 @@ def test_gelu_explorer_plots_gelu_and_relu_and_rejects_bad_values():
         box.controls["range"].value = (-4.0 + step % 3, 4.0)
         box.controls["x"].value = step / 4
     assert plt.get_fignums() == figures
+
+
+def test_stream_legend_tells_the_updates_apart_at_every_block_count(params):
+    for blocks in (0, 1, 3):
+        box = widgets05.stream_explorer(params, blocks=blocks)
+        legend = box.figure.axes[2].get_legend()
+        entries = dict(zip([t.get_text() for t in legend.get_texts()], legend.legend_handles))
+        attention = entries["attention update"].get_facecolor()
+        mlp = entries["MLP update"].get_facecolor()
+        assert matplotlib.colors.same_color(attention, widgets05.ATTENTION_COLOR)
+        assert matplotlib.colors.same_color(mlp, widgets05.MLP_COLOR)
+        assert ("block not applied yet" in entries) == (blocks < 3)
+
+
+@pytest.mark.parametrize("x, shown", [(1e308, "gelu(1e+308) = 1e+308"),
+                                      (-1e308, "gelu(-1e+308) = 0.000"),
+                                      (12345678.0, "gelu(1.23457e+07) = 1.235e+07"),
+                                      (-3.0, "gelu(-3) = -0.004")])
+def test_gelu_explorer_prints_large_values_readably(x, shown):
+    box = widgets05.gelu_explorer()
+    box.controls["x"].value = x                       # no overflow warning (warnings are errors)
+    assert shown in box.status.value and len(box.status.value) < 120
+    assert box.message.value == ""
 
 
 def test_gelu_plot_marks_the_dip():

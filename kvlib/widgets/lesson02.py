@@ -66,7 +66,8 @@ def head_weights(params: kvlib.Params, ids, layer: int = 0, head: int = 0, scale
 def draw_query_row(heat_ax, bar_ax, weights, labels, query: int, title: str | None = None):
     """Draw a head's weights (T, T) and one query's row (notebook 02) into two axes.
 
-    Left: the heatmap (kvlib.plots.attention_heatmap), the query's row outlined in crimson.
+    Left: the heatmap (kvlib.plots.attention_heatmap), each row's largest weight framed, the
+    query's row outlined in crimson.
     Right: that row as bars with their values; keys after the query are hatched grey.
     Returns the bars' title, so that a caller can add a line to it.
     """
@@ -75,7 +76,7 @@ def draw_query_row(heat_ax, bar_ax, weights, labels, query: int, title: str | No
     if not 0 <= query < T:
         raise ValueError(f"query must be a position between 0 and {T - 1}, got {query}")
     plots.attention_heatmap(weights, labels, labels, ax=heat_ax, colorbar=False, title=title,
-                            show_values=T <= 7)
+                            show_values=T <= 7, mark_row_max=True)
     if T > 6:
         for tick in heat_ax.get_xticklabels():
             tick.set(rotation=60, ha="left", rotation_mode="anchor")
