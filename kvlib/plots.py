@@ -85,10 +85,11 @@ class Arrow:
 
     label: str = ""
 
-    @property
-    def width(self) -> float:
+    def width(self, character: float) -> float:
+        """The arrow's slot, wide enough for its label when a character is `character`
+        diagram units wide."""
         longest = max((len(line) for line in self.label.split("\n")), default=0)
-        return max(1.6, 0.3 * longest + 0.8)
+        return max(1.6, character * longest + 0.8)
 
 
 def _new_axes(ax, figsize):
@@ -111,26 +112,32 @@ def shape_diagram(*terms, ax=None, title: str | None = None, cell: float | None 
     largest = max(max(b.shape) for b in matrices)
     cell = cell if cell is not None else min(1.0, 12.0 / largest)
 
+    character = 0.15   # a label's character width in diagram units, found by iterating:
+
     def slot(term) -> float:
         if isinstance(term, str):
             return 1.2
         if isinstance(term, Arrow):
-            return term.width
+            return term.width(character)
         return term.shape[1] * cell + 1.2 + term.left_margin
 
+    for _ in range(4):  # the figure is at most 14 in wide, so wider slots shrink every unit
+        width = sum(slot(term) for term in boxes)
+        character = 0.08 / min(0.55, 12.0 / width)   # a 9-point character is about 0.08 in
     width = sum(slot(term) for term in boxes)
     height = max(b.shape[0] for b in matrices) * cell
-    ax = _new_axes(ax, (min(2 + 0.55 * width, 14), 1.6 + 0.5 * height))
+    shrink = min(1.0, 12.0 / (0.55 * width))   # a wide diagram is scaled down to 14 in
+    ax = _new_axes(ax, (min(2 + 0.55 * width, 14), round(1.6 + 0.5 * height * shrink, 1)))
     x = 0.0
     for term in boxes:
         if isinstance(term, str):
             ax.text(x + 0.6, -height / 2, term, ha="center", va="center", fontsize=16)
         elif isinstance(term, Arrow):
-            ax.annotate("", xy=(x + term.width - 0.25, -height / 2), xytext=(x + 0.25,
-                                                                          -height / 2),
+            arrow = term.width(character)
+            ax.annotate("", xy=(x + arrow - 0.25, -height / 2), xytext=(x + 0.25, -height / 2),
                         arrowprops={"arrowstyle": "-|>", "color": "black", "lw": 1.5})
-            ax.text(x + term.width / 2, -height / 2 + 0.25, term.label, ha="center",
-                    va="bottom", fontsize=9)
+            ax.text(x + arrow / 2, -height / 2 + 0.25, term.label, ha="center", va="bottom",
+                    fontsize=9)
         else:
             _draw_box(ax, term, x + term.left_margin, cell, height)
         x += slot(term)

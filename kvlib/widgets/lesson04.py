@@ -168,12 +168,12 @@ def draw_head_count(figure, Q, weights, labels, d_model: int) -> None:
     # labels was half the time of an update.
     figure.set_layout_engine("none")
     outer = figure.add_gridspec(1, 2, width_ratios=[1.0, 1.4], left=0.07, right=0.99,
-                                bottom=0.1, top=0.84, wspace=0.12)
+                                bottom=0.1, top=0.8, wspace=0.12)
     left = figure.add_subplot(outer[0])
     head_columns(Q, heads, labels, ax=left, show_values=T <= 8,
                  title=f"Q {Q.shape}: {heads} head(s) of {head_dim} column(s)")
-    grid_rows = 1 if heads <= 2 else 2
-    grid = outer[1].subgridspec(grid_rows, -(-heads // grid_rows), wspace=0.3, hspace=0.5)
+    grid_rows = 1 if heads <= 4 else 2
+    grid = outer[1].subgridspec(grid_rows, -(-heads // grid_rows), wspace=0.25, hspace=0.55)
     mask = kvlib.causal_mask(T)
     for head in range(heads):
         row, column = divmod(head, grid.ncols)
@@ -188,7 +188,7 @@ def draw_head_count(figure, Q, weights, labels, d_model: int) -> None:
             ax.set_ylabel("")
             ax.tick_params(labelsize=7, labeltop=row == 0, labelleft=column == 0)
             ax.tick_params(axis="x", rotation=90)
-    figure.suptitle(f"A model with d_model = {d_model}: layer 0's Q and its heads")
+    figure.suptitle(f"A model with d_model = {d_model}: layer 0's Q and its heads", y=0.98)
 
 
 def head_count_explorer(prompt: str = kvlib.ARTICLE_PROMPT, d_model: int = 8, n_heads: int = 2,
