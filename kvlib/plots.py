@@ -80,8 +80,8 @@ class Box:
 
 @dataclass(frozen=True)
 class Arrow:
-    """A step between two matrices in a shape diagram: an arrow with a label above it
-    ("lookup", "block 1", ...)."""
+    """A step between two matrices in a shape diagram (notebook 00): an arrow with a label
+    above it ("lookup", "block 1", ...)."""
 
     label: str = ""
 
@@ -237,9 +237,9 @@ ROW_MAX_COLOR = "white"
 
 
 def masked_cells_hatch(mask) -> PathPatch:
-    """The grey "///" hatching of the cells where mask is False, as ONE patch whose path is
-    one rectangle per run of masked cells in a row. One artist for any number of masked
-    cells: a hatched patch per cell made 8 heads x 32 tokens take seconds to draw."""
+    """The grey "///" hatching of the cells where mask is False (notebooks 03-04), as ONE patch
+    whose path is one rectangle per run of masked cells in a row. One artist for any number of
+    masked cells: a hatched patch per cell made 8 heads x 32 tokens take seconds to draw."""
     hidden = ~np.asarray(mask, dtype=bool)
     vertices, codes = [], []
     for row, line in enumerate(hidden):

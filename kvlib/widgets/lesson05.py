@@ -182,7 +182,7 @@ def gelu_at(x: float) -> float:
 
 
 def readable(value: float) -> str:
-    """A number for the status line: 3 decimals, or 4 significant digits with an exponent
+    """A number for notebook 05's status line: 3 decimals, or 4 significant digits with an exponent
     when it is large (gelu(1e308) is 1e308, not a 309-digit number)."""
     return f"{value:.3f}" if abs(value) < 1e6 else f"{value:.4g}"
 
