@@ -14,6 +14,7 @@ from pathlib import Path  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from checker_cases import assert_answers_in_words, odd_answers, student_answers  # noqa: E402
 from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from strategies import models, token_lists  # noqa: E402
@@ -561,10 +562,26 @@ ODD_ANSWERS = [
 ]
 
 
-@pytest.mark.parametrize("checker", [ex13.check_continue, ex13.check_pair_angle,
-                                     ex13.check_keeps_scores])
+CHECKERS = [ex13.check_continue, ex13.check_pair_angle, ex13.check_keeps_scores]
+
+
+@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
 @pytest.mark.parametrize("answer", ODD_ANSWERS, ids=lambda a: re.sub(r"\W", "_", repr(a))[:30])
 def test_every_checker_answers_odd_input_in_words(checker, answer):
     feedback = checker(answer)
     assert isinstance(feedback, Feedback)
     assert not feedback.passed and feedback.message
+
+
+@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
+@pytest.mark.parametrize("label, answer", odd_answers((5,)))
+def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
+    feedback = assert_answers_in_words(checker, answer)
+    assert not feedback.passed, label
+
+
+@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
+@settings(max_examples=60, deadline=None)
+@given(answer=student_answers)
+def test_every_checker_answers_anything_in_words(checker, answer):
+    assert_answers_in_words(checker, answer)

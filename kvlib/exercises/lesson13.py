@@ -18,7 +18,7 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, is_missing, show_solution
+from .base import Feedback, checker, is_missing, not_filled_in, show_solution
 
 # Exercise 1 ------------------------------------------------------------------------------
 
@@ -152,6 +152,7 @@ def _diagnose(params, cached_ids, ids, logits, where: str) -> Feedback:
                     f"{P + T}).")
 
 
+@checker
 def check_continue(continue_fixed) -> Feedback:
     """Exercise 1: a fixed `continue_fixed(params, ids, cache) -> logits (T, V)` for the
     rotary toy. Runs it on several splits of a text into (already cached, new tokens),
@@ -287,11 +288,12 @@ def _angle_mistakes() -> list[tuple[float, str]]:
     ]
 
 
+@checker
 def check_pair_angle(answer) -> Feedback:
     """Exercise 2: the angle (radians) of pair 20 of a Llama 3 head (dim 128, rope_base
     500000) at position 8000. Any angle a whole number of turns away is the same rotation."""
     if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with your number.")
+        return not_filled_in("answer", "your number")
     value = _one_number(answer)
     if value is None:
         return Feedback(False, f"answer should be one number (an angle in radians), got "
@@ -446,11 +448,11 @@ def _predictions(answer):
     return predictions
 
 
+@checker
 def check_keeps_scores(answer) -> Feedback:
     """Exercise 3: for each of STATEMENTS, True if every key token's score stays the same."""
     if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with your "
-                        f"{len(STATEMENTS)} predictions.")
+        return not_filled_in("answer", f"your {len(STATEMENTS)} predictions")
     predictions = _predictions(answer)
     if isinstance(predictions, Feedback):
         return predictions
