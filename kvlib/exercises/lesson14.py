@@ -84,14 +84,15 @@ def check_cache_bytes_from_config(answer) -> Feedback:
     tokens, layers = c["max_position_embeddings"], c["num_hidden_layers"]
     group = c["num_attention_heads"] // c["num_key_value_heads"]
 
-    def equals(target: float) -> bool:
-        return math.isclose(value, target, rel_tol=1e-9)
+    def equals(target: float) -> bool:       # bytes are whole: to the byte
+        return abs(value - target) < 0.5
 
     if equals(expected) or math.isclose(value, expected / MiB, abs_tol=0.5) or \
             math.isclose(value, expected / GiB, abs_tol=0.005):
         return Feedback(True, f"{expected:,} bytes = {expected / GiB:g} GiB: 57,344 bytes a "
                         f"token, {group} times less than with 28 K/V heads.")
-    if math.isclose(value, expected / 1e9, abs_tol=0.005) or equals(expected / 1e6):
+    if math.isclose(value, expected / 1e9, abs_tol=0.005) or \
+            math.isclose(value, expected / 1e6, abs_tol=0.5):
         return Feedback(False, "that is in GB or MB (powers of 10). Give bytes, or GiB "
                         "(2^30 bytes) as the series does.")
     if equals(expected * group):
