@@ -18,6 +18,7 @@ import matplotlib as mpl
 import numpy as np
 from matplotlib.collections import LineCollection, PatchCollection
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from kvlib.grouped import group_size, query_groups
 from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit
@@ -111,7 +112,8 @@ def draw_query_groups(ax, n_heads: int, n_kv_heads: int, title: str | None = Non
     # one collection a row, not one artist a head: 256 heads redraw at once
     ax.add_collection(PatchCollection(
         [Rectangle((head + 0.1, 2.0), 0.8, 0.8) for head in heads],
-        facecolors=colors[kv_head_of], edgecolors="black", linewidths=0.5))
+        facecolors=colors[kv_head_of], edgecolors="black",
+        linewidths=0.5 if n_heads <= 64 else 0.0))      # past 64, edges would hide the colours
     ax.add_collection(LineCollection(
         [[(head + 0.5, 2.0), ((kv + 0.5) * group, 0.8)] for head, kv in zip(heads, kv_head_of)],
         colors=colors[kv_head_of], linewidths=1.0))
@@ -159,6 +161,9 @@ def draw_bytes_per_choice(ax, n_layers: int, n_heads: int, head_dim: int, chosen
                     fontsize=7, rotation=90 if len(choices) > 6 else 0)
     ax.set_xticks(positions, labels=[str(k) for k in choices])
     ax.set_yscale("log")
+    # plain tick labels: matplotlib's default 10^n labels go through mathtext, slow to draw
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.10g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(min(per_token) / 1024 / 2, max(per_token) / 1024 * 12)
     ax.set_xlabel("K/V heads (the divisors of the query heads)")
     ax.set_ylabel("cache KiB per token (log scale)")
