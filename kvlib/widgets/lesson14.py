@@ -189,8 +189,8 @@ def grouping_explorer(preset: str = "Llama-3-8B", budget_gib: float = 16.0,
     if dtype_bytes not in DTYPES.values():
         raise ValueError(f"dtype_bytes must be one of {sorted(DTYPES.values())}")
     start = PRESETS[preset]
-    style = {"description_width": "110px"}
-    wide = widgets.Layout(width="240px")
+    style = {"description_width": "130px"}
+    wide = widgets.Layout(width="300px")
     choose = widgets.Dropdown(options=list(GROUPABLE_PRESETS) + [CUSTOM], value=preset,
                               description="model", style=style,
                               layout=widgets.Layout(width="420px"))
@@ -203,7 +203,7 @@ def grouping_explorer(preset: str = "Llama-3-8B", budget_gib: float = 16.0,
     kv_heads = widgets.Dropdown(options=divisors(start.n_heads), value=start.n_kv_heads,
                                 description="K/V heads", style=style, layout=wide)
     dtype = widgets.Dropdown(options=list(DTYPES.items()), value=dtype_bytes,
-                             description="numbers", style=style, layout=wide)
+                             description="number format", style=style, layout=wide)
     budget = widgets.FloatText(value=budget_gib, description="cache budget (GiB)",
                                style=style, layout=wide)
     status, message, source = widgets.HTML(), widgets.HTML(), widgets.HTML()
