@@ -126,7 +126,14 @@ class BaseKVCache:
 
     def key_positions(self, n_new: int = 0) -> np.ndarray:
         """Positions of the rows attention reads after n_new more are appended: (S,)."""
-        return np.arange(len(self) + n_new)
+        return np.arange(len(self) + self._check_new(n_new))
+
+    def _check_new(self, n_new) -> int:
+        n_new = _whole("n_new", n_new, 0)
+        if self.capacity is not None and len(self) + n_new > self.capacity:
+            raise ValueError(f"{n_new} more positions do not fit: the cache holds {len(self)} "
+                             f"of {self.capacity}")
+        return n_new
 
     def reset(self) -> None:
         """Forget every position (start a new, unrelated prompt); buffers are kept. Also
@@ -302,7 +309,7 @@ class SlidingWindowCache(BaseKVCache):
         return np.where(positions < sink, positions, sink + (positions - sink) % self.window)
 
     def key_positions(self, n_new: int = 0) -> np.ndarray:
-        n = len(self)
+        n, n_new = len(self), self._check_new(n_new)
         return np.concatenate([self._held(n), np.arange(n, n + n_new)])
 
     def keys(self, layer: int) -> np.ndarray:

@@ -29,6 +29,13 @@ def _whole_number(name: str, value, minimum: int) -> None:
         raise ValueError(f"ModelConfig.{name} must be at least {minimum}, got {value}")
 
 
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:     # an int too large for a float
+        return False
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Sizes of a decoder-only model, and which parts of a real architecture it has.
@@ -94,7 +101,7 @@ class ModelConfig:
             raise TypeError(f"ModelConfig.bias must be True or False, got {self.bias!r}")
         for name in ("norm_epsilon", "rope_base"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) \
+            if isinstance(value, bool) or not isinstance(value, Real) or not _finite(value) \
                     or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive number, got {value!r}")
         self._check_kv_heads()

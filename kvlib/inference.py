@@ -208,7 +208,10 @@ def decode_step(params: Params, token_id, cache: BaseKVCache, *,
 def _check_temperature(temperature) -> float:
     if isinstance(temperature, bool) or not isinstance(temperature, Real):
         raise TypeError(f"temperature must be a number (0 for greedy), got {temperature!r}")
-    temperature = float(temperature)
+    try:
+        temperature = float(temperature)
+    except OverflowError:
+        raise ValueError(f"temperature {temperature} is too large for a float") from None
     if not np.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be 0 (greedy) or a positive number, got {temperature}")
     return temperature
@@ -227,7 +230,7 @@ def _check_top_k(top_k, vocab_size: int) -> int | None:
 def _check_logits_row(logits_row) -> np.ndarray:
     try:
         row = np.asarray(logits_row, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TypeError(f"expected one row of logits (numbers), got {logits_row!r}") from None
     if row.ndim != 1 or row.size == 0:
         raise ValueError(f"expected one row of logits (V,), got shape {row.shape}: for a "

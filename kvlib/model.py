@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+from .positions import check_positions
+
 
 def _require_matrix(name: str, array: np.ndarray, columns: int | None = None) -> None:
     if not isinstance(array, np.ndarray) or array.ndim != 2:
@@ -52,6 +54,8 @@ def split_heads(X: np.ndarray, n_heads: int) -> np.ndarray:
     Head i gets columns i*dh to (i+1)*dh - 1: a reshape, then a swap of the first two axes.
     """
     _require_matrix("X", X)
+    if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)) or n_heads < 1:
+        raise ValueError(f"n_heads must be a whole number >= 1, got {n_heads!r}")
     T, d = X.shape
     if d % n_heads != 0:
         raise ValueError(f"cannot split {d} columns into {n_heads} equal heads")
@@ -75,6 +79,11 @@ def causal_mask(n_queries: int, n_keys: int | None = None) -> np.ndarray:
     cache (notebook 08), every cached position is visible to every new query.
     """
     n_keys = n_queries if n_keys is None else n_keys
+    for name, value in (("n_queries", n_queries), ("n_keys", n_keys)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if n_queries * n_keys > 10**9:
+        raise ValueError(f"a ({n_queries}, {n_keys}) mask is far larger than any context here")
     if n_queries < 1 or n_keys < n_queries:
         raise ValueError(
             f"need 1 <= n_queries <= n_keys, got n_queries={n_queries}, n_keys={n_keys}"
@@ -92,8 +101,8 @@ def attention_mask(query_positions, key_positions, window: int | None = None,
     first sink_tokens positions (StreamingLLM's attention sinks), which stay visible.
     causal_mask(T, S) is the case of consecutive positions without a window.
     """
-    queries = np.asarray(query_positions)[:, None]
-    keys = np.asarray(key_positions)[None, :]
+    queries = check_positions(query_positions)[:, None]
+    keys = check_positions(key_positions)[None, :]
     allowed = keys <= queries
     if window is not None:
         allowed &= (keys > queries - window) | (keys < sink_tokens)

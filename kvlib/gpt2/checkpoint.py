@@ -27,6 +27,7 @@ causal mask as a buffer, not weights; they are skipped.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +138,8 @@ def load(directory, dtype: str = "float32") -> Params:
     or a dtype other than the file's, are converted (a copy). Missing or misshapen tensors
     are named in the error, with the shape expected and the shape found.
     """
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a path (a str or a pathlib.Path), got {directory!r}")
     directory = Path(directory)
     for needed in ("config.json", "model.safetensors"):
         if not (directory / needed).is_file():
