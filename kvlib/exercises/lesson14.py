@@ -17,7 +17,16 @@ import numpy as np
 import kvlib
 from kvlib.memory import GiB, MiB, kv_cache_bytes
 
-from .base import Feedback, is_missing, show_solution
+from .base import (
+    Feedback,
+    as_number,
+    checker,
+    is_missing,
+    not_filled_in,
+    numeric_array,
+    show_solution,
+    whole_number,
+)
 
 LESSON_CONFIG = kvlib.ModelConfig(d_model=16, n_heads=8, n_kv_heads=2, d_ff=32)
 """The notebook's grouped model: the toy's vocabulary, 8 query heads of 2, 2 K/V heads."""
@@ -32,34 +41,20 @@ EXERCISE3_HEADS, EXERCISE3_KV_HEADS, EXERCISE3_QUERY_HEAD = 64, 8, 42
 ROUNDING = 6e-4      # the notebook prints 3 decimals: a copied value is off by up to 5e-4
 
 
-def _as_number(answer):
-    """A plain number (Python or numpy, not a bool) as a float, inf if too large for one;
-    None for anything else."""
+def _number_or_feedback(answer, what: str):
+    """(value, None) for a finite number (Python or numpy, not a bool), else (None, Feedback)."""
+    if is_missing(answer):
+        return None, not_filled_in("answer", what)
     if isinstance(answer, np.ndarray) and answer.ndim == 0:
         answer = answer.item()
-    if isinstance(answer, np.generic):
-        answer = answer.item()
-    if isinstance(answer, bool) or not isinstance(answer, Real):
-        return None
-    try:
-        return float(answer)
-    except OverflowError:
-        return math.inf
-
-
-def _number_or_feedback(answer, what: str):
-    """(value, None) for a finite number, (None, Feedback) otherwise."""
-    if is_missing(answer):
-        return None, Feedback(False, "answer is not filled in yet: replace the ... with "
-                              f"{what}.")
-    value = _as_number(answer)
+    if isinstance(answer, (str, bytes)):
+        return None, Feedback(False, f"expected {what}, got text ({answer!r:.40}): write the "
+                              "number itself, without quotes.")
+    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
+        return None, Feedback(False, f"expected {what}, got {type(answer).__name__}.")
+    value = as_number(answer)
     if value is None:
-        kind = "text" if isinstance(answer, (str, bytes)) else type(answer).__name__
-        return None, Feedback(False, f"expected {what}, got {kind}"
-                              + (f" ({answer!r}): write it without quotes." if kind == "text"
-                                 else "."))
-    if not math.isfinite(value):
-        return None, Feedback(False, f"expected {what}, a finite number, got {value}.")
+        return None, Feedback(False, f"expected {what}, a finite number of reasonable size.")
     return value, None
 
 
@@ -73,6 +68,7 @@ def qwen2_cache_bytes() -> int:
                           head_dim=c["hidden_size"] // c["num_attention_heads"])
 
 
+@checker
 def check_cache_bytes_from_config(answer) -> Feedback:
     """Exercise 1: bytes of Qwen2-7B's cache for one sequence of 32,768 tokens in BF16
     (bytes, or the same size in MiB or GiB)."""
@@ -199,13 +195,13 @@ WRONG_DECODES = (   # (what the student did, options of _decode_output, the diag
 def _as_output(answer, n_heads: int, head_dim: int):
     """The answer as (h, 1, dh) if it is an array of numbers in an accepted form: per head
     (h, 1, dh) or (h, dh), or merged (1, h x dh) or (h x dh,). Else a Feedback."""
-    try:
-        array = np.asarray(answer, dtype=float)
-    except (TypeError, ValueError, OverflowError):
-        return Feedback(False, "expected an array of numbers (the attention output), got "
-                        f"{type(answer).__name__}" + (" with rows of different lengths."
-                                                      if isinstance(answer, (list, tuple))
-                                                      else "."))
+    if is_missing(answer):
+        return Feedback(False, "got None instead of the output: return (or assign) the array "
+                        "of the attention output.")
+    array = numeric_array(answer, "the output")
+    if isinstance(array, Feedback):
+        return array
+    array = array.astype(float)
     if array.size == n_heads * head_dim and array.shape in {
             (n_heads, 1, head_dim), (n_heads, head_dim), (1, n_heads * head_dim),
             (n_heads * head_dim,)}:
@@ -255,13 +251,14 @@ def _random_case(n_heads, n_kv_heads, head_dim, S, seed):
             rng.standard_normal((S, n_kv_heads * head_dim)))
 
 
+@checker
 def check_grouped_decode(answer) -> Feedback:
     """Exercise 2: the fixed grouped attention of one decode step, either as its output on
     the notebook's q, K_rows, V_rows ((8, 1, 2), or merged (1, 16)), or as the fixed
     function itself, f(q, K_rows, V_rows) -> (h, 1, dh), which is also run on other sizes."""
     if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with your fixed "
-                        "function, or with its output on q, K_rows, V_rows.")
+        return not_filled_in("answer", "your fixed function, or its output on q, K_rows, "
+                             "V_rows")
     lesson_case = decode_inputs()
     if not callable(answer):
         feedback = _diagnose(answer, *lesson_case)
@@ -289,23 +286,23 @@ def check_grouped_decode(answer) -> Feedback:
 
 # Exercise 3 ------------------------------------------------------------------------------
 
+@checker
 def check_query_group(answer) -> Feedback:
     """Exercise 3: the K/V head that query head 42 of Llama-2-70B (64 query heads, 8 K/V
     heads) reads."""
-    value, feedback = _number_or_feedback(answer, "a K/V head number")
-    if feedback is not None:
-        return feedback
     h, kv, head = EXERCISE3_HEADS, EXERCISE3_KV_HEADS, EXERCISE3_QUERY_HEAD
     group = h // kv
     expected = head // group
+    if isinstance(answer, Real) and not isinstance(answer, (bool, np.bool_)) and \
+            as_number(answer) is not None and math.isclose(float(answer), head / group):
+        return Feedback(False, f"{head} / {group} = {head / group:g}: a head number is whole, "
+                        f"round down (integer division, {head} // {group}).")
+    value = whole_number(answer, "answer", expected)
+    if isinstance(value, Feedback):
+        return value
     if value == expected:
         return Feedback(True, f"K/V head {expected}: groups of {group}, so query heads "
                         f"{expected * group}-{expected * group + group - 1} all read it.")
-    if value != int(value):
-        if math.isclose(value, head / group):
-            return Feedback(False, f"{head} / {group} = {value:g}: heads are whole, round down "
-                            f"(integer division, {head} // {group}).")
-        return Feedback(False, "a K/V head number is a whole number.")
     if value < 0:
         return Feedback(False, "heads are numbered from 0 up.")
     if value == head % kv:
