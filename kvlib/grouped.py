@@ -29,12 +29,16 @@ from .config import ModelConfig
 from .model import softmax
 from .params import Params
 
+MAX_HEADS = 1_000_000
+"""More heads than any model has; a larger count is refused before numpy sees it."""
+
 
 def _heads(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    if not minimum <= value <= MAX_HEADS:
+        raise ValueError(f"{name} must be at least {minimum} and at most {MAX_HEADS:,}, "
+                         f"got {value}")
     return int(value)
 
 
@@ -89,6 +93,10 @@ def repeated_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
                          "and K and V one number of positions")
     scores = Q @ K_all.swapaxes(-1, -2) / float(np.sqrt(head_dim))
     if mask is not None:
+        if not isinstance(mask, np.ndarray) or mask.shape != scores.shape[-2:]:
+            shape = getattr(mask, "shape", type(mask).__name__)
+            raise ValueError(f"mask must be a (queries, positions) = {scores.shape[-2:]} "
+                             f"array, got {shape}")
         scores = np.where(mask, scores, -np.inf)
     return softmax(scores) @ V_all
 
