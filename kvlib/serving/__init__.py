@@ -3,7 +3,10 @@ inference, never imported by them.
 
 - blocks.BlockAllocator and paged.PagedKVCache: the paged cache, block tables, reference
   counts and copy-on-write (notebook 17).
+- speculative: a draft proposes, the target verifies in one pass (notebook 21).
 """
 
 from .blocks import BlockAllocator
 from .paged import PagedKVCache
+from .speculative import (GreedyAcceptance, SamplingAcceptance, SpeculativeDecoder,
+                          speculative_generate)

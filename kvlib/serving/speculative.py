@@ -1,0 +1,635 @@
+"""Speculative decoding (notebook 21; Leviathan et al. 2023, Chen et al. 2023).
+
+A decode step of a large model reads all of its weights to produce one token (notebook 10);
+a pass over k + 1 tokens reads them once too, and costs little more. So a small draft model
+guesses the next k tokens with its own cached decode, and the target checks all k guesses in
+one pass: a chunked prefill of the last token and the k guesses, continuing its cache (the
+mask aligned to the end, notebook 08). Its k + 1 rows of logits say what the target itself
+would choose after each prefix. The guesses up to the first one the target rejects are kept,
+then one token of the target's own (at the rejection, or a bonus token after the last row
+when all k pass), and both caches are truncated back to what was kept (cache.truncate).
+
+The pieces, one job each:
+
+- ``propose``: the draft's k guesses and its distribution at each, (k,) and (k, V);
+- ``verify``: the target's k + 1 rows of logits, in one pass;
+- ``GreedyAcceptance``: keep a guess when it is the target's argmax. The output is exactly
+  the target's own greedy tokens;
+- ``SamplingAcceptance``: keep guess x with probability min(1, p(x) / q(x)), else draw the
+  target's token from max(0, p - q), normalised (``acceptance_probability``,
+  ``residual_distribution``). The output is distributed exactly as the target's samples;
+- ``SpeculativeDecoder``: the loop, both caches, a ``SpeculativeStep`` record per round;
+  ``speculative_generate`` is kvlib.generate's counterpart;
+- what to expect: ``expected_tokens_per_pass(alpha, k)`` = (1 - alpha^(k+1)) / (1 - alpha),
+  ``predicted_speedup(alpha, k, c)``, ``greedy_agreements`` and ``replay_greedy`` (the
+  rounds greedy decoding will take, from where the draft agrees with the target), and
+  ``outcome_probabilities``: the exact distribution of one step's outcome.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import numpy as np
+
+from ..cache import BaseKVCache, make_cache
+from ..inference import check_ids, decode_step, forward, next_token_probabilities, prefill
+from ..params import Params
+
+PROBABILITY_TOLERANCE = 1e-6
+"""How far from 1 the sum of a probability vector may be (float32 softmax rows pass)."""
+
+
+# -------------------------------------------------------------------------- checks
+
+def _whole(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def check_speculation_length(k) -> int:
+    """k, the number of tokens the draft proposes a round: a whole number of at least 1."""
+    if isinstance(k, bool) or not isinstance(k, Integral):
+        raise TypeError(f"k (tokens the draft proposes a round) must be a whole number, "
+                        f"got {k!r}")
+    if k < 1:
+        raise ValueError(f"k (tokens the draft proposes a round) must be at least 1, got {k}: "
+                         "with no proposals there is nothing to verify (that is plain "
+                         "decoding, kvlib.generate)")
+    return int(k)
+
+
+def check_pair(target: Params, draft: Params) -> None:
+    """Refuse a target and a draft that cannot work together, saying why (notebook 21)."""
+    for name, params in (("target", target), ("draft", draft)):
+        if not isinstance(params, Params):
+            raise TypeError(f"the {name} must be kvlib Params (kvlib.init_params or "
+                            f"kvlib.gpt2.load), got {type(params).__name__}")
+        if params.config.window is not None:
+            raise ValueError(f"the {name} has a sliding window: its ring-buffer cache cannot "
+                             "be truncated back past positions it overwrote (notebook 16), "
+                             "which speculative decoding does after every rejection")
+    if target.config.vocab_size != draft.config.vocab_size:
+        raise ValueError(
+            f"the draft and the target have different vocabularies ({draft.config.vocab_size} "
+            f"and {target.config.vocab_size} tokens): the draft's token ids would mean other "
+            "tokens to the target. Speculative decoding needs a draft with the target's "
+            "tokenizer")
+
+
+def _probabilities(name: str, values) -> np.ndarray:
+    """A probability vector (V,) as float64, or a ValueError that says what is wrong."""
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"{name} must be a vector of probabilities, got {values!r}") from None
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"{name} must be a vector of probabilities (V,), got shape "
+                         f"{array.shape}")
+    if not np.isfinite(array).all() or (array < 0).any():
+        raise ValueError(f"{name} must hold finite, non-negative probabilities")
+    if abs(array.sum() - 1) > PROBABILITY_TOLERANCE:
+        raise ValueError(f"{name} must sum to 1, got {array.sum():.6g}")
+    return array
+
+
+def _pair_of_distributions(p, q) -> tuple[np.ndarray, np.ndarray]:
+    p, q = _probabilities("p (the target's distribution)", p), \
+        _probabilities("q (the draft's distribution)", q)
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must be over the same vocabulary, got {p.size} and "
+                         f"{q.size} tokens")
+    return p, q
+
+
+# -------------------------------------------------------------------------- the rule
+
+def acceptance_probability(p, q, token: int) -> float:
+    """The chance that a proposed token is kept (notebook 21): min(1, p(x) / q(x)).
+
+    p (V,) is the target's distribution, q (V,) the draft's, x the token the draft drew from
+    q. A token the target likes at least as much as the draft is always kept; one it likes
+    less is kept in proportion. Then x is kept with probability q(x) min(1, p(x)/q(x)) =
+    min(p(x), q(x)) overall.
+    """
+    p, q = _pair_of_distributions(p, q)
+    token = _whole("token", token, 0)
+    if token >= p.size:
+        raise ValueError(f"token must be between 0 and {p.size - 1}, got {token}")
+    if q[token] == 0:
+        raise ValueError(f"the draft gives token {token} probability 0: it cannot have "
+                         "proposed it")
+    return min(1.0, float(p[token] / q[token]))
+
+
+def residual_distribution(p, q) -> np.ndarray:
+    """Where the target's token comes from after a rejection (notebook 21): max(0, p - q),
+    normalised, (V,).
+
+    It holds the probability the target gives beyond what the draft's proposals already
+    supplied: min(p, q) comes through accepted proposals, the rest, p - min(p, q) =
+    max(0, p - q), through this distribution, so that together every token gets p(x).
+    When p equals q there is nothing left (and no rejection can happen); p is returned.
+    """
+    p, q = _pair_of_distributions(p, q)
+    excess = np.maximum(p - q, 0.0)
+    total = excess.sum()
+    return p if total <= 0 else excess / total
+
+
+def _sample(rng: np.random.Generator, probabilities: np.ndarray) -> int:
+    probabilities = np.asarray(probabilities, dtype=np.float64)
+    return int(rng.choice(len(probabilities), p=probabilities / probabilities.sum()))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The target's judgement of one round's proposals (notebook 21).
+
+    accepted: how many proposals are kept, from the first (0 .. k); next_token: the target's
+    own token after them (a correction at the first rejection, a bonus when all k pass);
+    acceptance: each judged proposal's chance of being kept (1 or 0 when greedy), one per
+    judged proposal (accepted + 1, or k when all pass).
+    """
+
+    accepted: int
+    next_token: int
+    acceptance: tuple[float, ...]
+
+
+class GreedyAcceptance:
+    """Greedy speculative decoding (notebook 21): the draft proposes its argmax, and a
+    proposal is kept when it is the target's argmax too. At the first mismatch the target's
+    argmax is taken instead, so every kept token is the one the target's own greedy decoding
+    would have chosen: the output is exactly the target's greedy tokens."""
+
+    name = "greedy"
+
+    def choose(self, logits_row) -> tuple[int, np.ndarray]:
+        """The draft's proposal from its logits row (V,): (argmax, its distribution, one-hot)."""
+        probabilities = next_token_probabilities(np.asarray(logits_row, np.float64), 0.0)
+        return int(np.argmax(probabilities)), probabilities
+
+    def verdict(self, proposals, draft_probabilities, target_logits) -> Verdict:
+        """Keep proposals while each is the argmax of the target's row before it; then the
+        target's argmax. target_logits (k + 1, V)."""
+        choices = np.argmax(np.asarray(target_logits), axis=-1)
+        accepted, acceptance = 0, []
+        for proposal, choice in zip(proposals, choices):
+            acceptance.append(1.0 if proposal == choice else 0.0)
+            if proposal != choice:
+                break
+            accepted += 1
+        return Verdict(accepted, int(choices[accepted]), tuple(acceptance))
+
+
+class SamplingAcceptance:
+    """Speculative sampling (notebook 21; Leviathan et al. 2023, Chen et al. 2023).
+
+    Draft and target both sample at the same temperature (and top_k). A proposal x drawn
+    from the draft's q is kept with probability min(1, p(x)/q(x)); at the first rejection
+    the target's token is drawn from max(0, p - q), normalised; when all k are kept, a bonus
+    token is drawn from the target's last row. Each kept token is then distributed exactly
+    as the target's own sample would be. Seeded: the same seed gives the same tokens.
+    """
+
+    name = "sampling"
+
+    def __init__(self, temperature: float = 1.0, top_k: int | None = None,
+                 seed: int | None = None):
+        if isinstance(temperature, bool) or not isinstance(temperature, Real) or \
+                not math.isfinite(temperature) or temperature <= 0:
+            raise ValueError(f"temperature must be a positive number (for temperature 0 use "
+                             f"GreedyAcceptance), got {temperature!r}")
+        if top_k is not None:
+            top_k = _whole("top_k", top_k, 1)
+        if seed is not None:
+            seed = _whole("seed", seed, 0)
+        self.temperature, self.top_k = float(temperature), top_k
+        self.rng = np.random.default_rng(seed)
+
+    def distribution(self, logits_row) -> np.ndarray:
+        """The sampling distribution of a logits row (V,), float64 (notebook 06)."""
+        return next_token_probabilities(np.asarray(logits_row, np.float64), self.temperature,
+                                        self.top_k)
+
+    def choose(self, logits_row) -> tuple[int, np.ndarray]:
+        """The draft's proposal: a sample from its distribution q; (token, q)."""
+        q = self.distribution(logits_row)
+        return _sample(self.rng, q), q
+
+    def verdict(self, proposals, draft_probabilities, target_logits) -> Verdict:
+        """Accept each proposal with min(1, p/q) in turn; at the first rejection draw from
+        the residual; after k acceptances draw the bonus from the last row."""
+        accepted, acceptance = 0, []
+        for proposal, q, row in zip(proposals, draft_probabilities, target_logits):
+            p = self.distribution(row)
+            chance = acceptance_probability(p, q, proposal)
+            acceptance.append(chance)
+            if self.rng.random() >= chance:
+                return Verdict(accepted, _sample(self.rng, residual_distribution(p, q)),
+                               tuple(acceptance))
+            accepted += 1
+        bonus = _sample(self.rng, self.distribution(target_logits[accepted]))
+        return Verdict(accepted, bonus, tuple(acceptance))
+
+
+def _check_acceptance(acceptance):
+    if not isinstance(acceptance, (GreedyAcceptance, SamplingAcceptance)):
+        raise TypeError("acceptance must be GreedyAcceptance() or SamplingAcceptance(...), "
+                        f"got {type(acceptance).__name__}")
+    return acceptance
+
+
+# -------------------------------------------------------------------------- the two passes
+
+@dataclass(frozen=True)
+class Proposal:
+    """The draft's guesses for one round: tokens (k,) and its distribution before each,
+    probabilities (k, V) (one-hot when greedy)."""
+
+    tokens: tuple[int, ...]
+    probabilities: np.ndarray
+
+
+def propose(draft: Params, cache: BaseKVCache, unseen, k: int, choose) -> Proposal:
+    """The draft's k proposals with its own cached decode (notebook 21).
+
+    unseen: the tokens of the sequence the draft's cache does not hold yet, the last one
+    included (1 of them, or 2 after a round whose k proposals were all kept). They go in as
+    one chunk (a chunked prefill, notebook 08); its last row gives the first proposal, and
+    each proposal is fed back for the next: k passes, after which the cache holds the
+    sequence and the first k - 1 proposals. choose: logits row -> (token, distribution).
+    """
+    k = check_speculation_length(k)
+    logits, _ = prefill(draft, unseen, cache, last_only=True)
+    tokens, probabilities = [], []
+    for index in range(k):
+        token, distribution = choose(logits[-1])
+        tokens.append(token)
+        probabilities.append(distribution)
+        if index < k - 1:
+            logits = decode_step(draft, token, cache)
+    return Proposal(tuple(tokens), np.array(probabilities))
+
+
+def verify(target: Params, cache: BaseKVCache, unseen, proposals) -> np.ndarray:
+    """The target's verdict material, in one pass (notebook 21): logits (k + 1, V).
+
+    One chunked prefill of the tokens its cache does not hold yet (the sequence's last token,
+    or the whole prompt in the first round) followed by the k proposals, continuing the
+    cache. The last k + 1 rows are what the target predicts after the sequence and after
+    each of its first 1 .. k proposals: row i judges proposal i, row k gives the bonus.
+    """
+    logits, _ = prefill(target, list(unseen) + list(proposals), cache)
+    return logits[-(len(proposals) + 1):]
+
+
+# -------------------------------------------------------------------------- the loop
+
+@dataclass(frozen=True)
+class SpeculativeStep:
+    """What one round did (notebook 21): the draft's proposals, the target's verdict, and
+    both caches' lengths before the round, after its passes and after the truncation.
+
+    start: the sequence's length before the round; accepted + 1 tokens were kept.
+    """
+
+    start: int
+    proposals: tuple[int, ...]
+    accepted: int
+    next_token: int
+    acceptance: tuple[float, ...]
+    target_lengths: tuple[int, int, int]
+    draft_lengths: tuple[int, int, int]
+
+    @property
+    def kept(self) -> tuple[int, ...]:
+        """The tokens this round added: the accepted proposals, then the target's token."""
+        return self.proposals[: self.accepted] + (self.next_token,)
+
+    @property
+    def judged(self) -> int:
+        """Proposals the target ruled on: up to and including the first rejection."""
+        return len(self.acceptance)
+
+    @property
+    def bonus(self) -> bool:
+        """True when all proposals were kept and the target's token is a bonus."""
+        return self.accepted == len(self.proposals)
+
+
+@dataclass(frozen=True)
+class SpeculativeStats:
+    """Totals over rounds (notebook 21). acceptance_rate = accepted / judged estimates
+    alpha; tokens_per_pass = new tokens / target passes."""
+
+    rounds: int
+    proposed: int
+    judged: int
+    accepted: int
+    new_tokens: int
+    draft_passes: int
+
+    @property
+    def target_passes(self) -> int:
+        return self.rounds
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.judged if self.judged else math.nan
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.new_tokens / self.rounds if self.rounds else math.nan
+
+
+def summarize(steps) -> SpeculativeStats:
+    """SpeculativeStats of a list of SpeculativeStep."""
+    steps = list(steps)
+    return SpeculativeStats(
+        rounds=len(steps), proposed=sum(len(s.proposals) for s in steps),
+        judged=sum(s.judged for s in steps), accepted=sum(s.accepted for s in steps),
+        new_tokens=sum(len(s.kept) for s in steps),
+        draft_passes=sum(len(s.proposals) for s in steps))
+
+
+def _empty_cache(name: str, cache, params: Params) -> BaseKVCache:
+    if cache is None:
+        return make_cache(params.config)
+    if not isinstance(cache, BaseKVCache):
+        raise TypeError(f"{name}_cache must be a kvlib cache, got {type(cache).__name__}")
+    if cache.config != params.config:
+        raise ValueError(f"{name}_cache was made for another model than the {name}")
+    if len(cache) != 0:
+        raise ValueError(f"{name}_cache must be empty; it holds {len(cache)} positions")
+    return cache
+
+
+def _room(params: Params, cache: BaseKVCache) -> int:
+    """Last position this model may compute: context length and cache capacity."""
+    limit = params.config.context_length
+    return limit if cache.capacity is None else min(limit, cache.capacity)
+
+
+class SpeculativeDecoder:
+    """A draft and a target decoding one sequence together, a round at a time (notebook 21).
+
+    Both caches hold a prefix of the sequence: the target's all but its last token between
+    rounds, the draft's that or one token less (after a round whose k proposals were all
+    kept, the last of them was never fed to the draft). Each round (``step``):
+
+    1. the draft feeds what its cache lacks and proposes k tokens (``propose``);
+    2. the target runs one chunked prefill over its missing token(s) and the k proposals,
+       k + 1 rows of logits (``verify``);
+    3. the acceptance rule keeps a prefix of the proposals and adds one token of the target's;
+    4. both caches are truncated back to the sequence (without its new last token).
+
+    acceptance: GreedyAcceptance() (the default: exactly the target's greedy tokens) or
+    SamplingAcceptance(temperature, top_k, seed). Caches may be given (empty, for example a
+    kvlib.serving.PagedKVCache); by default each model gets the one it needs. If a round
+    fails half-way, the caches and the sequence are left as they were.
+    """
+
+    def __init__(self, target: Params, draft: Params, prompt, k: int = 4, acceptance=None,
+                 target_cache: BaseKVCache | None = None,
+                 draft_cache: BaseKVCache | None = None):
+        check_pair(target, draft)
+        self.k = check_speculation_length(k)
+        prompt = check_ids(prompt, target)
+        if len(prompt) > target.config.context_length:
+            raise ValueError(f"the prompt has {len(prompt)} tokens but the target's context "
+                             f"length is {target.config.context_length}")
+        if len(prompt) > draft.config.context_length:
+            raise ValueError(f"the prompt has {len(prompt)} tokens but the draft's context "
+                             f"length is {draft.config.context_length}")
+        self.target, self.draft = target, draft
+        self.acceptance = _check_acceptance(GreedyAcceptance() if acceptance is None
+                                            else acceptance)
+        self.target_cache = _empty_cache("target", target_cache, target)
+        self.draft_cache = _empty_cache("draft", draft_cache, draft)
+        self.prompt_length = len(prompt)
+        self.sequence: list[int] = [int(i) for i in prompt]
+        self.steps: list[SpeculativeStep] = []
+
+    def __repr__(self) -> str:
+        return (f"SpeculativeDecoder(k={self.k}, {self.acceptance.name}, "
+                f"{len(self.sequence)} tokens, {len(self.steps)} rounds; target cache "
+                f"{len(self.target_cache)}, draft cache {len(self.draft_cache)} positions)")
+
+    @property
+    def generated(self) -> list[int]:
+        """The new tokens so far (after the prompt)."""
+        return self.sequence[self.prompt_length:]
+
+    def stats(self) -> SpeculativeStats:
+        return summarize(self.steps)
+
+    def room(self) -> int:
+        """How many proposals the next round can take before a context is full (it may be
+        0: the target's own step, no draft)."""
+        n = len(self.sequence)
+        target_room = _room(self.target, self.target_cache) - n
+        draft_room = _room(self.draft, self.draft_cache) - n + 1
+        return max(0, min(target_room, draft_room))
+
+    def step(self, k: int | None = None) -> SpeculativeStep:
+        """One round with k proposals (default self.k; fewer when the context is nearly
+        full): returns its SpeculativeStep; the sequence grows by accepted + 1 tokens."""
+        k = self.k if k is None else check_speculation_length(k)
+        if len(self.sequence) > _room(self.target, self.target_cache):
+            raise ValueError(f"the target's context is full: the sequence has "
+                             f"{len(self.sequence)} tokens, the context length is "
+                             f"{_room(self.target, self.target_cache)}")
+        return self._round(min(k, self.room()))
+
+    def _round(self, k: int) -> SpeculativeStep:
+        target_cache, draft_cache = self.target_cache, self.draft_cache
+        target_before, draft_before = len(target_cache), len(draft_cache)
+        start = len(self.sequence)
+        saved = (target_cache.checkpoint(), draft_cache.checkpoint(), self._random_state())
+        try:
+            if k == 0:      # no room for a proposal: the target's own step
+                proposal = Proposal((), np.zeros((0, self.target.config.vocab_size)))
+            else:
+                proposal = propose(self.draft, draft_cache, self.sequence[draft_before:], k,
+                                   self.acceptance.choose)
+            draft_after = len(draft_cache)
+            rows = verify(self.target, target_cache, self.sequence[target_before:],
+                          proposal.tokens)
+            target_after = len(target_cache)
+            verdict = self.acceptance.verdict(proposal.tokens, proposal.probabilities, rows)
+            self.sequence.extend(proposal.tokens[: verdict.accepted] + (verdict.next_token,))
+            held = len(self.sequence) - 1
+            target_cache.truncate(held)
+            draft_cache.truncate(min(len(draft_cache), held))
+        except BaseException:     # an error or a KeyboardInterrupt: leave everything as it was
+            target_cache.restore(saved[0])
+            draft_cache.restore(saved[1])
+            self._set_random_state(saved[2])
+            del self.sequence[start:]
+            raise
+        step = SpeculativeStep(
+            start=start, proposals=proposal.tokens, accepted=verdict.accepted,
+            next_token=verdict.next_token, acceptance=verdict.acceptance,
+            target_lengths=(target_before, target_after, len(target_cache)),
+            draft_lengths=(draft_before, draft_after, len(draft_cache)))
+        self.steps.append(step)
+        return step
+
+    def _random_state(self):
+        rng = getattr(self.acceptance, "rng", None)
+        return None if rng is None else rng.bit_generator.state
+
+    def _set_random_state(self, state) -> None:
+        if state is not None:
+            self.acceptance.rng.bit_generator.state = state
+
+    def generate(self, max_new_tokens: int) -> list[int]:
+        """Run rounds until max_new_tokens more tokens are in the sequence; return them. The
+        last rounds propose fewer, so that no token past max_new_tokens is computed."""
+        max_new_tokens = _whole("max_new_tokens", max_new_tokens, 1)
+        start = len(self.sequence)
+        needed = start + max_new_tokens - 1
+        limit = _room(self.target, self.target_cache)
+        if needed > limit:
+            raise ValueError(f"a sequence of {start} tokens plus {max_new_tokens} new ones "
+                             f"needs {needed} positions; the target's context length is "
+                             f"{limit}")
+        while (done := len(self.sequence) - start) < max_new_tokens:
+            self._round(min(self.k, self.room(), max_new_tokens - done - 1))
+        return self.sequence[start:]
+
+
+def speculative_generate(target: Params, draft: Params, prompt, max_new_tokens: int,
+                         k: int = 4, temperature: float = 0.0, top_k: int | None = None,
+                         seed: int | None = None) -> list[int]:
+    """kvlib.generate with a draft (notebook 21): prompt ids (P,) -> max_new_tokens new ids.
+
+    Greedy at temperature 0: exactly kvlib.generate(target, prompt, max_new_tokens). At a
+    positive temperature, sampled by speculative sampling, distributed as the target's
+    samples (not the same ids as kvlib.generate with the same seed: the random numbers are
+    used differently).
+    """
+    if isinstance(temperature, Real) and not isinstance(temperature, bool) and \
+            temperature == 0:
+        if top_k is not None:
+            _whole("top_k", top_k, 1)
+        acceptance = GreedyAcceptance()
+    else:
+        acceptance = SamplingAcceptance(temperature, top_k, seed)
+    decoder = SpeculativeDecoder(target, draft, prompt, k, acceptance)
+    return decoder.generate(max_new_tokens)
+
+
+# -------------------------------------------------------------------------- what to expect
+
+def _check_alpha(alpha) -> float:
+    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0 <= alpha <= 1:
+        raise ValueError(f"alpha (the acceptance rate) must be a number between 0 and 1, "
+                         f"got {alpha!r}")
+    return float(alpha)
+
+
+def expected_tokens_per_pass(alpha: float, k: int) -> float:
+    """Tokens a round adds on average when each proposal is accepted with probability
+    alpha, independently (notebook 21): 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) /
+    (1 - alpha); k + 1 when alpha = 1."""
+    alpha, k = _check_alpha(alpha), check_speculation_length(k)
+    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def predicted_speedup(alpha: float, k: int, draft_cost: float) -> float:
+    """Speed-up over plain decoding (notebook 21): tokens per round over the round's cost
+    in target steps, (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), where c = draft_cost is a
+    draft pass's time relative to a target pass, and the target's pass over k + 1 tokens is
+    taken to cost one decode step (true while decoding is limited by reading the weights)."""
+    if isinstance(draft_cost, bool) or not isinstance(draft_cost, Real) or \
+            not math.isfinite(draft_cost) or draft_cost < 0:
+        raise ValueError(f"draft_cost (c) must be a number >= 0, got {draft_cost!r}")
+    return expected_tokens_per_pass(alpha, k) / (k * draft_cost + 1)
+
+
+def greedy_agreements(target: Params, draft: Params, prompt, new_tokens) -> np.ndarray:
+    """Where the draft's greedy choice is the target's (notebook 21): bool (N,).
+
+    new_tokens are the target's greedy continuation of the prompt (kvlib.generate); entry i
+    says whether the draft, given the prompt and new_tokens[:i], would propose new_tokens[i].
+    One forward pass of each model over the whole sequence. Its mean is the greedy
+    acceptance rate alpha, whatever k.
+    """
+    check_pair(target, draft)
+    prompt = check_ids(prompt, target)
+    new_tokens = check_ids(new_tokens, target, what="new tokens")
+    sequence = np.concatenate([prompt, new_tokens])
+    rows = slice(len(prompt) - 1, len(sequence) - 1)
+    target_choices = np.argmax(forward(target, sequence)[rows], axis=-1)
+    if not np.array_equal(target_choices, new_tokens):
+        raise ValueError("new_tokens are not the target's greedy continuation of the prompt "
+                         "(kvlib.generate(target, prompt, n) gives it)")
+    return np.argmax(forward(draft, sequence)[rows], axis=-1) == new_tokens
+
+
+def replay_greedy(agreements, k: int) -> list[int]:
+    """The accepted count of every round greedy speculative decoding takes to produce
+    len(agreements) tokens (notebook 21), from greedy_agreements alone.
+
+    A round starting at new token i accepts the run of agreements from i, at most k (and
+    fewer near the end, as SpeculativeDecoder.generate does), then adds the target's token.
+    """
+    k = check_speculation_length(k)
+    agreements = [bool(a) for a in np.asarray(agreements, dtype=bool).ravel()]
+    total, done, rounds = len(agreements), 0, []
+    while done < total:
+        limit = min(k, total - done - 1)
+        accepted = 0
+        while accepted < limit and agreements[done + accepted]:
+            accepted += 1
+        rounds.append(accepted)
+        done += accepted + 1
+    return rounds
+
+
+def outcome_probabilities(target_distribution, draft_distribution, prefix, k: int
+                          ) -> dict[tuple[int, ...], float]:
+    """The exact distribution of one round of speculative sampling (notebook 21):
+    {tokens kept: probability}, by enumeration, no sampling.
+
+    target_distribution(sequence) and draft_distribution(sequence) give each model's
+    distribution (V,) of the token after a sequence (a tuple of ids). Every way the round
+    can go is followed: each proposal the draft can draw (probability q), kept (min(1, p/q))
+    or rejected (the rest) and replaced by each token of the residual, or the bonus token
+    after k acceptances. Only for a tiny vocabulary: V^k draft paths.
+    """
+    k = check_speculation_length(k)
+    prefix = tuple(int(i) for i in prefix)
+    outcomes: dict[tuple[int, ...], float] = {}
+
+    def add(tokens, probability):
+        if probability > 0:
+            outcomes[tokens] = outcomes.get(tokens, 0.0) + probability
+
+    def follow(kept: tuple[int, ...], probability: float) -> None:
+        p = _probabilities("target_distribution(...)", target_distribution(prefix + kept))
+        if len(kept) == k:                                   # all accepted: the bonus
+            for token in np.flatnonzero(p):
+                add(kept + (int(token),), probability * p[token])
+            return
+        q = _probabilities("draft_distribution(...)", draft_distribution(prefix + kept))
+        residual = residual_distribution(p, q)
+        rejected = 0.0
+        for token in np.flatnonzero(q):
+            chance = acceptance_probability(p, q, token)
+            rejected += q[token] * (1 - chance)
+            if chance > 0:
+                follow(kept + (int(token),), probability * q[token] * chance)
+        for token in np.flatnonzero(residual):
+            add(kept + (int(token),), probability * rejected * residual[token])
+
+    follow((), 1.0)
+    return outcomes
