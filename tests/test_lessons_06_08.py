@@ -913,6 +913,21 @@ def test_solutions_pass_in_the_notebooks_namespace(name):
         assert feedback.passed, f"solution {number} of {name}: {feedback}"
 
 
+@pytest.mark.parametrize("name", sorted(LESSONS))
+def test_every_cell_can_be_run_twice(name):
+    """Students re-run cells: each code cell, run a second time at once, must neither fail
+    nor leave a different state for the cells after it (a cache that grew twice)."""
+    notebook = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text(encoding="utf-8"))
+    namespace = {"__name__": "__notebook__"}
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code":
+            code = compile("".join(cell["source"]), name, "exec")
+            exec(code, namespace)
+            exec(code, namespace)
+    plt.close("all")
+    assert namespace["answer"] is ...
+
+
 def test_the_notebooks_broken_functions_fail_their_checkers():
     namespace = notebook_namespace("08_kv_cached_decode")
     not_yet(ex08.check_chunked_prefill(namespace["prefill_chunk_broken"]), "aligned to the end")
