@@ -19,8 +19,9 @@ SERIES = [
     "06_logits_next_token",
     "07_prefill",
     "08_kv_cached_decode",
-    "09_cost_of_generation",
-    "10_kv_cache_memory",
+    "09_counting_the_work",
+    "10_where_time_goes",
+    "11_kv_cache_memory",
 ]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"

@@ -132,6 +132,9 @@ def read_whole_number(answer, what: str = "a whole number") -> int | Feedback:
     gets a Feedback that says so (a count is whole).
     """
     if isinstance(answer, (int, np.integer)) and not isinstance(answer, (bool, np.bool_)):
+        if abs(int(answer)) >= 2**63:
+            return Feedback(False, f"that number has {len(str(abs(int(answer))))} digits: far "
+                            f"too large for {what}.")
         return int(answer)
     value = read_number(answer, what)
     if isinstance(value, Feedback):
@@ -139,6 +142,8 @@ def read_whole_number(answer, what: str = "a whole number") -> int | Feedback:
     if not value.is_integer():
         return Feedback(False, f"{value:g} is not a whole number: {what} is a count. Use // "
                         "to divide without a fraction, or round where the question says so.")
+    if abs(value) >= 2**63:
+        return Feedback(False, f"{value:g} is far too large for {what}.")
     return int(value)
 
 
@@ -189,12 +194,12 @@ def agrees_at_its_precision(value: float, expected: float,
                             min_digits: int = MIN_SIGNIFICANT_DIGITS) -> bool:
     """True when `value` is `expected` given to the digits the student typed (rounded or
     truncated: within one unit of the last digit), with at least min_digits of them. A value
-    computed to full precision must agree to 1e-9."""
+    computed to full precision must agree to 1e-6 (float32 keeps about 7 digits)."""
     if expected == 0:
         return value == 0
     digits = significant_digits(value)
     if digits >= 12:
-        return abs(value - expected) <= 1e-9 * abs(expected)
+        return abs(value - expected) <= 1e-6 * abs(expected)
     if digits < min_digits or value == 0:
         return False
     unit = 10.0 ** (int(np.floor(np.log10(abs(value)))) - digits + 1)

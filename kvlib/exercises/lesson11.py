@@ -1,4 +1,4 @@
-"""Exercises of notebook 10 (KV cache memory): checkers and solutions.
+"""Exercises of notebook 11 (KV cache memory): checkers and solutions.
 
 1. Bytes per token of a grouped-query model described in words.
 2. The batch size at which the source example's cache weighs as much as its weights.
@@ -11,7 +11,7 @@ import math
 
 from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit
 
-from .base import Feedback, as_number, is_missing, show_solution
+from .base import Feedback, how_close, read_number, read_whole_number, show_solution
 
 # Exercise 1: an imagined model with grouped-query attention, in BF16
 EXERCISE1 = {"n_layers": 40, "n_heads": 40, "n_kv_heads": 8, "head_dim": 128, "dtype_bytes": 2}
@@ -24,11 +24,9 @@ EXERCISE3_MEMORY = 24 * GiB
 def check_bytes_per_token(answer) -> Feedback:
     """Exercise 1: bytes one token adds to the cache of a 40-layer model with 40 query heads,
     8 K/V heads of 128, in BF16."""
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    value = as_number(answer)
-    if value is None:
-        return Feedback(False, f"expected a number of bytes, got {type(answer).__name__}.")
+    value = read_whole_number(answer, "a number of bytes")
+    if isinstance(value, Feedback):
+        return value
     e = EXERCISE1
     expected = kv_cache_bytes(e["n_layers"], None, 1, dtype_bytes=e["dtype_bytes"],
                               n_kv_heads=e["n_kv_heads"], head_dim=e["head_dim"])
@@ -36,28 +34,33 @@ def check_bytes_per_token(answer) -> Feedback:
         return Feedback(True, f"{expected:,} bytes ({expected // 1024} KiB) a token: 5 times "
                         "less than with a K/V head for every query head.")
     if value * 2 == expected:
-        return Feedback(False, "that is K or V alone: the cache keeps both, a factor 2.")
+        return Feedback(False, "half of it: that is K or V alone (or 1 byte a number). The "
+                        "cache keeps both K and V, at 2 bytes a number in BF16.")
     if value == expected * e["n_heads"] // e["n_kv_heads"]:
         return Feedback(False, "that counts 40 K/V heads. Only the 8 K/V heads are cached; the "
                         "40 query heads share them, 5 to a K/V head.")
     if value * e["n_layers"] == expected:
         return Feedback(False, "that is one layer; every one of the 40 layers has its cache.")
     if value == expected * 2:
-        return Feedback(False, "that is 4 bytes a number; BF16 takes 2.")
-    if value * 2 == expected * 8:
-        return Feedback(False, "that counts bits, not bytes: BF16 is 2 bytes a number.")
-    return Feedback(False, f"not {value:,.0f}. Multiply 2 (K and V) x layers x K/V heads x "
-                    "head size x bytes a number.")
+        return Feedback(False, "that is 4 bytes a number (float32); BF16 takes 2.")
+    if value == expected * 4:
+        return Feedback(False, "that is 8 bytes a number (float64); BF16 takes 2.")
+    if value == expected * 8:
+        return Feedback(False, "that counts bits, not bytes: BF16 is 16 bits, 2 bytes a "
+                        "number.")
+    if value * e["dtype_bytes"] == expected:
+        return Feedback(False, "that is the number of cached numbers; multiply by 2 bytes "
+                        "each (BF16).")
+    return Feedback(False, "not that. Multiply 2 (K and V) x layers x K/V heads x head size "
+                    "x bytes a number.")
 
 
 def check_batch_where_cache_equals_weights(answer) -> Feedback:
     """Exercise 2: the batch at which the source example's cache (4096 tokens, BF16) weighs
     as much as its weights, estimated as 12 L d^2 in BF16."""
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    value = as_number(answer)
-    if value is None:
-        return Feedback(False, f"expected a number (a batch size), got {type(answer).__name__}.")
+    value = read_number(answer, "a number (a batch size)")
+    if isinstance(value, Feedback):
+        return value
     e = EXERCISE2
     weights = 12 * e["n_layers"] * e["d_model"] ** 2 * e["dtype_bytes"]
     per_sequence = kv_cache_bytes(e["n_layers"], e["d_model"], e["seq_len"],
@@ -72,18 +75,20 @@ def check_batch_where_cache_equals_weights(answer) -> Feedback:
     if math.isclose(value, expected * 2) or math.isclose(value, expected / 2):
         return Feedback(False, "off by a factor 2: both the weights and the cache are in BF16 "
                         "(2 bytes), and the cache holds K and V.")
-    return Feedback(False, f"not {value:g}. Weights: 12 x 80 x 8192^2 weights x 2 bytes; one "
+    close = how_close(value, expected)
+    if close is not None:
+        return Feedback(False, f"close: {close}. Divide the weights' bytes by one sequence's "
+                        "cache bytes, exactly.")
+    return Feedback(False, "not that. Weights: 12 x 80 x 8192^2 weights x 2 bytes; one "
                     "sequence's cache: kv_cache_bytes(80, 8192, 4096).")
 
 
 def check_tokens_that_fit(answer) -> Feedback:
     """Exercise 3: cached tokens of Llama-3-8B (BF16) that fit beside its BF16 weights in
     24 GiB."""
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    value = as_number(answer)
-    if value is None:
-        return Feedback(False, f"expected a number of tokens, got {type(answer).__name__}.")
+    value = read_number(answer, "a number of tokens")
+    if isinstance(value, Feedback):
+        return value
     model = PRESETS["Llama-3-8B"]
     per_token = model.kv_bytes_per_token()
     weights = model.weights_bytes()
@@ -103,7 +108,10 @@ def check_tokens_that_fit(answer) -> Feedback:
     if value == (EXERCISE3_MEMORY - weights) // mha:
         return Feedback(False, "that uses 32 K/V heads. Llama-3-8B has 32 query heads but "
                         "caches only 8 K/V heads.")
-    return Feedback(False, f"not {value:,.0f}. (memory - weights) // bytes per token, with "
+    if value == (EXERCISE3_MEMORY - weights // 2) // per_token:
+        return Feedback(False, "that counts the weights at 1 byte each; in BF16 a weight "
+                        "takes 2 (PRESETS['Llama-3-8B'].weights_bytes()).")
+    return Feedback(False, "not that. (memory - weights) // bytes per token, with "
                     "PRESETS['Llama-3-8B'].weights_bytes() and .kv_bytes_per_token().")
 
 

@@ -1,9 +1,10 @@
-"""Notebook 10: a KV cache memory calculator.
+"""Notebook 11: a KV cache memory calculator.
 
 ``kv_cache_calculator()`` takes a model's shapes (layers, K/V heads, head size) or one of the
-published presets in kvlib.memory.PRESETS, a context length, a batch size and a number
-format, and shows how many GiB the cache takes, beside the weights, in an accelerator's
-memory, and how many tokens fit there.
+published presets in kvlib.memory.PRESETS, a context length, a batch size, a number format for
+the cache and another for the weights (a quantized cache beside BF16 weights, say), and shows
+how many GiB the cache takes, beside the weights, in an accelerator's memory, and how many
+tokens fit there.
 """
 
 from __future__ import annotations
@@ -27,19 +28,22 @@ OVER_COLOR = "#d62728"
 
 def memory_budget(n_layers: int, n_kv_heads: int, head_dim: int, context: int,
                   batch_size: int, dtype_bytes: int, n_parameters: int,
-                  memory_bytes: int) -> dict:
-    """The calculator's numbers (notebook 10), all in bytes or tokens.
+                  memory_bytes: int, weights_dtype_bytes: int | None = None) -> dict:
+    """The calculator's numbers (notebook 11), all in bytes or tokens.
 
-    bytes_per_token: K and V of one position in every layer; cache: for batch_size sequences
-    of `context` tokens; weights: n_parameters in the same format; tokens_that_fit: cached
-    positions that fit beside the weights in memory_bytes, over all sequences; sequences_that_fit:
-    how many full-context sequences that is.
+    bytes_per_token: K and V of one position in every layer, at dtype_bytes a number; cache:
+    for batch_size sequences of `context` tokens; weights: n_parameters at weights_dtype_bytes
+    each (dtype_bytes when not given); tokens_that_fit: cached positions that fit beside the
+    weights in memory_bytes, over all sequences; sequences_that_fit: how many full-context
+    sequences that is. Only the weights are set aside: a real server also needs memory for
+    activations and its allocator (notebook 11).
     """
+    weights_dtype_bytes = dtype_bytes if weights_dtype_bytes is None else weights_dtype_bytes
     per_token = kv_cache_bytes(n_layers, None, 1, 1, dtype_bytes, n_kv_heads=n_kv_heads,
                                head_dim=head_dim)
     cache = kv_cache_bytes(n_layers, None, context, batch_size, dtype_bytes,
                            n_kv_heads=n_kv_heads, head_dim=head_dim)
-    weights = weights_bytes(n_parameters, dtype_bytes)
+    weights = weights_bytes(n_parameters, weights_dtype_bytes)
     fit = tokens_that_fit(memory_bytes, weights, per_token)
     return {"bytes_per_token": per_token, "cache": cache, "weights": weights,
             "memory": memory_bytes, "tokens_that_fit": fit,
@@ -48,7 +52,7 @@ def memory_budget(n_layers: int, n_kv_heads: int, head_dim: int, context: int,
 
 
 def draw_memory_budget(ax, budget: dict, title: str = "") -> None:
-    """One horizontal bar (notebook 10): the weights, then the cache, against the memory.
+    """One horizontal bar (notebook 11): the weights, then the cache, against the memory.
 
     The accelerator's memory is the grey bar; what does not fit is drawn in red past its end.
     """
@@ -71,7 +75,7 @@ def draw_memory_budget(ax, budget: dict, title: str = "") -> None:
 
 
 def draw_cache_growth(ax, budget_at, context: int, memory_bytes: int, weights: int) -> None:
-    """Cache GiB against context length up to `context` (notebook 10), with the memory left
+    """Cache GiB against context length up to `context` (notebook 11), with the memory left
     beside the weights as a horizontal line. budget_at(n) gives the cache bytes at n tokens."""
     ax.clear()
     lengths = np.linspace(0, context, 50)
@@ -88,19 +92,23 @@ def draw_cache_growth(ax, budget_at, context: int, memory_bytes: int, weights: i
 
 def kv_cache_calculator(preset: str = "Llama-2-7B", context: int | None = None,
                         batch_size: int = 1, dtype_bytes: int = 2,
-                        memory_gib: float = 80.0):
+                        memory_gib: float = 80.0, weights_dtype_bytes: int = 2):
     """How much memory does a model's KV cache take, and how many tokens fit?
 
     Returns a VBox with the attributes the tests use: ``preset`` (Dropdown; choosing one fills
     the shape fields, and changing a field switches it to "custom"), ``layers``, ``kv_heads``,
-    ``head_dim``, ``parameters_b`` (billions of weights), ``context``, ``batch``, ``dtype``,
-    ``memory_gib`` (all also in ``controls``), ``status`` and ``message`` (HTML), ``figure``
-    and ``axes``, and ``budget()`` (the numbers on show, from memory_budget).
+    ``head_dim``, ``parameters_b`` (billions of weights), ``context`` (set to the preset's own
+    context length), ``batch``, ``dtype`` (the cache's number format), ``weights_dtype`` (the
+    weights'), ``memory_gib`` (all also in ``controls``), ``status``, ``message`` and
+    ``source`` (HTML), ``figure`` and ``axes``, and ``budget()`` (the numbers on show, from
+    memory_budget).
     """
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
-    if dtype_bytes not in DTYPES.values():
-        raise ValueError(f"dtype_bytes must be one of {sorted(DTYPES.values())}")
+    for name, value in (("dtype_bytes", dtype_bytes), ("weights_dtype_bytes",
+                                                        weights_dtype_bytes)):
+        if value not in DTYPES.values():
+            raise ValueError(f"{name} must be one of {sorted(DTYPES.values())}, got {value!r}")
     start = PRESETS[preset]
     style = {"description_width": "110px"}
     wide = widgets.Layout(width="260px")
@@ -122,7 +130,9 @@ def kv_cache_calculator(preset: str = "Llama-2-7B", context: int | None = None,
     batch = widgets.BoundedIntText(value=batch_size, min=1, max=100_000, description="batch",
                                    style=style, layout=wide)
     dtype = widgets.Dropdown(options=list(DTYPES.items()), value=dtype_bytes,
-                             description="numbers", style=style, layout=wide)
+                             description="cache numbers", style=style, layout=wide)
+    weights_dtype = widgets.Dropdown(options=list(DTYPES.items()), value=weights_dtype_bytes,
+                                     description="weight numbers", style=style, layout=wide)
     memory = widgets.BoundedFloatText(value=memory_gib, min=0.0, max=1_000_000.0, step=8.0,
                                       description="memory (GiB)", style=style, layout=wide)
     status = widgets.HTML()
@@ -144,7 +154,8 @@ def kv_cache_calculator(preset: str = "Llama-2-7B", context: int | None = None,
         n_tokens = int(context_box.value)
         budget = memory_budget(int(layers.value), int(kv_heads.value), int(head_dim.value),
                                n_tokens, int(batch.value), int(dtype.value),
-                               exact_parameters(), int(round(memory.value * GiB)))
+                               exact_parameters(), int(round(memory.value * GiB)),
+                               weights_dtype_bytes=int(weights_dtype.value))
         state["budget"] = budget
         width = int(kv_heads.value) * int(head_dim.value)
         lines = [
@@ -153,20 +164,23 @@ def kv_cache_calculator(preset: str = "Llama-2-7B", context: int | None = None,
             f"bytes</b> ({budget['bytes_per_token'] / 2**10:,.0f} KiB); a cached row is "
             f"{width} numbers wide.",
             f"{batch.value} x {n_tokens:,} tokens: KV cache <b>{budget['cache'] / GiB:,.2f} "
-            f"GiB</b>, beside {budget['weights'] / GiB:,.2f} GiB of weights, in "
-            f"{memory.value:g} GiB of memory.",
+            f"GiB</b> ({dtype.label}), beside {budget['weights'] / GiB:,.2f} GiB of weights "
+            f"({weights_dtype.label}), in {memory.value:g} GiB of memory.",
         ]
         if budget["weights"] > budget["memory"]:
             lines.append("The weights alone do not fit in this memory: no room for a cache.")
         else:
             lines.append(f"Room beside the weights for <b>{budget['tokens_that_fit']:,} "
                          f"cached tokens</b>, that is {budget['sequences_that_fit']:,} "
-                         f"sequences of {n_tokens:,} tokens.")
+                         f"sequences of {n_tokens:,} tokens: an upper bound, since a real "
+                         "server also keeps activations and allocator overhead (vLLM takes "
+                         "90% of the memory by default, gpu_memory_utilization=0.9).")
         status.value = "<br>".join(lines)
         chosen = PRESETS.get(choose.value)
-        source.value = ("" if chosen is None else
-                        f"<small>{chosen.attention}, {chosen.n_heads} query heads. Source: "
-                        f"{html.escape(chosen.source)}</small>")
+        source.value = ("<small>Custom shapes: no published source.</small>" if chosen is None
+                        else f"<small>{chosen.attention}, {chosen.n_heads} query heads, context "
+                             f"{chosen.context_length:,} tokens. Source: "
+                             f"{html.escape(chosen.source)}</small>")
         draw_memory_budget(live.axes[0], budget, title="Accelerator memory")
 
         def cache_at(n):
@@ -210,22 +224,23 @@ def kv_cache_calculator(preset: str = "Llama-2-7B", context: int | None = None,
     choose.observe(safely(on_preset, message), names="value")
     for field in shape_fields:
         field.observe(safely(on_shape, message), names="value")
-    for field in shape_fields + (context_box, batch, dtype, memory):
+    for field in shape_fields + (context_box, batch, dtype, weights_dtype, memory):
         field.observe(update, names="value")
     update()
 
     box = widgets.VBox([
         choose, source,
         widgets.HBox([widgets.VBox([layers, kv_heads, head_dim, parameters_b]),
-                      widgets.VBox([context_box, batch, dtype, memory])]),
+                      widgets.VBox([context_box, batch, dtype, weights_dtype, memory])]),
         status, message, live.output])
     box.preset, box.layers, box.kv_heads, box.head_dim = choose, layers, kv_heads, head_dim
     box.parameters_b, box.context, box.batch, box.dtype = parameters_b, context_box, batch, dtype
+    box.weights_dtype = weights_dtype
     box.memory_gib, box.status, box.message, box.source = memory, status, message, source
     box.figure, box.axes, box.live = live.figure, live.axes, live
     box.controls = {"preset": choose, "layers": layers, "kv_heads": kv_heads,
                     "head_dim": head_dim, "parameters_b": parameters_b,
                     "context": context_box, "batch": batch, "dtype": dtype,
-                    "memory_gib": memory}
+                    "weights_dtype": weights_dtype, "memory_gib": memory}
     box.budget = lambda: state.get("budget")
     return box
