@@ -1,10 +1,10 @@
 """Notebook 11: a KV cache memory calculator.
 
 ``kv_cache_calculator()`` takes a model's shapes (layers, K/V heads, head size) or one of the
-published presets in kvlib.memory.PRESETS, a context length, a batch size, a number format for
-the cache and another for the weights (a quantized cache beside BF16 weights, say), and shows
-how many GiB the cache takes, beside the weights, in an accelerator's memory, and how many
-tokens fit there.
+published presets in kvlib.memory.PRESETS (those with a plain K/V cache), a context length, a
+batch size, a number format for the cache and another for the weights (a quantized cache
+beside BF16 weights, say), and shows how many GiB the cache takes, beside the weights, in an
+accelerator's memory, and how many tokens fit there.
 """
 
 from __future__ import annotations
@@ -14,11 +14,17 @@ import html
 import ipywidgets as widgets
 import numpy as np
 
-from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit, weights_bytes
+from kvlib.memory import PRESETS as ALL_PRESETS
+from kvlib.memory import GiB, kv_cache_bytes, tokens_that_fit, weights_bytes
 
 from .base import LiveFigure, safely
 
 CUSTOM = "custom"
+PRESETS = {name: preset for name, preset in ALL_PRESETS.items()
+           if preset.latent_dim is None and preset.window is None}
+"""The presets whose cache is K and V of every position, (n_kv_heads x head_dim) wide: the
+calculator's formula. Latent and sliding-window caches (DeepSeek, Mistral) have their own
+formulas, in notebooks 15 and 16."""
 DTYPES = {"FP32 (4 bytes)": 4, "BF16 / FP16 (2 bytes)": 2, "INT8 / FP8 (1 byte)": 1}
 WEIGHTS_COLOR = "#3b528b"   # viridis blue
 CACHE_COLOR = "#5ec962"     # viridis green
