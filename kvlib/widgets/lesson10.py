@@ -165,8 +165,9 @@ def draw_batching(axes, config, position: int, batch: int, bytes_per_number: int
     left.set_title(f"Bytes read ({step['bytes'] / 1e9:,.2f} GB)")
     left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False, fontsize=8)
     batches = np.unique(np.geomspace(1, max_batch, 60).astype(int))
-    intensity = [batched_decode_step(config, int(b), position, bytes_per_number)["intensity"]
-                 for b in batches]
+    one = batched_decode_step(config, 1, position, bytes_per_number)
+    # every batch from the single step: B x its FLOPs over the weights + B x its cache
+    intensity = batches * one["flops"] / (one["weights"] + batches * one["caches"])
     right.plot(batches, intensity, color=MEMORY_BOUND_COLOR, label="decode step")
     right.axhline(ridge_point, color="black", linestyle="--",
                   label=f"ridge point {ridge_point:,.0f} FLOP/byte")
