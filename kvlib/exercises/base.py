@@ -403,8 +403,3 @@ def how_close(value: float, expected: float) -> str | None:
 def _percent(fraction: float) -> str:
     percent = 100 * fraction
     return f"{percent:.2g}%" if percent < 10 else f"{percent:.0f}%"
-
-
-def _shown(answer) -> str:
-    text = repr(answer)
-    return text if len(text) <= 40 else text[:37] + "..."

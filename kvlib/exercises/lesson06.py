@@ -13,7 +13,7 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, article_example, read_array, read_number, show_solution
+from .base import Feedback, article_example, checker, read_array, read_number, show_solution
 
 EXERCISE1_PROMPT = "you are good and I am"
 TARGET_TOKEN = 5            # "I", the greedy choice after "How are you?"
@@ -33,6 +33,7 @@ def _article_last_row() -> np.ndarray:
     return _logits(kvlib.ARTICLE_PROMPT)[-1]
 
 
+@checker
 def check_predictions_per_position(answer) -> Feedback:
     """Exercise 1: the greedy guess of every row of the logits of "you are good and I am",
     ids (7,)."""
@@ -88,6 +89,7 @@ def _logits_without_bos() -> np.ndarray:
     return kvlib.forward(params, ids)
 
 
+@checker
 def check_temperature_for_half(answer) -> Feedback:
     """Exercise 2: a temperature at which "I" (token 5) gets probability 0.5 (within 0.005)."""
     temperature = read_number(answer, "a temperature")
@@ -112,6 +114,7 @@ def check_temperature_for_half(answer) -> Feedback:
                     "probability falls as the temperature rises).")
 
 
+@checker
 def check_top_k(answer) -> Feedback:
     """Exercise 3: top-3 probabilities by hand (12,), zeros outside the 3 largest logits.
 

@@ -16,6 +16,7 @@ from .base import (
     Feedback,
     article_example,
     check_array,
+    checker,
     is_missing,
     read_array,
     read_whole_number,
@@ -42,6 +43,7 @@ def _layer_inputs(params, ids):
     return inputs
 
 
+@checker
 def check_layer_keys(answer) -> Feedback:
     """Exercise 1: the keys layer 2 caches for "I am fine" (4, 4), computed from that layer's
     input X2 (the output of blocks 0 and 1)."""
@@ -98,6 +100,7 @@ def _unmasked_input(params, ids, layer_index):
     return X
 
 
+@checker
 def check_cache_bytes(answer) -> Feedback:
     """Exercise 2: bytes of the cache after prefilling 20 tokens into the float32 toy model."""
     value = read_whole_number(answer, "a number of bytes")
@@ -131,6 +134,7 @@ def check_cache_bytes(answer) -> Feedback:
                     "tokens x d_model numbers x bytes per number.")
 
 
+@checker
 def check_serve(serve, server_cache=None) -> Feedback:
     """Exercise 3: a fixed `serve(prompt_ids) -> last row of the logits (V,)` that still keeps
     its one `server_cache` (give it too: check_serve(answer, server_cache)).

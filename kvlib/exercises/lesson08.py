@@ -15,6 +15,7 @@ from .base import (
     Feedback,
     article_example,
     check_array,
+    checker,
     is_missing,
     read_array,
     show_solution,
@@ -47,6 +48,7 @@ def _decode_step_pieces(params, cached_ids, token):
     return kvlib.split_heads(q, params.config.n_heads), cache.keys(0).copy(), k
 
 
+@checker
 def check_decode_weights(answer) -> Feedback:
     """Exercise 1: the layer-0 attention weights, per head, of the step that decodes "am"
     (token 2) after "How are you? I" is in the cache: (2, 1, 7)."""
@@ -145,6 +147,7 @@ def _chunk_with_mask(params, cached_ids, ids, mask):
     return kvlib.unembed(X, params.embedding)
 
 
+@checker
 def check_chunked_prefill(prefill_chunk) -> Feedback:
     """Exercise 2: a fixed `prefill_chunk(params, ids, cache) -> logits (T_new, V)`.
 
@@ -241,6 +244,7 @@ def _rows_through_the_model(work: kvlib.MultiplyAdds, config) -> int:
     return work.projections // (4 * config.n_layers * config.d_model ** 2)
 
 
+@checker
 def check_generation_loop(my_generate) -> Feedback:
     """Exercise 3: a greedy `my_generate(params, ids, n) -> n new ids` with prefill and decode_step.
 

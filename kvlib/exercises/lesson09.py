@@ -19,6 +19,7 @@ import kvlib
 from .base import (
     Feedback,
     agrees_at_its_precision,
+    checker,
     how_close,
     is_missing,
     read_number,
@@ -42,6 +43,7 @@ EXERCISE2_PROMPT, EXERCISE2_NEW = 128, 256
 EXERCISE3_CONFIG = GPT2_XL
 
 
+@checker
 def check_forward_macs(answer) -> Feedback:
     """Exercise 1: a dict {part: multiply-adds} of GPT-2 medium's full forward over 100
     tokens, no cache, unembedding only the last row."""
@@ -115,6 +117,7 @@ def _is(value, expected) -> bool:
         return False
 
 
+@checker
 def check_flop_ratio(answer) -> Feedback:
     """Exercise 2: FLOPs without the cache / with it, GPT-2 small, prompt 128, 256 new tokens.
 
@@ -148,6 +151,7 @@ def check_flop_ratio(answer) -> Feedback:
                     f"{P}, {N}, use_cache=False).total by the same with use_cache=True.")
 
 
+@checker
 def check_attention_crossover(answer) -> Feedback:
     """Exercise 3: the number of positions S a GPT-2 XL decode step attends over at which
     its attention (scores and sums) costs as many multiply-adds as its projections and MLP."""

@@ -15,6 +15,7 @@ from kvlib import roofline
 from .base import (
     Feedback,
     agrees_at_its_precision,
+    checker,
     how_close,
     read_number,
     read_whole_number,
@@ -43,6 +44,7 @@ def _unit_slip(value: float, expected: float) -> str | None:
     return None
 
 
+@checker
 def check_roofline_time(answer) -> Feedback:
     """Exercise 1: roofline seconds of GPT-2 small's decode step at position 543, with
     200 GFLOP/s and 50 GB/s. Accepted at the precision given, from 3 significant digits
@@ -82,6 +84,7 @@ def check_roofline_time(answer) -> Feedback:
                     "with the step's FLOPs and bytes.")
 
 
+@checker
 def check_batched_bytes(answer) -> Feedback:
     """Exercise 2: bytes one decode step of 8 GPT-2-small sequences (float32), each at
     position 543, must read: the weights once, and each sequence's keys and values."""
@@ -128,6 +131,7 @@ def check_batched_bytes(answer) -> Feedback:
                     "caches (roofline.cache_bytes(config, 544) each).")
 
 
+@checker
 def check_time_to_first_token(answer) -> Feedback:
     """Exercise 3: roofline seconds of GPT-2 small's prefill of a 512-token prompt, the last
     row unembedded, at 200 GFLOP/s and 50 GB/s: the time to first token."""

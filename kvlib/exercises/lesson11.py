@@ -11,7 +11,7 @@ import math
 
 from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit
 
-from .base import Feedback, how_close, read_number, read_whole_number, show_solution
+from .base import Feedback, checker, how_close, read_number, read_whole_number, show_solution
 
 # Exercise 1: an imagined model with grouped-query attention, in BF16
 EXERCISE1 = {"n_layers": 40, "n_heads": 40, "n_kv_heads": 8, "head_dim": 128, "dtype_bytes": 2}
@@ -21,6 +21,7 @@ EXERCISE2 = {"n_layers": 80, "d_model": 8192, "seq_len": 4096, "dtype_bytes": 2}
 EXERCISE3_MEMORY = 24 * GiB
 
 
+@checker
 def check_bytes_per_token(answer) -> Feedback:
     """Exercise 1: bytes one token adds to the cache of a 40-layer model with 40 query heads,
     8 K/V heads of 128, in BF16."""
@@ -55,6 +56,7 @@ def check_bytes_per_token(answer) -> Feedback:
                     "x bytes a number.")
 
 
+@checker
 def check_batch_where_cache_equals_weights(answer) -> Feedback:
     """Exercise 2: the batch at which the source example's cache (4096 tokens, BF16) weighs
     as much as its weights, estimated as 12 L d^2 in BF16."""
@@ -83,6 +85,7 @@ def check_batch_where_cache_equals_weights(answer) -> Feedback:
                     "sequence's cache: kv_cache_bytes(80, 8192, 4096).")
 
 
+@checker
 def check_tokens_that_fit(answer) -> Feedback:
     """Exercise 3: cached tokens of Llama-3-8B (BF16) that fit beside its BF16 weights in
     24 GiB."""
