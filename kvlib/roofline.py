@@ -1,4 +1,4 @@
-"""From counts to time (notebook 09 and benchmarks/decode.py): how fast this machine reads
+"""From counts to time (notebook 10 and benchmarks/decode.py): how fast this machine reads
 memory and multiplies matrices, and the roofline model built on those two rates.
 
 A pass through the model needs a number of FLOPs (kvlib.flops) and has to read a number of
@@ -48,7 +48,7 @@ def _check_count(name: str, value, minimum: int = 0) -> None:
 
 
 def weights_bytes(config: ModelConfig) -> int:
-    """Bytes of all the weights (notebook 09): for the toy's architecture
+    """Bytes of all the weights (notebooks 09-10): for the toy's architecture
     (V d + L (4 d^2 + 2 d f)) x bytes a number; in general the sizes of every array the
     config needs (biases, norms, positions, narrower K/V, latent projections).
 
@@ -62,7 +62,7 @@ def weights_bytes(config: ModelConfig) -> int:
 
 
 def cache_bytes(config: ModelConfig, n_positions: int) -> int:
-    """Bytes of the keys and values of n_positions, in every layer (notebook 09):
+    """Bytes of the keys and values of n_positions, in every layer (notebooks 09-10):
     2 x L x n_positions x d x bytes a number, the kv_cache_bytes formula at batch 1 (with
     fewer K/V heads, a latent or a window, what that cache holds: kvlib.config_cache_bytes)."""
     _check_config(config)
@@ -71,7 +71,7 @@ def cache_bytes(config: ModelConfig, n_positions: int) -> int:
 
 
 def decode_step_bytes(config: ModelConfig, position: int) -> int:
-    """Bytes a cached decode step must read (notebook 09) for the token at 0-based `position`:
+    """Bytes a cached decode step must read (notebook 10) for the token at 0-based `position`:
     every weight once (each matrix meets the new row once; the unembedding reads the whole
     table), and the keys and values of the position + 1 positions it attends over."""
     _check_count("position", position)
@@ -79,7 +79,7 @@ def decode_step_bytes(config: ModelConfig, position: int) -> int:
 
 
 def forward_bytes(config: ModelConfig, n_tokens: int) -> int:
-    """Bytes a full recomputation over n_tokens must read at least once (notebook 09): the
+    """Bytes a full recomputation over n_tokens must read at least once (notebook 10): the
     weights, and the keys and values it computes and attends over. (The other activations
     are left out: they are small beside the weights and often stay in the CPU's caches.)"""
     _check_count("n_tokens", n_tokens, minimum=1)
@@ -107,7 +107,7 @@ def generation_step_bytes(config: ModelConfig, prompt_length: int, new_tokens: i
 
 
 def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
-    """Predicted seconds (notebook 09): max(flops / compute_rate, n_bytes / bandwidth).
+    """Predicted seconds (notebook 10): max(flops / compute_rate, n_bytes / bandwidth).
 
     flops and n_bytes may be numbers or arrays of the same shape; rates in FLOP/s and bytes/s.
     """
@@ -125,7 +125,7 @@ def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
 
 
 def arithmetic_intensity(flops, n_bytes):
-    """FLOPs per byte read (notebook 09): above compute_rate / bandwidth, arithmetic sets the
+    """FLOPs per byte read (notebook 10): above compute_rate / bandwidth, arithmetic sets the
     time; below it, memory does."""
     flops = np.asarray(flops, dtype=np.float64)
     n_bytes = np.asarray(n_bytes, dtype=np.float64)
@@ -136,7 +136,7 @@ def arithmetic_intensity(flops, n_bytes):
 
 
 def matmul_intensity(rows: int, inner: int, columns: int, itemsize: int = 4) -> float:
-    """FLOPs per byte of X (rows, inner) @ W (inner, columns) (notebook 09): 2 rows inner
+    """FLOPs per byte of X (rows, inner) @ W (inner, columns) (notebook 10): 2 rows inner
     columns FLOPs over the bytes of X, W and the result. About rows / 2 for one float32 row
     against a large matrix: decode (rows = 1) does 0.5 FLOP per byte."""
     for name, value in (("rows", rows), ("inner", inner), ("columns", columns),
@@ -149,7 +149,7 @@ def matmul_intensity(rows: int, inner: int, columns: int, itemsize: int = 4) -> 
 
 def generation_step_times(config: ModelConfig, prompt_length: int, new_tokens: int,
                           use_cache: bool, compute_rate: float, bandwidth: float) -> np.ndarray:
-    """Roofline prediction of each pass's seconds (notebook 09): an array (new_tokens,)."""
+    """Roofline prediction of each pass's seconds (notebook 10): an array (new_tokens,)."""
     flops = [step.flops for step in
              generation_step_multiply_adds(config, prompt_length, new_tokens, use_cache)]
     n_bytes = generation_step_bytes(config, prompt_length, new_tokens, use_cache)
@@ -339,7 +339,7 @@ def _openblas_library():
 
 
 def blas_threads() -> int | None:
-    """How many threads numpy's BLAS uses now (benchmarks/decode.py, notebook 09), asked of
+    """How many threads numpy's BLAS uses now (benchmarks/decode.py, notebook 10), asked of
     OpenBLAS itself; None when numpy is linked to another BLAS or the library is not found."""
     found = _openblas_library()
     if found is None:
@@ -351,7 +351,7 @@ def blas_threads() -> int | None:
 
 
 def set_blas_threads(n_threads: int) -> int | None:
-    """Ask OpenBLAS to use n_threads from now on (notebook 09); returns the count now in
+    """Ask OpenBLAS to use n_threads from now on (notebook 10); returns the count now in
     effect, or None (nothing changed) when numpy is not linked to OpenBLAS."""
     _check_count("n_threads", n_threads, minimum=1)
     found = _openblas_library()
