@@ -98,7 +98,8 @@ def check_blocks_and_slack(answer) -> Feedback:
     if got_blocks == n:
         return Feedback(False, "that counts positions, not blocks: a block holds 16.")
     if got_blocks > blocks:
-        return Feedback(False, f"one block too many: {blocks} blocks already hold "
+        extra = "one block" if got_blocks == blocks + 1 else f"{_shown(got_blocks - blocks)} blocks"
+        return Feedback(False, f"{extra} too many: {blocks} blocks already hold "
                         f"{blocks * size} >= {n} positions.")
     if got_blocks != blocks:
         return Feedback(False, f"not {_shown(got_blocks)} blocks: divide {n} by {size} and "

@@ -29,10 +29,15 @@ POOL_COLUMNS = 8
 
 
 def owner_color(name: str) -> str:
-    """The colour of a sequence: its request's letter (A, B, ...) picks it; forks A.1, A.2
-    share A's."""
-    request = name.split(".")[0]
-    index = (ord(request[0]) - ord("A")) + 26 * int(request[1:] or 0)
+    """The colour of a sequence: PoolTimeline's request names (A, B, ..., Z, A1, ...) take
+    the palette in order, and forks (A.1, A.2) share their request's colour; any other name
+    gets a colour fixed by its characters."""
+    family = str(name).split(".")[0]
+    letter, lap = family[:1], family[1:]
+    if letter.isascii() and letter.isupper() and (lap == "" or lap.isdigit()):
+        index = ord(letter) - ord("A") + 26 * int(lap or 0)
+    else:
+        index = sum(map(ord, family))
     return OWNER_COLORS[index % len(OWNER_COLORS)]
 
 
@@ -91,8 +96,7 @@ def draw_pool(ax, n_blocks: int, block_size: int, block_tables: dict, lengths: d
         outlines.append(Rectangle((x, y), 0.9, 0.62))
         widths.append(2.4 if block in copied else 0.8)
         if len(names) > 1:
-            label = (",".join(names) if len(names) == 2 else f"{names[0]} +{len(names) - 1}")
-            label += f" x{len(names)}"
+            label = f"shared x{len(names)}"
         else:
             label = names[0] if names else "free"
         ax.text(x + 0.45, y + 0.68, label, ha="center", va="bottom", fontsize=7,
@@ -114,10 +118,11 @@ def draw_pool(ax, n_blocks: int, block_size: int, block_tables: dict, lengths: d
 
 
 def draw_block_tables(ax, block_tables: dict, lengths: dict, block_size: int,
-                      shared_blocks=(), title: str = "Block tables"):
+                      common_blocks=(), title: str = "Block tables"):
     """One row per sequence: its name and length, then its block table as cells holding
-    block ids, in the sequence's colour (shared blocks hatched). The ids are texts with gid
-    "table <name>", so that tests can read the tables back. Returns ax."""
+    block ids, in the sequence's colour (common_blocks, held by several tables, hatched).
+    The ids are texts with gid "table <name>", so that tests can read the tables back.
+    Returns ax."""
     _wipe(ax)
     names = list(block_tables)
     width = max([len(t) for t in block_tables.values()] + [1])
@@ -128,7 +133,7 @@ def draw_block_tables(ax, block_tables: dict, lengths: dict, block_size: int,
                 fontsize=8)
         for index, block in enumerate(block_tables[name]):
             rectangle = Rectangle((index, y), 0.9, 0.7)
-            if block in shared_blocks:
+            if block in common_blocks:
                 hatched.append(rectangle)
                 hatched_colors.append(owner_color(name))
             else:
@@ -143,6 +148,7 @@ def draw_block_tables(ax, block_tables: dict, lengths: dict, block_size: int,
         ax.text(0.5, 0.5, "no sequence holds blocks", ha="center", va="center", fontsize=9)
     ax.set_xlim(-3.2, max(width, 1))
     ax.set_ylim(-0.3, max(len(names), 1))
+    ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(f"{title} (entry i: positions {block_size}i to {block_size}i + "
                  f"{block_size - 1})", fontsize=10)
@@ -234,15 +240,15 @@ def plot_timeline(ax, history, bytes_per_position: int, unit: int = 1024,
     ax.step(steps, line([s.paged_positions for s in history]), where="post", color="#3b528b",
             label="paged: blocks taken")
     ax.step(steps, line([s.reserved_positions for s in history]), where="post",
-            color="#440154", ls="--", label="contiguous: context length each")
+            color="#440154", ls="--", label="contiguous reserve")
     ax.axhline(history[0].pool_positions * bytes_per_position / unit, color="#b5a300",
-               ls=":", label="the pool's memory")
+               ls=":", label="pool size")
     ax.relim()
     ax.autoscale_view()
     ax.set_xlabel("step")
     ax.set_ylabel(f"cache memory ({unit_name})")
     ax.set_title("Memory over time")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return ax
 
 
@@ -271,14 +277,14 @@ def pool_explorer(params=None, n_blocks: int = 24, block_size: int = 4, requests
     fork_of = widgets.Dropdown(options=[], description="sequence",
                                layout=widgets.Layout(width="12em"))
     reset = widgets.Button(description="Reset")
-    sizes = [s for s in (1, 2, 4, 8, 16) if pool_positions % s == 0]
+    sizes = sorted({block_size, *(s for s in (1, 2, 4, 8, 16) if pool_positions % s == 0)})
     size = widgets.Dropdown(options=sizes, value=block_size, description="block size",
                             layout=widgets.Layout(width="12em"))
     status, events, check, message = (widgets.HTML() for _ in range(4))
     live = LiveFigure(figsize=(11, 6.4))
     figure = live.figure
     grid = figure.add_gridspec(2, 2, height_ratios=[1.25, 1], width_ratios=[1.5, 1],
-                               hspace=0.35, wspace=0.25)
+                               hspace=0.35, wspace=0.25, left=0.06, right=0.84)
     figure.clear()
     axes = {"pool": figure.add_subplot(grid[0, 0]), "tables": figure.add_subplot(grid[0, 1]),
             "memory": figure.add_subplot(grid[1, :])}
