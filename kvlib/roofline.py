@@ -159,51 +159,68 @@ def generation_step_times(config: ModelConfig, prompt_length: int, new_tokens: i
 # ----------------------------------------------------------------------------- measuring
 
 
-def _best_seconds(function, repeats: int) -> float:
+def _seconds_of_each(function, repeats: int) -> np.ndarray:
     _check_count("repeats", repeats, minimum=1)
     function()  # once to warm up (page faults, BLAS start-up)
-    best = float("inf")
+    seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
         function()
-        best = min(best, time.perf_counter() - start)
-    return best
+        seconds.append(time.perf_counter() - start)
+    return np.array(seconds)
 
 
-def measure_read_bandwidth(n_bytes: int = 256 * MiB, repeats: int = 5) -> float:
-    """How fast numpy reads a large float32 array from memory, in bytes/s (notebook 09).
+def _median_rate(amount: float, seconds: np.ndarray, record: list | None) -> float:
+    """amount / the median of the timings; each repeat's rate goes to `record` (a list)."""
+    if record is not None:
+        record.extend(float(amount / s) for s in seconds)
+    return float(amount / np.median(seconds))
+
+
+def measure_read_bandwidth(n_bytes: int = 256 * MiB, repeats: int = 5,
+                           record: list | None = None) -> float:
+    """How fast numpy reads a large float32 array from memory, in bytes/s (notebook 10).
 
     The array is dotted with itself: every byte is read once, with one multiply-add per
-    4 bytes, far too little arithmetic to matter. Best of `repeats`. Make n_bytes several
-    times the CPU's last-level cache, or the cache is measured instead of memory.
+    4 bytes, far too little arithmetic to matter. The median of `repeats` readings, so that
+    one slow moment (another program on the machine) does not set the figure; a list given
+    as `record` receives every reading, whose spread tells how busy the machine was. Make
+    n_bytes several times the CPU's last-level cache, or the cache is measured instead of
+    memory.
     """
     _check_count("n_bytes", n_bytes, minimum=4096)
     array = np.ones(n_bytes // 4, dtype=np.float32)
-    return array.nbytes / _best_seconds(lambda: np.dot(array, array), repeats)
+    seconds = _seconds_of_each(lambda: np.dot(array, array), repeats)
+    return _median_rate(array.nbytes, seconds, record)
 
 
-def measure_matmul_rate(size: int = 1024, dtype: str = "float32", repeats: int = 3) -> float:
-    """How fast numpy multiplies two square matrices (size, size), in FLOP/s (notebook 09):
-    2 size^3 FLOPs, best of `repeats`. This is the compute rate of the roofline."""
+def measure_matmul_rate(size: int = 1024, dtype: str = "float32", repeats: int = 5,
+                        record: list | None = None) -> float:
+    """How fast numpy multiplies two square matrices (size, size), in FLOP/s (notebook 10):
+    2 size^3 FLOPs, the median of `repeats` products (each one's rate goes to `record`, a
+    list, when given). This is the compute rate of the roofline."""
     _check_count("size", size, minimum=1)
     rng = np.random.default_rng(0)
     A = rng.standard_normal((size, size)).astype(dtype)
     B = rng.standard_normal((size, size)).astype(dtype)
-    return 2 * size**3 / _best_seconds(lambda: A @ B, repeats)
+    return _median_rate(2 * size**3, _seconds_of_each(lambda: A @ B, repeats), record)
 
 
-def measure_matmul_rows(weight: np.ndarray, rows: int, repeats: int = 5) -> float:
-    """FLOP/s of X (rows, inner) @ weight (inner, columns) (notebook 09): how the rate grows
-    with the number of rows multiplied at once (1 for decode, the prompt length for prefill)."""
+def measure_matmul_rows(weight: np.ndarray, rows: int, repeats: int = 5,
+                        record: list | None = None) -> float:
+    """FLOP/s of X (rows, inner) @ weight (inner, columns) (notebook 10): how the rate grows
+    with the number of rows multiplied at once (1 for decode, the prompt length for prefill).
+    The median of `repeats`; each one's rate goes to `record` (a list) when given."""
     if not isinstance(weight, np.ndarray) or weight.ndim != 2:
         raise ValueError("weight must be a 2-D numpy array (inner, columns)")
     _check_count("rows", rows, minimum=1)
     X = np.ones((rows, weight.shape[0]), dtype=weight.dtype)
-    return 2 * rows * weight.size / _best_seconds(lambda: X @ weight, repeats)
+    seconds = _seconds_of_each(lambda: X @ weight, repeats)
+    return _median_rate(2 * rows * weight.size, seconds, record)
 
 
 def time_cached_generation(params, prompt, new_tokens: int, cache=None, repeats: int = 1):
-    """Greedy generation with the cache, timing each pass (notebook 09, the benchmark).
+    """Greedy generation with the cache, timing each pass (notebook 10, the benchmark).
 
     Pass 0 is kvlib.prefill of the prompt (it gives the first new token), pass i >= 1 a
     kvlib.decode_step. Returns (the new_tokens new ids, seconds of each pass: array
@@ -242,7 +259,7 @@ def time_cached_generation(params, prompt, new_tokens: int, cache=None, repeats:
 
 def time_recomputation(params, sequence, lengths, repeats: int = 1,
                        return_tokens: bool = False):
-    """Seconds of a full recomputation, no cache, at each given length (notebook 09, the
+    """Seconds of a full recomputation, no cache, at each given length (notebook 10, the
     benchmark): kvlib.forward over sequence[:n], unembedding only the last row, as
     kvlib.generate does without the cache. Returns an array (len(lengths),), the fastest of
     `repeats`; with return_tokens=True also the greedy token each forward chose."""
@@ -268,7 +285,7 @@ def time_recomputation(params, sequence, lengths, repeats: int = 1,
 
 def time_appends(config: ModelConfig, cache_class, cached: int, repeats: int = 5) -> float:
     """Seconds to append one token's K and V to every layer of a cache that already holds
-    `cached` positions (notebook 09, the benchmark), the median of `repeats` appends.
+    `cached` positions (notebook 10, the benchmark), the median of `repeats` appends.
     cache_class is kvlib.KVCache (in place) or kvlib.ConcatenatingKVCache (a copy)."""
     _check_config(config)
     _check_count("cached", cached, minimum=1)
