@@ -13,6 +13,7 @@ from pathlib import Path  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from checker_cases import assert_answers_in_words, odd_answers, student_answers  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from strategies import models  # noqa: E402
@@ -539,13 +540,27 @@ FUZZ = [None, ..., "", "8", b"8", 10**400, -(10**400), float("nan"), float("inf"
         np.array(78), {"a": 1}, {1, 2}, object(), lambda: None, print, complex(1, 2)]
 
 
-@pytest.mark.parametrize("checker", [ex17.check_blocks_and_slack, ex17.check_forked_blocks,
-                                     ex17.check_gather])
-@pytest.mark.parametrize("answer", FUZZ, ids=range(len(FUZZ)))
+CHECKERS = [ex17.check_blocks_and_slack, ex17.check_forked_blocks, ex17.check_gather]
+
+
+@pytest.mark.parametrize("checker", CHECKERS)
+@pytest.mark.parametrize("answer", FUZZ + [a for _, a in odd_answers((2,))],
+                         ids=range(len(FUZZ) + len(odd_answers((2,)))))
 def test_every_checker_answers_anything_with_feedback(checker, answer):
-    feedback = checker(answer)
-    assert isinstance(feedback, ex17.Feedback) and not feedback.passed
-    assert len(feedback.message) < 400
+    feedback = assert_answers_in_words(checker, answer)
+    assert not feedback.passed and len(feedback.message) < 400
+
+
+@pytest.mark.parametrize("checker", CHECKERS)
+@given(answer=student_answers)
+@settings(max_examples=150, deadline=None)
+def test_every_checker_answers_generated_answers_in_words(checker, answer):
+    assert_answers_in_words(checker, answer)
+
+
+def test_a_gather_that_returns_odd_things_is_answered_in_words():
+    for _, odd in odd_answers((9, 4)):
+        assert_answers_in_words(ex17.check_gather, lambda pool, t, n, B, odd=odd: odd)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -22,7 +23,7 @@ from kvlib.serving.memory_plan import (
     slack,
 )
 
-from .base import Feedback, is_missing, show_solution
+from .base import Feedback, checker, is_missing, show_solution
 
 EXERCISE1 = {"n_tokens": 1234, "block_size": 16}
 EXERCISE3 = {"prompt_length": 10, "new_tokens": 5, "n_samples": 3, "block_size": 4}
@@ -67,6 +68,7 @@ def _pair(answer):
 
 # Exercise 1 ------------------------------------------------------------------------------
 
+@checker
 def check_blocks_and_slack(answer) -> Feedback:
     """Exercise 1: (blocks, empty positions in the last block) for 1,234 tokens in blocks of
     16."""
@@ -176,6 +178,7 @@ WRONG_GATHERS = (
 )
 
 
+@checker
 def check_gather(gather) -> Feedback:
     """Exercise 2: a fixed `gather(pool, block_table, n_positions, block_size) -> (n, width)`.
 
@@ -201,8 +204,10 @@ def check_gather(gather) -> Feedback:
             return Feedback(False, f"{where}, your function raised {type(error).__name__}: "
                             f"{error}")
         try:
-            got = np.asarray(got, dtype=float)
-        except (TypeError, ValueError, OverflowError):
+            with warnings.catch_warnings():      # complex numbers: refused, not truncated
+                warnings.simplefilter("error")
+                got = np.asarray(got, dtype=float)
+        except (TypeError, ValueError, OverflowError, Warning):
             return Feedback(False, f"{where}: expected an array of numbers of shape "
                             f"{expected.shape}, got {type(got).__name__}.")
         for wrong, diagnosis in WRONG_GATHERS:
@@ -227,6 +232,7 @@ def check_gather(gather) -> Feedback:
 
 # Exercise 3 ------------------------------------------------------------------------------
 
+@checker
 def check_forked_blocks(answer) -> Feedback:
     """Exercise 3: blocks in use after 3 samples of a 10-token prompt (blocks of 4) decode
     5 tokens each."""
