@@ -21,8 +21,15 @@ import numpy as np
 import kvlib
 from kvlib.serving import speculative
 
-from .base import Feedback, as_number, checker, is_missing, not_filled_in, numeric_array, \
-    show_solution
+from .base import (
+    Feedback,
+    as_number,
+    checker,
+    is_missing,
+    not_filled_in,
+    numeric_array,
+    show_solution,
+)
 
 ROUNDING = 6e-4      # the notebook prints 3 decimals: a copied value is off by up to 5e-4
 

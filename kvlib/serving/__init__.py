@@ -3,10 +3,18 @@ inference, never imported by them.
 
 - blocks.BlockAllocator and paged.PagedKVCache: the paged cache, block tables, reference
   counts and copy-on-write (notebook 17).
+- memory_plan (contiguous reservations against paged blocks, for a mix of requests) and
+  pool_timeline.PoolTimeline (requests served step by step from one pool) (notebook 17).
 - speculative: a draft proposes, the target verifies in one pass (notebook 21).
 """
 
 from .blocks import BlockAllocator
+from .memory_plan import ContiguousArena, Request, blocks_for, memory_table, request_mix
 from .paged import PagedKVCache
-from .speculative import (GreedyAcceptance, SamplingAcceptance, SpeculativeDecoder,
-                          speculative_generate)
+from .pool_timeline import PoolTimeline
+from .speculative import (
+    GreedyAcceptance,
+    SamplingAcceptance,
+    SpeculativeDecoder,
+    speculative_generate,
+)

@@ -127,8 +127,8 @@ def draw_round(token_ax, cache_ax, step: SpeculativeStep, context, label, *,
 
 def _draw_caches(ax, step: SpeculativeStep) -> None:
     ax.clear()
-    rows = (("target", step.target_lengths), ("draft", step.draft_lengths))
-    for y, (name, (before, written, after)) in enumerate(rows):
+    lengths = (step.target_lengths, step.draft_lengths)
+    for y, (before, written, after) in enumerate(lengths):
         ax.barh(y, before, color=plots.OLD_ROWS_COLOR, edgecolor="black", linewidth=0.5)
         ax.barh(y, after - before, left=before, color=KEPT_COLOR, edgecolor="black",
                 linewidth=0.5)
