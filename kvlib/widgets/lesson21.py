@@ -249,7 +249,8 @@ def speculative_explorer(target, draft, tokenizer, prompt: str, k: int = 4,
         check.value = _greedy_check(decoder) if not sampled else (
             "Sampled: each token is distributed as the target's own sample (checked exactly "
             "in the notebook); the same seed gives the same tokens.")
-        full = len(decoder.sequence) >= decoder.target.config.context_length
+        # a round needs the sequence's last token to fit: at most context_length tokens
+        full = len(decoder.sequence) > decoder.target.config.context_length
         step_button.disabled = full
         if full:
             status.value += ("<br><b>The context is full</b>: no further token fits. Press "
@@ -268,7 +269,7 @@ def speculative_explorer(target, draft, tokenizer, prompt: str, k: int = 4,
 
     def on_round(_button):
         decoder = state.get("decoder")
-        if decoder is None or len(decoder.sequence) >= target.config.context_length:
+        if decoder is None or len(decoder.sequence) > target.config.context_length:
             step_button.disabled = True
             return
         show(decoder.step())
