@@ -19,8 +19,9 @@ kvlib/models/stories-draft (1 layer, d_model 64) and the target in kvlib/models/
     python benchmarks/speculative.py --quick    # a few seconds: fewer prompts, tokens, k
     python benchmarks/speculative.py --help
 
-Timings are interleaved (every repeat runs every method, in a rotating order) and the median
-is reported, so that load from other processes on a shared machine falls on all of them.
+Timings are interleaved (every repeat runs every method, in a rotating order) and the fastest
+run of each is reported, so that load from other processes on a shared machine falls on all
+of them and its spikes drop out.
 """
 
 from __future__ import annotations
@@ -112,8 +113,9 @@ def describe(params) -> str:
 
 
 def time_passes(target, draft, sequence, ks, repeats: int = 60) -> dict:
-    """Median seconds of one pass of each kind at the sequence's length: the target's decode
-    step, the draft's, and the target's pass over k + 1 tokens for every k. Interleaved."""
+    """Seconds of one pass of each kind at the sequence's length (the fastest of repeats,
+    interleaved): the target's decode step, the draft's, and the target's pass over k + 1
+    tokens for every k."""
     caches = {}
     for name, params in (("target", target), ("draft", draft)):
         _, caches[name] = kvlib.prefill(params, sequence)
@@ -132,7 +134,7 @@ def time_passes(target, draft, sequence, ks, repeats: int = 60) -> dict:
                 kvlib.prefill(params, tokens, cache)
             seconds[name].append(time.perf_counter() - start)
             cache.truncate(held)
-    return {name: float(np.median(times)) for name, times in seconds.items()}
+    return {name: min(times) for name, times in seconds.items()}
 
 
 def main(args) -> None:
@@ -157,7 +159,7 @@ def main(args) -> None:
           f"CPUs; numpy {np.__version__}; BLAS {roofline.blas_name()}, threads in effect: "
           f"{threads if threads is not None else 'unknown'}")
     print(f"mode: {'quick' if args.quick else 'full'}; {args.repeats} interleaved repeats, "
-          "medians")
+          "the fastest of each")
     print()
 
     # -- counts: what the draft agrees on, what every k accepts (no timing) -------------
@@ -196,17 +198,17 @@ def main(args) -> None:
             run()
             if repeat:
                 seconds[name].append(time.perf_counter() - start)
-    median = {name: float(np.median(times)) for name, times in seconds.items()}
+    fastest = {name: min(times) for name, times in seconds.items()}
     middle = prompts[0] + references[0][: tokens // 2]
     passes = time_passes(target, draft, middle, args.k)
     c = passes["draft step"] / passes["target step"]
 
     total_tokens = tokens * len(prompts)
     rows = [["plain", "-", "-", "1.00", "1.00", "1.00", "1.00x", "-", "-",
-             f"{total_tokens / median['plain']:.0f}"]]
+             f"{total_tokens / fastest['plain']:.0f}"]]
     for k in args.k:
         stats, replayed = counts[k]
-        measured = median["plain"] / median[f"k={k}"]
+        measured = fastest["plain"] / fastest[f"k={k}"]
         verify = passes[f"verify {k}"]
         from_passes = stats.tokens_per_pass * passes["target step"] / \
             (k * passes["draft step"] + verify)
@@ -215,7 +217,7 @@ def main(args) -> None:
             f"{stats.tokens_per_pass:.2f}", f"{total_tokens / replayed:.2f}",
             f"{speculative.expected_tokens_per_pass(alpha, k):.2f}", f"{measured:.2f}x",
             f"{speculative.predicted_speedup(alpha, k, c):.2f}x", f"{from_passes:.2f}x",
-            f"{total_tokens / median[f'k={k}']:.0f}"])
+            f"{total_tokens / fastest[f'k={k}']:.0f}"])
     print(f"alpha = {alpha:.3f}: the draft's greedy choice is the target's at "
           f"{int(np.concatenate(agreements).sum())} of {total_tokens} positions of the "
           "target's greedy continuations")
@@ -236,7 +238,7 @@ def main(args) -> None:
           "one token a pass); replayed: the same, from where the draft agrees "
           "(speculative.replay_greedy), exact; from alpha: (1 - alpha^(k+1)) / (1 - alpha), "
           "as if every proposal were accepted independently with probability alpha")
-    print("- speed-up: plain time / speculative time (medians of the interleaved runs); "
+    print("- speed-up: plain time / speculative time (the fastest of the interleaved runs); "
           "predicted (alpha, c): (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)); predicted "
           "(passes): measured tokens/pass x target step / (k draft steps + the target's pass "
           "over k + 1 tokens), each pass timed alone")

@@ -12,6 +12,7 @@ give the acceptance statistics so far beside the prediction from them.
 from __future__ import annotations
 
 import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
@@ -152,13 +153,29 @@ def _draw_caches(ax, step: SpeculativeStep) -> None:
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
 
 
-def round_figure(figsize=(11, 4.2)):
-    """A LiveFigure with the two Axes draw_round fills (tokens above, caches below)."""
-    live = LiveFigure(figsize=figsize, n_axes=1)
+FIGURE_SIZE = (11, 4.2)
+
+
+def _round_axes(figure):
+    """The two Axes draw_round fills: tokens above, caches below."""
+    grid = figure.add_gridspec(2, 1, height_ratios=[1.6, 1.0], hspace=0.45)
+    figure.subplots_adjust(left=0.12, right=0.8, top=0.9, bottom=0.13)
+    return [figure.add_subplot(grid[0]), figure.add_subplot(grid[1])]
+
+
+def plot_round(step: SpeculativeStep, context, label, *, sampled: bool = False):
+    """One round as a plain figure (notebook 21; GitHub shows no widgets): a new figure with
+    draw_round's two Axes. Returns the figure."""
+    figure = plt.figure(figsize=FIGURE_SIZE)
+    draw_round(*_round_axes(figure), step, context, label, sampled=sampled)
+    return figure
+
+
+def round_figure():
+    """A LiveFigure (made once, redrawn in place) with draw_round's two Axes."""
+    live = LiveFigure(figsize=FIGURE_SIZE, n_axes=1)
     live.figure.clear()
-    grid = live.figure.add_gridspec(2, 1, height_ratios=[1.6, 1.0], hspace=0.45)
-    live.axes = [live.figure.add_subplot(grid[0]), live.figure.add_subplot(grid[1])]
-    live.figure.subplots_adjust(left=0.12, right=0.8, top=0.9, bottom=0.13)
+    live.axes = _round_axes(live.figure)
     return live
 
 
