@@ -675,7 +675,7 @@ MISSING_LINE = "    target_cache.truncate(len(sequence) - 1)             # the m
     (MISSING_LINE, "", "K and V of rejected proposals"),
     (MISSING_LINE, "", "differ from the target's own decoding by up to"),
     ("target_cache.truncate(len(sequence) - 1)", "target_cache.truncate(len(sequence))",
-     "len(sequence) - 1 positions"),
+     "len(sequence) - 1"),     # a rejected row kept, or a truncation past the cache's end
     ("target_cache.truncate(len(sequence) - 1)", "target_cache.truncate(len(sequence) - 2)",
      "computes again what the cache had"),
     ("    draft_cache.truncate(min(len(draft_cache), len(sequence) - 1))\n", "",
@@ -689,12 +689,18 @@ MISSING_LINE = "    target_cache.truncate(len(sequence) - 1)             # the m
     ("choices = np.argmax(rows[-(k + 1):], axis=-1)", "choices = np.argmax(rows, axis=-1)",
      "the target's own greedy decoding gives"),
     ("choices = np.argmax(rows[-(k + 1):], axis=-1)", "choices = np.argmax(rows[-k:], axis=-1)",
-     "raised IndexError"),
+     ("raised IndexError", "the target's own greedy decoding gives")),
     ("sequence.extend(kept)", "sequence = sequence + kept", "in place"),
-    ("sequence.extend(kept)", "sequence.extend(kept + [0] * 9)", "at most k + 1"),
+    ("sequence.extend(kept)", "sequence.extend(kept + [0] * 9)",
+     ("at most k + 1", "cannot truncate")),
 ])
 def test_round_checker_diagnoses_each_slip(old, new, words):
-    assert_not_yet(ex21.check_speculative_round(round_variant(old, new)), words)
+    """words: the diagnosis, or a tuple of the diagnoses one of which must be given (which
+    case shows a slip first depends on where the trained models first disagree)."""
+    feedback = ex21.check_speculative_round(round_variant(old, new))
+    options = words if isinstance(words, tuple) else (words,)
+    assert any(option in feedback.message for option in options), feedback.message
+    assert_not_yet(feedback, "")
 
 
 def test_round_checker_other_answers():

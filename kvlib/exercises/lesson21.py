@@ -298,6 +298,8 @@ def exercise3_answer() -> np.ndarray:
 def check_acceptance_probabilities(answer) -> Feedback:
     """Exercise 3: for each of the 4 tokens, the chance that it is kept if the draft
     proposes it (p, the target's distribution; q, the draft's)."""
+    if is_missing(answer):
+        return not_filled_in("answer", "four numbers, one chance per token")
     array = numeric_array(answer, "answer", (4,))
     if isinstance(array, Feedback):
         if isinstance(answer, Real) and not isinstance(answer, bool) and \

@@ -171,9 +171,12 @@ class GreedyAcceptance:
     name = "greedy"
 
     def choose(self, logits_row) -> tuple[int, np.ndarray]:
-        """The draft's proposal from its logits row (V,): (argmax, its distribution, one-hot)."""
-        probabilities = next_token_probabilities(np.asarray(logits_row, np.float64), 0.0)
-        return int(np.argmax(probabilities)), probabilities
+        """The draft's proposal from its logits row (V,): (argmax, its distribution, one-hot:
+        next_token_probabilities at temperature 0, built directly, as it runs every pass)."""
+        token = int(np.argmax(logits_row))
+        one_hot = np.zeros(len(logits_row))
+        one_hot[token] = 1.0
+        return token, one_hot
 
     def verdict(self, proposals, draft_probabilities, target_logits) -> Verdict:
         """Keep proposals while each is the argmax of the target's row before it; then the
@@ -334,11 +337,17 @@ class SpeculativeStats:
     judged: int
     accepted: int
     new_tokens: int
-    draft_passes: int
 
     @property
     def target_passes(self) -> int:
+        """One pass of the target a round."""
         return self.rounds
+
+    @property
+    def draft_passes(self) -> int:
+        """One pass of the draft a proposal: a chunk for the first, a decode step for each
+        further one."""
+        return self.proposed
 
     @property
     def acceptance_rate(self) -> float:
@@ -355,8 +364,7 @@ def summarize(steps) -> SpeculativeStats:
     return SpeculativeStats(
         rounds=len(steps), proposed=sum(len(s.proposals) for s in steps),
         judged=sum(s.judged for s in steps), accepted=sum(s.accepted for s in steps),
-        new_tokens=sum(len(s.kept) for s in steps),
-        draft_passes=sum(len(s.proposals) for s in steps))
+        new_tokens=sum(len(s.kept) for s in steps))
 
 
 def _empty_cache(name: str, cache, params: Params) -> BaseKVCache:
@@ -372,7 +380,8 @@ def _empty_cache(name: str, cache, params: Params) -> BaseKVCache:
 
 
 def _room(params: Params, cache: BaseKVCache) -> int:
-    """Last position this model may compute: context length and cache capacity."""
+    """How many positions this model can compute: its context length, or less when the
+    cache given has a smaller capacity."""
     limit = params.config.context_length
     return limit if cache.capacity is None else min(limit, cache.capacity)
 
@@ -418,8 +427,9 @@ class SpeculativeDecoder:
         self.steps: list[SpeculativeStep] = []
 
     def __repr__(self) -> str:
+        rounds = "1 round" if len(self.steps) == 1 else f"{len(self.steps)} rounds"
         return (f"SpeculativeDecoder(k={self.k}, {self.acceptance.name}, "
-                f"{len(self.sequence)} tokens, {len(self.steps)} rounds; target cache "
+                f"{len(self.sequence)} tokens, {rounds}; target cache "
                 f"{len(self.target_cache)}, draft cache {len(self.draft_cache)} positions)")
 
     @property
@@ -492,7 +502,8 @@ class SpeculativeDecoder:
 
     def generate(self, max_new_tokens: int) -> list[int]:
         """Run rounds until max_new_tokens more tokens are in the sequence; return them. The
-        last rounds propose fewer, so that no token past max_new_tokens is computed."""
+        last rounds propose fewer, so that no token past max_new_tokens is computed. (If a
+        round fails, the rounds before it stay done, and the decoder is as after them.)"""
         max_new_tokens = _whole("max_new_tokens", max_new_tokens, 1)
         start = len(self.sequence)
         needed = start + max_new_tokens - 1
