@@ -586,8 +586,14 @@ def test_bad_prompts_land_in_the_message_line_and_change_nothing():
     box.controls["prompt"].value = "How are <you>?"
     assert "Cannot show this" in box.message.value and "'&lt;'" in box.message.value
     assert box.state["decoder"] is decoder
+    box.controls["rule"].value = "sampling (T = 1)"     # refused again: the prompt is bad
+    assert box.state["decoder"] is decoder and "Cannot show this" in box.message.value
+    box.controls["round"].click()                       # the greedy generation goes on
+    assert len(decoder.steps) == 2 and "greedy tokens" in box.check.value
+    assert "min(1, p/q)" not in " ".join(t.get_text() for t in box.figure.axes[0].texts)
     box.controls["prompt"].value = "I am fine"
     assert box.message.value == "" and box.state["decoder"] is not decoder
+    assert isinstance(box.state["decoder"].acceptance, sp.SamplingAcceptance)
 
 
 def test_the_round_button_stops_at_the_context_length():

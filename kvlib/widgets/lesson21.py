@@ -238,7 +238,8 @@ def speculative_explorer(target, draft, tokenizer, prompt: str, k: int = 4,
 
     def show(step: SpeculativeStep):
         decoder = state["decoder"]
-        sampled = RULES[rule_buttons.value] == "sampling"
+        # from the decoder, not the toggle: after a refused prompt the toggle may be ahead of it
+        sampled = isinstance(decoder.acceptance, SamplingAcceptance)
         context = decoder.sequence[: step.start]
         draw_round(live.axes[0], live.axes[1], step, context, tokenizer.tokens,
                    sampled=sampled)
