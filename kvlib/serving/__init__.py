@@ -3,11 +3,16 @@ inference, never imported by them.
 
 - blocks.BlockAllocator and paged.PagedKVCache: the paged cache, block tables, reference
   counts and copy-on-write (notebook 17).
+- memory_plan (contiguous reservations against paged blocks, for a mix of requests) and
+  pool_timeline.PoolTimeline (requests served step by step from one pool) (notebook 17).
 - batch: several sequences decoded in one step, ragged or padded (notebook 19);
-  scheduler: static and continuous batching of a stream of requests (notebook 19).
+  scheduler: static and continuous batching of a stream of requests (notebook 19; its own
+  scheduler.Request carries an id and an arrival in steps or seconds).
 """
 
 from .batch import attend_padded, attend_per_sequence, batched_decode_step, padding_mask
 from .blocks import BlockAllocator
+from .memory_plan import ContiguousArena, Request, blocks_for, memory_table, request_mix
 from .paged import PagedKVCache
-from .scheduler import ContinuousBatching, ModelRunner, Request, StaticBatching, serve
+from .pool_timeline import PoolTimeline
+from .scheduler import ContinuousBatching, ModelRunner, StaticBatching, serve
