@@ -94,7 +94,8 @@ def draw_batch_roofline(ax, batch_sizes, predicted, measured=None, one_at_a_time
     ax.set_xlabel("batch size B (sequences decoded in one step)")
     ax.set_ylabel("tokens per second (log scale)")
     ax.set_title(title or "Decode throughput against the batch size")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+              frameon=False)
     ax.grid(alpha=0.3, which="both")
 
 
