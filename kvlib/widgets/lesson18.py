@@ -46,7 +46,8 @@ SYSTEM_PROMPTS = {
 
 
 def example_model() -> kvlib.Params:
-    """The toy with rotary positions (notebook 13) and room for 64 positions."""
+    """The toy with rotary positions (notebook 13) and room for 64 positions: notebook 18's
+    model."""
     return kvlib.init_params(kvlib.ModelConfig(positions="rotary", context_length=64))
 
 
@@ -62,8 +63,9 @@ class StreamRequest:
 
 def request_stream(n_requests: int, seed: int = 0, tokenizer=None,
                    system_share: float = 0.8, n_questions: int = 6) -> list[StreamRequest]:
-    """A seeded stream of requests: most start with system prompt A or B, then one question
-    from a small pool (so whole requests repeat too); the rest are a question alone.
+    """A seeded stream of requests (notebook 18): most start with system prompt A or B, then
+    one question from a small pool (so whole requests repeat too); the rest are a question
+    alone.
     Each finishes when the next request arrives (lifetime 1) or the one after (lifetime 2),
     so at most one request still runs when another is admitted."""
     tokenizer = kvlib.ToyTokenizer() if tokenizer is None else tokenizer
@@ -86,8 +88,9 @@ def request_stream(n_requests: int, seed: int = 0, tokenizer=None,
 # --------------------------------------------------------------------------------- drawing
 
 def tree_layout(entries) -> dict[bytes, tuple[float, float]]:
-    """(x, y) of every cached block: x its depth, y from its leaves (a leaf a row of its
-    own, a parent at the middle of its children), first blocks in the order cached."""
+    """Where notebook 18 draws every cached block: (x, y), x its depth, y from its leaves (a
+    leaf a row of its own, a parent at the middle of its children), first blocks in the order
+    cached."""
     children: dict[bytes, list] = {}
     for entry in entries:
         children.setdefault(entry.parent, []).append(entry)
@@ -187,8 +190,8 @@ def draw_request(ax, labels, reused_tokens: int, block_size: int, title=None):
 
 
 def pool_states(server: PrefixServer) -> np.ndarray:
-    """Each pool block's state, an index into POOL_STATES: free, cached and idle, cached and
-    held by a running request, or a running request's own block."""
+    """Each pool block's state (notebook 18), an index into POOL_STATES: free, cached and
+    idle, cached and held by a running request, or a running request's own block."""
     states = np.zeros(server.allocator.n_blocks, dtype=int)
     held = server.held_blocks()
     for block in range(server.allocator.n_blocks):
@@ -200,7 +203,7 @@ def pool_states(server: PrefixServer) -> np.ndarray:
 
 
 def draw_pool(ax, states, title=None):
-    """The pool, one cell per block, coloured by its state (pool_states)."""
+    """The pool, one cell per block, coloured by its state (pool_states; notebook 18)."""
     ax.clear()
     states = np.asarray(states)
     ax.imshow(states[None, :], cmap=ListedColormap(POOL_COLORS), vmin=-0.5,
