@@ -3,12 +3,16 @@ inference, never imported by them.
 
 - blocks.BlockAllocator and paged.PagedKVCache: the paged cache, block tables, reference
   counts and copy-on-write (notebook 17).
+- memory_plan (contiguous reservations against paged blocks, for a mix of requests) and
+  pool_timeline.PoolTimeline (requests served step by step from one pool) (notebook 17).
 - prefix.PrefixCache and prefix.PrefixServer: prefix caching across requests, block keys
   chained through their parents, LRU eviction (notebook 18).
 """
 
 from .blocks import BlockAllocator
+from .memory_plan import ContiguousArena, Request, blocks_for, memory_table, request_mix
 from .paged import PagedKVCache
+from .pool_timeline import PoolTimeline
 from .prefix import (
     ROOT_KEY,
     Admission,
