@@ -848,3 +848,47 @@ def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, a
 def test_every_checker_answers_anything_in_words(checker, answer):
     feedback = assert_answers_in_words(checker, answer)
     assert isinstance(feedback, Feedback)
+
+
+# ---------------------------------------------------------------------------------------------
+# A fuzz of the prefix-caching API: odd input gets a clear error and changes nothing
+# ---------------------------------------------------------------------------------------------
+
+FUZZ_MODEL = w18.example_model()
+
+
+def server_state(server):
+    return (server.allocator.ref_counts.tolist(), len(server.prefix_cache),
+            sorted(server.running), server.prefix_cache.clock,
+            {r: list(run.ids) for r, run in server.running.items()})
+
+
+@given(value=st.one_of(student_answers, st.integers(-3, 70)))
+@settings(max_examples=120, deadline=None)
+def test_the_prefix_api_answers_odd_input_with_clear_errors(value):
+    server = PrefixServer(FUZZ_MODEL, n_blocks=12, block_size=4)
+    server.finish(server.admit(tokens("I am good . How are you ?")).request)
+    running = server.admit(tokens("I am good . thanks"))
+    cache = server.running[running.request].cache
+    calls = {
+        "admit": lambda: server.admit(value),
+        "decode request": lambda: server.decode(value, 1),
+        "decode token": lambda: server.decode(running.request, value),
+        "finish": lambda: server.finish(value),
+        "match": lambda: server.prefix_cache.match(value),
+        "reusable": lambda: server.prefix_cache.reusable(value),
+        "make_room": lambda: server.prefix_cache.make_room(value),
+        "insert": lambda: server.prefix_cache.insert(value, cache),
+        "attach": lambda: server.prefix_cache.attach(value),
+        "block_key": lambda: block_key(ROOT_KEY, value),
+        "block_keys": lambda: block_keys(value, 4),
+        "block size": lambda: block_keys([1, 2, 3], value),
+    }
+    for name, call in calls.items():
+        before = server_state(server)
+        try:
+            call()
+        except (ValueError, TypeError, MemoryError) as error:
+            assert str(error), name
+            assert server_state(server) == before, name
+        check_accounting(server)

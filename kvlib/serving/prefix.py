@@ -46,6 +46,8 @@ from .paged import PagedKVCache
 ROOT_KEY = b""
 """The key of the empty prefix: the parent of every sequence's first block."""
 
+_LARGEST_ID = 2**63       # token ids are hashed as 64-bit integers
+
 
 def _token_ids(tokens, what: str = "tokens") -> list[int]:
     """A flat sequence of whole numbers (token ids) -> list of ints; clear errors otherwise."""
@@ -57,10 +59,13 @@ def _token_ids(tokens, what: str = "tokens") -> list[int]:
         raise TypeError(f"{what} must be a sequence of token ids, got "
                         f"{type(tokens).__name__}") from None
     for item in items:
-        if type(item) is int and item >= 0:      # the usual case, checked fast
+        if type(item) is int and 0 <= item < _LARGEST_ID:    # the usual case, checked fast
             continue
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, Integral) or item < 0:
             raise TypeError(f"{what} must be token ids (whole numbers >= 0), got {item!r}")
+        if item >= _LARGEST_ID:
+            raise ValueError(f"{what} holds a token id with {len(str(int(item)))} digits: no "
+                             "vocabulary is that large")
     return [int(item) for item in items]
 
 
