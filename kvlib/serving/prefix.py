@@ -211,11 +211,8 @@ class PrefixCache:
                 raise ValueError("the blocks must be a cached prefix, from the first block on, "
                                  "as match() returns them")
             parent = entry.key
-        cache = PagedKVCache(self.allocator)
-        cache.block_table = [self.allocator.share(entry.block) for entry in entries]
-        # PagedKVCache.fork sets its lengths the same way; the blocks are full
-        cache._lengths = [len(entries) * self.block_size] * self.allocator.config.n_layers
-        return cache
+        return PagedKVCache.on_blocks(self.allocator, [entry.block for entry in entries],
+                                      len(entries) * self.block_size)
 
     def record_hits(self, entries) -> None:
         """A request reused these blocks: one more hit each, and used now (one clock tick)."""
