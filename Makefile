@@ -11,9 +11,19 @@ FIRST_NOTEBOOK := notebooks/00_big_picture.ipynb
 .PHONY: setup lab test lint notebooks benchmark binder-check browser-test links clean \
 	test-reference
 
+# jupyter refuses to run as root without --allow-root (containers and cloud machines often
+# run as root); LAB_OPTIONS adds options, e.g. LAB_OPTIONS="--ip=0.0.0.0 --port=8888 --no-browser"
+# on a remote machine (README: "On a remote machine").
+ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+LAB_OPTIONS ?=
+
 $(READY): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed, found " + sys.version)'
-	$(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); printf '%s\n' \
+	    "Could not create the virtual environment $(VENV) (removed again)." \
+	    "On Debian or Ubuntu the venv module comes in its own package:" \
+	    "    sudo apt-get install python3-venv     (or python3.X-venv for your Python)" \
+	    "then run make again." >&2; exit 1; }
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(READY)
@@ -21,7 +31,8 @@ $(READY): requirements.txt pyproject.toml
 setup: $(READY)
 
 lab: $(READY)
-	$(BIN)/jupyter lab $(FIRST_NOTEBOOK)
+	@[ -z "$(ALLOW_ROOT)" ] || echo "Running as root: starting JupyterLab with --allow-root."
+	$(BIN)/jupyter lab $(ALLOW_ROOT) $(LAB_OPTIONS) $(FIRST_NOTEBOOK)
 
 test: $(READY)
 	$(BIN)/python -m pytest
