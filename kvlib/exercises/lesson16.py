@@ -11,13 +11,20 @@
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 
 import numpy as np
 
 import kvlib
 
-from .base import Feedback, as_number, is_missing, show_solution
+from .base import (
+    Feedback,
+    as_number,
+    checker,
+    is_missing,
+    not_filled_in,
+    show_solution,
+    whole_number,
+)
 
 # Exercise 1 and 3: Mistral-7B (kvlib.memory.PRESETS) with StreamingLLM's 4 sinks added
 WINDOW, SINK_TOKENS, QUERY = 4096, 4, 5000
@@ -46,46 +53,38 @@ def visible_positions(query: int = QUERY, window: int = WINDOW,
     return np.flatnonzero(kvlib.attention_mask([query], keys, window, sink_tokens)[0]).tolist()
 
 
-def _as_positions(answer) -> tuple[list[int] | None, str]:
-    """A collection of whole numbers -> (sorted list, ""), or (None, what is wrong)."""
+def _as_positions(answer) -> list[int] | Feedback:
+    """A collection of whole numbers (a list, tuple, array, set, range) -> its sorted list,
+    or a Feedback that says what is wrong. Each element follows exercises.base.whole_number."""
     if isinstance(answer, (str, bytes)):
-        return None, "positions are numbers, not text: give a list such as [0, 1, 2, 3]."
+        return Feedback(False, "positions are numbers, not text: give a list such as "
+                        "[0, 1, 2, 3].")
     if not isinstance(answer, (list, tuple, np.ndarray)) and hasattr(answer, "__iter__"):
         try:            # a set, a range, a generator: its elements, in any order
             answer = list(answer)
         except Exception as error:  # an iterable of a student's own may fail in any way
-            return None, f"could not read the positions: {type(error).__name__}: {error}"
-    try:
-        array = np.asarray(answer, dtype=object)
-    except (TypeError, ValueError):
-        return None, "give the positions as one flat list of whole numbers."
-    if array.ndim == 0:
-        return None, ("one number is not enough: give every position the query sees, as a "
-                      "list (list(range(a, b)) builds a run).")
-    if array.ndim != 1:
-        return None, ("give one flat list of positions, not a list of lists: join the "
-                      "runs with + (list(range(a, b)) + list(range(c, d))).")
+            return Feedback(False, f"could not read the positions: {type(error).__name__}: "
+                            f"{error}")
+    if isinstance(answer, np.ndarray) and answer.ndim >= 1:
+        answer = answer.tolist()
+    if not isinstance(answer, (list, tuple)):
+        return Feedback(False, "give every position the query sees, as a list (one number is "
+                        "not enough; list(range(a, b)) builds a run).")
     positions = []
-    for value in array.tolist():
-        if isinstance(value, (list, tuple)):
-            return None, ("give one flat list of positions, not a list of lists: join the "
-                          "runs with + (list(range(a, b)) + list(range(c, d))).")
-        if isinstance(value, bool) or not isinstance(value, Real):
-            return None, f"every position must be a whole number; {_short(value)} is not."
-        if isinstance(value, Integral):
-            positions.append(int(value))
-        elif math.isfinite(value) and float(value).is_integer():
-            positions.append(int(value))
-        else:
-            return None, f"every position must be a whole number; {_short(value)} is not."
+    for item in answer:
+        if isinstance(item, (list, tuple, np.ndarray)):
+            return Feedback(False, "give one flat list of positions, not a list of lists: join "
+                            "the runs with + (list(range(a, b)) + list(range(c, d))).")
+        if is_missing(item):
+            return Feedback(False, f"{item!r} is not a position: every position is a whole "
+                            "number.")
+        value = whole_number(item, "every position")
+        if isinstance(value, Feedback):
+            return value
+        positions.append(value)
     if len(set(positions)) != len(positions):
-        return None, "some positions appear twice: list each position once."
-    return sorted(positions), ""
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+        return Feedback(False, "some positions appear twice: list each position once.")
+    return sorted(positions)
 
 
 def _runs(positions: list[int]) -> str:
@@ -123,14 +122,14 @@ def _typical_slips() -> list[tuple[list[int], str]]:
     ]
 
 
+@checker
 def check_visible_positions(answer) -> Feedback:
     """Exercise 1: every position query 5000 sees in Mistral-7B (W = 4096) with 4 sinks."""
     if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a list of "
-                        "positions.")
-    positions, problem = _as_positions(answer)
-    if positions is None:
-        return Feedback(False, problem)
+        return not_filled_in("answer", "a list of positions")
+    positions = _as_positions(answer)
+    if isinstance(positions, Feedback):
+        return positions
     expected = visible_positions()
     if positions == expected:
         return Feedback(True, f"query {QUERY} sees {len(expected)} positions: the {SINK_TOKENS} "
@@ -174,44 +173,37 @@ SLOT_SLIPS = (
 )
 
 
-def _slot_answer(value) -> int | None:
-    if isinstance(value, np.ndarray) and value.size == 1:
-        value = value.reshape(()).item()
-    if isinstance(value, bool) or not isinstance(value, Real):
-        return None
-    if isinstance(value, Integral):
-        return int(value)
-    return int(value) if math.isfinite(value) and float(value).is_integer() else None
-
-
-def _run_slot_function(ring_slot):
-    """(slots, "") for every case, or (None, what went wrong)."""
+def _run_slot_function(ring_slot) -> list[int] | Feedback:
+    """The slot for every case, or a Feedback on the first case that fails."""
     slots = []
     for position, window, sinks in SLOT_CASES:
         where = f"ring_slot({position}, window={window}, sink_tokens={sinks})"
         try:
             value = ring_slot(position, window, sinks)
         except Exception as error:  # a student's code may fail in any way; report it in words
-            return None, f"{where} raised {type(error).__name__}: {error}"
-        slot = _slot_answer(value)
-        if slot is None:
-            return None, f"{where} returned {value!r}: a slot is one whole number."
+            return Feedback(False, f"{where} raised {type(error).__name__}: {error}")
+        if isinstance(value, np.ndarray) and value.size == 1:
+            value = value.reshape(())
+        slot = whole_number(value, f"the slot {where} returned (a slot is one whole number)")
+        if isinstance(slot, Feedback):
+            return slot
         slots.append(slot)
-    return slots, ""
+    return slots
 
 
+@checker
 def check_ring_slot(ring_slot) -> Feedback:
     """Exercise 2: a fixed `ring_slot(position, window, sink_tokens) -> slot`, run on
     SLOT_CASES and compared with the layout of kvlib.SlidingWindowCache."""
     if is_missing(ring_slot):
-        return Feedback(False, "your function is not filled in yet: write it, then set "
-                        "answer = ring_slot_fixed (without calling it).")
+        return not_filled_in("your function", "a fixed function, then set answer = "
+                             "ring_slot_fixed (without calling it)")
     if not callable(ring_slot):
         return Feedback(False, f"answer should be a function like ring_slot_broken, not "
                         f"{type(ring_slot).__name__}: write answer = ring_slot_fixed.")
-    slots, problem = _run_slot_function(ring_slot)
-    if slots is None:
-        return Feedback(False, problem)
+    slots = _run_slot_function(ring_slot)
+    if isinstance(slots, Feedback):
+        return slots
     expected = [_expected_slot(*case) for case in SLOT_CASES]
     if slots == expected:
         return Feedback(True, f"all {len(SLOT_CASES)} cases land in the slots "
@@ -269,37 +261,32 @@ def _byte_slips() -> list[tuple[float, float, str]]:
     ]
 
 
+@checker
 def check_cache_bytes(answer) -> Feedback:
     """Exercise 3: bytes of Mistral-7B's cache with 4 sinks after 10,000 tokens, BF16."""
     if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a number "
-                        "of bytes.")
-    if isinstance(answer, Integral) and not isinstance(answer, bool) and abs(answer) > 10**18:
-        # before as_number, which would overflow converting it to a float
-        return Feedback(False, "a number of bytes cannot be negative." if answer < 0 else
-                        "that many bytes is more than any memory holds. Count the rows held "
-                        "(sinks + W), then 2 x layers x K/V heads x head size x 2 bytes.")
-    value = as_number(answer)
-    if value is None and isinstance(answer, np.ndarray) and answer.size == 1 and \
-            (np.issubdtype(answer.dtype, np.integer) or np.issubdtype(answer.dtype, np.floating)):
-        value = float(answer.reshape(()).item())
-    if value is None:
-        return Feedback(False, f"answer should be one number of bytes, got "
-                        f"{type(answer).__name__}.")
-    if not math.isfinite(value):
-        return Feedback(False, f"answer should be a finite number of bytes, got {value}.")
-    if value < 0:
-        return Feedback(False, "a number of bytes cannot be negative.")
+        return not_filled_in("answer", "a number of bytes")
+    if isinstance(answer, np.ndarray) and answer.size == 1 and answer.dtype.kind in "iuf":
+        answer = answer.item()          # np.array([x]) reads as x
     right = mistral_cache_bytes()
-    if abs(value - right) < 0.5:
+    value = as_number(answer)
+    if value is not None:       # a slip, in bytes or in another unit, is named first
+        if value < 0:
+            return Feedback(False, "a number of bytes cannot be negative.")
+        for slip, tolerance, diagnosis in _byte_slips():
+            if value != right and math.isclose(value, slip, rel_tol=tolerance):
+                return Feedback(False, diagnosis)
+    count = whole_number(answer, "answer", expected=right)
+    if isinstance(count, Feedback):
+        return count
+    if count == right:
         return Feedback(True, f"{right:,} bytes ({right / kvlib.MiB:,.1f} MiB) at any length "
                         f"past 4100 tokens; a full cache of 10,000 tokens would take "
                         f"{mistral_cache_bytes(window=None) / kvlib.MiB:,.0f} MiB.")
-    for slip, tolerance, diagnosis in _byte_slips():
-        if math.isclose(value, slip, rel_tol=tolerance):
-            return Feedback(False, diagnosis)
-    return Feedback(False, f"{value:,.0f} is not it. Count the rows held (sinks + W), then "
-                    "2 (K and V) x layers x K/V heads x head size x 2 bytes each.")
+    if count < 0:
+        return Feedback(False, "a number of bytes cannot be negative.")
+    return Feedback(False, f"{count:,} is not it. Count the rows held (sinks + W), then 2 (K "
+                    "and V) x layers x K/V heads x head size x 2 bytes each.")
 
 
 SOLUTIONS = {
