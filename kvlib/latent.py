@@ -71,7 +71,8 @@ def rope_keys(X: np.ndarray, layer, rotary=None):
 
 
 def per_head(matrix: np.ndarray, n_heads: int) -> np.ndarray:
-    """An up-projection (dc, h x dh) seen as one (dc, dh) matrix per head: (h, dc, dh)."""
+    """An up-projection (dc, h x dh) seen as one (dc, dh) matrix per head (notebook 15):
+    (h, dc, dh)."""
     dc, width = matrix.shape
     return matrix.reshape(dc, n_heads, width // n_heads).transpose(1, 0, 2)
 
@@ -142,6 +143,9 @@ def latent_attention_rebuilt(X, layer, n_heads: int, mask=None, *, rotary=None,
     content, query_rope = latent_queries(X, layer, rotary)
     latent, key_rope = compress_kv(X, layer), rope_keys(X, layer, rotary)
     if past_latent is not None:
+        if (past_key_rope is None) != (key_rope is None):
+            raise ValueError("give past_key_rope with past_latent exactly when the model has "
+                             "a rotary part (rope_head_dim > 0)")
         latent = np.vstack([past_latent, latent])
         key_rope = None if key_rope is None else np.vstack([past_key_rope, key_rope])
     K, V = rebuild_kv(latent, layer)
