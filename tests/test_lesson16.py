@@ -217,6 +217,19 @@ def test_draw_cache_bytes_and_losses_plot_their_data():
     assert ax.lines[-1].get_ydata()[0] == 1.5 and ax.get_ylabel().startswith("held-out loss")
 
 
+def test_draw_loss_by_position_smooths_each_curve():
+    fig, ax = plt.subplots()
+    curve = np.arange(20, dtype=float)
+    w16.draw_loss_by_position(ax, {"full cache": curve, "window 4 only": curve + 1}, 4,
+                              smoothing=4)
+    full, window = ax.lines[:2]
+    np.testing.assert_allclose(full.get_ydata(), np.convolve(curve, np.ones(4) / 4, "valid"))
+    assert full.get_xdata()[0] == 3 and len(full.get_xdata()) == 17
+    np.testing.assert_allclose(window.get_ydata(), full.get_ydata() + 1)
+    assert ax.lines[2].get_xdata()[0] == 4                  # the window's dashed line
+    assert "W = 4" in ax.get_title() and ax.get_xlabel().startswith("position")
+
+
 def test_draw_reach_marks_the_reach_of_each_depth():
     fig, ax = plt.subplots()
     changes = np.array([[1.0, 0.5, 0.0, 0.0], [1.0, 0.5, 0.1, 0.01]])

@@ -8,7 +8,8 @@ The pictures (each draws into a given Axes, cleared first):
   holds;
 - draw_cache_bytes: bytes held against tokens seen, a full cache against the ring;
 - draw_reach: which earlier tokens can change the last token's output, by number of layers;
-- draw_window_losses: held-out loss beyond the window against W, for each choice of cache.
+- draw_window_losses: held-out loss beyond the window against W, for each choice of cache;
+- draw_loss_by_position: the loss of each prediction along the sequence.
 
 The widget, ``window_explorer()``: sliders for W, sink_tokens and the tokens seen; it
 prefills a real SlidingWindowCache and shows its mask, its slots and its bytes.
@@ -232,6 +233,27 @@ def draw_window_losses(ax, windows, losses: dict, full_loss: float, title: str |
     ax.set_xlabel("window W (positions)")
     ax.set_ylabel("held-out loss (nats per token)")
     ax.set_title(title or "Loss beyond the window, same weights")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def draw_loss_by_position(ax, curves: dict, window: int, smoothing: int = 8):
+    """Next-token loss against the position of the predicted token (notebook 16): curves
+    maps a label to the mean loss of each prediction (T - 1,), the prediction at index i
+    being of token i + 1; each curve is averaged over `smoothing` neighbours. A dashed line
+    marks the window: before it nothing has been forgotten."""
+    ax.clear()
+    kernel = np.ones(smoothing) / smoothing
+    for index, (label, curve) in enumerate(curves.items()):
+        smooth = np.convolve(np.asarray(curve, dtype=float), kernel, mode="valid")
+        first = 1 + smoothing // 2            # the predicted token of the window's middle
+        ax.plot(np.arange(first, first + len(smooth)), smooth, label=label,
+                color=_VIRIDIS(0.8 * index / max(len(curves) - 1, 1)))
+    ax.axvline(window, color="#888888", ls="--", lw=1)
+    ax.set_xlabel("position of the predicted token")
+    ax.set_ylabel(f"loss (nats), mean over {smoothing} positions")
+    ax.set_title(f"Where the loss comes from: W = {window}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return ax
