@@ -8,11 +8,22 @@ READY := $(VENV)/.installed
 BROWSER_READY := $(VENV)/.browser-installed
 FIRST_NOTEBOOK := notebooks/00_big_picture.ipynb
 
-.PHONY: setup lab test lint notebooks benchmark binder-check browser-test links clean
+.PHONY: setup lab test lint notebooks benchmark binder-check browser-test links clean \
+	test-reference
+
+# jupyter refuses to run as root without --allow-root (containers and cloud machines often
+# run as root); LAB_OPTIONS adds options, e.g. LAB_OPTIONS="--ip=0.0.0.0 --port=8888 --no-browser"
+# on a remote machine (README: "On a remote machine").
+ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+LAB_OPTIONS ?=
 
 $(READY): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed, found " + sys.version)'
-	$(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); printf '%s\n' \
+	    "Could not create the virtual environment $(VENV) (removed again)." \
+	    "On Debian or Ubuntu the venv module comes in its own package:" \
+	    "    sudo apt-get install python3-venv     (or python3.X-venv for your Python)" \
+	    "then run make again." >&2; exit 1; }
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(READY)
@@ -20,7 +31,8 @@ $(READY): requirements.txt pyproject.toml
 setup: $(READY)
 
 lab: $(READY)
-	$(BIN)/jupyter lab $(FIRST_NOTEBOOK)
+	@[ -z "$(ALLOW_ROOT)" ] || echo "Running as root: starting JupyterLab with --allow-root."
+	$(BIN)/jupyter lab $(ALLOW_ROOT) $(LAB_OPTIONS) $(FIRST_NOTEBOOK)
 
 test: $(READY)
 	$(BIN)/python -m pytest
@@ -51,10 +63,26 @@ $(BROWSER_READY): $(READY) requirements-browser.txt
 browser-test: $(BROWSER_READY)
 	KVLIB_BROWSER_TEST=1 $(BIN)/python -m pytest tests/browser -v
 
+# Optional: kvlib's GPT-2 against transformers, live, at small and at GPT-2 124M shapes
+# (tests/reference). Needs torch and transformers, installed into their own .venv-reference;
+# never part of `make test` or CI. TORCH says which torch to install, for example
+# TORCH="torch --index-url https://download.pytorch.org/whl/cpu" for the small CPU build.
+TORCH ?= torch
+REFERENCE_VENV := .venv-reference
+$(REFERENCE_VENV)/.installed: requirements.txt requirements-reference.txt
+	$(PYTHON) -m venv $(REFERENCE_VENV)
+	$(REFERENCE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(REFERENCE_VENV)/bin/python -m pip install --quiet $(TORCH)
+	$(REFERENCE_VENV)/bin/python -m pip install --quiet -r requirements.txt -r requirements-reference.txt
+	touch $@
+
+test-reference: $(REFERENCE_VENV)/.installed
+	$(REFERENCE_VENV)/bin/python -m pytest tests/reference tests/test_gpt2_reference.py -v
+
 # Point the Binder badge and the nbviewer links at a repository (also how a fork does it).
 links:
 	@test -n "$(REPO)" || { echo "usage: make links REPO=owner/name [BRANCH=main]" >&2; exit 2; }
 	$(PYTHON) tools/set_repo_links.py $(REPO) --branch $(or $(BRANCH),main)
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(REFERENCE_VENV)

@@ -4,7 +4,14 @@ Each function's docstring names the notebook that introduces it and its shapes.
 The core needs numpy only; kvlib.plots and kvlib.widgets import matplotlib and ipywidgets.
 """
 
-from .cache import ConcatenatingKVCache, KVCache
+from .cache import (
+    BaseKVCache,
+    ConcatenatingKVCache,
+    KVCache,
+    LatentKVCache,
+    SlidingWindowCache,
+    make_cache,
+)
 from .config import GPT2_SMALL, ModelConfig
 from .flops import (
     MultiplyAdds,
@@ -23,18 +30,22 @@ from .inference import (
     next_token_probabilities,
     prefill,
 )
-from .memory import GiB, MiB, kv_cache_bytes
+from .latent import latent_decoder_block
+from .memory import GiB, MiB, config_cache_bytes, kv_cache_bytes, latent_cache_bytes
 from .model import (
     apply_mask,
     attention,
+    attention_mask,
     attention_scores,
     attention_weights,
     causal_mask,
     decoder_block,
     embed,
     gelu,
+    layer_norm,
     merge_heads,
     mlp,
+    normalize,
     output_projection,
     project_qkv,
     softmax,
@@ -42,7 +53,8 @@ from .model import (
     unembed,
     weighted_sum,
 )
-from .params import DEFAULT_SEED, LayerParams, Params, init_params
+from .params import DEFAULT_SEED, LatentLayerParams, LayerParams, Params, init_params
+from .positions import RotaryPositions, add_positions, rotary_angles, rotate_pairs
 from .tokenizer import BOS, TOY_VOCABULARY, ToyTokenizer
 
 ARTICLE_PROMPT = "How are you?"

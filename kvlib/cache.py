@@ -1,123 +1,450 @@
-"""The KV cache (notebooks 07-08): per layer, the keys and values of every past position."""
+"""The KV cache (notebooks 07-08): per layer, what later tokens need of every past position.
+
+Every kind of cache has the same interface, so that kvlib.prefill and kvlib.decode_step run
+on any of them:
+
+- ``len(cache)``: how many positions the sequence has so far (the next token's position);
+- ``append(layer, K, V)``: store a chunk's rows and return the rows attention reads, in
+  position order; ``keys(layer)`` and ``values(layer)``: the rows held now;
+- ``key_positions(n_new)``: the positions of the rows attention will read once n_new more
+  are appended (the mask is built from them);
+- ``truncate(n)``: forget every position from n on (speculative decoding needs it);
+  ``reset()``: forget everything;
+- ``nbytes``: the bytes of what is really held;
+- ``checkpoint()`` / ``restore(state)``: what kvlib.prefill and kvlib.decode_step use so that
+  a call that fails half-way (an error, a KeyboardInterrupt) leaves the cache as it was.
+
+The kinds: KVCache (contiguous, preallocated; K and V of every K/V head), ConcatenatingKVCache
+(the naive one that copies on every append, notebook 10), SlidingWindowCache (a ring buffer
+of the last W positions plus attention sinks, notebook 16) and LatentKVCache (one latent per
+token instead of K and V, notebook 15). The serving layer adds paged and quantized caches.
+"""
 
 from __future__ import annotations
+
+from numbers import Integral
 
 import numpy as np
 
 from .config import ModelConfig
 
 
-class KVCache:
+def _whole(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+class BaseKVCache:
+    """What every cache kind shares: its config, the per-layer lengths and their checks.
+
+    Each layer's length is tracked on its own, because a forward pass appends to layer 0
+    first, then 1, and so on. Between two passes every layer must hold the same number of
+    positions; kvlib.prefill and kvlib.decode_step refuse a cache whose layers disagree.
+    """
+
+    capacity: int | None = None
+
+    def __init__(self, config: ModelConfig):
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"{type(self).__name__} needs a ModelConfig, "
+                            f"got {type(config).__name__}")
+        self.config = config
+        self._lengths = [0] * config.n_layers
+
+    # ------------------------------------------------------------------ lengths
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Positions held by each layer; all equal between two passes."""
+        return tuple(self._lengths)
+
+    def check_consistent(self) -> None:
+        """Raise a ValueError that says what happened when the layers disagree."""
+        if len(set(self._lengths)) > 1:
+            raise ValueError(
+                f"the layers of this cache hold different numbers of positions "
+                f"{list(self._lengths)}: something appended to some layers only (a cell "
+                "that calls cache.append by hand, run again?). Its contents no longer "
+                "describe one sequence: prefill again into a fresh cache, or call "
+                "cache.reset()")
+
+    def __len__(self) -> int:
+        """Number of positions in the sequence so far: the next token's position."""
+        self.check_consistent()
+        return self._lengths[0]
+
+    def __repr__(self) -> str:
+        if len(set(self._lengths)) > 1:
+            return (f"{type(self).__name__}(layers disagree: {list(self._lengths)} "
+                    "positions; prefill again or reset)")
+        return self._describe()
+
+    def _describe(self) -> str:
+        n = self._lengths[0]
+        of = "" if self.capacity is None else f" of {self.capacity}"
+        return (f"{type(self).__name__}({_plural(n, 'position')}{of}, "
+                f"{_plural(self.config.n_layers, 'layer')})")
+
+    def _check_layer(self, layer) -> int:
+        if isinstance(layer, bool) or not isinstance(layer, Integral):
+            raise TypeError(f"layer must be a whole number, got {layer!r}")
+        if not 0 <= layer < self.config.n_layers:
+            raise ValueError(f"layer must be between 0 and {self.config.n_layers - 1}, "
+                             f"got {layer}")
+        return int(layer)
+
+    def _check_rows(self, what: str, array, width: int, n_rows: int | None = None):
+        if not isinstance(array, np.ndarray) or array.ndim != 2 or array.shape[1] != width:
+            shape = getattr(array, "shape", type(array).__name__)
+            raise ValueError(f"{what} must be a 2-D array (n_new, {width}), got {shape}")
+        if n_rows is not None and array.shape[0] != n_rows:
+            raise ValueError(f"{what} must have {n_rows} rows, like the keys, got "
+                             f"{array.shape[0]}")
+        if array.shape[0] < 1:
+            raise ValueError(f"{what} has no rows: append at least one position")
+
+    def _check_room(self, layer: int, n_new: int) -> None:
+        start = self._lengths[layer]
+        if self.capacity is not None and start + n_new > self.capacity:
+            raise ValueError(f"the cache is full: it holds {start} of {self.capacity} positions "
+                             f"and cannot take {n_new} more (capacity is the context length)")
+
+    def _check_truncate(self, n) -> int:
+        n = _whole("truncate's n", n, 0)
+        if n > len(self):
+            raise ValueError(f"cannot truncate to {n} positions: the cache holds {len(self)}")
+        return n
+
+    # ------------------------------------------------------------------ the interface
+
+    def key_positions(self, n_new: int = 0) -> np.ndarray:
+        """Positions of the rows attention reads after n_new more are appended: (S,)."""
+        return np.arange(len(self) + self._check_new(n_new))
+
+    def _check_new(self, n_new) -> int:
+        n_new = _whole("n_new", n_new, 0)
+        if self.capacity is not None and len(self) + n_new > self.capacity:
+            raise ValueError(f"{n_new} more positions do not fit: the cache holds {len(self)} "
+                             f"of {self.capacity}")
+        return n_new
+
+    def reset(self) -> None:
+        """Forget every position (start a new, unrelated prompt); buffers are kept. Also
+        the way out when the layers disagree."""
+        self._lengths = [0] * self.config.n_layers
+        self.truncate(0)
+
+    def checkpoint(self):
+        """A state to restore if a pass fails half-way: here, the lengths."""
+        return tuple(self._lengths)
+
+    def restore(self, state) -> None:
+        self._lengths = list(state)
+
+
+class KVCache(BaseKVCache):
     """Keys and values of every layer, for the positions seen so far. Never queries.
 
     The buffers are allocated once, at full capacity (by default the config's context
     length), so appending a token writes one row in place and never copies what is cached.
-    ``keys(layer)`` and ``values(layer)`` are views of the filled rows, shape (T, d_model).
+    ``keys(layer)`` and ``values(layer)`` are views of the filled rows, shape (T, kv_width),
+    where kv_width = n_kv_heads x head_dim: d_model for multi-head attention (notebooks
+    07-08), less with grouped-query attention (notebook 14).
     """
 
     def __init__(self, config: ModelConfig, capacity: int | None = None):
-        if not isinstance(config, ModelConfig):
-            raise TypeError(f"KVCache needs a ModelConfig, got {type(config).__name__}")
+        super().__init__(config)
         capacity = config.context_length if capacity is None else capacity
-        if not 1 <= capacity <= config.context_length:
+        capacity = _whole("capacity", capacity, 1)
+        if capacity > config.context_length:
             raise ValueError(f"capacity must be between 1 and the context length "
                              f"{config.context_length}, got {capacity}")
-        self.config = config
         self.capacity = capacity
-        shape = (config.n_layers, capacity, config.d_model)
+        self.width = config.kv_width
+        shape = (config.n_layers, capacity, self.width)
         self._keys = np.zeros(shape, dtype=config.numpy_dtype)
         self._values = np.zeros(shape, dtype=config.numpy_dtype)
-        self._lengths = [0] * config.n_layers
 
-    def __len__(self) -> int:
-        """Number of positions held in every layer."""
-        return min(self._lengths)
-
-    def __repr__(self) -> str:
-        return (f"KVCache({len(self)} of {self.capacity} positions, {self.config.n_layers} "
-                f"layers, K and V of shape ({len(self)}, {self.config.d_model}) each)")
+    def _describe(self) -> str:
+        n = self._lengths[0]
+        return (f"KVCache({n} of {self.capacity} positions, {self.config.n_layers} layers, "
+                f"K and V of shape ({n}, {self.width}) each)")
 
     def keys(self, layer: int) -> np.ndarray:
-        """View of the cached keys of a layer: (T, d_model)."""
-        self._check_layer(layer)
+        """View of the cached keys of a layer: (T, kv_width)."""
+        layer = self._check_layer(layer)
         return self._keys[layer, : self._lengths[layer]]
 
     def values(self, layer: int) -> np.ndarray:
-        """View of the cached values of a layer: (T, d_model)."""
-        self._check_layer(layer)
+        """View of the cached values of a layer: (T, kv_width)."""
+        layer = self._check_layer(layer)
         return self._values[layer, : self._lengths[layer]]
 
     def append(self, layer: int, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Write new rows K, V (n_new, d_model) after a layer's last position, in place.
+        """Write new rows K, V (n_new, kv_width) after a layer's last position, in place.
 
-        Returns views of all the layer's filled rows, old and new: (T + n_new, d_model) each.
+        Returns views of all the layer's filled rows, old and new: (T + n_new, kv_width) each.
         """
-        self._check_layer(layer)
-        expected = (K.shape[0], self.config.d_model)
-        if K.ndim != 2 or K.shape != expected or V.shape != expected:
-            raise ValueError(f"append expects K and V of shape (n_new, {self.config.d_model}), "
-                             f"got {K.shape} and {V.shape}")
+        layer = self._check_layer(layer)
+        self._check_rows("K", K, self.width)
+        self._check_rows("V", V, self.width, K.shape[0])
+        self._check_room(layer, K.shape[0])
         start = self._lengths[layer]
         end = start + K.shape[0]
-        if end > self.capacity:
-            raise ValueError(f"the cache is full: it holds {start} of {self.capacity} positions "
-                             f"and cannot take {K.shape[0]} more (capacity is the context length)")
         self._keys[layer, start:end] = K
         self._values[layer, start:end] = V
         self._lengths[layer] = end
         return self.keys(layer), self.values(layer)
 
-    def reset(self) -> None:
-        """Forget every position (start a new, unrelated prompt); the buffers are kept."""
-        self._lengths = [0] * self.config.n_layers
+    def truncate(self, n: int) -> None:
+        """Keep positions 0 .. n-1 and forget the rest (notebook 21): the rows stay in the
+        buffer and are overwritten by the next appends."""
+        n = self._check_truncate(n)
+        self._lengths = [n] * self.config.n_layers
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the filled positions: 2 (K and V) x layers x T x d_model x dtype bytes."""
-        return sum(2 * length * self.config.d_model * self._keys.itemsize
-                   for length in self._lengths)
-
-    def _check_layer(self, layer: int) -> None:
-        if not 0 <= layer < self.config.n_layers:
-            raise ValueError(f"layer must be between 0 and {self.config.n_layers - 1}, got {layer}")
+        """Bytes held by the filled positions: 2 (K and V) x layers x T x kv_width x bytes."""
+        return sum(2 * length * self.width * self._keys.itemsize for length in self._lengths)
 
 
-class ConcatenatingKVCache(KVCache):
+class ConcatenatingKVCache(BaseKVCache):
     """The naive cache that grows with np.concatenate, copying everything on every append.
 
-    Same interface and same results as KVCache; notebook 09 and benchmarks/decode.py measure
+    Same interface and same results as KVCache; notebook 10 and benchmarks/decode.py measure
     what the copy costs.
     """
 
     def __init__(self, config: ModelConfig, capacity: int | None = None):
-        super().__init__(config, capacity=1)
-        self.capacity = config.context_length if capacity is None else capacity
-        empty = np.zeros((0, config.d_model), dtype=config.numpy_dtype)
+        super().__init__(config)
+        capacity = config.context_length if capacity is None else capacity
+        capacity = _whole("capacity", capacity, 1)
+        if capacity > config.context_length:
+            raise ValueError(f"capacity must be between 1 and the context length "
+                             f"{config.context_length}, got {capacity}")
+        self.capacity = capacity
+        self.width = config.kv_width
+        empty = np.zeros((0, self.width), dtype=config.numpy_dtype)
         self._key_list = [empty] * config.n_layers
         self._value_list = [empty] * config.n_layers
 
     def keys(self, layer: int) -> np.ndarray:
-        self._check_layer(layer)
-        return self._key_list[layer]
+        return self._key_list[self._check_layer(layer)]
 
     def values(self, layer: int) -> np.ndarray:
-        self._check_layer(layer)
-        return self._value_list[layer]
+        return self._value_list[self._check_layer(layer)]
 
     def append(self, layer, K, V):
-        self._check_layer(layer)
-        if self._lengths[layer] + K.shape[0] > self.capacity:
-            raise ValueError(f"the cache is full: capacity is {self.capacity} positions")
+        layer = self._check_layer(layer)
+        self._check_rows("K", K, self.width)
+        self._check_rows("V", V, self.width, K.shape[0])
+        self._check_room(layer, K.shape[0])
         self._key_list[layer] = np.concatenate([self._key_list[layer], K])
         self._value_list[layer] = np.concatenate([self._value_list[layer], V])
         self._lengths[layer] += K.shape[0]
         return self._key_list[layer], self._value_list[layer]
 
-    def reset(self) -> None:
-        super().reset()
-        self._key_list = [k[:0] for k in self._key_list]
-        self._value_list = [v[:0] for v in self._value_list]
+    def truncate(self, n: int) -> None:
+        n = self._check_truncate(n)
+        self._key_list = [k[:n] for k in self._key_list]
+        self._value_list = [v[:n] for v in self._value_list]
+        self._lengths = [n] * self.config.n_layers
+
+    def checkpoint(self):
+        return tuple(self._lengths), list(self._key_list), list(self._value_list)
+
+    def restore(self, state) -> None:
+        lengths, self._key_list, self._value_list = state
+        self._lengths = list(lengths)
 
     @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in zip(self._key_list, self._value_list))
+
+
+class SlidingWindowCache(BaseKVCache):
+    """The cache of a sliding-window model (notebook 16): a ring buffer of the last W
+    positions, plus the first sink_tokens positions kept for good (StreamingLLM).
+
+    Its memory never grows past (sink_tokens + W) rows a layer, however long the generation:
+    position p >= sink_tokens is written to ring slot (p - sink_tokens) % W, over the
+    position W before it, which no later query can see. W and sink_tokens come from the
+    config (config.window, config.sink_tokens). There is no capacity: a model with rotary or
+    no positions can stream on for ever; a learned position table still stops at its
+    context length.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        if config.window is None:
+            raise ValueError("a SlidingWindowCache needs a config with a window "
+                             "(ModelConfig(window=W, ...)); for full attention use KVCache")
+        self.window, self.sink_tokens = config.window, config.sink_tokens
+        self.width = config.kv_width
+        shape = (config.n_layers, self.sink_tokens + self.window, self.width)
+        self._keys = np.zeros(shape, dtype=config.numpy_dtype)
+        self._values = np.zeros(shape, dtype=config.numpy_dtype)
+
+    def _describe(self) -> str:
+        n = self._lengths[0]
+        return (f"SlidingWindowCache({_plural(n, 'position')} seen, "
+                f"{_plural(len(self._held(n)), 'row')} held: window {self.window}, "
+                f"{self.sink_tokens} sink, {self.config.n_layers} layers)")
+
+    def _held(self, n: int) -> np.ndarray:
+        """Positions held after n positions: the sinks and the last W."""
+        sinks = np.arange(min(n, self.sink_tokens))
+        recent = np.arange(max(self.sink_tokens, n - self.window), n)
+        return np.concatenate([sinks, recent])
+
+    def _slots(self, positions: np.ndarray) -> np.ndarray:
+        sink = self.sink_tokens
+        return np.where(positions < sink, positions, sink + (positions - sink) % self.window)
+
+    def key_positions(self, n_new: int = 0) -> np.ndarray:
+        n, n_new = len(self), self._check_new(n_new)
+        return np.concatenate([self._held(n), np.arange(n, n + n_new)])
+
+    def keys(self, layer: int) -> np.ndarray:
+        """The held keys of a layer in position order: (held, kv_width), a copy."""
+        layer = self._check_layer(layer)
+        return self._keys[layer, self._slots(self._held(self._lengths[layer]))]
+
+    def values(self, layer: int) -> np.ndarray:
+        layer = self._check_layer(layer)
+        return self._values[layer, self._slots(self._held(self._lengths[layer]))]
+
+    def append(self, layer: int, K: np.ndarray, V: np.ndarray):
+        """Return the held rows and the new ones, in position order (a chunk longer than the
+        window still sees, through the mask, the W positions before each of its queries),
+        then keep only the sinks and the last W."""
+        layer = self._check_layer(layer)
+        self._check_rows("K", K, self.width)
+        self._check_rows("V", V, self.width, K.shape[0])
+        attended_keys = np.concatenate([self.keys(layer), K])
+        attended_values = np.concatenate([self.values(layer), V])
+        start = self._lengths[layer]
+        end = start + K.shape[0]
+        positions = np.arange(start, end)
+        kept = np.isin(positions, self._held(end))   # new rows still held after this chunk
+        self._keys[layer, self._slots(positions[kept])] = K[kept]
+        self._values[layer, self._slots(positions[kept])] = V[kept]
+        self._lengths[layer] = end
+        return attended_keys, attended_values
+
+    def truncate(self, n: int) -> None:
+        """Go back to n positions; possible only while nothing was overwritten yet (or when
+        n is the current length): a ring buffer does not keep what it wrote over."""
+        n = self._check_truncate(n)
+        if n < len(self) and len(self) > self.sink_tokens + self.window:
+            raise ValueError(
+                f"cannot truncate a sliding-window cache from {len(self)} to {n} positions: "
+                f"positions before {len(self) - self.window} were overwritten in its ring "
+                "buffer. Keep a checkpoint() from before and restore() it instead")
+        self._lengths = [n] * self.config.n_layers
+
+    def checkpoint(self):
+        return tuple(self._lengths), self._keys.copy(), self._values.copy()
+
+    def restore(self, state) -> None:
+        lengths, keys, values = state
+        self._lengths = list(lengths)
+        self._keys[...] = keys
+        self._values[...] = values
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows held: 2 x layers x min(T, sinks + W) x kv_width x bytes."""
+        return sum(2 * self.config.held_positions(n) * self.width * self._keys.itemsize
+                   for n in self._lengths)
+
+
+class LatentKVCache(BaseKVCache):
+    """The cache of multi-head latent attention (notebook 15): per token and layer one
+    latent of latent_dim numbers and one shared rotary key of rope_head_dim, instead of K
+    and V for every head.
+
+    Both sit side by side in one row of dc + dr numbers. ``keys(layer)`` is that whole row
+    (T, dc + dr): the absorbed queries are scored against it. ``values(layer)`` is a view of
+    its first dc columns (T, dc): the latents, which the weighted sum mixes. Nothing is
+    stored twice.
+    """
+
+    def __init__(self, config: ModelConfig, capacity: int | None = None):
+        super().__init__(config)
+        if config.latent_dim is None:
+            raise ValueError("a LatentKVCache needs a config with latent_dim "
+                             "(latent attention); for K and V use KVCache")
+        capacity = config.context_length if capacity is None else capacity
+        capacity = _whole("capacity", capacity, 1)
+        if capacity > config.context_length:
+            raise ValueError(f"capacity must be between 1 and the context length "
+                             f"{config.context_length}, got {capacity}")
+        self.capacity = capacity
+        self.latent_dim, self.rope_dim = config.latent_dim, config.rope_head_dim
+        self.width = self.latent_dim + self.rope_dim
+        self._rows = np.zeros((config.n_layers, capacity, self.width), dtype=config.numpy_dtype)
+
+    def _describe(self) -> str:
+        n = self._lengths[0]
+        return (f"LatentKVCache({n} of {self.capacity} positions, {self.config.n_layers} "
+                f"layers, rows of {self.latent_dim} latent + {self.rope_dim} rotary)")
+
+    def keys(self, layer: int) -> np.ndarray:
+        """Latent and rotary key side by side: (T, dc + dr), a view."""
+        layer = self._check_layer(layer)
+        return self._rows[layer, : self._lengths[layer]]
+
+    def values(self, layer: int) -> np.ndarray:
+        """The latents alone: (T, dc), a view of the same rows."""
+        return self.keys(layer)[:, : self.latent_dim]
+
+    def append(self, layer: int, latent: np.ndarray, rope_keys: np.ndarray | None = None):
+        """Store new latents (n_new, dc) and rotary keys (n_new, dr); return all the layer's
+        latents (T, dc) and rotary keys (T, dr) (None without a rotary part), as views."""
+        layer = self._check_layer(layer)
+        self._check_rows("latent", latent, self.latent_dim)
+        if self.rope_dim:
+            self._check_rows("rope_keys", rope_keys, self.rope_dim, latent.shape[0])
+        elif rope_keys is not None:
+            raise ValueError("this model has no rotary part (rope_head_dim 0): give "
+                             "rope_keys=None")
+        self._check_room(layer, latent.shape[0])
+        start = self._lengths[layer]
+        end = start + latent.shape[0]
+        self._rows[layer, start:end, : self.latent_dim] = latent
+        if self.rope_dim:
+            self._rows[layer, start:end, self.latent_dim:] = rope_keys
+        self._lengths[layer] = end
+        rows = self.keys(layer)
+        return rows[:, : self.latent_dim], (rows[:, self.latent_dim:] if self.rope_dim else None)
+
+    def truncate(self, n: int) -> None:
+        n = self._check_truncate(n)
+        self._lengths = [n] * self.config.n_layers
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: layers x T x (dc + dr) x bytes; no factor 2, the latent serves K and V."""
+        return sum(length * self.width * self._rows.itemsize for length in self._lengths)
+
+
+def make_cache(config: ModelConfig, capacity: int | None = None) -> BaseKVCache:
+    """The cache kind a model needs: LatentKVCache for latent attention, SlidingWindowCache
+    for a sliding window, KVCache otherwise (what kvlib.prefill makes when given none)."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"make_cache needs a ModelConfig, got {type(config).__name__}")
+    if config.latent_dim is not None:
+        return LatentKVCache(config, capacity)
+    if config.window is not None:
+        if capacity is not None:
+            raise ValueError("a sliding-window cache has no capacity: it keeps the last W")
+        return SlidingWindowCache(config)
+    return KVCache(config, capacity)

@@ -1,23 +1,67 @@
-"""The model's sizes (notebook 00): one frozen object that every other part reads."""
+"""The model's sizes and architecture (notebook 00): one frozen object that every other part
+reads.
+
+The defaults are the article's toy. The other options add, one at a time, what real models
+have: what GPT-2 adds (notebook 12: learned positions, layer norms, biases), rotary positions
+(notebook 13), fewer K/V heads (notebook 14), a latent K/V (notebook 15) and a sliding window
+with attention sinks (notebook 16). Impossible combinations are refused with the rule they
+break.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import numpy as np
 
 SUPPORTED_DTYPES = ("float32", "float64")
+POSITION_SCHEMES = ("none", "learned", "rotary")
+NORMS = ("none", "layer")
+
+
+def _whole_number(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"ModelConfig.{name} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"ModelConfig.{name} must be at least {minimum}, got {value}")
+
+
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:     # an int too large for a float
+        return False
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Sizes of a decoder-only model.
+    """Sizes of a decoder-only model, and which parts of a real architecture it has.
 
     The defaults are the worked example of the source article: a vocabulary of 12 tokens,
-    d_model = c = 4, 2 heads of size 2, an MLP 4 -> 8 -> 4, 3 decoder blocks, and an
-    unembedding tied to the lookup table. Realistic sizes work too, for example GPT-2 small:
-    ``ModelConfig(vocab_size=50257, d_model=768, n_heads=12, n_layers=12, d_ff=3072,
-    context_length=1024, dtype="float32")``.
+    d_model = c = 4, 2 heads of size 2, an MLP 4 -> 8 -> 4, 3 decoder blocks, an unembedding
+    tied to the lookup table, and nothing else: no positions, no layer norms, no biases.
+    Realistic sizes work too, for example GPT-2 small's shapes: ``ModelConfig(
+    vocab_size=50257, d_model=768, n_heads=12, n_layers=12, d_ff=3072, context_length=1024,
+    dtype="float32")``, and its whole architecture with ``positions="learned", norm="layer",
+    bias=True`` (kvlib.gpt2.GPT2_124M).
+
+    positions: "none" (the toy), "learned" (GPT-2: a table of context_length rows added to
+        the embeddings) or "rotary" (RoPE: q and k rotated by an angle set by the position).
+    norm: "none" or "layer" (LayerNorm before attention, before the MLP and before the
+        unembedding: GPT-2's pre-LN). norm_epsilon is added to the variance.
+    bias: whether every projection adds a bias (GPT-2 does).
+    n_kv_heads: None (as many K/V heads as query heads: multi-head attention) or a divisor of
+        n_heads: grouped-query attention, or multi-query with 1. Only K/V heads are cached.
+    rope_base: the base of the rotary angles (10000 in RoPE's paper and Llama 2).
+    latent_dim: None, or the width of the latent that multi-head latent attention caches
+        instead of K and V (DeepSeek-V2's d_c). rope_head_dim is then the width of its
+        decoupled rotary key (needs positions="rotary"; 0 for none).
+    window: None (every query sees every earlier position) or W: each query sees the last W
+        positions, itself included (Mistral's sliding window). sink_tokens: with a window, the
+        first few positions stay visible to every query (StreamingLLM's attention sinks).
     """
 
     vocab_size: int = 12
@@ -27,14 +71,20 @@ class ModelConfig:
     d_ff: int = 8
     context_length: int = 32
     dtype: str = "float64"
+    positions: str = "none"
+    norm: str = "none"
+    bias: bool = False
+    norm_epsilon: float = 1e-5
+    n_kv_heads: int | None = None
+    rope_base: float = 10000.0
+    latent_dim: int | None = None
+    rope_head_dim: int = 0
+    window: int | None = None
+    sink_tokens: int = 0
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "context_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise TypeError(f"ModelConfig.{name} must be a whole number, got {value!r}")
-            if value < 1:
-                raise ValueError(f"ModelConfig.{name} must be at least 1, got {value}")
+            _whole_number(name, getattr(self, name), 1)
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}), "
@@ -42,19 +92,118 @@ class ModelConfig:
             )
         if self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"dtype must be one of {SUPPORTED_DTYPES}, got {self.dtype!r}")
+        if self.positions not in POSITION_SCHEMES:
+            raise ValueError(f"positions must be one of {POSITION_SCHEMES}, "
+                             f"got {self.positions!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if not isinstance(self.bias, bool):
+            raise TypeError(f"ModelConfig.bias must be True or False, got {self.bias!r}")
+        for name in ("norm_epsilon", "rope_base"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Real) or not _finite(value) \
+                    or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive number, got {value!r}")
+        self._check_kv_heads()
+        self._check_latent()
+        self._check_window()
+
+    def _check_kv_heads(self) -> None:
+        if self.n_kv_heads is None:
+            return
+        _whole_number("n_kv_heads", self.n_kv_heads, 1)
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
+                f"({self.n_kv_heads}): each K/V head serves an equal group of query heads")
+
+    def _check_latent(self) -> None:
+        _whole_number("rope_head_dim", self.rope_head_dim, 0)
+        if self.positions == "rotary" and self.latent_dim is None and self.head_dim % 2:
+            raise ValueError(f"rotary positions turn pairs of columns: the head size "
+                             f"({self.head_dim}) must be even")
+        if self.latent_dim is None:
+            if self.rope_head_dim:
+                raise ValueError("rope_head_dim is the decoupled rotary part of latent "
+                                 "attention: give latent_dim too, or leave it 0")
+            return
+        _whole_number("latent_dim", self.latent_dim, 1)
+        if self.n_kv_heads is not None:
+            raise ValueError("latent attention caches one latent for all heads: leave "
+                             "n_kv_heads as None")
+        if self.bias:
+            raise ValueError("kvlib's latent attention has no biases: use bias=False")
+        if self.positions == "rotary" and self.rope_head_dim == 0:
+            raise ValueError("with rotary positions, latent attention needs rope_head_dim > 0: "
+                             "the rotation cannot be applied to keys rebuilt from the latent "
+                             "(notebook 15), so the keys get a small decoupled rotary part")
+        if self.positions != "rotary" and self.rope_head_dim:
+            raise ValueError("rope_head_dim > 0 needs positions='rotary'")
+        if self.rope_head_dim % 2:
+            raise ValueError(f"rope_head_dim must be even (rotary positions turn pairs of "
+                             f"columns), got {self.rope_head_dim}")
+
+    def _check_window(self) -> None:
+        _whole_number("sink_tokens", self.sink_tokens, 0)
+        if self.window is None:
+            if self.sink_tokens:
+                raise ValueError("sink_tokens keep the first positions visible beside a "
+                                 "sliding window: give a window too, or leave it 0")
+            return
+        _whole_number("window", self.window, 1)
+        if self.window > self.context_length:
+            raise ValueError(f"the window ({self.window}) cannot be larger than the context "
+                             f"length ({self.context_length})")
+        if self.sink_tokens + self.window > self.context_length:
+            raise ValueError(f"sink_tokens + window ({self.sink_tokens} + {self.window}) "
+                             f"cannot exceed the context length ({self.context_length})")
+        if self.latent_dim is not None:
+            raise ValueError("kvlib does not combine a sliding window with latent attention")
 
     @property
     def head_dim(self) -> int:
-        """Columns per head: d_model // n_heads (2 in the article's example)."""
+        """Columns per query head: d_model // n_heads (2 in the article's example)."""
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Number of K/V heads: n_kv_heads, or n_heads for multi-head attention."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def kv_width(self) -> int:
+        """Width of one cached row of K (and of V): kv_heads x head_dim (d_model for MHA)."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def attention_kind(self) -> str:
+        """'MHA', 'GQA', 'MQA' or 'MLA' (latent)."""
+        if self.latent_dim is not None:
+            return "MLA"
+        if self.kv_heads == self.n_heads:
+            return "MHA"
+        return "MQA" if self.kv_heads == 1 else "GQA"
+
+    def held_positions(self, n_positions: int) -> int:
+        """How many of n_positions the cache of this model holds (notebook 16): all of
+        them, or with a sliding window the first sink_tokens and the last W."""
+        if self.window is None:
+            return n_positions
+        sinks = min(n_positions, self.sink_tokens)
+        return sinks + max(0, n_positions - max(self.sink_tokens, n_positions - self.window))
 
     @property
     def numpy_dtype(self) -> np.dtype:
         return np.dtype(self.dtype)
+
+    def replace(self, **changes) -> ModelConfig:
+        """A copy with some fields changed (and checked again)."""
+        return dataclasses.replace(self, **changes)
 
 
 GPT2_SMALL = ModelConfig(
     vocab_size=50257, d_model=768, n_heads=12, n_layers=12, d_ff=3072,
     context_length=1024, dtype="float32",
 )
-"""GPT-2 small's shapes (Radford et al. 2019), used by notebook 09 and the benchmark."""
+"""GPT-2 small's shapes (Radford et al. 2019) on the toy's architecture (no positions, norms
+or biases), used by notebooks 09-10 and the benchmark. GPT-2 itself is kvlib.gpt2.GPT2_124M."""

@@ -11,6 +11,11 @@ new tokens attending over S positions, each layer does:
 
 and the unembedding does R d V for the R rows it turns into logits. Without a cache, S = T
 grows with every new token and the attention terms grow with its square; with a cache T = 1.
+
+The variants of part 2 change the terms: fewer K/V heads (notebook 14) shrink the K and V
+projections to 2 T d kv_width but leave the attention terms (the queries are unchanged);
+latent attention (notebook 15) has its own projections and scores against the latents; a
+sliding window (notebook 16) caps S at the positions the cache holds.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .config import ModelConfig
-from .params import LayerParams, Params
+from .params import Params
 
 
 @dataclass(frozen=True)
@@ -51,19 +56,44 @@ class MultiplyAdds:
                                for name, value in self.as_dict().items()})
 
 
+def _check_count(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def _check_config(config) -> None:
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"expected a kvlib ModelConfig, got {type(config).__name__}")
+
+
 def chunk_multiply_adds(config: ModelConfig, new_tokens: int, attended_positions: int,
                         unembedded_rows: int) -> MultiplyAdds:
     """Work of one pass over new_tokens queries attending over attended_positions keys."""
-    if not 1 <= new_tokens <= attended_positions:
-        raise ValueError(f"need 1 <= new_tokens <= attended_positions, got {new_tokens} "
-                         f"and {attended_positions}")
-    T, S, d, L = new_tokens, attended_positions, config.d_model, config.n_layers
+    _check_config(config)
+    T = _check_count("new_tokens", new_tokens, 1)
+    S = _check_count("attended_positions", attended_positions, 1)
+    rows = _check_count("unembedded_rows", unembedded_rows, 0)
+    if T > S:
+        raise ValueError(f"need new_tokens <= attended_positions, got {T} and {S}")
+    d, L, h = config.d_model, config.n_layers, config.n_heads
+    if config.latent_dim is not None:
+        dc, dr = config.latent_dim, config.rope_head_dim
+        # q, q's rotary part, the latent, the rotary key, absorbing q into the latent's
+        # space, expanding the mixed latents back to values, the output projection
+        projections = 2 * d * d + d * h * dr + d * dr + 3 * d * dc
+        scores, sums = S * h * (dc + dr), S * h * dc
+    else:
+        projections = 2 * d * d + 2 * d * config.kv_width
+        scores = sums = S * d
     return MultiplyAdds(
-        projections=L * 4 * T * d * d,
-        attention_scores=L * T * S * d,
-        attention_sums=L * T * S * d,
+        projections=L * T * projections,
+        attention_scores=L * T * scores,
+        attention_sums=L * T * sums,
         mlp=L * 2 * T * d * config.d_ff,
-        unembedding=unembedded_rows * d * config.vocab_size,
+        unembedding=rows * d * config.vocab_size,
     )
 
 
@@ -74,14 +104,20 @@ def forward_multiply_adds(config: ModelConfig, n_tokens: int, last_only: bool = 
 
 def prefill_multiply_adds(config: ModelConfig, n_tokens: int, cached: int = 0,
                           last_only: bool = False):
-    """kvlib.prefill of n_tokens after `cached` positions already in the cache."""
-    return chunk_multiply_adds(config, n_tokens, cached + n_tokens, 1 if last_only else n_tokens)
+    """kvlib.prefill of n_tokens after `cached` positions already in the cache (with a
+    sliding window, after the positions the cache still holds of them)."""
+    _check_config(config)
+    n_tokens = _check_count("n_tokens", n_tokens, 1)
+    held = config.held_positions(_check_count("cached", cached, 0))
+    return chunk_multiply_adds(config, n_tokens, held + n_tokens, 1 if last_only else n_tokens)
 
 
 def decode_step_multiply_adds(config: ModelConfig, position: int) -> MultiplyAdds:
     """One cached decode step for the token at 0-based `position`: it attends over
-    position + 1 keys (the cached ones and its own)."""
-    return chunk_multiply_adds(config, 1, position + 1, 1)
+    position + 1 keys (the cached ones and its own; with a sliding window, the ones held)."""
+    _check_config(config)
+    held = config.held_positions(_check_count("position", position, 0))
+    return chunk_multiply_adds(config, 1, held + 1, 1)
 
 
 def generation_multiply_adds(config: ModelConfig, prompt_length: int, new_tokens: int,
@@ -112,6 +148,8 @@ def generation_step_multiply_adds(config: ModelConfig, prompt_length: int, new_t
             raise TypeError(f"{name} must be a whole number, got {value!r}")
     if prompt_length < 1 or new_tokens < 1:
         raise ValueError("prompt_length and new_tokens must be at least 1")
+    if not isinstance(use_cache, (bool, np.bool_)):
+        raise TypeError(f"use_cache must be True or False, got {use_cache!r}")
     if not use_cache:
         return [forward_multiply_adds(config, length, last_only=True)
                 for length in range(prompt_length, prompt_length + new_tokens)]
@@ -129,6 +167,15 @@ _PART_OF_FUNCTION = {
     "weighted_sum": "attention_sums",
     "mlp": "mlp",
     "unembed": "unembedding",
+    # latent attention (kvlib.latent, notebook 15)
+    "latent_queries": "projections",
+    "compress_kv": "projections",
+    "rope_keys": "projections",
+    "rebuild_kv": "projections",
+    "absorb_queries": "projections",
+    "expand_values": "projections",
+    "latent_attention_scores": "attention_scores",
+    "latent_weighted_sum": "attention_sums",
 }
 
 
@@ -147,6 +194,9 @@ class _CountedArray(np.ndarray):
             macs = int(np.prod(batch, dtype=np.int64)) * a.shape[-2] * a.shape[-1] * b.shape[-1]
             self.tally[_PART_OF_FUNCTION[caller]] += macs
         plain = [np.asarray(x) if isinstance(x, _CountedArray) else x for x in inputs]
+        if "out" in kwargs:   # numpy's own reductions (mean, for LayerNorm) write into out=
+            kwargs["out"] = tuple(x.view(np.ndarray) if isinstance(x, _CountedArray) else x
+                                  for x in kwargs["out"])
         return self._wrap(getattr(ufunc, method)(*plain, **kwargs))
 
     def __array_function__(self, function, types, args, kwargs):
@@ -187,12 +237,14 @@ def count_multiply_adds(function, params: Params, *args, **kwargs):
         view.tally = tally
         return view
 
+    if not isinstance(params, Params):
+        raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
     counted_params = Params(
         config=params.config,
-        embedding=counted(params.embedding),
-        layers=tuple(LayerParams(**{name: counted(getattr(layer, name))
-                                    for name in LayerParams.__annotations__})
+        layers=tuple(type(layer)(**{name: counted(array)
+                                    for name, array in layer.arrays().items()})
                      for layer in params.layers),
+        **{name: counted(array) for name, array in params.arrays().items()},
     )
     result = function(counted_params, *args, **kwargs)
     return _unwrap(result), MultiplyAdds(**tally)

@@ -10,6 +10,14 @@ GiB = 2**30
 MiB = 2**20
 
 
+def _whole(name: str, value, minimum: int = 0) -> int:
+    """A whole number >= minimum as a Python int: numpy's int32 would overflow the products
+    (80 layers x 8192 x 2**20 tokens x 64 is far past 2**31)."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return int(value)
+
+
 def kv_cache_bytes(n_layers: int, d_model: int | None, seq_len: int, batch_size: int = 1,
                    dtype_bytes: int = 2, *, n_kv_heads: int | None = None,
                    head_dim: int | None = None) -> int:
@@ -24,23 +32,48 @@ def kv_cache_bytes(n_layers: int, d_model: int | None, seq_len: int, batch_size:
     """
     if (n_kv_heads is None) != (head_dim is None):
         raise ValueError("give both n_kv_heads and head_dim, or neither")
-    width = d_model if n_kv_heads is None else n_kv_heads * head_dim
-    if width is None:
-        raise ValueError("give d_model, or n_kv_heads and head_dim")
-    named = {"n_layers": n_layers, "width of a cached row": width, "seq_len": seq_len,
-             "batch_size": batch_size, "dtype_bytes": dtype_bytes}
-    for name, value in named.items():
-        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
-    return 2 * batch_size * seq_len * width * dtype_bytes * n_layers
+    if n_kv_heads is None:
+        if d_model is None:
+            raise ValueError("give d_model, or n_kv_heads and head_dim")
+        width = _whole("d_model", d_model)
+    else:
+        width = _whole("n_kv_heads", n_kv_heads, 1) * _whole("head_dim", head_dim, 1)
+    return (2 * _whole("batch_size", batch_size) * _whole("seq_len", seq_len) * width
+            * _whole("dtype_bytes", dtype_bytes) * _whole("n_layers", n_layers))
+
+
+def latent_cache_bytes(n_layers: int, latent_dim: int, rope_head_dim: int, seq_len: int,
+                       batch_size: int = 1, dtype_bytes: int = 2) -> int:
+    """Bytes of a multi-head latent attention cache (notebook 15): batch x seq_len x
+    (latent_dim + rope_head_dim) x dtype_bytes x n_layers. No factor 2: the one latent
+    serves as keys and as values.
+
+    >>> latent_cache_bytes(n_layers=61, latent_dim=512, rope_head_dim=64, seq_len=1)  # V3
+    70272
+    """
+    width = _whole("latent_dim", latent_dim, 1) + _whole("rope_head_dim", rope_head_dim)
+    return (_whole("batch_size", batch_size) * _whole("seq_len", seq_len) * width
+            * _whole("dtype_bytes", dtype_bytes) * _whole("n_layers", n_layers))
+
+
+def config_cache_bytes(config, seq_len: int, batch_size: int = 1,
+                       dtype_bytes: int | None = None) -> int:
+    """Bytes of the cache a kvlib model holds after seq_len positions (notebooks 11-16):
+    kv_cache_bytes or latent_cache_bytes for its shapes, over the positions it holds (with
+    a sliding window, the sinks and the last W). dtype_bytes defaults to the model's own.
+    Equal to ``cache.nbytes`` of a live cache of that config."""
+    dtype_bytes = config.numpy_dtype.itemsize if dtype_bytes is None else dtype_bytes
+    held = config.held_positions(_whole("seq_len", seq_len))
+    if config.latent_dim is not None:
+        return latent_cache_bytes(config.n_layers, config.latent_dim, config.rope_head_dim,
+                                  held, batch_size, dtype_bytes)
+    return kv_cache_bytes(config.n_layers, None, held, batch_size, dtype_bytes,
+                          n_kv_heads=config.kv_heads, head_dim=config.head_dim)
 
 
 def weights_bytes(n_parameters: int, dtype_bytes: int = 2) -> int:
     """Bytes of a model's weights (notebook 10): n_parameters x dtype_bytes."""
-    for name, value in (("n_parameters", n_parameters), ("dtype_bytes", dtype_bytes)):
-        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
-    return n_parameters * dtype_bytes
+    return _whole("n_parameters", n_parameters) * _whole("dtype_bytes", dtype_bytes)
 
 
 def tokens_that_fit(memory_bytes: int, weights: int, bytes_per_token: int) -> int:
@@ -50,12 +83,8 @@ def tokens_that_fit(memory_bytes: int, weights: int, bytes_per_token: int) -> in
     the weights alone do not fit. bytes_per_token is a whole sequence position: K and V of
     every layer.
     """
-    named = {"memory_bytes": memory_bytes, "weights": weights, "bytes_per_token": bytes_per_token}
-    for name, value in named.items():
-        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
-    if bytes_per_token == 0:
-        raise ValueError("bytes_per_token must be at least 1")
+    memory_bytes, weights = _whole("memory_bytes", memory_bytes), _whole("weights", weights)
+    bytes_per_token = _whole("bytes_per_token", bytes_per_token, 1)
     return max(memory_bytes - weights, 0) // bytes_per_token
 
 
@@ -68,6 +97,11 @@ class ModelPreset:
     (MQA), anything between is grouped-query attention (GQA). n_parameters counts every
     weight, so that the weights can be set beside the cache. `source` names where the
     numbers come from.
+
+    Two more kinds of cache (notebooks 15-16): latent_dim (with rope_head_dim) for
+    multi-head latent attention, which caches latent_dim + rope_head_dim numbers a token and
+    layer (n_kv_heads x head_dim then describe the heads it rebuilds, for comparison); and
+    window for a sliding window, whose cache never holds more than window positions.
     """
 
     name: str
@@ -79,6 +113,9 @@ class ModelPreset:
     context_length: int
     n_parameters: int
     source: str
+    latent_dim: int | None = None
+    rope_head_dim: int = 0
+    window: int | None = None
 
     def __post_init__(self):
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim",
@@ -89,10 +126,19 @@ class ModelPreset:
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
                              f"({self.n_kv_heads}): each K/V head serves a group of query heads")
+        for name in ("latent_dim", "window"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)
+                                      or value < 1):
+                raise ValueError(f"ModelPreset.{name} must be None or a whole number >= 1, "
+                                 f"got {value!r}")
+        _whole("ModelPreset.rope_head_dim", self.rope_head_dim)
 
     @property
     def attention(self) -> str:
-        """'MHA', 'GQA' or 'MQA', from the number of K/V heads."""
+        """'MHA', 'GQA', 'MQA' (from the number of K/V heads) or 'MLA' (latent)."""
+        if self.latent_dim is not None:
+            return "MLA"
         if self.n_kv_heads == self.n_heads:
             return "MHA"
         return "MQA" if self.n_kv_heads == 1 else "GQA"
@@ -103,9 +149,21 @@ class ModelPreset:
         return self.kv_cache_bytes(1, dtype_bytes=dtype_bytes)
 
     def kv_cache_bytes(self, seq_len: int, batch_size: int = 1, dtype_bytes: int = 2) -> int:
-        """kv_cache_bytes for this model's layers and K/V heads."""
-        return kv_cache_bytes(self.n_layers, None, seq_len, batch_size, dtype_bytes,
+        """kv_cache_bytes for this model's layers and K/V heads (latent_cache_bytes for
+        latent attention; with a window, for at most window positions)."""
+        seq_len = _whole("seq_len", seq_len)
+        held = seq_len if self.window is None else min(seq_len, self.window)
+        if self.latent_dim is not None:
+            return latent_cache_bytes(self.n_layers, self.latent_dim, self.rope_head_dim, held,
+                                      batch_size, dtype_bytes)
+        return kv_cache_bytes(self.n_layers, None, held, batch_size, dtype_bytes,
                               n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
+
+    def mha_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """What one token would cost with a K and a V for every query head (multi-head
+        attention at the same shapes): 2 x n_layers x n_heads x head_dim x dtype_bytes."""
+        return kv_cache_bytes(self.n_layers, None, 1, 1, dtype_bytes, n_kv_heads=self.n_heads,
+                              head_dim=self.head_dim)
 
     def weights_bytes(self, dtype_bytes: int = 2) -> int:
         """Bytes of the weights at dtype_bytes a weight (BF16 by default)."""
@@ -146,5 +204,24 @@ PRESETS: dict[str, ModelPreset] = {preset.name: preset for preset in (
         source="the blog section this series follows: d_model 8192, 80 layers, 4096 tokens; "
                "64 heads of 128 assumed; weights estimated as 12 x layers x d_model^2 (the "
                "source gives no vocabulary, so embeddings are left out)"),
+    ModelPreset(
+        "Mistral-7B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128,
+        context_length=8192, n_parameters=7_241_732_096, window=4096,
+        source="Jiang et al. 2023, 'Mistral 7B', Table 1 (32 layers, dim 4096, 32 heads, "
+               "8 K/V heads of 128, window 4096, context 8192); config.json of "
+               "mistralai/Mistral-7B-v0.1 (sliding_window 4096)"),
+    ModelPreset(
+        "DeepSeek-V2", n_layers=60, d_model=5120, n_heads=128, n_kv_heads=128, head_dim=128,
+        context_length=131072, n_parameters=236_000_000_000, latent_dim=512, rope_head_dim=64,
+        source="DeepSeek-AI 2024, 'DeepSeek-V2: A Strong, Economical, and Efficient "
+               "Mixture-of-Experts Language Model' (MLA, 236B parameters, 128K context); "
+               "config.json of deepseek-ai/DeepSeek-V2 (60 layers, hidden 5120, 128 heads, "
+               "kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128)"),
+    ModelPreset(
+        "DeepSeek-V3", n_layers=61, d_model=7168, n_heads=128, n_kv_heads=128, head_dim=128,
+        context_length=131072, n_parameters=671_000_000_000, latent_dim=512, rope_head_dim=64,
+        source="DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report' (MLA, 671B parameters, 128K "
+               "context); config.json of deepseek-ai/DeepSeek-V3 (61 layers, hidden 7168, "
+               "128 heads, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128)"),
 )}
 """Published configurations, by name, for notebook 10's calculator."""

@@ -2,7 +2,8 @@
 
 Shapes use T for the number of tokens in the chunk being processed, S for the number of
 positions attended over (S = T without a cache), d for d_model, h for n_heads,
-dh = d / h for the head size, f for d_ff and V for the vocabulary size.
+dh = d / h for the head size, f for d_ff and V for the vocabulary size. Models with fewer K/V
+heads (notebook 14) have kv of them: K and V are (T, kv x dh), split into (kv, T, dh).
 
 Every function keeps its input's dtype: constants are Python floats, because under numpy 2
 a numpy float64 scalar would silently turn float32 activations into float64.
@@ -14,6 +15,8 @@ import math
 
 import numpy as np
 
+from .positions import check_positions
+
 
 def _require_matrix(name: str, array: np.ndarray, columns: int | None = None) -> None:
     if not isinstance(array, np.ndarray) or array.ndim != 2:
@@ -23,15 +26,26 @@ def _require_matrix(name: str, array: np.ndarray, columns: int | None = None) ->
         raise ValueError(f"{name} must have {columns} columns, got shape {array.shape}")
 
 
+def _plus_bias(Y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """Y + bias when the model has biases (GPT-2, notebook 12); Y itself for the toy."""
+    return Y if bias is None else Y + bias
+
+
 def embed(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Embedding lookup (notebook 01): ids (T,) pick rows of the table (V, d) -> X (T, d)."""
     return table[ids]
 
 
 def project_qkv(X: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q, K, V projections (notebook 02): X (T, d) @ Wq, Wk, Wv (d, d) -> three (T, d)."""
+    """Q, K, V projections (notebook 02): X (T, d) @ Wq, Wk, Wv (d, d) -> three (T, d).
+
+    GPT-2 adds a bias to each (notebook 12) and stores the three matrices side by side as
+    one (d, 3d) matrix, c_attn: X @ c_attn is the three products next to each other. With
+    fewer K/V heads (notebook 14) Wk and Wv are (d, kv x dh), and so are K and V.
+    """
     _require_matrix("X", X, layer.Wq.shape[0])
-    return X @ layer.Wq, X @ layer.Wk, X @ layer.Wv
+    return (_plus_bias(X @ layer.Wq, layer.bq), _plus_bias(X @ layer.Wk, layer.bk),
+            _plus_bias(X @ layer.Wv, layer.bv))
 
 
 def split_heads(X: np.ndarray, n_heads: int) -> np.ndarray:
@@ -40,6 +54,8 @@ def split_heads(X: np.ndarray, n_heads: int) -> np.ndarray:
     Head i gets columns i*dh to (i+1)*dh - 1: a reshape, then a swap of the first two axes.
     """
     _require_matrix("X", X)
+    if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)) or n_heads < 1:
+        raise ValueError(f"n_heads must be a whole number >= 1, got {n_heads!r}")
     T, d = X.shape
     if d % n_heads != 0:
         raise ValueError(f"cannot split {d} columns into {n_heads} equal heads")
@@ -63,6 +79,11 @@ def causal_mask(n_queries: int, n_keys: int | None = None) -> np.ndarray:
     cache (notebook 08), every cached position is visible to every new query.
     """
     n_keys = n_queries if n_keys is None else n_keys
+    for name, value in (("n_queries", n_queries), ("n_keys", n_keys)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if n_queries * n_keys > 10**9:
+        raise ValueError(f"a ({n_queries}, {n_keys}) mask is far larger than any context here")
     if n_queries < 1 or n_keys < n_queries:
         raise ValueError(
             f"need 1 <= n_queries <= n_keys, got n_queries={n_queries}, n_keys={n_keys}"
@@ -71,15 +92,50 @@ def causal_mask(n_queries: int, n_keys: int | None = None) -> np.ndarray:
     return np.tri(n_queries, n_keys, k=offset, dtype=bool)
 
 
+def attention_mask(query_positions, key_positions, window: int | None = None,
+                   sink_tokens: int = 0) -> np.ndarray:
+    """Which key each query may see, by their positions (notebooks 03, 16): bool (T, S).
+
+    Causal: a query sees the keys at its own position and before. With a sliding window of
+    W (Mistral), only the last W of those, itself included, unless the key is one of the
+    first sink_tokens positions (StreamingLLM's attention sinks), which stay visible.
+    causal_mask(T, S) is the case of consecutive positions without a window.
+    """
+    queries = check_positions(query_positions)[:, None]
+    keys = check_positions(key_positions)[None, :]
+    allowed = keys <= queries
+    if window is not None:
+        allowed &= (keys > queries - window) | (keys < sink_tokens)
+    return allowed
+
+
+def _is_grouped(queries: np.ndarray, keys: np.ndarray) -> bool:
+    """True when several query heads share each K/V head (notebook 14)."""
+    if queries.ndim != 3 or keys.ndim != 3 or queries.shape[0] == keys.shape[0]:
+        return False
+    if queries.shape[0] % keys.shape[0]:
+        raise ValueError(f"{queries.shape[0]} query heads cannot share {keys.shape[0]} K/V "
+                         "heads equally: the query heads must be a multiple of the K/V heads")
+    return True
+
+
 def attention_scores(Q: np.ndarray, K: np.ndarray) -> np.ndarray:
     """Scaled dot products (notebook 02): Q (h, T, dh) @ K^T (h, dh, S) / sqrt(dh) -> (h, T, S).
 
     Dividing by sqrt(dh) keeps the scores' spread near 1 whatever the head size, so the
-    softmax does not saturate into a one-hot row.
+    softmax does not saturate into a one-hot row. With fewer K/V heads (notebook 14), K is
+    (kv, S, dh) and query head i is scored against K/V head i // (h / kv): the queries are
+    viewed as kv groups of h / kv heads, and each group meets its one K/V head by
+    broadcasting, without copying K.
     """
     if Q.shape[-1] != K.shape[-1]:
         raise ValueError(f"queries {Q.shape} and keys {K.shape} must have the same head size")
-    return (Q @ K.swapaxes(-1, -2)) * (1.0 / math.sqrt(Q.shape[-1]))
+    scale = 1.0 / math.sqrt(Q.shape[-1])
+    if _is_grouped(Q, K):
+        h, T, dh = Q.shape
+        groups = Q.reshape(K.shape[0], h // K.shape[0], T, dh)       # (kv, h/kv, T, dh)
+        return ((groups @ K[:, None].swapaxes(-1, -2)) * scale).reshape(h, T, K.shape[1])
+    return (Q @ K.swapaxes(-1, -2)) * scale
 
 
 def apply_mask(scores: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -110,7 +166,14 @@ def attention_weights(Q: np.ndarray, K: np.ndarray, mask: np.ndarray | None = No
 
 
 def weighted_sum(weights: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """Mix the values (notebook 02): weights (h, T, S) @ V (h, S, dh) -> (h, T, dh)."""
+    """Mix the values (notebook 02): weights (h, T, S) @ V (h, S, dh) -> (h, T, dh).
+
+    With fewer K/V heads (notebook 14), V is (kv, S, dh), shared by groups of h / kv heads.
+    """
+    if _is_grouped(weights, V):
+        h, T, S = weights.shape
+        groups = weights.reshape(V.shape[0], h // V.shape[0], T, S)   # (kv, h/kv, T, S)
+        return (groups @ V[:, None]).reshape(h, T, V.shape[-1])
     return weights @ V
 
 
@@ -119,9 +182,9 @@ def attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, mask: np.ndarray | No
     return weighted_sum(attention_weights(Q, K, mask), V)
 
 
-def output_projection(X: np.ndarray, Wo: np.ndarray) -> np.ndarray:
-    """Mix the concatenated heads (notebook 04): (T, d) @ Wo (d, d) -> (T, d)."""
-    return X @ Wo
+def output_projection(X: np.ndarray, Wo: np.ndarray, bo: np.ndarray | None = None):
+    """Mix the concatenated heads (notebook 04): (T, d) @ Wo (d, d) (+ bo) -> (T, d)."""
+    return _plus_bias(X @ Wo, bo)
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -134,8 +197,30 @@ def gelu(x: np.ndarray) -> np.ndarray:
 
 
 def mlp(X: np.ndarray, layer) -> np.ndarray:
-    """Position-wise MLP (notebook 05): X (T, d) @ W_up (d, f) -> GeLU -> @ W_down (f, d)."""
-    return gelu(X @ layer.W_up) @ layer.W_down
+    """Position-wise MLP (notebook 05): X (T, d) @ W_up (d, f) -> GeLU -> @ W_down (f, d).
+
+    GPT-2 adds a bias after each product (notebook 12).
+    """
+    hidden = gelu(_plus_bias(X @ layer.W_up, getattr(layer, "b_up", None)))
+    return _plus_bias(hidden @ layer.W_down, getattr(layer, "b_down", None))
+
+
+def layer_norm(X: np.ndarray, gain: np.ndarray, bias: np.ndarray, epsilon: float = 1e-5):
+    """LayerNorm (notebook 12): each row (T, d) to mean 0 and variance 1, then * gain + bias.
+
+    GPT-2 applies one before attention, one before the MLP (pre-LN) and one before the
+    unembedding, so that the size of the residual stream, which grows block by block, does
+    not reach the products. epsilon keeps the division finite for a constant row.
+    """
+    mean = X.mean(axis=-1, keepdims=True)
+    variance = ((X - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (X - mean) / np.sqrt(variance + float(epsilon)) * gain + bias
+
+
+def normalize(X: np.ndarray, gain: np.ndarray | None, bias: np.ndarray | None,
+              epsilon: float = 1e-5) -> np.ndarray:
+    """layer_norm when the model has norms (GPT-2, notebook 12); X itself for the toy."""
+    return X if gain is None else layer_norm(X, gain, bias, epsilon)
 
 
 def decoder_block(
@@ -146,23 +231,35 @@ def decoder_block(
     cache=None,
     layer_index: int = 0,
     record_attention: list | None = None,
+    *,
+    rotary=None,
+    norm_epsilon: float = 1e-5,
 ) -> np.ndarray:
     """One decoder block (notebook 05): X (T, d) -> X1 (T, d), with X1 = X + block(X).
 
-    Attention, then the MLP, each adding its result to the residual stream (as in GPT-2,
-    without layer normalisation). With a cache (notebooks 07-08) this chunk's K and V are
-    appended first and the T queries attend over all S cached positions. When a list is
-    given as record_attention, the attention weights (h, T, S) are appended to it.
+    Attention, then the MLP, each adding its result to the residual stream. With a cache
+    (notebooks 07-08) this chunk's K and V are appended first and the T queries attend over
+    all S cached positions. When a list is given as record_attention, the attention weights
+    (h, T, S) are appended to it.
+
+    What real models add changes a line each: GPT-2 normalizes the block's input before
+    attention and before the MLP (notebook 12; the toy has no norms and skips it); with
+    rotary positions (notebook 13, a kvlib.positions.RotaryPositions) q and k are turned
+    before K is cached; with fewer K/V heads (notebook 14) K and V are narrower and split
+    into fewer heads than Q.
     """
-    Q, K, V = project_qkv(X, layer)
+    Q, K, V = project_qkv(normalize(X, layer.ln_1_gain, layer.ln_1_bias, norm_epsilon), layer)
+    if rotary is not None:
+        Q, K = rotary.rotate(Q), rotary.rotate(K)
     if cache is not None:
         K, V = cache.append(layer_index, K, V)
-    weights = attention_weights(split_heads(Q, n_heads), split_heads(K, n_heads), mask)
+    n_kv_heads = K.shape[1] // (Q.shape[1] // n_heads)
+    weights = attention_weights(split_heads(Q, n_heads), split_heads(K, n_kv_heads), mask)
     if record_attention is not None:
         record_attention.append(weights)
-    heads = weighted_sum(weights, split_heads(V, n_heads))
-    H = X + output_projection(merge_heads(heads), layer.Wo)
-    return H + mlp(H, layer)
+    heads = weighted_sum(weights, split_heads(V, n_kv_heads))
+    H = X + output_projection(merge_heads(heads), layer.Wo, layer.bo)
+    return H + mlp(normalize(H, layer.ln_2_gain, layer.ln_2_bias, norm_epsilon), layer)
 
 
 def unembed(X: np.ndarray, table: np.ndarray) -> np.ndarray:

@@ -1,9 +1,16 @@
-"""The model's weights (notebook 00): seeded, shape-checked, and carrying their config."""
+"""The model's weights (notebook 00): seeded, shape-checked, and carrying their config.
+
+The toy has six matrices a block (Wq, Wk, Wv, Wo, W_up, W_down) and the lookup table. What a
+config adds brings its own arrays (notebook 12 for GPT-2's): biases (bq ... b_down), layer
+norms (ln_1 before attention, ln_2 before the MLP, ln_f before the unembedding; a gain and a
+bias each) and a learned position table. Grouped-query attention narrows Wk and Wv (notebook
+14); latent attention has blocks of another kind, LatentLayerParams (notebook 15).
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -13,9 +20,20 @@ DEFAULT_SEED = 1302
 """Seed of the article's example model; see init_params for how it was chosen."""
 
 
+def _present_arrays(obj) -> dict[str, np.ndarray]:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)
+            if f.name != "config" and isinstance(getattr(obj, f.name), np.ndarray)}
+
+
 @dataclass(frozen=True)
 class LayerParams:
-    """One decoder block's weights: Wq, Wk, Wv, Wo (d, d); W_up (d, f); W_down (f, d)."""
+    """One decoder block's weights (MHA or GQA).
+
+    Wq (d, d), Wk and Wv (d, kv_width), Wo (d, d), W_up (d, f), W_down (f, d), where
+    kv_width = n_kv_heads x head_dim (= d for multi-head attention). With config.bias: bq (d,),
+    bk and bv (kv_width,), bo (d,), b_up (f,), b_down (d,). With config.norm == "layer":
+    ln_1_gain, ln_1_bias, ln_2_gain, ln_2_bias, (d,) each. Absent parts are None.
+    """
 
     Wq: np.ndarray
     Wk: np.ndarray
@@ -23,52 +41,161 @@ class LayerParams:
     Wo: np.ndarray
     W_up: np.ndarray
     W_down: np.ndarray
+    bq: np.ndarray | None = None
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+    bo: np.ndarray | None = None
+    b_up: np.ndarray | None = None
+    b_down: np.ndarray | None = None
+    ln_1_gain: np.ndarray | None = None
+    ln_1_bias: np.ndarray | None = None
+    ln_2_gain: np.ndarray | None = None
+    ln_2_bias: np.ndarray | None = None
 
     @staticmethod
-    def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
-        d, f = config.d_model, config.d_ff
-        return {"Wq": (d, d), "Wk": (d, d), "Wv": (d, d), "Wo": (d, d),
-                "W_up": (d, f), "W_down": (f, d)}
+    def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Every array this config needs in a block, with its shape."""
+        d, f, kv = config.d_model, config.d_ff, config.kv_width
+        shapes = {"Wq": (d, d), "Wk": (d, kv), "Wv": (d, kv), "Wo": (d, d),
+                  "W_up": (d, f), "W_down": (f, d)}
+        if config.bias:
+            shapes |= {"bq": (d,), "bk": (kv,), "bv": (kv,), "bo": (d,), "b_up": (f,),
+                       "b_down": (d,)}
+        return shapes | _norm_shapes(config, "ln_1", "ln_2")
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays this block holds, by name (absent parts left out)."""
+        return _present_arrays(self)
+
+
+@dataclass(frozen=True)
+class LatentLayerParams:
+    """One block of multi-head latent attention (notebook 15; DeepSeek-V2's MLA).
+
+    Queries: Wq (d, d), and with rotary positions Wq_rope (d, h x dr). Keys and values are
+    compressed into one latent per token, W_down_kv (d, dc), and rebuilt per head from it,
+    W_up_k and W_up_v (dc, d); with rotary positions a small shared rotary key is computed
+    apart, Wk_rope (d, dr). Then Wo (d, d) and the MLP, W_up (d, f) and W_down (f, d), and
+    with config.norm == "layer" the norms ln_1/ln_2 as in LayerParams. dc = latent_dim,
+    dr = rope_head_dim.
+    """
+
+    Wq: np.ndarray
+    W_down_kv: np.ndarray
+    W_up_k: np.ndarray
+    W_up_v: np.ndarray
+    Wo: np.ndarray
+    W_up: np.ndarray
+    W_down: np.ndarray
+    Wq_rope: np.ndarray | None = None
+    Wk_rope: np.ndarray | None = None
+    ln_1_gain: np.ndarray | None = None
+    ln_1_bias: np.ndarray | None = None
+    ln_2_gain: np.ndarray | None = None
+    ln_2_bias: np.ndarray | None = None
+
+    @staticmethod
+    def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+        d, f, dc, dr = config.d_model, config.d_ff, config.latent_dim, config.rope_head_dim
+        shapes = {"Wq": (d, d), "W_down_kv": (d, dc), "W_up_k": (dc, d), "W_up_v": (dc, d),
+                  "Wo": (d, d), "W_up": (d, f), "W_down": (f, d)}
+        if dr:
+            shapes |= {"Wq_rope": (d, config.n_heads * dr), "Wk_rope": (d, dr)}
+        return shapes | _norm_shapes(config, "ln_1", "ln_2")
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return _present_arrays(self)
+
+
+def _norm_shapes(config: ModelConfig, *names: str) -> dict[str, tuple[int]]:
+    if config.norm == "none":
+        return {}
+    return {f"{name}_{part}": (config.d_model,) for name in names for part in ("gain", "bias")}
+
+
+def layer_class(config: ModelConfig) -> type:
+    """LatentLayerParams for latent attention, LayerParams otherwise."""
+    return LatentLayerParams if config.latent_dim is not None else LayerParams
 
 
 @dataclass(frozen=True)
 class Params:
-    """All weights: the lookup table (V, d), shared with the unembedding, and one
-    LayerParams per block. Creating one checks every shape and dtype against the config."""
+    """All weights: the lookup table (V, d), shared with the unembedding, one block's params
+    per layer, and what the config adds: a learned position table (context_length, d) and
+    the final norm ln_f (d,) x 2. Creating one checks every shape and dtype against the
+    config, and that nothing the config does not use is given."""
 
     config: ModelConfig
     embedding: np.ndarray
-    layers: tuple[LayerParams, ...]
+    layers: tuple
+    position_table: np.ndarray | None = None
+    ln_f_gain: np.ndarray | None = None
+    ln_f_bias: np.ndarray | None = None
 
     def __post_init__(self):
         config = self.config
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
         object.__setattr__(self, "layers", tuple(self.layers))
-        _check_weight("embedding", self.embedding, (config.vocab_size, config.d_model), config)
+        _check_arrays("", self, self.expected_shapes(config), config)
         if len(self.layers) != config.n_layers:
             raise ValueError(f"expected {config.n_layers} layers (config.n_layers), "
                              f"got {len(self.layers)}")
+        kind = layer_class(config)
         for index, layer in enumerate(self.layers):
-            for name, shape in LayerParams.expected_shapes(config).items():
-                _check_weight(f"layer {index} {name}", getattr(layer, name), shape, config)
+            if not isinstance(layer, kind):
+                raise TypeError(f"layer {index} must be a {kind.__name__} for this config, "
+                                f"got {type(layer).__name__}")
+            _check_arrays(f"layer {index} ", layer, kind.expected_shapes(config), config)
+
+    @staticmethod
+    def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """The arrays outside the blocks that this config needs, with their shapes."""
+        shapes = {"embedding": (config.vocab_size, config.d_model)}
+        if config.positions == "learned":
+            shapes["position_table"] = (config.context_length, config.d_model)
+        return shapes | _norm_shapes(config, "ln_f")
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays outside the blocks, by name (absent parts left out)."""
+        return _present_arrays(self)
 
     @property
     def n_parameters(self) -> int:
         """Number of weights, counting the tied table once."""
-        names = LayerParams.__annotations__
-        return self.embedding.size + sum(
-            getattr(layer, name).size for layer in self.layers for name in names
-        )
+        return sum(a.size for a in self.arrays().values()) + sum(
+            a.size for layer in self.layers for a in layer.arrays().values())
+
+    def with_config(self, **changes) -> Params:
+        """The same weights under a config with some fields changed, for example a sliding
+        window on a model trained without one (notebook 16). Changes that would need other
+        weights (sizes, heads, positions) are refused by the shape checks."""
+        return Params(self.config.replace(**changes), self.embedding, self.layers,
+                      self.position_table, self.ln_f_gain, self.ln_f_bias)
 
 
-def _check_weight(name: str, array, shape: tuple[int, int], config: ModelConfig) -> None:
-    if not isinstance(array, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, got {type(array).__name__}")
-    if array.shape != shape:
-        raise ValueError(f"{name} has shape {array.shape}; the config expects {shape}")
-    if array.dtype != config.numpy_dtype:
-        raise TypeError(f"{name} has dtype {array.dtype}; the config expects {config.dtype}")
+def _check_arrays(where: str, obj, shapes: dict, config: ModelConfig) -> None:
+    for f in fields(obj):
+        if f.name in ("config", "layers"):
+            continue
+        array = getattr(obj, f.name)
+        name = where + f.name
+        if f.name not in shapes:
+            if array is not None:
+                raise ValueError(f"{name} is given, but this config has no use for it "
+                                 f"(positions={config.positions!r}, norm={config.norm!r}, "
+                                 f"bias={config.bias}, rope_head_dim={config.rope_head_dim})")
+            continue
+        if array is None:
+            raise ValueError(f"{name} is missing: this config needs an array of shape "
+                             f"{shapes[f.name]}")
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"{name} must be a numpy array, got {type(array).__name__}")
+        if array.shape != shapes[f.name]:
+            raise ValueError(f"{name} has shape {array.shape}; the config expects "
+                             f"{shapes[f.name]}")
+        if array.dtype != config.numpy_dtype:
+            raise TypeError(f"{name} has dtype {array.dtype}; the config expects {config.dtype}")
 
 
 def init_params(config: ModelConfig | None = None, seed: int = DEFAULT_SEED) -> Params:
@@ -87,27 +214,49 @@ def init_params(config: ModelConfig | None = None, seed: int = DEFAULT_SEED) -> 
     ``tests/test_worked_example.py`` checks this.
     The weights are untrained: the model computes exactly like a real one, but its words
     carry no meaning.
+
+    What other configs add (biases, norms, positions) is drawn from a second generator
+    seeded by (seed, 1), so that the toy's numbers never change: biases and norm biases from
+    N(0, 0.1^2), norm gains from 1 + N(0, 0.1^2), a learned position table from N(0, 0.5^2).
+    Trained models start from zero biases and unit gains; random ones here make the tests
+    notice a bias or a norm applied in the wrong place.
     """
     config = ModelConfig() if config is None else config
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an integer, got {seed!r}")
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a kvlib ModelConfig (or None for the article's "
+                        f"toy), got {config!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise TypeError(f"seed must be a whole number >= 0, got {seed!r}")
     rng = np.random.default_rng(seed)
+    extra = np.random.default_rng([int(seed), 1])
     dtype = config.numpy_dtype
-    d, f = config.d_model, config.d_ff
     residual_scale = 1.0 / math.sqrt(config.n_layers)
 
-    def normal(shape, std):
-        return (rng.standard_normal(shape, dtype=dtype) * std).astype(dtype, copy=False)
+    def normal(shape, std, generator=rng):
+        return (generator.standard_normal(shape, dtype=dtype) * std).astype(dtype, copy=False)
 
+    kind = layer_class(config)
     layers = []
     for _ in range(config.n_layers):
-        layers.append(LayerParams(
-            Wq=normal((d, d), 1.0 / math.sqrt(d)),
-            Wk=normal((d, d), 1.0 / math.sqrt(d)),
-            Wv=normal((d, d), 1.0 / math.sqrt(d)),
-            Wo=normal((d, d), residual_scale / math.sqrt(d)),
-            W_up=normal((d, f), 1.0 / math.sqrt(d)),
-            W_down=normal((f, d), residual_scale / math.sqrt(f)),
-        ))
-    embedding = normal((config.vocab_size, d), 1.0)
-    return Params(config=config, embedding=embedding, layers=tuple(layers))
+        matrices = {}
+        for name, shape in kind.expected_shapes(config).items():
+            if len(shape) == 2:
+                scale = residual_scale if name in ("Wo", "W_down") else 1.0
+                matrices[name] = normal(shape, scale / math.sqrt(shape[0]))
+        layers.append(matrices)
+    embedding = normal((config.vocab_size, config.d_model), 1.0)
+
+    for matrices in layers:
+        for name, shape in kind.expected_shapes(config).items():
+            if len(shape) == 1:
+                offset = 1.0 if name.endswith("_gain") else 0.0
+                matrices[name] = (offset + normal(shape, 0.1, extra)).astype(dtype)
+    outside = {}
+    for name, shape in Params.expected_shapes(config).items():
+        if name == "position_table":
+            outside[name] = normal(shape, 0.5, extra)
+        elif name != "embedding":
+            outside[name] = (float(name.endswith("_gain")) + normal(shape, 0.1, extra)
+                             ).astype(dtype)
+    return Params(config=config, embedding=embedding,
+                  layers=tuple(kind(**matrices) for matrices in layers), **outside)

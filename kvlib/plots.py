@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.patches import Rectangle
+from matplotlib.collections import PolyCollection
+from matplotlib.patches import PathPatch, Rectangle
+from matplotlib.path import Path
 
 COLORMAP = "viridis"
 OLD_ROWS_COLOR = "#bcd4e6"   # cached rows in a cache diagram
@@ -23,12 +25,34 @@ MASKED_COLOR = "#d0d0d0"
 @dataclass(frozen=True)
 class Box:
     """One matrix in a shape diagram: its name, its shape, and optionally its values
-    (drawn as coloured cells) and how many of its last rows are new (drawn highlighted)."""
+    (drawn as coloured cells) and how many of its last rows are new (drawn highlighted).
+
+    text writes a string in each cell instead of colouring it (token ids are labels, not
+    sizes: notebook 00); row_labels are written left of the rows; caption replaces the shape
+    written under the box.
+    """
 
     name: str
     shape: tuple[int, int]
     values: np.ndarray | None = None
     new_rows: int = 0
+    text: tuple[tuple[str, ...], ...] | None = None
+    row_labels: tuple[str, ...] | None = None
+    caption: str | None = None
+
+    def __post_init__(self):
+        rows, columns = self.shape
+        if self.text is not None:
+            text = tuple(tuple(str(cell) for cell in row) for row in self.text)
+            if len(text) != rows or any(len(row) != columns for row in text):
+                raise ValueError(f"{self.name}: text must have {rows} rows of {columns} "
+                                 f"strings, the box's shape")
+            object.__setattr__(self, "text", text)
+        if self.row_labels is not None:
+            labels = tuple(str(label) for label in self.row_labels)
+            if len(labels) != rows:
+                raise ValueError(f"{self.name}: need {rows} row labels, got {len(labels)}")
+            object.__setattr__(self, "row_labels", labels)
 
     @classmethod
     def of(cls, term) -> Box:
@@ -46,6 +70,27 @@ class Box:
     def label(self) -> str:
         return f"{self.name} {self.shape}"
 
+    @property
+    def left_margin(self) -> float:
+        """Room its row labels need on the left, in cells of the diagram."""
+        if self.row_labels is None:
+            return 0.0
+        return 0.3 + 0.17 * max(len(label) for label in self.row_labels)
+
+
+@dataclass(frozen=True)
+class Arrow:
+    """A step between two matrices in a shape diagram (notebook 00): an arrow with a label
+    above it ("lookup", "block 1", ...)."""
+
+    label: str = ""
+
+    def width(self, character: float) -> float:
+        """The arrow's slot, wide enough for its label when a character is `character`
+        diagram units wide."""
+        longest = max((len(line) for line in self.label.split("\n")), default=0)
+        return max(1.6, character * longest + 0.8)
+
 
 def _new_axes(ax, figsize):
     if ax is None:
@@ -60,23 +105,42 @@ def shape_diagram(*terms, ax=None, title: str | None = None, cell: float | None 
     X (5, 4) @ Wq (4, 4) = Q (5, 4): each matrix a box of rows x columns cells, labelled with
     its name and shape; strings are drawn as operators between the boxes.
     """
-    boxes = [term if isinstance(term, str) else Box.of(term) for term in terms]
+    boxes = [term if isinstance(term, (str, Arrow)) else Box.of(term) for term in terms]
     matrices = [b for b in boxes if isinstance(b, Box)]
     if not matrices:
         raise ValueError("shape_diagram needs at least one (name, shape) term")
     largest = max(max(b.shape) for b in matrices)
     cell = cell if cell is not None else min(1.0, 12.0 / largest)
-    width = sum(b.shape[1] * cell + 1.2 if isinstance(b, Box) else 1.2 for b in boxes)
+
+    character = 0.15   # a label's character width in diagram units, found by iterating:
+
+    def slot(term) -> float:
+        if isinstance(term, str):
+            return 1.2
+        if isinstance(term, Arrow):
+            return term.width(character)
+        return term.shape[1] * cell + 1.2 + term.left_margin
+
+    for _ in range(4):  # the figure is at most 14 in wide, so wider slots shrink every unit
+        width = sum(slot(term) for term in boxes)
+        character = 0.08 / min(0.55, 12.0 / width)   # a 9-point character is about 0.08 in
+    width = sum(slot(term) for term in boxes)
     height = max(b.shape[0] for b in matrices) * cell
-    ax = _new_axes(ax, (min(2 + 0.55 * width, 14), 1.6 + 0.5 * height))
+    shrink = min(1.0, 12.0 / (0.55 * width))   # a wide diagram is scaled down to 14 in
+    ax = _new_axes(ax, (min(2 + 0.55 * width, 14), round(1.6 + 0.5 * height * shrink, 1)))
     x = 0.0
     for term in boxes:
         if isinstance(term, str):
             ax.text(x + 0.6, -height / 2, term, ha="center", va="center", fontsize=16)
-            x += 1.2
-            continue
-        _draw_box(ax, term, x, cell, height)
-        x += term.shape[1] * cell + 1.2
+        elif isinstance(term, Arrow):
+            arrow = term.width(character)
+            ax.annotate("", xy=(x + arrow - 0.25, -height / 2), xytext=(x + 0.25, -height / 2),
+                        arrowprops={"arrowstyle": "-|>", "color": "black", "lw": 1.5})
+            ax.text(x + arrow / 2, -height / 2 + 0.25, term.label, ha="center", va="bottom",
+                    fontsize=9)
+        else:
+            _draw_box(ax, term, x + term.left_margin, cell, height)
+        x += slot(term)
     ax.set_xlim(-0.6, x - 0.6)
     ax.set_ylim(-height - 1.2, 1.2)
     ax.set_aspect("equal")
@@ -92,6 +156,12 @@ def _draw_box(ax, box: Box, x: float, cell: float, height: float) -> None:
     if box.values is not None:
         ax.imshow(box.values, cmap=COLORMAP, extent=(x, x + columns * cell, top - rows * cell, top),
                   aspect="auto", zorder=1)
+    elif box.text is not None:
+        ax.add_patch(Rectangle((x, top - rows * cell), columns * cell, rows * cell,
+                               facecolor="white", edgecolor="none", zorder=1))
+        for (r, c), text in np.ndenumerate(np.array(box.text, dtype=object)):
+            ax.text(x + (c + 0.5) * cell, top - (r + 0.5) * cell, text, ha="center",
+                    va="center", fontsize=10, zorder=4)
     else:
         old = rows - box.new_rows
         ax.add_patch(Rectangle((x, top - old * cell), columns * cell, old * cell,
@@ -102,16 +172,22 @@ def _draw_box(ax, box: Box, x: float, cell: float, height: float) -> None:
                                    facecolor=NEW_ROWS_COLOR, edgecolor="none", zorder=1,
                                    label="new"))
     if max(rows, columns) <= 40:  # the grid of cells, where it is readable
+        grid = "#bbbbbb" if box.text is not None else "white"
         for r in range(1, rows):
-            ax.plot([x, x + columns * cell], [top - r * cell] * 2, color="white", lw=0.8, zorder=2)
+            ax.plot([x, x + columns * cell], [top - r * cell] * 2, color=grid, lw=0.8, zorder=2)
         for c in range(1, columns):
-            ax.plot([x + c * cell] * 2, [top, top - rows * cell], color="white", lw=0.8, zorder=2)
+            ax.plot([x + c * cell] * 2, [top, top - rows * cell], color=grid, lw=0.8, zorder=2)
+    if box.row_labels is not None:
+        for r, label in enumerate(box.row_labels):
+            ax.text(x - 0.15, top - (r + 0.5) * cell, label, ha="right", va="center",
+                    fontsize=9)
     ax.add_patch(Rectangle((x, top - rows * cell), columns * cell, rows * cell, fill=False,
                            edgecolor="black", lw=1.2, zorder=3))
     ax.text(x + columns * cell / 2, top + 0.25, box.name, ha="center", va="bottom",
             fontsize=12, fontweight="bold")
-    ax.text(x + columns * cell / 2, top - rows * cell - 0.25, str(box.shape), ha="center",
-            va="top", fontsize=10)
+    ax.text(x + columns * cell / 2, top - rows * cell - 0.25,
+            str(box.shape) if box.caption is None else box.caption, ha="center", va="top",
+            fontsize=10)
 
 
 def cache_diagram(cached: int, new: int = 1, d_model: int = 4, ax=None, names=("K", "V"),
@@ -156,11 +232,58 @@ def matrix_heatmap(matrix, row_labels=None, column_labels=None, ax=None, title=N
     return ax
 
 
+HATCH_COLOR = "#888888"
+ROW_MAX_COLOR = "white"
+
+
+def masked_cells_hatch(mask) -> PathPatch:
+    """The grey "///" hatching of the cells where mask is False (notebooks 03-04), as ONE patch
+    whose path is one rectangle per run of masked cells in a row. One artist for any number of
+    masked cells: a hatched patch per cell made 8 heads x 32 tokens take seconds to draw."""
+    hidden = ~np.asarray(mask, dtype=bool)
+    vertices, codes = [], []
+    for row, line in enumerate(hidden):
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], line.astype(int), [0]])))
+        for start, stop in zip(edges[::2], edges[1::2]):
+            left, right, top, bottom = start - 0.5, stop - 0.5, row - 0.5, row + 0.5
+            vertices += [(left, top), (right, top), (right, bottom), (left, bottom), (left, top)]
+            codes += [Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY]
+    return PathPatch(Path(vertices, codes), fill=False, hatch="///", edgecolor=HATCH_COLOR,
+                     lw=0, zorder=2, label="masked")
+
+
+def _row_max_frames(ax, weights: np.ndarray, mask) -> None:
+    """Frame each row's largest visible weight: one collection (black outside, white in)."""
+    shown = weights if mask is None else np.where(np.asarray(mask, bool), weights, -np.inf)
+    columns = np.argmax(shown, axis=1)
+    squares = [[(c - 0.5, r - 0.5), (c + 0.5, r - 0.5), (c + 0.5, r + 0.5), (c - 0.5, r + 0.5)]
+               for r, c in enumerate(columns)]
+    for color, width in (("black", 3.0), (ROW_MAX_COLOR, 1.2)):
+        ax.add_collection(PolyCollection(squares, facecolors="none", edgecolors=color,
+                                         linewidths=width, zorder=5, label="row maximum"))
+
+
+def _visible_range(weights, mask) -> tuple[float, float]:
+    visible = np.asarray(weights, dtype=float)
+    if mask is not None:
+        visible = visible[np.broadcast_to(np.asarray(mask, bool), visible.shape)]
+    if visible.size == 0:
+        return 0.0, 1.0
+    low, high = float(visible.min()), float(visible.max())
+    return (low, high) if high > low else (low - 0.05, high + 0.05)
+
+
 def attention_heatmap(weights, query_labels, key_labels, mask=None, ax=None, title=None,
-                      show_values: bool = True, colorbar: bool = True):
+                      show_values: bool = True, colorbar: bool = True,
+                      vmin: float | None = 0.0, vmax: float | None = 1.0,
+                      mark_row_max: bool = False, max_labels: int | None = None):
     """Attention weights (T, S) with query tokens down the side and key tokens along the top.
 
     Cells where mask is False are drawn grey and hatched, with no value: masked, not zero.
+    The colours span 0 to 1 by default; vmin=None and vmax=None make them span the visible
+    weights instead (notebook 02: untrained weights all lie between 0.12 and 0.34, which a
+    0-1 scale shows as one colour). mark_row_max frames each row's largest weight;
+    max_labels labels only every k-th token when there are more (small panels of many heads).
     """
     weights = np.asarray(weights, dtype=float)
     if weights.ndim != 2:
@@ -169,15 +292,23 @@ def attention_heatmap(weights, query_labels, key_labels, mask=None, ax=None, tit
     if len(query_labels) != rows or len(key_labels) != columns:
         raise ValueError(f"need {rows} query labels and {columns} key labels, got "
                          f"{len(query_labels)} and {len(key_labels)}")
+    if mask is not None and np.shape(mask) != weights.shape:
+        raise ValueError(f"the mask {np.shape(mask)} must have the weights' shape {weights.shape}")
     ax = _new_axes(ax, (1.6 + 0.7 * columns, 1.2 + 0.55 * rows))
+    low, high = _visible_range(weights, mask)
+    vmin = low if vmin is None else vmin
+    vmax = high if vmax is None else vmax
     shown = np.ma.masked_array(weights, mask=None if mask is None else ~np.asarray(mask, bool))
     cmap = plt.get_cmap(COLORMAP).with_extremes(bad=MASKED_COLOR)
-    image = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=1.0)
-    if mask is not None:
-        for r, c in zip(*np.nonzero(~np.asarray(mask, bool))):
-            ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, hatch="///",
-                                   edgecolor="#888888", lw=0, label="masked"))
-    _label_axes(ax, rows, columns, query_labels, key_labels)
+    image = ax.imshow(shown, cmap=cmap, vmin=vmin, vmax=vmax)
+    if mask is not None and not np.all(mask):
+        ax.add_patch(masked_cells_hatch(mask))
+    if mark_row_max:
+        _row_max_frames(ax, weights, mask)
+    if max_labels is not None and max(rows, columns) > max_labels:
+        _label_every_kth(ax, query_labels, key_labels, max_labels)
+    else:
+        _label_axes(ax, rows, columns, query_labels, key_labels)
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
     if show_values:
@@ -188,12 +319,19 @@ def attention_heatmap(weights, query_labels, key_labels, mask=None, ax=None, tit
     return ax
 
 
-def attention_heatmaps(weights, query_labels, key_labels, mask=None, fig=None, title=None):
-    """One heatmap per head, side by side: weights (h, T, S). Returns the figure."""
+def attention_heatmaps(weights, query_labels, key_labels, mask=None, fig=None, title=None,
+                       vmin: float | None = 0.0, vmax: float | None = 1.0,
+                       mark_row_max: bool = False):
+    """One heatmap per head, side by side: weights (h, T, S). Returns the figure.
+
+    vmin/vmax None: one colour scale for all heads, spanning their visible weights."""
     weights = np.asarray(weights)
     if weights.ndim != 3:
         raise ValueError(f"attention_heatmaps draws (heads, T, S) weights, got {weights.shape}")
     n_heads, rows, columns = weights.shape
+    low, high = _visible_range(weights, mask)
+    vmin = low if vmin is None else vmin
+    vmax = high if vmax is None else vmax
     if fig is None:
         fig = plt.figure(figsize=(n_heads * (1.4 + 0.7 * columns), 1.6 + 0.55 * rows),
                          layout="constrained")
@@ -201,12 +339,43 @@ def attention_heatmaps(weights, query_labels, key_labels, mask=None, fig=None, t
     axes = fig.subplots(1, n_heads, squeeze=False)[0]
     for head, ax in enumerate(axes):
         attention_heatmap(weights[head], query_labels, key_labels, mask=mask, ax=ax,
-                          title=f"head {head}", colorbar=False)
+                          title=f"head {head}", colorbar=False, vmin=vmin, vmax=vmax,
+                          mark_row_max=mark_row_max)
     fig.colorbar(axes[0].images[0], ax=list(axes), fraction=0.046 / n_heads ** 0.5, pad=0.04,
                  label="attention weight")
     if title:
         fig.suptitle(title)
     return fig
+
+
+def whole_path(tokens, ids, d_model: int, vocab_size: int, n_blocks: int, next_id: int,
+               next_token: str, values=None, ax=None, title=None):
+    """The whole path of a prediction as one shape diagram (notebook 00).
+
+    tokens (T,) and their ids as text (an id is a label, not a size), then "lookup" -> X
+    (T, d_model), one labelled arrow per decoder block -> X1 .. Xn, "unembed" -> logits
+    (T, vocab_size), and "argmax of the last row" -> the next id. With values, a sequence of
+    the n_blocks + 2 matrices (X, X1, .., Xn, logits), the boxes show them as colours.
+    """
+    T = len(ids)
+    if len(tokens) != T:
+        raise ValueError(f"need one token per id, got {len(tokens)} tokens and {T} ids")
+    names = ["X"] + [f"X{n}" for n in range(1, n_blocks + 1)] + ["logits"]
+    shapes = [(T, d_model)] * (n_blocks + 1) + [(T, vocab_size)]
+    if values is not None:
+        values = [np.asarray(v) for v in values]
+        if [v.shape for v in values] != shapes:
+            raise ValueError(f"values must be {len(shapes)} matrices of shapes {shapes}, got "
+                             f"{[v.shape for v in values]}")
+    boxes = [Box(name, shape, values=None if values is None else values[i])
+             for i, (name, shape) in enumerate(zip(names, shapes))]
+    terms = [Box("ids", (T, 1), text=[[str(i)] for i in ids], row_labels=tokens,
+                 caption=f"({T},)"), Arrow("lookup"), boxes[0]]
+    for n in range(1, n_blocks + 1):
+        terms += [Arrow(f"block {n}"), boxes[n]]
+    terms += [Arrow("unembed"), boxes[-1], Arrow("argmax of\nthe last row"),
+              Box("next", (1, 1), text=[[str(next_id)]], caption=repr(next_token))]
+    return shape_diagram(*terms, ax=ax, title=title)
 
 
 def probability_bars(probabilities, labels, ax=None, title=None, highlight: int | None = None):
@@ -231,6 +400,15 @@ def probability_bars(probabilities, labels, ax=None, title=None, highlight: int 
 def _label_axes(ax, rows, columns, row_labels, column_labels):
     ax.set_xticks(range(columns), column_labels if column_labels is not None else range(columns))
     ax.set_yticks(range(rows), row_labels if row_labels is not None else range(rows))
+    ax.xaxis.tick_top()
+    ax.xaxis.set_label_position("bottom")
+
+
+def _label_every_kth(ax, row_labels, column_labels, max_labels: int) -> None:
+    for labels, set_ticks in ((column_labels, ax.set_xticks), (row_labels, ax.set_yticks)):
+        step = -(-len(labels) // max_labels)
+        positions = range(0, len(labels), step)
+        set_ticks(positions, [labels[p] for p in positions])
     ax.xaxis.tick_top()
     ax.xaxis.set_label_position("bottom")
 

@@ -28,7 +28,8 @@ import numpy as np
 
 from .config import ModelConfig
 from .flops import generation_step_multiply_adds
-from .memory import kv_cache_bytes
+from .memory import config_cache_bytes
+from .params import Params, layer_class
 
 MiB = 2**20
 
@@ -47,24 +48,26 @@ def _check_count(name: str, value, minimum: int = 0) -> None:
 
 
 def weights_bytes(config: ModelConfig) -> int:
-    """Bytes of all the weights (notebook 09): (V d + L (4 d^2 + 2 d f)) x bytes a number.
+    """Bytes of all the weights (notebook 09): for the toy's architecture
+    (V d + L (4 d^2 + 2 d f)) x bytes a number; in general the sizes of every array the
+    config needs (biases, norms, positions, narrower K/V, latent projections).
 
     The lookup table is counted once: the unembedding reads the same table (tied weights).
     Equal to init_params(config).n_parameters x itemsize.
     """
     _check_config(config)
-    d, f, L = config.d_model, config.d_ff, config.n_layers
-    n_weights = config.vocab_size * d + L * (4 * d * d + 2 * d * f)
-    return n_weights * config.numpy_dtype.itemsize
+    shapes = list(Params.expected_shapes(config).values())
+    shapes += config.n_layers * list(layer_class(config).expected_shapes(config).values())
+    return sum(int(np.prod(shape)) for shape in shapes) * config.numpy_dtype.itemsize
 
 
 def cache_bytes(config: ModelConfig, n_positions: int) -> int:
     """Bytes of the keys and values of n_positions, in every layer (notebook 09):
-    2 x L x n_positions x d x bytes a number, the kv_cache_bytes formula at batch 1."""
+    2 x L x n_positions x d x bytes a number, the kv_cache_bytes formula at batch 1 (with
+    fewer K/V heads, a latent or a window, what that cache holds: kvlib.config_cache_bytes)."""
     _check_config(config)
     _check_count("n_positions", n_positions)
-    return kv_cache_bytes(config.n_layers, config.d_model, n_positions,
-                          dtype_bytes=config.numpy_dtype.itemsize)
+    return config_cache_bytes(config, n_positions)
 
 
 def decode_step_bytes(config: ModelConfig, position: int) -> int:
@@ -208,17 +211,19 @@ def time_cached_generation(params, prompt, new_tokens: int, cache=None, repeats:
     same kind and each pass keeps its fastest time. `cache` (empty) chooses the kind:
     kvlib.KVCache by default, or kvlib.ConcatenatingKVCache.
     """
-    from .cache import KVCache
+    from .cache import make_cache
     from .inference import decode_step, prefill
 
     _check_count("new_tokens", new_tokens, minimum=1)
     _check_count("repeats", repeats, minimum=1)
-    kind = KVCache if cache is None else type(cache)
     if cache is not None and len(cache) != 0:
         raise ValueError("give an empty cache: the generation starts from the prompt")
     best, new_ids = None, []
     for run in range(repeats):
-        current = cache if run == 0 and cache is not None else kind(params.config)
+        if run == 0 and cache is not None:
+            current = cache
+        else:
+            current = make_cache(params.config) if cache is None else type(cache)(params.config)
         seconds, new_ids = [], []
         start = time.perf_counter()
         logits, current = prefill(params, prompt, current, last_only=True)
@@ -273,7 +278,7 @@ def time_appends(config: ModelConfig, cache_class, cached: int, repeats: int = 5
                          f"length of {cached + repeats}; the config has {config.context_length}")
     cache = cache_class(config, capacity=cached + repeats)
     rng = np.random.default_rng(0)
-    block = rng.standard_normal((cached, config.d_model)).astype(config.numpy_dtype)
+    block = rng.standard_normal((cached, config.kv_width)).astype(config.numpy_dtype)
     row = block[:1].copy()
     for layer in range(config.n_layers):
         cache.append(layer, block, block)

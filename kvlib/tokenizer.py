@@ -14,6 +14,13 @@ TOY_VOCABULARY = (BOS, "you", "am", "How", "fine", "I", "thanks", "are", ".", "?
 _WORD_OR_PUNCTUATION = re.compile(r"<bos>|\w+|[^\w\s]")
 
 
+def _iterable(value):
+    try:
+        return list(value)
+    except TypeError:
+        return [None]
+
+
 class ToyTokenizer:
     """Splits text into words and punctuation and maps each to its id.
 
@@ -27,8 +34,19 @@ class ToyTokenizer:
     """
 
     def __init__(self, vocabulary: tuple[str, ...] = TOY_VOCABULARY):
+        if isinstance(vocabulary, (str, bytes)) or not all(
+                isinstance(word, str) and word for word in _iterable(vocabulary)):
+            raise TypeError("the vocabulary must be a sequence of words (non-empty strings), "
+                            f"got {vocabulary!r}")
         self.vocabulary = tuple(vocabulary)
-        self._ids = {word.lower(): index for index, word in enumerate(self.vocabulary)}
+        lowered = [word.lower() for word in self.vocabulary]
+        repeated = sorted({w for w in lowered if lowered.count(w) > 1})
+        if repeated:
+            raise ValueError(f"the vocabulary lists {repeated} more than once (matching ignores "
+                             "case, so 'A' and 'a' are the same word): each word needs one id")
+        if BOS not in self.vocabulary:
+            raise ValueError(f"the vocabulary must contain the beginning token {BOS!r}")
+        self._ids = {word: index for index, word in enumerate(lowered)}
         self.bos_id = self._ids[BOS]
 
     def __len__(self) -> int:
@@ -38,6 +56,8 @@ class ToyTokenizer:
         """Text -> ids, with the BOS id in front unless add_bos is False."""
         if not isinstance(text, str):
             raise TypeError(f"encode expects a string, got {type(text).__name__}")
+        if not isinstance(add_bos, (bool, np.bool_)):
+            raise TypeError(f"add_bos must be True or False, got {add_bos!r}")
         words = _WORD_OR_PUNCTUATION.findall(text)
         unknown = [word for word in words if word.lower() not in self._ids]
         if unknown:

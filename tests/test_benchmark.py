@@ -65,9 +65,15 @@ def test_the_benchmark_prints_a_complete_table(mode):
 
 
 def test_the_profile_option():
+    """The profile lists every kvlib function the decode steps call, with its call count
+    (never a timing order: which functions are slowest changes from run to run)."""
     output = run("--quick", "--profile")
     assert "Profile of cached decode steps" in output
-    assert "decode_step" in output
+    steps = int(re.search(r"(\d+) decode steps; every kvlib function", output).group(1))
+    calls = {name: int(count) for count, name in
+             re.findall(r"^\s*(\d+)\s.*kvlib[/\\]\w+\.py:\d+\((\w+)\)$", output, re.M)}
+    assert steps >= 1 and calls["decode_step"] == steps
+    assert calls["decoder_block"] == steps * 2     # the benchmark's tiny model has 2 layers
 
 
 def test_bad_options_are_refused():

@@ -20,8 +20,9 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parent.parent
 BINDER = ROOT / "binder"
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-# What the notebooks import or need to render their widgets in JupyterLab.
-NEEDED = {"numpy", "matplotlib", "ipywidgets", "ipykernel", "ipython", "jupyterlab",
+# What the notebooks import or need to render their widgets in JupyterLab (regex: the GPT-2
+# tokenizer; postBuild installs kvlib with --no-deps, so its dependencies must be pinned here).
+NEEDED = {"numpy", "regex", "matplotlib", "ipywidgets", "ipykernel", "ipython", "jupyterlab",
           "jupyterlab-widgets", "widgetsnbextension"}
 SLUG = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
 BRANCH = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # main, or a tag for a class (make links BRANCH=...)

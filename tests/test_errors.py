@@ -92,7 +92,7 @@ def test_shape_errors_in_the_steps():
         kvlib.causal_mask(5, 3)
     with pytest.raises(ValueError, match="must have 4 columns"):
         kvlib.project_qkv(np.zeros((5, 3)), kvlib.init_params().layers[0])
-    with pytest.raises(ValueError, match="append expects K and V of shape"):
+    with pytest.raises(ValueError, match=r"K must be a 2-D array \(n_new, 4\)"):
         kvlib.KVCache(kvlib.ModelConfig()).append(0, np.zeros((1, 3)), np.zeros((1, 3)))
 
 

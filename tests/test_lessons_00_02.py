@@ -1,9 +1,10 @@
 """Notebooks 00-02: their widgets, driven headless, and their exercise checkers.
 
 Widgets: set a control's value (observers fire at once) and check what the figure and the HTML
-show; bad input gives a message and no exception; nothing leaks. Checkers: typical wrong answers
-get their specific "Not yet" message, and each published solution, executed after the
-notebook's own code, passes.
+show; bad input gives a message and no exception; nothing leaks. Checkers: a table of typical
+wrong answers, each with its specific "Not yet" diagnosis, a table of valid answers in other
+forms that must pass, odd input (text, nan, 10**400, ragged lists) answered in words, and each
+published solution, executed after the notebook's own code, passes.
 """
 
 import json
@@ -16,6 +17,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from checker_cases import (  # noqa: E402
+    assert_answers_in_words,
+    assert_correct,
+    assert_not_yet,
+    odd_answers,
+    student_answers,
+)
+from hypothesis import given, settings  # noqa: E402
 
 import kvlib  # noqa: E402
 from kvlib import plots  # noqa: E402
@@ -207,6 +216,15 @@ def test_head_scaling_and_temperature_change_the_weights(params):
     assert explorer.shown["weights"].max() < 0.25                # rows near uniform
 
 
+def test_each_rows_strongest_key_is_framed(params):
+    explorer = widgets02.attention_explorer(params)
+    frames = explorer.axes[0].collections[0]
+    centres = [tuple(np.round(path.vertices[:4].mean(axis=0)).astype(int)) for path in
+               frames.get_paths()]
+    weights = explorer.shown["weights"]
+    assert centres == [(int(np.argmax(row)), r) for r, row in enumerate(weights)]
+
+
 def test_typing_a_sentence_updates_the_queries(params):
     explorer = widgets02.attention_explorer(params, query=4)
     explorer.sentence.value = "I am fine"
@@ -273,43 +291,75 @@ def test_draw_query_row_rejects_a_query_outside_the_sentence():
 
 
 # ----------------------------------------------------------------------------------------
-# Exercise checkers: specific messages for typical wrong answers
+# Exercise checkers: a table of a beginner's typical wrong answers, each with the diagnosis
+# it must get, and valid answers in other forms that must pass; then a fuzz of odd answers.
+
+CHECKERS = {
+    # checker: the shape of a well-formed answer (None: one number), for the fuzz
+    lesson00.check_logits_shape: (2,),
+    lesson00.check_next_token: None,
+    lesson01.check_sentence_embedding: (5, 4),
+    lesson01.check_one_hot: (4, 12),
+    lesson01.check_gpt2_table_size: None,
+    lesson02.check_head1_scores: (5, 5),
+    lesson02.check_head1_scaled_scores: (5, 5),
+    lesson02.check_strongest_key: None,
+}
 
 
-def not_yet(feedback, words):
-    assert not feedback.passed
-    assert repr(feedback).startswith("Not yet: ")
-    assert words in feedback.message, feedback.message
-
-
-@pytest.mark.parametrize("check", [
-    lesson00.check_logits_shape, lesson00.check_next_token,
-    lesson01.check_sentence_embedding, lesson01.check_one_hot, lesson01.check_gpt2_table_size,
-    lesson02.check_head1_scores, lesson02.check_head1_scaled_scores,
-    lesson02.check_strongest_key,
-])
+@pytest.mark.parametrize("check", CHECKERS, ids=lambda check: check.__name__)
 def test_an_untouched_answer_is_not_filled_in(check):
-    not_yet(check(...), "not filled in yet")
+    assert_not_yet(check(...), "not filled in yet")
+    assert_not_yet(check(None), "not filled in yet")
 
+
+@pytest.mark.parametrize("check, label, answer",
+                         [(check, label, answer) for check, shape in CHECKERS.items()
+                          for label, answer in odd_answers(shape)],
+                         ids=lambda value: value.__name__ if callable(value) else None)
+def test_every_checker_answers_odd_input_in_words(check, label, answer):
+    feedback = assert_answers_in_words(check, answer)
+    assert not feedback.passed, label
+
+
+@pytest.mark.parametrize("check", CHECKERS, ids=lambda check: check.__name__)
+@settings(max_examples=60, deadline=None)
+@given(answer=student_answers)
+def test_every_checker_answers_anything_in_words(check, answer):
+    assert_answers_in_words(check, answer)
+
+
+# Notebook 00, exercise 1: the logits' shape for "I am fine and you?" (7 tokens with BOS)
 
 @pytest.mark.parametrize("answer, words", [
     ((12, 7), "swapped"),
     ((1, 12), "only the last row is USED"),
     ((7, 4), "hidden state X3"),
+    ((5, 12), "shape for 'How are you?'"),
     ((6, 12), "count the BOS token"),
-    ((5, 12), "number of tokens"),
+    ((8, 12), "number of rows is the number of tokens"),
+    ((7, 11), "<bos> included"),
     ((7, 13), "vocabulary size"),
     ((7, 12, 1), "two numbers"),
-    ("(7, 12)", "tuple of whole numbers"),
+    ((7,), "two numbers"),
+    ("(7, 12)", "tuple of 2 whole numbers"),
+    (7, "tuple of 2 whole numbers"),
+    ((6.9, 12), "close (0.1 from the answer)"),
+    ((10.9, 12.0), "10.9 is 0.1 from the nearest one, 11"),
+    ((True, 12), "a bool"),
+    ((float("nan"), 12), "got nan"),
     (np.zeros((7, 12)), "not the logits"),
 ])
-def test_logits_shape_mistakes(answer, words):
-    not_yet(lesson00.check_logits_shape(answer), words)
+def test_logits_shape_wrong_answers(answer, words):
+    assert_not_yet(lesson00.check_logits_shape(answer), words)
 
 
-def test_logits_shape_accepts_tuple_or_list():
-    assert lesson00.check_logits_shape((7, 12)).passed
-    assert lesson00.check_logits_shape([np.int64(7), 12]).passed
+@pytest.mark.parametrize("answer", [
+    (7, 12), [7, 12], (7.0, 12.0), (np.int64(7), 12), np.array([7, 12]), (np.float64(7), 12.0),
+    kvlib.forward(kvlib.init_params(), TOKENIZER.encode("I am fine and you?")).shape,
+])
+def test_logits_shape_right_answers(answer):
+    assert_correct(lesson00.check_logits_shape(answer))
 
 
 def test_practice_logits_tell_the_mistakes_apart():
@@ -320,37 +370,68 @@ def test_practice_logits_tell_the_mistakes_apart():
     assert sorted_last[-1] - sorted_last[-2] > 0.5    # a clear winner
 
 
-@pytest.mark.parametrize("make_answer, words", [
-    (lambda m: int(np.argmax(m)), "not a token id"),
-    (lambda m: int(np.argmax(m[0])), "FIRST row"),
-    (lambda m: int(np.argmin(m[-1])), "smallest logit"),
-    (lambda m: np.argmax(m, axis=1), "every row"),
-    (lambda m: np.argmax(m, axis=0), "one index per column"),
-    (lambda m: "and", "id"),
-    (lambda m: 12, "from 0 to 11"),
-    (lambda m: 1.5, "whole number"),
-    (lambda m: 1, "does not have the largest logit"),
+PRACTICE = lesson00.practice_logits()
+
+
+@pytest.mark.parametrize("answer, words", [
+    (int(np.argmax(PRACTICE)), "not a token id"),
+    (int(np.argmax(PRACTICE[0])), "FIRST row"),
+    (int(np.argmin(PRACTICE[-1])), "smallest logit"),
+    (np.argmax(PRACTICE, axis=1), "every row"),
+    (np.argmax(PRACTICE, axis=0), "one index per column"),
+    (np.array([11, 11]), "got an array of shape (2,)"),
+    (float(PRACTICE[-1].max()), "largest logit itself"),
+    ("and", "id"),
+    (12, "from 0 to 11"),
+    (-1, "from 0 to 11"),
+    (10.9, "close (0.1 from the answer)"),
+    (1.5, "whole number"),
+    (True, "a bool"),
+    (float("inf"), "got inf"),
+    (1, "does not have the largest logit"),
 ])
-def test_next_token_mistakes(make_answer, words):
-    not_yet(lesson00.check_next_token(make_answer(lesson00.practice_logits())), words)
+def test_next_token_wrong_answers(answer, words):
+    assert_not_yet(lesson00.check_next_token(answer), words)
 
 
-def test_next_token_accepts_numpy_integers():
-    assert lesson00.check_next_token(np.argmax(lesson00.practice_logits()[-1])).passed
+@pytest.mark.parametrize("answer", [
+    11, 11.0, np.int64(11), np.float32(11), np.array(11), np.argmax(PRACTICE[-1]),
+    int(np.argmax(kvlib.softmax(PRACTICE[-1]))),
+])
+def test_next_token_right_answers(answer):
+    assert_correct(lesson00.check_next_token(answer))
 
 
-def test_sentence_embedding_mistakes(params):
-    table = params.embedding
-    not_yet(lesson01.check_sentence_embedding(table[[5, 2, 4, 8]]), "BOS row is missing")
-    not_yet(lesson01.check_sentence_embedding(table[:, [0, 1, 2, 3, 0]]), "COLUMNS")
-    not_yet(lesson01.check_sentence_embedding(table[[0, 2, 5, 4, 8]]),
-            "row 1 of X is the row of token 2 ('am'), but position 1 of 'I am fine.' holds "
-            "token 5 ('I')")
-    not_yet(lesson01.check_sentence_embedding(table[[0, 5, 2, 4, 8]] + 1),
-            "not a row of the table")
-    not_yet(lesson01.check_sentence_embedding(table[[0, 5, 2, 4, 8]].tolist()), "numpy array")
-    not_yet(lesson01.check_sentence_embedding(np.zeros((5, 3))), "shape (5, 4)")
-    assert lesson01.check_sentence_embedding(table[[0, 5, 2, 4, 8]]).passed
+# Notebook 01: X for "I am fine.", the one-hot matrix of "and you?", GPT-2's table size
+
+TABLE = kvlib.init_params().embedding
+SENTENCE_IDS = [0, 5, 2, 4, 8]
+
+
+@pytest.mark.parametrize("answer, words", [
+    (TABLE[SENTENCE_IDS[1:]], "BOS row is missing"),
+    (TABLE[SENTENCE_IDS].T, "transposed"),
+    (TABLE[ARTICLE_IDS], "X for 'How are you?'"),
+    (TABLE[[0, 2, 5, 4, 8]], "row 1 of X is the row of token 2 ('am'), but position 1 of "
+                             "'I am fine.' holds token 5 ('I')"),
+    (TABLE[SENTENCE_IDS] + 1, "not a row of the table"),
+    (np.zeros((5, 3)), "shape (5, 4)"),
+    (TABLE[SENTENCE_IDS].tolist()[:4], "your list read as a numpy array"),
+    ([[1.0, 2.0], [3.0]], "different lengths"),
+    ("table[ids]", "got str"),
+    (np.full((5, 4), "x"), "should hold numbers"),
+])
+def test_sentence_embedding_wrong_answers(answer, words):
+    assert_not_yet(lesson01.check_sentence_embedding(answer), words)
+
+
+@pytest.mark.parametrize("answer", [
+    TABLE[SENTENCE_IDS], TABLE[SENTENCE_IDS].tolist(), tuple(map(tuple, TABLE[SENTENCE_IDS])),
+    kvlib.embed(np.array(SENTENCE_IDS), TABLE), np.eye(12)[SENTENCE_IDS] @ TABLE,
+    TABLE[SENTENCE_IDS].astype(object), np.asarray(TABLE[SENTENCE_IDS], dtype=np.float32),
+])
+def test_sentence_embedding_right_answers(answer):
+    assert_correct(lesson01.check_sentence_embedding(answer))
 
 
 def one_hot(rows, columns=12):
@@ -359,77 +440,140 @@ def one_hot(rows, columns=12):
     return matrix
 
 
-def test_one_hot_mistakes():
-    right = one_hot([0, 11, 1, 9])
-    not_yet(lesson01.check_one_hot(right.T), "transposed")
-    not_yet(lesson01.check_one_hot(one_hot([11, 1, 9])), "BOS token")
-    not_yet(lesson01.check_one_hot(2 * right), "only 0s and 1s")
-    two_ones = right.copy()
-    two_ones[2, 5] = 1
-    not_yet(lesson01.check_one_hot(two_ones), "row 2 has 2 ones")
-    not_yet(lesson01.check_one_hot(one_hot([0, 1, 1, 9])),
-            "row 1 has its 1 in column 1 ('you'), but position 1 of 'and you?' holds token 11")
-    not_yet(lesson01.check_one_hot(np.zeros((4, 5))), "shape (4, 12)")
-    not_yet(lesson01.check_one_hot(right.tolist()), "numpy array")
-    assert lesson01.check_one_hot(right.astype(bool)).passed
+RIGHT_ONE_HOT = one_hot([0, 11, 1, 9])
+TWO_ONES = RIGHT_ONE_HOT.copy()
+TWO_ONES[2, 5] = 1
+
+
+@pytest.mark.parametrize("answer, words", [
+    (RIGHT_ONE_HOT.T, "transposed"),
+    (one_hot([11, 1, 9]), "BOS token"),
+    (one_hot(ARTICLE_IDS), "one-hot matrix of 'How are you?'"),
+    (TABLE[[0, 11, 1, 9]], "this is X"),
+    (2 * RIGHT_ONE_HOT, "only 0s and 1s"),
+    (TWO_ONES, "row 2 has 2 ones"),
+    (one_hot([0, 1, 1, 9]), "row 1 has its 1 in column 1 ('you'), but position 1 of 'and you?' "
+                            "holds token 11"),
+    (np.zeros((4, 5)), "shape (4, 12)"),
+    ([0, 11, 1, 9], "shape (4, 12)"),
+    (np.full((4, 12), None), "should hold numbers"),
+])
+def test_one_hot_wrong_answers(answer, words):
+    assert_not_yet(lesson01.check_one_hot(answer), words)
+
+
+@pytest.mark.parametrize("answer", [
+    RIGHT_ONE_HOT, RIGHT_ONE_HOT.tolist(), RIGHT_ONE_HOT.astype(bool), RIGHT_ONE_HOT.astype(int),
+    np.eye(12)[[0, 11, 1, 9]], (np.arange(12) == np.array([[0], [11], [1], [9]])),
+])
+def test_one_hot_right_answers(answer):
+    assert_correct(lesson01.check_one_hot(answer))
 
 
 @pytest.mark.parametrize("answer, words", [
     (50257 + 768, "rows PLUS columns"), (50257, "one side"), (768, "one side"),
-    (50257 * 768 * 4, "bytes"), (50257 * 768 * 2, "bytes"), (1000, "not vocab_size x d_model"),
-    ("38597376", "whole number"), (3.5, "whole number"), (True, "whole number"),
+    (50257 * 768 * 4, "bytes"), (50257 * 768 * 2, "bytes"),
+    (50257 * 768 + 1024 * 768, "position table"), (124_439_808, "every weight of GPT-2"),
+    (38_600_000, "close (2,624 off)"), (3.86e7, "close"), (38_597_376.5, "close (0.5 from"),
+    (1000, "not vocab_size x d_model"), ("38597376", "not text"), (3.5, "whole number"),
+    (True, "a bool"), (10**400, "more than 30 digits"), (float("nan"), "got nan"),
 ])
-def test_gpt2_table_size_mistakes(answer, words):
-    not_yet(lesson01.check_gpt2_table_size(answer), words)
+def test_gpt2_table_size_wrong_answers(answer, words):
+    assert_not_yet(lesson01.check_gpt2_table_size(answer), words)
 
 
-def test_gpt2_table_size_accepts_equal_numbers():
-    for answer in (38_597_376, 38597376.0, np.int64(38_597_376)):
-        assert lesson01.check_gpt2_table_size(answer).passed
+@pytest.mark.parametrize("answer", [38_597_376, 38597376.0, np.int64(38_597_376),
+                                    np.array(38_597_376), 50257 * 768])
+def test_gpt2_table_size_right_answers(answer):
+    assert_correct(lesson01.check_gpt2_table_size(answer))
 
 
-@pytest.fixture(scope="module")
-def layer0(params):
-    X = kvlib.embed(np.array(ARTICLE_IDS), params.embedding)
-    return kvlib.project_qkv(X, params.layers[0])
+# Notebook 02: head 1's raw and scaled scores, and the strongest key on another prompt
+
+X_ARTICLE = kvlib.embed(np.array(ARTICLE_IDS), TABLE)
+Q0, K0, _ = kvlib.project_qkv(X_ARTICLE, kvlib.init_params().layers[0])
+RAW1 = Q0[:, 2:] @ K0[:, 2:].T
+RAW0 = Q0[:, :2] @ K0[:, :2].T
 
 
-def test_head1_scores_mistakes(layer0):
-    Q, K, _ = layer0
-    raw = Q[:, 2:] @ K[:, 2:].T
-    check = lesson02.check_head1_scores
-    not_yet(check(Q[:, :2] @ K[:, :2].T), "head 0's scores")
-    not_yet(check(Q @ K.T), "all 4 columns")
-    not_yet(check(raw.T), "swapped")
-    not_yet(check(Q[:, 2:].T @ K[:, 2:]), "Q_h.T @ K_h")
-    not_yet(check(raw / np.sqrt(2)), "already divided")
-    not_yet(check(raw + 1), "right shape but not the right values")
-    assert check(raw).passed
+@pytest.mark.parametrize("answer, words", [
+    (RAW0, "head 0's scores"),
+    (Q0 @ K0.T, "all 4 columns"),
+    (RAW1.T, "swapped"),
+    (Q0[:, 2:].T @ K0[:, 2:], "Q_h.T @ K_h"),
+    (RAW1 / np.sqrt(2), "divided by 1.41 already"),
+    (RAW1 + 1, "right shape but not the right values"),
+    (RAW1[:4], "shape (5, 5)"),
+])
+def test_head1_scores_wrong_answers(answer, words):
+    assert_not_yet(lesson02.check_head1_scores(answer), words)
 
 
-def test_head1_scaled_scores_mistakes(layer0):
-    Q, K, _ = layer0
-    raw = Q[:, 2:] @ K[:, 2:].T
-    check = lesson02.check_head1_scaled_scores
-    not_yet(check(raw), "not scaled yet")
-    not_yet(check(raw / 2), "square root of ONE head's size")
-    not_yet(check(raw * np.sqrt(2)), "multiplied")
-    not_yet(check(Q[:, :2] @ K[:, :2].T / np.sqrt(2)), "head 0's scores")
-    not_yet(check(Q @ K.T / np.sqrt(2)), "all 4 columns")
-    assert check(raw / np.sqrt(2)).passed
-    assert check(kvlib.attention_scores(Q[:, 2:], K[:, 2:])).passed
+@pytest.mark.parametrize("answer", [RAW1, RAW1.tolist(), np.round(RAW1, 3),
+                                    Q0[:, 2:4] @ K0[:, 2:4].T, np.einsum("ic,jc->ij", Q0[:, 2:],
+                                                                         K0[:, 2:])])
+def test_head1_scores_right_answers(answer):
+    assert_correct(lesson02.check_head1_scores(answer))
 
 
-def test_strongest_key_mistakes():
-    check = lesson02.check_strongest_key
-    not_yet(check(3), "head 1's strongest key")
-    not_yet(check(0), "another key gets more")
-    not_yet(check("?"), "not its word")
-    not_yet(check(np.array([4, 4])), "one position")
-    not_yet(check(5), "positions 0 to 4")
-    not_yet(check(4.0), "whole number")
-    feedback = check(np.int64(4))
-    assert feedback.passed and "AFTER 'you'" in feedback.message
+@pytest.mark.parametrize("answer, words", [
+    (RAW1, "not scaled yet"),
+    (RAW1 / 2, "square root of ONE head's size"),
+    (RAW1 * np.sqrt(2), "multiplied"),
+    (RAW1 / 1.4, "divided head 1's scores by 1.4;"),
+    (RAW1 / 1.42, "by 1.42;"),
+    (RAW0 / np.sqrt(2), "head 0's scores"),
+    (RAW0 / 1.41, "head 0's scores"),
+    (Q0 @ K0.T / np.sqrt(2), "all 4 columns"),
+    (RAW1.T / 1.414, "swapped"),
+    (RAW1 / np.sqrt(2) + 0.1, "right shape but not the right values"),
+])
+def test_head1_scaled_scores_wrong_answers(answer, words):
+    assert_not_yet(lesson02.check_head1_scaled_scores(answer), words)
+
+
+@pytest.mark.parametrize("answer", [
+    RAW1 / np.sqrt(2), RAW1 / 1.414, RAW1 / 1.41, RAW1 / 2 ** 0.5, RAW1 * (1 / np.sqrt(2)),
+    (RAW1 / 1.41).tolist(), np.round(RAW1 / np.sqrt(2), 3),
+    kvlib.attention_scores(Q0[:, 2:], K0[:, 2:]),
+])
+def test_head1_scaled_scores_right_answers(answer):
+    feedback = lesson02.check_head1_scaled_scores(answer)
+    assert_correct(feedback)
+
+
+def test_strongest_key_case_tells_row_from_column():
+    Q, K, _ = kvlib.project_qkv(kvlib.embed(np.array(TOKENIZER.encode("I am fine and you?")),
+                                            TABLE), kvlib.init_params().layers[0])
+    weights = kvlib.attention_weights(Q[:, 2:], K[:, 2:])
+    head0 = kvlib.attention_weights(Q[:, :2], K[:, :2])
+    row, column, other = (int(np.argmax(weights[4])), int(np.argmax(weights[:, 4])),
+                          int(np.argmax(head0[4])))
+    assert len({row, column, other, 4}) == 4      # every misreading gives another position
+    assert row > 4                                # the strongest key is in the future
+    assert np.sort(weights[4])[-1] - np.sort(weights[4])[-2] > 0.15   # a clear winner
+
+
+@pytest.mark.parametrize("answer, words", [
+    (0, "COLUMN 4"),
+    (6, "head 0's strongest key"),
+    (4, "'and' itself"),
+    (3, "another key gets more"),
+    (7, "positions 0 to 6"),
+    ("you", "not its word"),
+    (np.array([5, 5]), "one position"),
+    (4.9, "close (0.1 from the answer)"),
+    (5.5, "whole number"),
+])
+def test_strongest_key_wrong_answers(answer, words):
+    assert_not_yet(lesson02.check_strongest_key(answer), words)
+
+
+@pytest.mark.parametrize("answer", [5, 5.0, np.int64(5), np.array(5)])
+def test_strongest_key_right_answers(answer):
+    feedback = lesson02.check_strongest_key(answer)
+    assert_correct(feedback)
+    assert "AFTER 'and'" in feedback.message
 
 
 # ----------------------------------------------------------------------------------------

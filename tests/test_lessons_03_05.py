@@ -2,8 +2,9 @@
 
 Widgets are built, their controls set (observers fire synchronously), and the drawn artists
 compared with what kvlib computes. Every checker must say "Not yet" with the specific reason
-for each typical wrong answer, and every published solution, executed in the namespace of its
-notebook, must pass its checker.
+for each typical wrong answer in its table, pass the valid answers in other forms, answer odd
+input (text, nan, 10**400, ragged lists) in words, and every published solution, executed in
+the namespace of its notebook, must pass its checker.
 """
 
 import matplotlib
@@ -17,6 +18,14 @@ from pathlib import Path  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from checker_cases import (  # noqa: E402
+    assert_answers_in_words,
+    assert_correct,
+    assert_not_yet,
+    odd_answers,
+    student_answers,
+)
+from hypothesis import given, settings  # noqa: E402
 
 import kvlib  # noqa: E402
 from kvlib.exercises import lesson03 as exercises03  # noqa: E402
@@ -108,6 +117,15 @@ def test_mask_explorer_reports_a_bad_prompt_and_recovers(params):
     assert image_of(box.figure.axes[0]).shape == (4, 4)
     assert [t.get_text() for t in box.figure.axes[0].get_xticklabels()] == ["<bos>", "I", "am",
                                                                            "fine"]
+
+
+def test_mask_explorer_with_a_single_token_says_there_is_no_future(params):
+    box = widgets03.mask_explorer(params)
+    box.controls["prompt"].value = ""               # only <bos>
+    for masked in (False, True):
+        box.controls["mask"].value = masked
+        assert "single token" in box.status.value and "reads the future" not in box.status.value
+        assert image_of(box.figure.axes[0]).shape == (1, 1)
 
 
 def test_mask_explorer_keeps_one_figure_and_one_colorbar(params):
@@ -272,14 +290,41 @@ def test_head_count_explorer_redraws_one_heatmap_per_head():
         assert box.state["head_dim"] == 8 // count
         assert len(box.figure.axes) == 1 + count          # Q and one heatmap per head
         np.testing.assert_array_equal(box.state["Q"], Q)
-        heads = [t.get_text() for t in box.figure.axes[0].texts if t.get_text().startswith("head")]
-        assert heads == [f"head {h}" for h in range(count)]
+        heads = [t.get_text() for t in box.figure.axes[0].texts if t.get_text().startswith("h")]
+        short = count == 8                                  # one column per head: "h0".."h7"
+        assert heads == [f"h{h}" if short else f"head {h}" for h in range(count)]
         assert f"head_dim {8 // count}" in box.status.value
     box.controls["heads"].value = 3
     assert "must be divisible by n_heads (3)" in box.message.value
     assert box.status.value == "" and box.state["head_dim"] == 1   # the last good drawing stays
     box.controls["heads"].value = 4
     assert box.message.value == "" and len(box.figure.axes) == 5
+
+
+def figure_artists(figure):
+    """Everything an update draws: each axes' children and tick labels, the figure's texts."""
+    return sum(len(ax.get_children()) + len(ax.get_xticklabels()) + len(ax.get_yticklabels())
+               for ax in figure.axes) + len(figure.texts)
+
+
+def test_head_count_explorer_draws_a_bounded_number_of_artists():
+    """8 heads on a 32-token prompt took 5.9 s per update when every masked cell was its own
+    hatched patch (3,968 of them). What it draws must not grow with the masked cells: one
+    hatch patch per heatmap and a few token labels, so an update is as fast as at 5 tokens.
+    Counted, not timed: a timing would fail on a busy machine."""
+    box = widgets04.head_count_explorer(n_heads=8)
+    short = figure_artists(box.figure)
+    box.controls["prompt"].value = "How are you? I am fine and you? " * 3 + "I"
+    assert len(box.state["ids"]) == 32 and box.message.value == ""
+    heatmaps = box.figure.axes[1:]
+    assert len(heatmaps) == 8
+    for ax in heatmaps:
+        assert len(ax.patches) == 1 and len(ax.images) == 1          # weights, one hatch
+        assert len(ax.get_xticklabels()) <= 8 and len(ax.get_yticklabels()) <= 8
+    assert figure_artists(box.figure) <= short + 40 and figure_artists(box.figure) < 300
+    labels = [t for t in box.figure.axes[0].texts if t.get_text().startswith("h")]
+    assert [t.get_text() for t in labels] == [f"h{h}" for h in range(8)]
+    assert box.figure.axes[0].get_aspect() == "auto"       # Q is not a thin strip of 32 rows
 
 
 def test_head_count_explorer_does_not_leak():
@@ -381,6 +426,29 @@ def test_gelu_explorer_plots_gelu_and_relu_and_rejects_bad_values():
     assert plt.get_fignums() == figures
 
 
+def test_stream_legend_tells_the_updates_apart_at_every_block_count(params):
+    for blocks in (0, 1, 3):
+        box = widgets05.stream_explorer(params, blocks=blocks)
+        legend = box.figure.axes[2].get_legend()
+        entries = dict(zip([t.get_text() for t in legend.get_texts()], legend.legend_handles))
+        attention = entries["attention update"].get_facecolor()
+        mlp = entries["MLP update"].get_facecolor()
+        assert matplotlib.colors.same_color(attention, widgets05.ATTENTION_COLOR)
+        assert matplotlib.colors.same_color(mlp, widgets05.MLP_COLOR)
+        assert ("block not applied yet" in entries) == (blocks < 3)
+
+
+@pytest.mark.parametrize("x, shown", [(1e308, "gelu(1e+308) = 1e+308"),
+                                      (-1e308, "gelu(-1e+308) = 0.000"),
+                                      (12345678.0, "gelu(1.23457e+07) = 1.235e+07"),
+                                      (-3.0, "gelu(-3) = -0.004")])
+def test_gelu_explorer_prints_large_values_readably(x, shown):
+    box = widgets05.gelu_explorer()
+    box.controls["x"].value = x                       # no overflow warning (warnings are errors)
+    assert shown in box.status.value and len(box.status.value) < 120
+    assert box.message.value == ""
+
+
 def test_gelu_plot_marks_the_dip():
     fig, ax = plt.subplots()
     try:
@@ -393,183 +461,313 @@ def test_gelu_plot_marks_the_dip():
 
 
 # ---------------------------------------------------------------- exercise checkers
+# A table of a beginner's typical wrong answers, each with the diagnosis it must get; valid
+# answers in other forms that must pass; then a fuzz of odd answers, all answered in words.
+
+CHECKERS = {
+    # checker: the shape of a well-formed answer, for the fuzz
+    exercises03.check_mask: (7, 7),
+    exercises03.check_masked_weights: (7, 7),
+    exercises03.check_changed_rows: (3,),
+    exercises04.check_head_slice: (5, 4),
+    exercises04.check_three_heads: (3, 5, 2),
+    exercises04.check_attention_output: (7, 4),
+    exercises05.check_hidden_shape: (2,),
+    exercises05.check_second_block: (7, 4),
+    exercises05.check_gelu_values: (3,),
+}
 
 
-def article_layer0():
-    params = kvlib.init_params()
-    X = kvlib.embed(np.array(IDS), params.embedding)
-    return params, kvlib.project_qkv(X, params.layers[0])
+@pytest.mark.parametrize("check", CHECKERS, ids=lambda check: check.__name__)
+def test_an_untouched_answer_is_not_filled_in(check):
+    assert_not_yet(check(...), "not filled in yet")
+    assert_not_yet(check(None), "not filled in yet")
 
 
-def test_mask_checker():
-    mask = kvlib.causal_mask(5)
-    cases = [
-        (..., "not filled in yet"),
-        ([[1, 0], [1, 1]], "should be a numpy array"),
-        (np.tril(np.ones((4, 4), bool)), "shape (5, 5)"),
-        (mask.astype(int), "holds numbers, not booleans"),
-        (~mask, "the opposite"),
-        (np.triu(np.ones((5, 5), bool)), "upper triangle"),
-        (np.tril(np.ones((5, 5), bool), k=-1), "diagonal is missing"),
-        (np.ones((5, 5), bool), "no masking at all"),
-        (np.tril(np.ones((5, 5), bool), k=1), "look at row 0, column 1"),
-    ]
-    for answer, message in cases:
-        feedback = exercises03.check_mask(answer)
-        assert not feedback and repr(feedback).startswith("Not yet:"), answer
-        assert message in feedback.message, (message, feedback.message)
-    assert exercises03.check_mask(np.tril(np.ones((5, 5), dtype=bool)))
+@pytest.mark.parametrize("check, label, answer",
+                         [(check, label, answer) for check, shape in CHECKERS.items()
+                          for label, answer in odd_answers(shape)],
+                         ids=lambda value: value.__name__ if callable(value) else None)
+def test_every_checker_answers_odd_input_in_words(check, label, answer):
+    feedback = assert_answers_in_words(check, answer)
+    assert not feedback.passed, label
 
 
-def test_masked_weights_checker():
-    scores = exercises03.layer0_scores()
-    mask = kvlib.causal_mask(5)
-    cases = [
-        (None, "not filled in yet"),
-        (kvlib.softmax(scores[1]), "unmasked weights"),
-        (kvlib.softmax(scores[1]) * mask, "rows no longer sum to 1"),
-        (kvlib.softmax(np.where(mask, scores[1], 0.0)), "a score of 0 is not forbidden"),
-        (kvlib.softmax(kvlib.apply_mask(scores[0], mask)), "head 0's weights"),
-        (kvlib.softmax(kvlib.apply_mask(scores, mask)), "shape (5, 5)"),
-        (np.tril(np.ones((5, 5))), "should sum to 1"),
-        (np.full((5, 5), 0.2), "above the diagonal"),
-        (np.eye(5), "right shape but not the right values"),
-    ]
-    for answer, message in cases:
-        feedback = exercises03.check_masked_weights(answer)
-        assert not feedback and message in feedback.message, (message, feedback.message)
-    assert exercises03.check_masked_weights(kvlib.softmax(kvlib.apply_mask(scores[1], mask)))
+@pytest.mark.parametrize("check", CHECKERS, ids=lambda check: check.__name__)
+@settings(max_examples=60, deadline=None)
+@given(answer=student_answers)
+def test_every_checker_answers_anything_in_words(check, answer):
+    assert_answers_in_words(check, answer)
 
 
-def test_changed_rows_checker():
-    cases = [
-        (..., "not filled in yet"),
-        ("2, 3, 4", "list of row numbers"),
-        ([2.0, 3.0], "list of row numbers"),
-        ([2, 3, 4, 5], "numbered 0 to 4"),
-        ([1, 2, 3, 4], "row(s) [1] come before position 2"),
-        ([0, 1, 2, 3, 4], "row(s) [0, 1] come before position 2"),
-        ([3, 4], "row 2 changes too"),
-        ([2, 3], "row(s) [4] also change"),
-    ]
-    for answer, message in cases:
-        feedback = exercises03.check_changed_rows(answer)
-        assert not feedback and message in feedback.message, (message, feedback.message)
-    for right in ([2, 3, 4], (4, 3, 2), np.array([2, 3, 4]), {2, 3, 4}):
-        assert exercises03.check_changed_rows(right)
+# Notebook 03, exercise 1: the (7, 7) mask of "I am fine and you?"
+
+MASK7 = kvlib.causal_mask(7)
 
 
-def test_head_slice_checker():
-    _, (Q, _, _) = article_layer0()
-    cases = [
-        (..., "not filled in yet"),
-        (Q[2:4], "rows 2 and 3, which are tokens"),
-        (Q[:, 0:2], "head 0's slice"),
-        (Q[:, 1:3], "not at column h"),
-        (Q.reshape(2, 5, 2)[1], "mixes tokens"),
-        (Q[:, 1::2], "next to each other"),
-        (Q, "shape (5, 2)"),
-        (Q[:, 2:4] * 2, "not the right values"),
-    ]
-    for answer, message in cases:
-        feedback = exercises04.check_head_slice(answer)
-        assert not feedback and message in feedback.message, (message, feedback.message)
-    assert exercises04.check_head_slice(Q[:, 2:4].copy())
+@pytest.mark.parametrize("answer, words", [
+    (kvlib.causal_mask(5), "size of the notebook's prompt"),
+    (np.tril(np.ones((4, 4), bool)), "shape (7, 7)"),
+    (MASK7.astype(int), "holds numbers, not booleans"),
+    (MASK7.astype(float), "holds numbers, not booleans"),
+    (~MASK7, "the opposite"),
+    (np.triu(np.ones((7, 7), bool)), "upper triangle"),
+    (np.tril(np.ones((7, 7), bool), k=-1), "diagonal is missing"),
+    (np.ones((7, 7), bool), "no masking at all"),
+    (np.tril(np.ones((7, 7), bool), k=1), "look at row 0, column 1"),
+    ("np.tril", "got str"),
+    ([[True, False], [True]], "different lengths"),
+])
+def test_mask_wrong_answers(answer, words):
+    assert_not_yet(exercises03.check_mask(answer), words)
 
 
-def test_three_heads_checker():
-    M = np.arange(30).reshape(5, 6)
-    cases = [
-        (..., "not filled in yet"),
-        (M.reshape(3, 5, 2), "M.reshape(3, 5, 2)"),
-        (M.reshape(5, 3, 2), "transpose(1, 0, 2)"),
-        (M.reshape(5, 2, 3).transpose(1, 0, 2), "2 heads of 3 columns"),
-        (M.reshape(3, 10), "shape (3, 5, 2)"),
-    ]
-    for answer, message in cases:
-        feedback = exercises04.check_three_heads(answer)
-        assert not feedback and message in feedback.message, (message, feedback.message)
-    assert exercises04.check_three_heads(M.reshape(5, 3, 2).transpose(1, 0, 2))
+@pytest.mark.parametrize("answer", [
+    MASK7, MASK7.tolist(), np.tril(np.ones((7, 7))) == 1, np.arange(7)[:, None] >= np.arange(7),
+    ~np.triu(np.ones((7, 7), bool), k=1),
+])
+def test_mask_right_answers(answer):
+    assert_correct(exercises03.check_mask(answer))
 
 
-def test_attention_output_checker():
-    params, (Q, K, V) = article_layer0()
-    heads = kvlib.attention(*(kvlib.split_heads(M, 2) for M in (Q, K, V)),
-                            mask=kvlib.causal_mask(5))
-    Wo = params.layers[0].Wo
-    concatenated = kvlib.merge_heads(heads)
-    cases = [
-        (..., "not filled in yet"),
-        (concatenated, "output projection is still missing"),
-        (heads.reshape(5, 4) @ Wo, "heads.reshape(5, 4)"),
-        (heads.sum(axis=0), "not added"),
-        (Wo @ concatenated.T, "rows must stay tokens"),
-        (concatenated @ Wo.T, "not the right values"),
-    ]
-    for answer, message in cases:
-        feedback = exercises04.check_attention_output(answer)
-        assert not feedback and message in feedback.message, (message, feedback.message)
-    assert exercises04.check_attention_output(concatenated @ Wo)
+SCORES7 = exercises03.practice_scores()
+with np.errstate(all="ignore"):
+    RIGHT_WEIGHTS7 = kvlib.softmax(np.where(MASK7, SCORES7[1], -np.inf))
+    INVERTED_WEIGHTS7 = kvlib.softmax(np.where(~MASK7, SCORES7[1], -np.inf))
 
 
-def test_hidden_shape_checker():
-    cases = [
-        (..., "not filled in yet"),
-        (3072, "tuple of two whole numbers"),
-        ((10, 768), "input and output shape"),
-        ((768, 3072), "W_up's shape"),
-        ((3072, 10), "rows are tokens"),
-        ((1, 3072), "all 10 prompt tokens"),
-        ((5, 8), "toy model"),
-        ((10, 3073), "not (10, 3073)"),
-    ]
-    for answer, message in cases:
-        feedback = exercises05.check_hidden_shape(answer)
-        assert not feedback and message in feedback.message, (message, feedback.message)
-    assert exercises05.check_hidden_shape((10, 3072))
-    assert exercises05.check_hidden_shape([10, 3072])
+@pytest.mark.parametrize("answer, words", [
+    (kvlib.softmax(SCORES7[1]), "unmasked weights"),
+    (kvlib.softmax(SCORES7[1]) * MASK7, "rows no longer sum to 1"),
+    (kvlib.softmax(np.where(MASK7, SCORES7[1], 0.0)), "a score of 0 is not forbidden"),
+    (kvlib.softmax(kvlib.apply_mask(SCORES7[0], MASK7)), "head 0's weights"),
+    (kvlib.softmax(kvlib.apply_mask(SCORES7, MASK7)), "both heads' weights"),
+    (kvlib.softmax(kvlib.apply_mask(SCORES7[1], MASK7), axis=0), "COLUMNS sum to 1"),
+    (INVERTED_WEIGHTS7, "rows are nan"),
+    (kvlib.softmax(kvlib.apply_mask(exercises03.layer0_scores()[1], kvlib.causal_mask(5))),
+     "size of the notebook's prompt"),
+    (np.tril(np.ones((7, 7))), "should sum to 1"),
+    (np.full((7, 7), 1 / 7), "above the diagonal"),
+    (np.eye(7), "right shape but not the right values"),
+    (SCORES7[1], "should sum to 1"),
+])
+def test_masked_weights_wrong_answers(answer, words):
+    assert_not_yet(exercises03.check_masked_weights(answer), words)
 
 
-def test_second_block_checker():
-    params = kvlib.init_params()
-    mask = kvlib.causal_mask(5)
-    X0 = kvlib.embed(np.array(IDS), params.embedding)
-    X1 = kvlib.decoder_block(X0, params.layers[0], 2, mask=mask)
-    layer = params.layers[1]
-    Q, K, V = (kvlib.split_heads(M, 2) for M in kvlib.project_qkv(X1, layer))
-    attention = kvlib.merge_heads(kvlib.attention(Q, K, V, mask)) @ layer.Wo
-    cases = [
-        (..., "not filled in yet"),
-        (attention + kvlib.mlp(attention, layer), "replaced the stream"),
-        (X1 + attention, "stops after attention"),
-        (X1 + attention + kvlib.mlp(X1, layer), "the MLP reads the stream after attention"),
-        (kvlib.decoder_block(X1, params.layers[0], 2, mask=mask), "first block's weights"),
-        (kvlib.decoder_block(X1, layer, 2), "without the causal mask"),
-        (X1, "not the right values"),
-        (X1[:4], "shape (5, 4)"),
-    ]
-    for answer, message in cases:
-        feedback = exercises05.check_second_block(answer)
-        assert not feedback and message in feedback.message, (message, feedback.message)
-    assert exercises05.check_second_block(kvlib.decoder_block(X1, layer, 2, mask=mask))
+@pytest.mark.parametrize("answer", [
+    RIGHT_WEIGHTS7, RIGHT_WEIGHTS7.tolist(),
+    kvlib.attention_weights(*(kvlib.split_heads(M, 2)[1] for M in kvlib.project_qkv(
+        kvlib.embed(np.array([0, 5, 2, 4, 11, 1, 9]), kvlib.init_params().embedding),
+        kvlib.init_params().layers[0])[:2]), MASK7),
+    (lambda e: e / e.sum(axis=1, keepdims=True))(np.exp(SCORES7[1]) * MASK7),
+])
+def test_masked_weights_right_answers(answer):
+    assert_correct(exercises03.check_masked_weights(answer))
 
 
-def test_gelu_values_checker():
-    cases = [
-        (..., "not filled in yet"),
-        ("0, 10, 0", "give three numbers"),
-        ((0, 10), "got 2"),
-        ((0.5, 10, 0), "passes through the origin"),
-        ((0, 0, 0), "almost everything through"),
-        ((0, 10, -10), "not -10"),
-        ((0, 10, -0.17), "not -10 and not -0.17"),
-        ((0, float("nan"), 0), "almost everything through"),
-    ]
-    for answer, message in cases:
-        feedback = exercises05.check_gelu_values(answer)
-        assert not feedback and message in feedback.message, (message, feedback.message)
-    assert exercises05.check_gelu_values((0, 10, 0))
-    assert exercises05.check_gelu_values((0.0, 9.995, -0.004))
+# Notebook 03, exercise 3: which rows change when "are" (position 2) becomes "fine"
+
+@pytest.mark.parametrize("answer, words", [
+    ("2, 3, 4", "not text"),
+    ([2.5, 3], "2.5 is 0.5 from the nearest one"),
+    ([2, 3, 4, 5], "numbered 0 to 4"),
+    ([-1], "numbered 0 to 4"),
+    ([1, 2, 3, 4], "row(s) [1] come before position 2"),
+    ([0, 1, 2, 3, 4], "row(s) [0, 1] come before position 2"),
+    (range(5), "row(s) [0, 1] come before position 2"),
+    ([3, 4], "row 2 changes too"),
+    ([2, 3], "row(s) [4] also change"),
+    (np.array(2), "row(s) [3, 4] also change"),
+    (2, "row(s) [3, 4] also change"),
+    ([], "no row at all"),
+    (np.array([True, False]), "one entry per row"),
+    ([True, 2], "a bool"),
+])
+def test_changed_rows_wrong_answers(answer, words):
+    assert_not_yet(exercises03.check_changed_rows(answer), words)
+
+
+@pytest.mark.parametrize("answer", [
+    [2, 3, 4], (4, 3, 2), np.array([2, 3, 4]), {2, 3, 4}, range(2, 5), [2.0, 3.0, 4.0],
+    [np.int64(2), 3, 4], [2, 2, 3, 4], np.where(np.arange(5) >= 2),
+    np.flatnonzero(np.arange(5) >= 2), np.arange(5) >= 2, list(range(2, 5)),
+])
+def test_changed_rows_right_answers(answer):
+    assert_correct(exercises03.check_changed_rows(answer))
+
+
+# Notebook 04, exercise 1: head 2's columns of a (5, 12) Q with 3 heads
+
+Q12 = exercises04.practice_queries()
+
+
+@pytest.mark.parametrize("answer, words", [
+    (Q12[8:12], "you took rows"),
+    (Q12[2:3], "you took rows"),
+    (Q12[:, 4:8], "head 1's slice"),
+    (Q12[:, 0:4], "head 0's slice"),
+    (Q12[:, 2:6], "not at column h"),
+    (Q12.reshape(3, 5, 4)[2], "mixes tokens"),
+    (Q12[:, 2::3], "next to each other"),
+    (Q12[:, 6:12], "6 columns would be 2 heads"),
+    (Q12[:, 4:6], "head_dim is 2 in the notebook's model"),
+    (Q12, "shape (5, 4)"),
+    (Q12[:, 8:12] * 2, "not the right values"),
+])
+def test_head_slice_wrong_answers(answer, words):
+    assert_not_yet(exercises04.check_head_slice(answer), words)
+
+
+@pytest.mark.parametrize("answer", [Q12[:, 8:12], Q12[:, -4:], Q12[:, 8:12].tolist(),
+                                    kvlib.split_heads(Q12, 3)[2], Q12.reshape(5, 3, 4)[:, 2]])
+def test_head_slice_right_answers(answer):
+    assert_correct(exercises04.check_head_slice(answer))
+
+
+# Notebook 04, exercise 2: np.arange(30).reshape(5, 6) split into 3 heads
+
+M30 = np.arange(30).reshape(5, 6)
+
+
+@pytest.mark.parametrize("answer, words", [
+    (M30.reshape(3, 5, 2), "M.reshape(3, 5, 2)"),
+    (M30.reshape(5, 3, 2), "transpose(1, 0, 2)"),
+    (M30.reshape(5, 3, 2).transpose(1, 2, 0), "other two axes are in the wrong order"),
+    (M30.reshape(5, 2, 3).transpose(1, 0, 2), "2 heads of 3 columns"),
+    (M30.reshape(3, 10), "shape (3, 5, 2)"),
+    (M30.reshape(5, 3, 2).transpose(1, 0, 2) + 1, "not the right values"),
+])
+def test_three_heads_wrong_answers(answer, words):
+    assert_not_yet(exercises04.check_three_heads(answer), words)
+
+
+@pytest.mark.parametrize("answer", [
+    M30.reshape(5, 3, 2).transpose(1, 0, 2), np.stack([M30[:, 2 * h:2 * h + 2] for h in range(3)]),
+    [M30[:, 2 * h:2 * h + 2].tolist() for h in range(3)], kvlib.split_heads(M30, 3),
+    np.array(np.split(M30, 3, axis=1)), M30.reshape(5, 3, 2).swapaxes(0, 1).astype(float),
+])
+def test_three_heads_right_answers(answer):
+    assert_correct(exercises04.check_three_heads(answer))
+
+
+# Notebook 04, exercise 3: from the heads of "I am fine and you?" to the attention output
+
+HEADS7 = exercises04.practice_heads()
+WO = kvlib.init_params().layers[0].Wo
+CONCATENATED7 = kvlib.merge_heads(HEADS7)
+
+
+@pytest.mark.parametrize("answer, words", [
+    (CONCATENATED7, "output projection is still missing"),
+    (HEADS7.reshape(7, 4) @ WO, "heads.reshape(7, 4)"),
+    (HEADS7.reshape(7, 4), "Wo is still missing"),
+    (HEADS7.sum(axis=0), "not added"),
+    (WO @ CONCATENATED7.T, "rows must stay tokens"),
+    (CONCATENATED7 @ WO.T, "Wo is transposed"),
+    (np.zeros((5, 4)), "the notebook's prompt"),
+    (CONCATENATED7 @ WO + 1, "not the right values"),
+])
+def test_attention_output_wrong_answers(answer, words):
+    assert_not_yet(exercises04.check_attention_output(answer), words)
+
+
+@pytest.mark.parametrize("answer", [
+    CONCATENATED7 @ WO, np.hstack(list(HEADS7)) @ WO, np.concatenate(HEADS7, axis=1) @ WO,
+    sum(HEADS7[h] @ WO[2 * h:2 * h + 2] for h in range(2)), (CONCATENATED7 @ WO).tolist(),
+])
+def test_attention_output_right_answers(answer):
+    assert_correct(exercises04.check_attention_output(answer))
+
+
+# Notebook 05, exercise 1: GPT-2 small's hidden shape for a 10-token prompt
+
+@pytest.mark.parametrize("answer, words", [
+    (3072, "tuple of 2 whole numbers"),
+    ((10, 768), "input and output shape"),
+    ((768, 3072), "W_up's shape"),
+    ((3072, 10), "rows are tokens"),
+    ((1, 3072), "all 10 prompt tokens"),
+    ((10, 1536), "toy model's ratio"),
+    ((5, 8), "toy model"),
+    ((10, 3073), "not (10, 3073)"),
+    ((10.9, 3072.7), "10.9 is 0.1 from the nearest one, 11"),
+    ((10, 3072.4), "close (0.4 from the answer)"),
+    ((10,), "2 numbers, got 1"),
+    ("(10, 3072)", "tuple of 2 whole numbers"),
+])
+def test_hidden_shape_wrong_answers(answer, words):
+    assert_not_yet(exercises05.check_hidden_shape(answer), words)
+
+
+@pytest.mark.parametrize("answer", [(10, 3072), [10, 3072], (10.0, 3072.0), np.array([10, 3072]),
+                                    (np.int64(10), kvlib.GPT2_SMALL.d_ff)])
+def test_hidden_shape_right_answers(answer):
+    assert_correct(exercises05.check_hidden_shape(answer))
+
+
+# Notebook 05, exercise 2: X2 of "I am fine and you?" from its X1, by hand
+
+PARAMS = kvlib.init_params()
+X1_OTHER = exercises05.practice_stream()
+BLOCK2 = PARAMS.layers[1]
+ATTENTION7 = kvlib.merge_heads(kvlib.attention(
+    *(kvlib.split_heads(M, 2) for M in kvlib.project_qkv(X1_OTHER, BLOCK2)), MASK7)) @ BLOCK2.Wo
+H7 = X1_OTHER + ATTENTION7
+X2_OTHER = H7 + kvlib.mlp(H7, BLOCK2)
+
+
+@pytest.mark.parametrize("answer, words", [
+    (ATTENTION7 + kvlib.mlp(ATTENTION7, BLOCK2), "replaced the stream"),
+    (kvlib.mlp(ATTENTION7, BLOCK2), "both additions are missing"),
+    (H7, "stops after attention"),
+    (X1_OTHER + ATTENTION7 + kvlib.mlp(X1_OTHER, BLOCK2), "the MLP reads the stream after"),
+    (kvlib.decoder_block(X1_OTHER, PARAMS.layers[0], 2, mask=MASK7), "first block's weights"),
+    (kvlib.decoder_block(X1_OTHER, BLOCK2, 2), "without the causal mask"),
+    (X1_OTHER, "X1 itself"),
+    (np.zeros((5, 4)), "the notebook's prompt"),
+    (X1_OTHER[:4], "shape (7, 4)"),
+    (X2_OTHER + 0.5, "not the right values"),
+])
+def test_second_block_wrong_answers(answer, words):
+    assert_not_yet(exercises05.check_second_block(answer), words)
+
+
+@pytest.mark.parametrize("answer", [X2_OTHER, X2_OTHER.tolist(),
+                                    kvlib.decoder_block(X1_OTHER, BLOCK2, 2, mask=MASK7),
+                                    X1_OTHER + ATTENTION7 + kvlib.mlp(H7, BLOCK2)])
+def test_second_block_right_answers(answer):
+    assert_correct(exercises05.check_second_block(answer))
+
+
+# Notebook 05, exercise 3: gelu(6), gelu(-6), gelu(-0.3), predicted
+
+@pytest.mark.parametrize("answer, words", [
+    ("6, 0, -0.1", "give three numbers"),
+    ((6, 0), "got an answer of shape (2,)"),
+    ((3, 0, -0.115), "not 0.5"),
+    ((0, 0, 0), "lets almost everything through"),
+    ((6, -6, -0.115), "not -6"),
+    ((6, 1, -0.115), "about 0"),
+    ((6, 0, 0), "ReLU would give 0 here"),
+    ((6, 0, -0.3), "that is x itself"),
+    ((6, 0, 0.115), "the sign is wrong"),
+    ((6, 0, -0.185), "not by 1 - Phi"),
+    ((6, 0, -0.17), "depth of the dip"),
+    ((6, 0, -0.05), "with Phi(-0.3) = 0.382"),
+    ((6, 0, float("nan")), "got nan"),
+    ((float("nan"), 0, -0.115), "about 6"),
+])
+def test_gelu_values_wrong_answers(answer, words):
+    assert_not_yet(exercises05.check_gelu_values(answer), words)
+
+
+@pytest.mark.parametrize("answer", [
+    (6, 0, -0.115), (6.0, 0.0, -0.3 * 0.382), [5.999, -0.001, -0.11], np.array([6, 0, -0.12]),
+    (6, -0.0, -0.1146), tuple(float(kvlib.gelu(np.array(x))) for x in (6.0, -6.0, -0.3)),
+])
+def test_gelu_values_right_answers(answer):
+    assert_correct(exercises05.check_gelu_values(answer))
 
 
 # ---------------------------------------------------------------- solutions, run in their notebooks

@@ -9,19 +9,8 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-SERIES = [
-    "00_big_picture",
-    "01_embedding_lookup",
-    "02_one_attention_head",
-    "03_causal_masking",
-    "04_multi_head_attention",
-    "05_mlp_residual_stream",
-    "06_logits_next_token",
-    "07_prefill",
-    "08_kv_cached_decode",
-    "09_cost_of_generation",
-    "10_kv_cache_memory",
-]
+SERIES = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
@@ -34,9 +23,10 @@ def source(cell):
     return "".join(cell["source"])
 
 
-def test_the_series_is_complete():
-    present = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-    assert present == sorted(SERIES)
+def test_the_series_is_numbered_without_gaps_and_listed_in_the_readme():
+    assert [int(name[:2]) for name in SERIES] == list(range(len(SERIES)))
+    for name in SERIES:
+        assert f"notebooks/{name}.ipynb" in README, f"{name} is not in README's lesson table"
 
 
 @pytest.mark.parametrize("name", SERIES)

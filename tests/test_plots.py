@@ -1,4 +1,5 @@
-"""What kvlib.plots draws: boxes sized by shape and labelled, masked cells told apart, labels."""
+"""What kvlib.plots draws: boxes sized by shape and labelled, ids written as text, masked cells
+told apart (as one artist however many there are), colour scales, row maxima, labels."""
 
 import matplotlib
 
@@ -73,11 +74,120 @@ def test_attention_heatmap_labels_and_masked_cells():
     assert [t.get_text() for t in ax.get_yticklabels()] == labels
     shown = ax.images[0].get_array()
     np.testing.assert_array_equal(shown.mask, ~kvlib.causal_mask(3))   # drawn as masked
-    hatched = [p for p in ax.patches if p.get_hatch()]
-    assert sorted((p.get_x() + 0.5, p.get_y() + 0.5) for p in hatched) == [(1, 0), (2, 0), (2, 1)]
+    assert covered_cells(ax, 3, 3) == [(0, 1), (0, 2), (1, 2)]     # hatched: the masked cells
     assert "0.50" in texts(ax) and len(texts(ax)) == 6      # values only in visible cells
     assert ax.get_xlabel().startswith("key") and ax.get_ylabel().startswith("query")
     assert ax.images[0].get_cmap().name.startswith(plots.COLORMAP)
+
+
+def covered_cells(ax, rows, columns):
+    """(row, column) of the cells the heatmap's hatched patches cover."""
+    hatched = [p for p in ax.patches if p.get_hatch()]
+    return sorted((r, c) for r in range(rows) for c in range(columns)
+                  if any(p.get_path().contains_point((c, r)) for p in hatched))
+
+
+@pytest.mark.parametrize("tokens", [3, 12, 32])
+def test_masked_cells_are_one_artist_at_any_size(tokens):
+    """A hatched patch per masked cell made 8 heads x 32 tokens take seconds to draw: the
+    artists a heatmap holds must not grow with the number of masked cells."""
+    mask = kvlib.causal_mask(tokens)
+    weights = kvlib.softmax(kvlib.apply_mask(np.zeros((tokens, tokens)), mask))
+    labels = [f"t{i}" for i in range(tokens)]
+    ax = plots.attention_heatmap(weights, labels, labels, mask=mask, show_values=False,
+                                 colorbar=False, max_labels=8)
+    assert len(ax.patches) == 1 and len(ax.images) == 1 and not ax.collections
+    assert covered_cells(ax, tokens, tokens) == [tuple(cell) for cell in np.argwhere(~mask)]
+    assert len(ax.get_xticklabels()) <= 8 and len(ax.get_yticklabels()) <= 8
+    assert ax.get_xticklabels()[0].get_text() == "t0"
+    if tokens > 8:
+        step = -(-tokens // 8)
+        assert [t.get_text() for t in ax.get_yticklabels()][1] == f"t{step}"
+
+
+def test_an_unmasked_heatmap_has_no_hatching():
+    ax = plots.attention_heatmap(np.full((2, 2), 0.5), ["a", "b"], ["a", "b"],
+                                 mask=np.ones((2, 2), bool))
+    assert not [p for p in ax.patches if p.get_hatch()]
+    with pytest.raises(ValueError, match="the weights' shape"):
+        plots.attention_heatmap(np.full((2, 2), 0.5), ["a", "b"], ["a", "b"],
+                                mask=np.ones((3, 3), bool))
+
+
+def test_the_colour_scale_can_span_the_visible_weights():
+    weights = np.array([[1.0, 0.0], [0.3, 0.2]])
+    mask = np.array([[True, False], [True, True]])
+    ax = plots.attention_heatmap(weights, ["a", "b"], ["a", "b"], mask=mask)
+    assert ax.images[0].get_clim() == (0.0, 1.0)              # the default: 0 to 1
+    ax = plots.attention_heatmap(weights, ["a", "b"], ["a", "b"], mask=mask, vmin=None,
+                                 vmax=None)
+    assert ax.images[0].get_clim() == (0.2, 1.0)              # masked 0.0 does not count
+    flat = plots.attention_heatmap(np.full((2, 2), 0.5), ["a", "b"], ["a", "b"], vmin=None,
+                                   vmax=None)
+    low, high = flat.images[0].get_clim()
+    assert low < 0.5 < high                                   # a constant still gets a scale
+    fig = plots.attention_heatmaps(np.array([[[0.1, 0.9]], [[0.4, 0.6]]]), ["q"], ["a", "b"],
+                                   vmin=None, vmax=None)
+    heads = [ax for ax in fig.axes if ax.images]
+    assert {ax.images[0].get_clim() for ax in heads} == {(0.1, 0.9)}   # one scale for all heads
+
+
+def test_each_rows_maximum_can_be_framed():
+    weights = np.array([[0.2, 0.5, 0.3], [0.6, 0.1, 0.3], [0.1, 0.1, 0.8]])
+    mask = np.array([[True, False, False], [True, True, False], [True, True, True]])
+    ax = plots.attention_heatmap(weights, list("abc"), list("abc"), mask=mask,
+                                 mark_row_max=True)
+    frames = ax.collections
+    assert len(frames) == 2                                   # a black and a white outline
+    centres = [tuple(np.round(path.vertices[:4].mean(axis=0), 6)) for path in
+               frames[0].get_paths()]
+    assert centres == [(0, 0), (0, 1), (2, 2)]                # (column, row); row 0's 0.5 is masked
+    ax = plots.attention_heatmap(weights, list("abc"), list("abc"))
+    assert not ax.collections                                 # off by default
+
+
+def test_box_text_row_labels_and_caption():
+    box = plots.Box("ids", (3, 1), text=[["0"], ["3"], ["7"]], row_labels=["<bos>", "How", "are"],
+                    caption="(3,)")
+    ax = plots.shape_diagram(box, plots.Arrow("lookup"), ("X", (3, 4)))
+    shown = texts(ax)
+    for label in ("0", "3", "7", "<bos>", "How", "are", "(3,)", "lookup", "X", "(3, 4)"):
+        assert label in shown
+    assert "(3, 1)" not in shown                              # the caption replaces the shape
+    assert not ax.images                                      # ids are text, not colours
+    first_box = min(p.get_x() for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill())
+    label_x = [a for a in ax.texts if a.get_text() == "<bos>"][0].get_position()[0]
+    assert 0 < label_x < first_box                            # left of its box, inside the axes
+    with pytest.raises(ValueError, match="3 rows of 1 strings"):
+        plots.Box("ids", (3, 1), text=[["0"], ["3"]])
+    with pytest.raises(ValueError, match="3 row labels"):
+        plots.Box("ids", (3, 1), row_labels=["a"])
+
+
+def test_whole_path_labels_every_step_and_writes_ids_as_text():
+    tokenizer = kvlib.ToyTokenizer()
+    ids = tokenizer.encode(kvlib.ARTICLE_PROMPT)
+    ax = plots.whole_path(tokenizer.tokens(ids), ids, 4, 12, 3, 5, "I")
+    shown = texts(ax)
+    for label in ("lookup", "block 1", "block 2", "block 3", "unembed", "argmax of\nthe last row",
+                  "ids", "X", "X1", "X2", "X3", "logits", "(5, 4)", "(5, 12)", "'I'", "5",
+                  "<bos>", "?"):
+        assert label in shown, label
+    assert [t for t in shown if t in {"0", "3", "7", "1", "9"}] == ["0", "3", "7", "1", "9"]
+    assert not ax.images                                      # shapes only, no values
+    assert outlined_boxes(ax)[0] == (1, 5) and outlined_boxes(ax)[-2] == (12, 5)
+    params = kvlib.init_params()
+    stream = [kvlib.embed(np.array(ids), params.embedding)]
+    for layer in params.layers:
+        stream.append(kvlib.decoder_block(stream[-1], layer, 2, mask=kvlib.causal_mask(5)))
+    logits = kvlib.unembed(stream[-1], params.embedding)
+    ax = plots.whole_path(tokenizer.tokens(ids), ids, 4, 12, 3, 5, "I", values=stream + [logits])
+    assert len(ax.images) == 5                                # X .. X3 and logits, coloured
+    np.testing.assert_array_equal(ax.images[-1].get_array(), logits)
+    with pytest.raises(ValueError, match="5 matrices"):
+        plots.whole_path(tokenizer.tokens(ids), ids, 4, 12, 3, 5, "I", values=stream)
+    with pytest.raises(ValueError, match="one token per id"):
+        plots.whole_path(["a"], ids, 4, 12, 3, 5, "I")
 
 
 def test_attention_heatmaps_one_panel_per_head_and_bad_input():

@@ -14,6 +14,10 @@ BY_HAND_BYTES_PER_TOKEN = {
     "Llama-2-70B": 2 * 80 * 8 * 128 * 2,       # 80 layers, 8 K/V heads (GQA)
     "Falcon-7B": 2 * 32 * 1 * 64 * 2,          # multi_query: one K/V head of 4544 / 71 = 64
     "source example (d 8192, 80 layers, MHA)": 2 * 80 * 8192 * 2,
+    "Mistral-7B": 2 * 32 * 8 * 128 * 2,        # 32 layers, 8 K/V heads of 128 (GQA)
+    # latent attention: kv_lora_rank 512 + qk_rope_head_dim 64 a layer, no factor 2
+    "DeepSeek-V2": 60 * (512 + 64) * 2,
+    "DeepSeek-V3": 61 * (512 + 64) * 2,
 }
 
 
@@ -31,7 +35,8 @@ def test_bytes_per_token_against_the_published_configuration(name):
 
 def test_the_figures_of_the_field_notes_table():
     per_token = {name: p.kv_bytes_per_token() for name, p in PRESETS.items()}
-    assert list(per_token.values()) == [36_864, 524_288, 131_072, 327_680, 8_192, 2_621_440]
+    assert list(per_token.values())[:6] == [36_864, 524_288, 131_072, 327_680, 8_192,
+                                            2_621_440]
     at_4k = {name: p.kv_cache_bytes(4096) for name, p in PRESETS.items()}
     assert at_4k["GPT-2 small"] == 144 * MiB
     assert at_4k["Llama-2-7B"] == 2 * GiB
@@ -39,6 +44,17 @@ def test_the_figures_of_the_field_notes_table():
     assert at_4k["Llama-2-70B"] == 1.25 * GiB
     assert at_4k["Falcon-7B"] == 32 * MiB
     assert at_4k["source example (d 8192, 80 layers, MHA)"] == 10 * GiB
+
+
+def test_latent_attention_and_the_sliding_window():
+    v3, v2, mistral = PRESETS["DeepSeek-V3"], PRESETS["DeepSeek-V2"], PRESETS["Mistral-7B"]
+    assert v3.attention == v2.attention == "MLA" and v3.kv_bytes_per_token() == 70_272
+    # DeepSeek-V2's paper: MHA with 128 heads of 128 caches 2 x 128 x 128 x layers elements
+    assert v2.mha_bytes_per_token() == 2 * 128 * 128 * 60 * 2
+    assert v2.mha_bytes_per_token() / v2.kv_bytes_per_token() == pytest.approx(56.9, abs=0.1)
+    # a sliding window caps the cache at 4096 positions, however long the sequence
+    assert mistral.kv_cache_bytes(32_768) == mistral.kv_cache_bytes(4096) == 512 * MiB
+    assert mistral.kv_cache_bytes(100) == 100 * 131_072
 
 
 def test_the_source_example_and_its_weights():
@@ -85,7 +101,8 @@ def test_attention_kinds():
     kinds = {name: p.attention for name, p in PRESETS.items()}
     assert kinds == {"GPT-2 small": "MHA", "Llama-2-7B": "MHA", "Llama-3-8B": "GQA",
                      "Llama-2-70B": "GQA", "Falcon-7B": "MQA",
-                     "source example (d 8192, 80 layers, MHA)": "MHA"}
+                     "source example (d 8192, 80 layers, MHA)": "MHA", "Mistral-7B": "GQA",
+                     "DeepSeek-V2": "MLA", "DeepSeek-V3": "MLA"}
 
 
 def test_weights_and_tokens_that_fit():
@@ -108,7 +125,7 @@ def test_bad_values_are_refused_in_words():
         weights_bytes(-1)
     with pytest.raises(ValueError, match="dtype_bytes"):
         weights_bytes(10, dtype_bytes=1.5)
-    with pytest.raises(ValueError, match="bytes_per_token must be at least 1"):
+    with pytest.raises(ValueError, match="bytes_per_token must be a whole number >= 1"):
         tokens_that_fit(100, 10, 0)
     with pytest.raises(ValueError, match="memory_bytes"):
         tokens_that_fit(-1, 10, 1)

@@ -116,8 +116,8 @@ kernels="$(jupyter kernelspec list)"
 echo "$kernels"
 grep -E "^ *python3 +$venv/" <<< "$kernels" > /dev/null || fail "the python3 kernelspec is not the new environment's"
 
-step "executing ${#notebooks[@]} notebooks (tools/execute_notebooks.py; stops at the first error)"
-python "$repo/tools/execute_notebooks.py" "${notebooks[@]}"
+step "executing ${#notebooks[@]} notebooks (tools/execute_notebooks.py --compare; stops at the first error or at outputs that differ from the committed ones in number or kind)"
+python "$repo/tools/execute_notebooks.py" --compare "${notebooks[@]}"
 
 printf '\nBinder check passed: %d notebooks executed in the Binder environment, %ds in all.\n' \
     "${#notebooks[@]}" "$((SECONDS - started))"

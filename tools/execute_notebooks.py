@@ -6,9 +6,17 @@ project's machines a reply sometimes sits unread in its socket after a cell that
 many widgets (seen with pyzmq 26 and 27, ipykernel 6 and 7): nbconvert's wait without a
 timeout then never ends. nbval, which `make test` uses, is not affected.
 
-    python tools/execute_notebooks.py [--inplace] notebooks/00_big_picture.ipynb ...
+    python tools/execute_notebooks.py [--inplace | --compare] notebooks/00_big_picture.ipynb ...
 
 Exits non-zero, naming the notebook, on the first cell that raises or prints a traceback.
+
+--compare checks what nbval cannot: nbval compares text outputs only, so a committed figure
+(image/png) or a saved widget state could drift from the code unnoticed. With --compare,
+every code cell of the fresh run must give the same number and kinds of outputs as the
+committed notebook (output type, stream name, MIME types: a figure that disappears, or a
+new one, is caught; the PNG bytes are not compared, they differ between matplotlib builds),
+and the saved widget state must hold the same models (by module and name; their ids are
+random). tools/binder_check.sh runs it on every notebook.
 """
 
 from __future__ import annotations
@@ -60,14 +68,60 @@ def error_outputs(notebook) -> list[str]:
     return found
 
 
+def output_kinds(cell) -> list[tuple]:
+    """What a code cell shows, without the contents: one tuple per output."""
+    kinds = []
+    for output in cell.get("outputs", []):
+        kind = output["output_type"]
+        if kind == "stream":
+            # one print may arrive in several pieces, depending on when the kernel flushes
+            if not kinds or kinds[-1] != (kind, output.get("name")):
+                kinds.append((kind, output.get("name")))
+        elif kind in ("display_data", "execute_result"):
+            kinds.append((kind, tuple(sorted(output.get("data", {})))))
+        else:
+            kinds.append((kind,))
+    return kinds
+
+
+def widget_models(notebook) -> list[tuple[str, str]]:
+    state = notebook.metadata.get("widgets", {}).get(
+        "application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    return sorted((model.get("model_module", ""), model.get("model_name", ""))
+                  for model in state.values())
+
+
+def structure_differences(committed, executed) -> list[str]:
+    """Where a fresh run's outputs differ in number or kind from the committed notebook's."""
+    found = []
+    old = [c for c in committed.cells if c.cell_type == "code"]
+    new = [c for c in executed.cells if c.cell_type == "code"]
+    if len(old) != len(new):
+        return [f"{len(old)} code cells committed, {len(new)} executed"]
+    for index, (a, b) in enumerate(zip(old, new)):
+        if output_kinds(a) != output_kinds(b):
+            first_line = "".join(a.source).strip().splitlines()[:1]
+            found.append(f"code cell {index + 1} ({first_line[0][:50] if first_line else ''}"
+                         f"): committed {output_kinds(a)}, fresh run {output_kinds(b)}")
+    if widget_models(committed) != widget_models(executed):
+        found.append("the saved widget state holds other models than a fresh run makes: "
+                     "re-execute the notebook (make notebooks) and commit it")
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
-    parser.add_argument("--inplace", action="store_true",
-                        help="save each executed notebook over the original")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--inplace", action="store_true",
+                      help="save each executed notebook over the original")
+    mode.add_argument("--compare", action="store_true",
+                      help="check that a fresh run gives the committed number and kinds of "
+                           "outputs per cell and the same widget models")
     args = parser.parse_args()
     for path in args.notebooks:
         notebook = nbformat.read(path, as_version=4)
+        committed = nbformat.read(path, as_version=4)
         started = time.monotonic()
         try:
             SteppedClient(notebook, timeout=CELL_TIMEOUT_SECONDS, kernel_name="python3",
@@ -77,6 +131,11 @@ def main() -> None:
         errors = error_outputs(notebook)
         if errors:
             sys.exit(f"{path.name}: error outputs: {'; '.join(errors)}")
+        if args.compare:
+            differences = structure_differences(committed, notebook)
+            if differences:
+                sys.exit(f"{path.name}: a fresh run differs from the committed notebook:\n  "
+                         + "\n  ".join(differences))
         if args.inplace:
             nbformat.write(notebook, path)
         print(f"   {path.name:34} {time.monotonic() - started:5.1f} s", flush=True)

@@ -1,10 +1,23 @@
-"""Feedback for a student's answer, in words."""
+"""Feedback for a student's answer, in words, and the rules every checker shares.
+
+A checker answers anything a student can type with a Feedback, never a traceback. The shared
+readers below turn an answer into what a checker compares (a whole number, a tuple of whole
+numbers, a numeric array) or into a Feedback that says what was expected, so that every
+lesson treats the same kind of answer in the same way:
+
+- whole numbers (an id, a count, a shape): 7, np.int64(7) and 7.0 pass; 10.9 does not, and the
+  message says how far it is from a whole number; True, "7", nan and 1e400 are refused in words;
+- arrays: a numpy array or a (nested) list of numbers; ragged lists, text and objects are
+  refused in words.
+"""
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from functools import lru_cache
-from numbers import Real
+from numbers import Integral, Real
 
 import numpy as np
 
@@ -25,25 +38,214 @@ class Feedback:
         return self.passed
 
 
+def checker(function):
+    """Decorate an exercise checker: numpy's warnings about the student's numbers (an overflow
+    in 1e308 * 10, nan in a comparison) stay out of the notebook; the Feedback says it all.
+    Exceptions are not caught: a checker must answer every input with a Feedback by itself,
+    and tests/checker_cases.py fuzzes that."""
+
+    @functools.wraps(function)
+    def check(*args, **kwargs) -> Feedback:
+        with np.errstate(all="ignore"):
+            return function(*args, **kwargs)
+
+    return check
+
+
 def is_missing(answer) -> bool:
     """True while the student's cell still says `answer = ...` (or None)."""
     return answer is None or answer is ...
 
 
+def not_filled_in(name: str = "answer", example: str = "your code") -> Feedback:
+    """The Feedback for an answer that is still `...`."""
+    return Feedback(False, f"{name} is not filled in yet: replace the ... with {example}.")
+
+
 def not_an_array_answer(answer, name: str = "answer") -> Feedback | None:
     """Feedback when an array answer is still `...` or holds no numbers; None otherwise."""
     if is_missing(answer):
-        return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
-    if isinstance(answer, np.ndarray) and not np.issubdtype(answer.dtype, np.number):
+        return not_filled_in(name)
+    if isinstance(answer, np.ndarray) and not _holds_numbers(answer):
         return Feedback(False, f"{name} should hold numbers, got an array of {answer.dtype}.")
     return None
 
 
 def as_number(answer) -> float | None:
-    """A plain number as a float; None for anything else (bools, arrays, strings)."""
-    if isinstance(answer, bool) or not isinstance(answer, Real):
+    """A plain, finite number as a float; None for anything else (bools, arrays, strings,
+    nan, infinities, and integers too large for a float such as 10**400)."""
+    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
         return None
-    return float(answer)
+    try:
+        value = float(answer)
+    except (OverflowError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+LARGEST_WHOLE_NUMBER = 10**30
+"""No answer in the series is larger; beyond it a number is refused before any formatting
+(Python will not even print an int of more than 4,300 digits)."""
+
+
+def _shown(answer) -> str:
+    """A short repr of what the student typed, for a message (10**400 has 401 digits)."""
+    try:
+        text = repr(answer)
+    except ValueError:          # an int too long to print
+        return "a number with thousands of digits"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def whole_number(answer, name: str = "answer", expected: int | None = None) -> int | Feedback:
+    """The one rule for a whole-number answer (an id, a count, one number of a shape).
+
+    Returns the number as an int, or a Feedback that says what is wrong. Passes: int, numpy
+    integers, and floats (or 0-d arrays) whose value is whole, 7.0 as well as 7. Refused in
+    words: bools, text, nan and infinities, other types, and numbers with a fractional part;
+    for those, the message says how far the value is from the nearest whole number, and
+    when `expected` is given and that nearest number is it, that the answer is close.
+    """
+    if is_missing(answer):
+        return not_filled_in(name, "a whole number")
+    if isinstance(answer, np.ndarray):
+        if answer.ndim == 0:
+            return whole_number(answer.item(), name, expected)
+        return Feedback(False, f"{name} should be one whole number, got an array of shape "
+                        f"{answer.shape}.")
+    if isinstance(answer, (bool, np.bool_)):
+        return Feedback(False, f"{name} should be a whole number, got {answer!r} (a bool).")
+    if isinstance(answer, str):
+        return Feedback(False, f"{name} should be the number itself, not text: write 7, not "
+                        f"'7' (got {_shown(answer)}).")
+    if isinstance(answer, Integral):
+        if abs(int(answer)) > LARGEST_WHOLE_NUMBER:
+            return Feedback(False, f"{name} is a number with more than 30 digits, far larger "
+                            "than anything counted here.")
+        return int(answer)
+    if not isinstance(answer, Real):
+        return Feedback(False, f"{name} should be a whole number, got {type(answer).__name__} "
+                        f"{_shown(answer)}.")
+    try:
+        value = float(answer)
+    except (OverflowError, ValueError):
+        return Feedback(False, f"{name} should be a whole number, got {_shown(answer)}.")
+    if not math.isfinite(value):
+        return Feedback(False, f"{name} should be a whole number, got {value}.")
+    if value.is_integer():
+        return whole_number(int(value), name, expected)
+    nearest = round(value)
+    distance = abs(value - nearest)
+    if expected is not None and nearest == expected:
+        return Feedback(False, f"{name} is {value:,.10g}: close ({distance:.3g} from the answer), "
+                        "but the answer is a whole number, with no fractional part.")
+    return Feedback(False, f"{name} should be a whole number, but {value:,.10g} is {distance:.3g} "
+                    f"from the nearest one, {nearest}.")
+
+
+def whole_numbers(answer, count: int, name: str = "answer",
+                  expected: tuple[int, ...] | None = None) -> tuple[int, ...] | Feedback:
+    """A shape-like answer: `count` whole numbers in a tuple, a list or a 1-D array.
+
+    Each number follows whole_number's rule (so (7.0, 12.0) reads as (7, 12), and (10.9, 12)
+    is refused with how close it is). Returns the tuple of ints, or a Feedback.
+    """
+    if is_missing(answer):
+        return not_filled_in(name, "a tuple such as (2, 3)")
+    if isinstance(answer, np.ndarray) and answer.ndim == 1 and _holds_numbers(answer):
+        answer = answer.tolist()
+    if isinstance(answer, (str, bytes)) or not isinstance(answer, (tuple, list)):
+        return Feedback(False, f"{name} should be a tuple of {count} whole numbers like "
+                        f"{tuple(range(2, 2 + count))}; got {_shown(answer)}.")
+    if len(answer) != count:
+        return Feedback(False, f"{name} should have {count} numbers, got {len(answer)}: "
+                        f"{_shown(answer)}.")
+    numbers = []
+    for position, item in enumerate(answer):
+        target = None if expected is None else expected[position]
+        value = whole_number(item, f"number {position + 1} of {name}", target)
+        if isinstance(value, Feedback):
+            return value
+        numbers.append(value)
+    return tuple(numbers)
+
+
+def _holds_numbers(array: np.ndarray) -> bool:
+    """True for arrays of bools, integers or real floats (no exercise has a complex answer)."""
+    return array.dtype.kind in "biuf"
+
+
+def numeric_array(answer, name: str = "answer", shape: tuple[int, ...] | None = None
+                  ) -> np.ndarray | Feedback:
+    """An array answer: a numpy array, or a (nested) list or tuple of numbers, as an array.
+
+    Refused with a Feedback: `...`, a single number, text, ragged lists (rows of different
+    lengths), and arrays of objects, strings or complex numbers (numbers too large for a
+    float, None, words).
+    """
+    if is_missing(answer):
+        return not_filled_in(name)
+    if isinstance(answer, np.ndarray):
+        array = answer
+    elif isinstance(answer, (list, tuple)):
+        try:
+            array = np.asarray(answer)
+        except (ValueError, TypeError, OverflowError):
+            return Feedback(False, f"{name} is a list whose rows have different lengths (or "
+                            "hold other lists): an array needs rows of equal length.")
+    else:
+        wanted = f" of shape {shape}" if shape is not None else ""
+        forms = "a numpy array, a list or a tuple" if shape is not None and len(shape) == 1 \
+            else "a numpy array or a list of rows"
+        kind = "a single number" if isinstance(answer, (Real, np.number)) else \
+            type(answer).__name__
+        return Feedback(False, f"{name} should be an array{wanted} ({forms}), got {kind}.")
+    if not _holds_numbers(array):
+        if array.dtype == object and all(isinstance(item, Real) for item in array.flat):
+            try:
+                return np.asarray(array.tolist(), dtype=float).reshape(array.shape)
+            except (ValueError, TypeError, OverflowError):
+                pass
+        kind = {"O": "objects (None, words, or numbers too large for a float)",
+                "U": "text", "S": "bytes", "c": "complex numbers"}.get(array.dtype.kind,
+                                                                   str(array.dtype))
+        return Feedback(False, f"{name} should hold numbers, got an array of {kind}.")
+    return array
+
+
+def check_array(answer, expected: np.ndarray, name: str, hint: str = "",
+                atol: float = 1e-8) -> Feedback:
+    """Compare an array answer with the expected one: missing, type, shape, then values.
+
+    A list of numbers counts as an array (np.asarray of it is compared), so a correct answer
+    written as a list passes.
+    """
+    if is_missing(answer):
+        return not_filled_in(name)
+    if not isinstance(answer, (np.ndarray, list, tuple)):
+        return Feedback(False, f"{name} should be a numpy array, got {type(answer).__name__}.")
+    array = numeric_array(answer, name, expected.shape)
+    if isinstance(array, Feedback):
+        return array
+    suffix = f" {hint}" if hint else ""
+    if array.shape != expected.shape:
+        read = "" if isinstance(answer, np.ndarray) else " (your list read as a numpy array)"
+        return Feedback(False, f"{name} should have shape {expected.shape}, got "
+                        f"{array.shape}{read}.{suffix}")
+    with np.errstate(all="ignore"):
+        array = array.astype(np.result_type(array, expected, 1.0), copy=False)
+        if not np.allclose(array, expected, atol=atol, equal_nan=True):
+            error = np.nan_to_num(np.abs(array - expected), nan=np.inf)
+            worst = np.unravel_index(np.argmax(error), expected.shape)
+            return Feedback(False, f"{name} has the right shape but not the right values "
+                            f"(first look at position {tuple(int(i) for i in worst)}).{suffix}")
+    return Feedback(True, f"{name} has shape {expected.shape} and the right values.")
+
+
+def same_array(answer, candidate: np.ndarray, atol: float = 1e-8) -> bool:
+    """True when `answer` is an array of candidate's shape and values (for naming mistakes)."""
+    return (isinstance(answer, np.ndarray) and answer.shape == candidate.shape
+            and _holds_numbers(answer) and bool(np.allclose(answer, candidate, atol=atol)))
 
 
 @lru_cache(maxsize=1)
@@ -51,25 +253,6 @@ def article_example() -> tuple[kvlib.Params, list[int]]:
     """The worked example the checkers compare against: the default params and the ids of
     "How are you?". Made once; callers must not modify the arrays."""
     return kvlib.init_params(), kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT)
-
-
-def check_array(answer, expected: np.ndarray, name: str, hint: str = "",
-                atol: float = 1e-8) -> Feedback:
-    """Compare an array answer with the expected one: missing, type, shape, then values."""
-    if is_missing(answer):
-        return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
-    if not isinstance(answer, np.ndarray):
-        return Feedback(False, f"{name} should be a numpy array, got {type(answer).__name__}.")
-    if answer.shape != expected.shape:
-        return Feedback(False, f"{name} should have shape {expected.shape}, got {answer.shape}."
-                        + (f" {hint}" if hint else ""))
-    if not np.allclose(answer, expected, atol=atol, equal_nan=True):
-        error = np.nan_to_num(np.abs(answer - expected), nan=np.inf)
-        worst = np.unravel_index(np.argmax(error), expected.shape)
-        return Feedback(False, f"{name} has the right shape but not the right values (first "
-                        f"look at position {tuple(int(i) for i in worst)})."
-                        + (f" {hint}" if hint else ""))
-    return Feedback(True, f"{name} has shape {expected.shape} and the right values.")
 
 
 def show_solution(solutions: dict[int, str], number: int):

@@ -6,54 +6,68 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, is_missing, show_solution
+from .base import (
+    Feedback,
+    as_number,
+    checker,
+    is_missing,
+    show_solution,
+    whole_number,
+    whole_numbers,
+)
 
 EXERCISE_1_PROMPT = "I am fine and you?"
 """Exercise 1's prompt: 6 words and punctuation, 7 tokens with BOS."""
 
 
-def _is_whole_number(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
+@checker
 def check_logits_shape(answer) -> Feedback:
     """Exercise 1: the shape of kvlib.forward's logits for EXERCISE_1_PROMPT, as a tuple."""
     if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a shape, "
                                "for example (2, 3).")
-    if isinstance(answer, np.ndarray):
+    if isinstance(answer, np.ndarray) and answer.ndim >= 2:
         return Feedback(False, "give the shape, a tuple like (2, 3), not the logits "
                                "themselves: an array's shape is array.shape.")
-    if not isinstance(answer, (tuple, list)) or not all(_is_whole_number(n) for n in answer):
-        return Feedback(False, f"a shape is a tuple of whole numbers like (2, 3); got {answer!r}.")
-    answer = tuple(int(n) for n in answer)
+    if isinstance(answer, (tuple, list)) and len(answer) != 2:
+        return Feedback(False, f"logits are a matrix: two numbers (rows, columns), got "
+                               f"{len(answer)}.")
     params = kvlib.init_params()
     ids = kvlib.ToyTokenizer().encode(EXERCISE_1_PROMPT)
     expected = kvlib.forward(params, ids).shape
+    shape = whole_numbers(answer, 2, "the shape", expected)
+    if isinstance(shape, Feedback):
+        return shape
     T, V = expected
     d = params.config.d_model
-    if answer == expected:
+    article_rows = len(kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT))
+    if shape == expected:
         return Feedback(True, f"{T} tokens (BOS included) give {T} rows of logits, one score "
                               f"for each of the {V} vocabulary tokens in each row.")
-    if len(answer) != 2:
-        return Feedback(False, f"logits are a matrix: two numbers (rows, columns), got "
-                               f"{len(answer)}.")
-    if answer == (V, T):
+    if shape == (V, T):
         return Feedback(False, "rows and columns are swapped: there is one ROW per position "
                                "and one COLUMN per vocabulary token.")
-    if answer[0] == 1:
+    if shape[0] == 1:
         return Feedback(False, "forward computes logits for every position, one row each; "
                                "only the last row is USED to pick the next token.")
-    if answer[1] == d:
+    if shape[1] == d:
         return Feedback(False, f"{d} columns is the hidden state X3 (T, d_model); the "
                                "unembedding turns each row into one score per vocabulary "
                                "token.")
-    if answer[0] == T - 1:
+    if shape == (article_rows, V):
+        return Feedback(False, f"({article_rows}, {V}) is the shape for {kvlib.ARTICLE_PROMPT!r}; "
+                               f"count the tokens of {EXERCISE_1_PROMPT!r} instead, BOS "
+                               "included.")
+    if shape[0] == T - 1:
         return Feedback(False, "count the BOS token too: tokenizer.encode puts it in front "
                                "(len(tokenizer.encode(...)) tells you).")
-    if answer[0] != T:
+    if shape[0] != T:
         return Feedback(False, f"the number of rows is the number of tokens; count the "
-                               f"tokens of {EXERCISE_1_PROMPT!r}, BOS included.")
+                               f"tokens of {EXERCISE_1_PROMPT!r}, BOS included (the '?' is "
+                               "a token of its own).")
+    if shape[1] == V - 1:
+        return Feedback(False, f"the vocabulary has {V} tokens, <bos> included, and every one "
+                               "gets a score.")
     return Feedback(False, "the number of columns is the vocabulary size: one score per "
                            "token the model knows (len(tokenizer)).")
 
@@ -66,6 +80,7 @@ def practice_logits() -> np.ndarray:
     return np.round(np.random.default_rng(0).normal(0.0, 2.0, size=(4, 12)), 1)
 
 
+@checker
 def check_next_token(answer) -> Feedback:
     """Exercise 2: the greedy next token (an id) for the logits of practice_logits()."""
     logits = practice_logits()
@@ -84,11 +99,13 @@ def check_next_token(answer) -> Feedback:
             return Feedback(False, "that is one index per column (argmax along axis=0): take "
                                    "the last row first, logits[-1], then its argmax.")
         return Feedback(False, f"give one token id, got an array of shape {answer.shape}.")
-    if isinstance(answer, np.ndarray):
-        answer = answer.item()
-    if not _is_whole_number(answer):
-        return Feedback(False, f"give the token's id as a whole number, got {answer!r}.")
-    answer = int(answer)
+    value = as_number(answer.item() if isinstance(answer, np.ndarray) else answer)
+    if value is not None and np.isclose(value, logits[-1].max()) and value != expected:
+        return Feedback(False, f"{value:g} is the largest logit itself; the token is the "
+                               "column it sits in: np.argmax gives that index.")
+    answer = whole_number(answer, "the token id", expected)
+    if isinstance(answer, Feedback):
+        return answer
     if answer == expected:
         return Feedback(True, f"the last row's largest logit is in column {expected}: the next "
                               f"token is {expected} ({word!r}).")

@@ -6,7 +6,16 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, check_array, show_solution
+from .base import (
+    Feedback,
+    check_array,
+    checker,
+    is_missing,
+    numeric_array,
+    same_array,
+    show_solution,
+    whole_number,
+)
 
 EXERCISE_1_SENTENCE = "I am fine."
 EXERCISE_2_SENTENCE = "and you?"
@@ -30,24 +39,31 @@ def _matching_token(row: np.ndarray, table: np.ndarray) -> int | None:
     return int(matches[0]) if matches.size else None
 
 
+@checker
 def check_sentence_embedding(answer) -> Feedback:
     """Exercise 1: X for EXERCISE_1_SENTENCE, (5, 4), the table's rows picked by its ids."""
     table = _table()
     ids = _ids(EXERCISE_1_SENTENCE)
     expected = table[ids]
     name = "answer"
-    if isinstance(answer, np.ndarray) and answer.ndim == 2 and answer.shape[1] == table.shape[1] \
-            and answer.shape[0] == len(ids) - 1 \
-            and np.allclose(answer, table[ids[1:]]):
+    array = numeric_array(answer, name, expected.shape)
+    if isinstance(array, Feedback):
+        return array
+    if same_array(array, table[ids[1:]]):
         return Feedback(False, "the BOS row is missing: tokenizer.encode puts BOS (id 0) in "
                                "front, and X has a row for it too.")
-    if isinstance(answer, np.ndarray) and answer.shape == (table.shape[0], len(ids)):
+    if array.shape == (table.shape[0], len(ids)):
         return Feedback(False, "you picked COLUMNS of the table; the ids pick ROWS: table[ids].")
+    if same_array(array, expected.T):
+        return Feedback(False, "this is X transposed: X has one ROW per token, (5, 4).")
+    article = table[_ids(kvlib.ARTICLE_PROMPT)]
+    if same_array(array, article):
+        return Feedback(False, f"this is X for {kvlib.ARTICLE_PROMPT!r}, the notebook's X; "
+                               f"build it for {EXERCISE_1_SENTENCE!r} (encode it first).")
     feedback = check_array(answer, expected, name)
-    if feedback.passed or answer is None or answer is ... \
-            or not isinstance(answer, np.ndarray) or answer.shape != expected.shape:
+    if feedback.passed or array.shape != expected.shape:
         return feedback
-    for position, (row, token_id) in enumerate(zip(answer, ids)):
+    for position, (row, token_id) in enumerate(zip(array, ids)):
         if np.allclose(row, table[token_id]):
             continue
         found = _matching_token(row, table)
@@ -61,27 +77,40 @@ def check_sentence_embedding(answer) -> Feedback:
     return feedback
 
 
+def _one_hot(ids: list[int]) -> np.ndarray:
+    matrix = np.zeros((len(ids), len(kvlib.TOY_VOCABULARY)))
+    matrix[np.arange(len(ids)), ids] = 1.0
+    return matrix
+
+
+@checker
 def check_one_hot(answer) -> Feedback:
     """Exercise 2: the one-hot matrix (T, V) of EXERCISE_2_SENTENCE's ids, BOS included."""
     ids = _ids(EXERCISE_2_SENTENCE)
     V = len(kvlib.TOY_VOCABULARY)
-    expected = np.zeros((len(ids), V))
-    expected[np.arange(len(ids)), ids] = 1.0
-    if answer is None or answer is ...:
-        return Feedback(False, "answer is not filled in yet: replace the ... with your code.")
-    if not isinstance(answer, np.ndarray):
-        return Feedback(False, f"answer should be a numpy array, got {type(answer).__name__}.")
-    if answer.shape == (V, len(ids)):
+    expected = _one_hot(ids)
+    array = numeric_array(answer, "answer", expected.shape)
+    if isinstance(array, Feedback):
+        return array
+    article_ids = _ids(kvlib.ARTICLE_PROMPT)
+    if same_array(array, _one_hot(article_ids)):
+        return Feedback(False, f"this is the one-hot matrix of {kvlib.ARTICLE_PROMPT!r}, the "
+                               f"notebook's; build it for {EXERCISE_2_SENTENCE!r}.")
+    if same_array(array, _table()[ids]):
+        return Feedback(False, "this is X, the rows of the table; the exercise asks for the "
+                               "one-hot matrix itself, the one that gives X when multiplied "
+                               "by the table.")
+    if array.shape == (V, len(ids)):
         return Feedback(False, f"one_hot should be (tokens, vocabulary) = {expected.shape}: "
                                "one ROW per token, so that one_hot @ table gives X. Yours is "
                                "transposed.")
-    if answer.shape == (len(ids) - 1, V):
+    if array.shape == (len(ids) - 1, V):
         return Feedback(False, "one row is missing: the BOS token at position 0 needs its "
                                "row too.")
-    if answer.shape != expected.shape:
+    if array.shape != expected.shape:
         return Feedback(False, f"one_hot should have shape {expected.shape} (tokens, "
-                               f"vocabulary), got {answer.shape}.")
-    values = answer.astype(float)
+                               f"vocabulary), got {array.shape}.")
+    values = array.astype(float)
     if not np.all((values == 0) | (values == 1)):
         return Feedback(False, "a one-hot matrix holds only 0s and 1s.")
     for position, (row, token_id) in enumerate(zip(values, ids)):
@@ -99,17 +128,22 @@ def check_one_hot(answer) -> Feedback:
                           "one_hot @ table now gives the same X as table[ids].")
 
 
+GPT2_POSITIONS = 1024
+GPT2_PARAMETERS = 124_439_808
+"""GPT-2 small's position table has 1024 rows; all its weights together are 124,439,808."""
+
+
+@checker
 def check_gpt2_table_size(answer) -> Feedback:
     """Exercise 3: how many numbers GPT-2 small's lookup table holds (vocab_size x d_model)."""
     config = kvlib.GPT2_SMALL
     V, d = config.vocab_size, config.d_model
     expected = V * d
-    if answer is None or answer is ...:
+    if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, (int, float, np.number)) \
-            or not float(answer).is_integer():
-        return Feedback(False, f"give a whole number, got {answer!r}.")
-    answer = int(answer)
+    answer = whole_number(answer, "answer", expected)
+    if isinstance(answer, Feedback):
+        return answer
     if answer == expected:
         return Feedback(True, f"{V:,} rows of {d} numbers: {expected:,} numbers, about "
                               f"{expected * 4 / kvlib.MiB:.0f} MiB in float32, just to look "
@@ -123,6 +157,15 @@ def check_gpt2_table_size(answer) -> Feedback:
     if answer in (expected * 4, expected * 2):
         return Feedback(False, "that counts bytes; the question asks for the number of "
                                "numbers (multiply vocab_size by d_model only).")
+    if answer == expected + GPT2_POSITIONS * d:
+        return Feedback(False, f"that adds GPT-2's position table ({GPT2_POSITIONS} x {d}); "
+                               "the question asks for the token table only.")
+    if answer == GPT2_PARAMETERS:
+        return Feedback(False, "that is every weight of GPT-2 small (124 million); the "
+                               "lookup table is one part of it: vocab_size x d_model.")
+    if abs(answer - expected) <= 0.01 * expected:
+        return Feedback(False, f"{answer:,} is close ({abs(answer - expected):,} off) but not "
+                               "exact: multiply vocab_size by d_model without rounding.")
     return Feedback(False, f"{answer:,} is not vocab_size x d_model: read both from "
                            "kvlib.GPT2_SMALL.")
 

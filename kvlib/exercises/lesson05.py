@@ -1,21 +1,34 @@
-"""Exercises of notebook 05 (MLP, residual stream): the hidden layer's shape, one block by
-hand, and GeLU's values far from zero."""
+"""Exercises of notebook 05 (MLP, residual stream): the hidden layer's shape in GPT-2 small,
+the second block by hand on a prompt the notebook does not use, and GeLU at points it does
+not print."""
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np
 
 import kvlib
 
-from .base import Feedback, check_array, show_solution
+from .base import (
+    Feedback,
+    check_array,
+    checker,
+    is_missing,
+    numeric_array,
+    same_array,
+    show_solution,
+    whole_numbers,
+)
 
 GPT2_PROMPT_TOKENS = 10
 """Exercise 1 asks for GPT-2 small's MLP hidden shape on a prompt of this many tokens."""
-GELU_POINTS = (0.0, 10.0, -10.0)
-"""Exercise 3 asks for GeLU at these inputs."""
+EXERCISE_2_PROMPT = "I am fine and you?"
+"""Exercise 2 starts from X1 for this prompt, (7, 4)."""
+GELU_POINTS = (6.0, -6.0, -0.3)
+"""Exercise 3 asks for GeLU at these inputs, none of which the notebook prints."""
+PHI_OF_MINUS_0_3 = 0.382
+"""The hint exercise 3 gives: Phi(-0.3), the standard normal's probability below -0.3."""
 GELU_TOLERANCE = 0.01
 
 SOLUTIONS = {
@@ -24,16 +37,18 @@ config = kvlib.GPT2_SMALL
 answer = (10, config.d_ff)   # one row per token, d_ff = 4 x 768 = 3072 hidden units
 """,
     2: """
-layer = params.layers[1]                        # block 2 has its own weights
-Q, K, V = (kvlib.split_heads(M, 2) for M in kvlib.project_qkv(X1, layer))
-heads = kvlib.attention(Q, K, V, kvlib.causal_mask(5))
-H = X1 + kvlib.output_projection(kvlib.merge_heads(heads), layer.Wo)   # attention adds
-answer = H + kvlib.mlp(H, layer)                                       # then the MLP adds
+X1_other = lesson05.practice_stream()            # (7, 4): X1 for "I am fine and you?"
+layer = params.layers[1]                         # block 2 has its own weights
+Q, K, V = (kvlib.split_heads(M, 2) for M in kvlib.project_qkv(X1_other, layer))
+heads = kvlib.attention(Q, K, V, kvlib.causal_mask(7))
+H = X1_other + kvlib.output_projection(kvlib.merge_heads(heads), layer.Wo)   # attention adds
+answer = H + kvlib.mlp(H, layer)                                             # then the MLP adds
 """,
     3: """
-# gelu(x) = x * (a number between 0 and 1 that grows with x):
-# at 0 it is 0; at 10 the factor is about 1; at -10 it is about 0.
-answer = (0.0, 10.0, 0.0)
+# gelu(x) = x * Phi(x), and Phi rises from 0 to 1:
+# Phi(6) is about 1, so gelu(6) is about 6; Phi(-6) is about 0, so gelu(-6) is about 0;
+# gelu(-0.3) = -0.3 * Phi(-0.3) = -0.3 * 0.382, about -0.115: a small negative output.
+answer = (6.0, 0.0, -0.3 * 0.382)
 """,
 }
 
@@ -43,18 +58,18 @@ def solution(number: int):
     return show_solution(SOLUTIONS, number)
 
 
+@checker
 def check_hidden_shape(answer) -> Feedback:
     """Exercise 1: the shape of gelu(X @ W_up) in GPT-2 small for a 10-token prompt."""
     config = kvlib.GPT2_SMALL
     T, d, f = GPT2_PROMPT_TOKENS, config.d_model, config.d_ff
     expected = (T, f)
-    if answer is None or answer is ...:
+    if is_missing(answer):
         return Feedback(False, "The shape is not filled in yet: replace the ... with a tuple "
                         "like (rows, columns).")
-    try:
-        shape = tuple(int(n) for n in answer)
-    except (TypeError, ValueError):
-        return Feedback(False, f"give the shape as a tuple of two whole numbers, got {answer!r}.")
+    shape = whole_numbers(answer, 2, "the shape", expected)
+    if isinstance(shape, Feedback):
+        return shape
     messages = {
         (T, d): f"({T}, {d}) is the MLP's input and output shape. The hidden layer in between "
                 f"is wider: d_ff = {f} columns (4 x {d}).",
@@ -62,6 +77,8 @@ def check_hidden_shape(answer) -> Feedback:
                 "one row per token.",
         (f, T): "rows are tokens and columns are hidden units: (tokens, d_ff).",
         (1, f): f"the MLP runs on all {T} prompt tokens at once, one row each.",
+        (T, 2 * d): f"2 x d_model is the toy model's ratio (4 -> 8); GPT-2 small widens 4 "
+                    f"times: d_ff = {f}.",
         (5, 8): "(5, 8) is the toy model's hidden shape; use GPT-2 small's sizes "
                 "(kvlib.GPT2_SMALL).",
     }
@@ -75,13 +92,19 @@ def check_hidden_shape(answer) -> Feedback:
 
 
 @lru_cache(maxsize=1)
-def _article_streams():
+def _exercise_stream():
     params = kvlib.init_params()
-    ids = kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT)
+    ids = kvlib.ToyTokenizer().encode(EXERCISE_2_PROMPT)
     X0 = kvlib.embed(np.array(ids), params.embedding)
     mask = kvlib.causal_mask(len(ids))
     X1 = kvlib.decoder_block(X0, params.layers[0], params.config.n_heads, mask=mask)
     return params, X1, mask
+
+
+def practice_stream() -> np.ndarray:
+    """Exercise 2's start: X1, the stream after the first block, for EXERCISE_2_PROMPT (7, 4).
+    A fresh copy each call."""
+    return _exercise_stream()[1].copy()
 
 
 def _attention_update(X, layer, n_heads, mask):
@@ -89,17 +112,29 @@ def _attention_update(X, layer, n_heads, mask):
     return kvlib.output_projection(kvlib.merge_heads(kvlib.attention(Q, K, V, mask)), layer.Wo)
 
 
+@checker
 def check_second_block(answer) -> Feedback:
-    """Exercise 2: X2, the stream after the second block, from X1 (5, 4), built step by step."""
-    params, X1, mask = _article_streams()
+    """Exercise 2: X2 for EXERCISE_2_PROMPT from practice_stream() (7, 4), step by step."""
+    params, X1, mask = _exercise_stream()
     layer, n_heads = params.layers[1], params.config.n_heads
     expected = kvlib.decoder_block(X1, layer, n_heads, mask=mask)
-    if isinstance(answer, np.ndarray) and answer.shape == expected.shape:
+    array = numeric_array(answer, "X2", expected.shape)
+    if isinstance(array, Feedback):
+        return array
+    article = len(kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT))
+    if array.shape == (article, expected.shape[1]):
+        return Feedback(False, f"({article}, {expected.shape[1]}) is the notebook's prompt; "
+                        "start from X1_other = lesson05.practice_stream(), "
+                        f"{expected.shape}.")
+    if array.shape == expected.shape:
         attention = _attention_update(X1, layer, n_heads, mask)
         H = X1 + attention
         wrong = [
             (attention + kvlib.mlp(attention, layer),
              "the block's result replaced the stream: add it to X1 instead (X1 + ...)."),
+            (kvlib.mlp(attention, layer),
+             "both additions are missing: the block's two results are added to the stream, "
+             "H = X1 + attention, then X2 = H + MLP(H)."),
             (H, "this stops after attention: the MLP's output must be added too."),
             (X1 + attention + kvlib.mlp(X1, layer),
              "the MLP reads the stream after attention has been added (H = X1 + attention), "
@@ -107,36 +142,67 @@ def check_second_block(answer) -> Feedback:
             (kvlib.decoder_block(X1, params.layers[0], n_heads, mask=mask),
              "these are the first block's weights; the second block is params.layers[1]."),
             (kvlib.decoder_block(X1, layer, n_heads, mask=None),
-             "the attention ran without the causal mask: pass kvlib.causal_mask(5)."),
+             f"the attention ran without the causal mask: pass kvlib.causal_mask("
+             f"{expected.shape[0]})."),
+            (X1, "this is X1 itself, the start: the block's two additions are still missing."),
         ]
         for candidate, message in wrong:
-            if np.allclose(answer, candidate):
+            if same_array(array, candidate):
                 return Feedback(False, message)
     return check_array(answer, expected, "X2", "Attention adds to X1 giving H; then the MLP "
                        "of H adds to H.")
 
 
+def _gelu(x: float) -> float:
+    return float(kvlib.gelu(np.array(x)))
+
+
+@checker
 def check_gelu_values(answer) -> Feedback:
-    """Exercise 3: gelu(0), gelu(10), gelu(-10), predicted to within 0.01."""
-    if answer is None or answer is ...:
+    """Exercise 3: gelu(6), gelu(-6), gelu(-0.3), predicted to within 0.01."""
+    if is_missing(answer):
         return Feedback(False, "The three values are not filled in yet: replace the ... with "
-                        "(gelu(0), gelu(10), gelu(-10)).")
-    try:
-        values = [float(v) for v in answer]
-    except (TypeError, ValueError):
-        return Feedback(False, f"give three numbers, (gelu(0), gelu(10), gelu(-10)); got "
-                        f"{answer!r}.")
-    if len(values) != len(GELU_POINTS):
-        return Feedback(False, f"give three numbers, one per input {GELU_POINTS}; got "
-                        f"{len(values)}.")
-    hints = {
-        0.0: "gelu(0) = 0 * (something) = 0: GeLU passes through the origin like ReLU.",
-        10.0: "for a large positive x GeLU lets almost everything through: gelu(10) is about 10.",
-        -10.0: "for a large negative x GeLU lets almost nothing through (like ReLU): "
-               "gelu(-10) is about 0, not -10 and not -0.17 (the dip is near x = -0.75).",
-    }
-    for x, value in zip(GELU_POINTS, values):
-        if not math.isfinite(value) or abs(value - float(kvlib.gelu(np.array(x)))) > GELU_TOLERANCE:
-            return Feedback(False, hints[x])
-    return Feedback(True, "0, about 10 and about 0: far from zero GeLU behaves like ReLU; only "
-                    "near zero is it smooth, with a small dip below zero.")
+                        "(gelu(6), gelu(-6), gelu(-0.3)).")
+    values = numeric_array(answer, "answer", (3,))
+    if isinstance(values, Feedback):
+        return Feedback(False, f"give three numbers, (gelu(6), gelu(-6), gelu(-0.3)); "
+                        f"{values.message}")
+    if values.shape != (len(GELU_POINTS),):
+        return Feedback(False, f"give three numbers, one per input {GELU_POINTS}; got an "
+                        f"answer of shape {values.shape}.")
+    values = [float(v) for v in values]
+    (big, big_value), (negative, negative_value), (small, small_value) = zip(GELU_POINTS,
+                                                                            values)
+    near = {x: abs(value - _gelu(x)) <= GELU_TOLERANCE for x, value in zip(GELU_POINTS, values)}
+    if not near[big]:
+        if abs(big_value - big / 2) <= GELU_TOLERANCE:
+            return Feedback(False, f"gelu({big:g}) = {big:g} x Phi({big:g}), and Phi({big:g}) "
+                            "is about 1, not 0.5 (Phi(0) = 0.5): gelu(6) is about 6.")
+        return Feedback(False, f"far to the right Phi(x) is about 1, so GeLU lets almost "
+                        f"everything through: gelu({big:g}) is about {big:g}.")
+    if not near[negative]:
+        if abs(negative_value - negative) <= GELU_TOLERANCE:
+            return Feedback(False, f"not {negative:g}: far to the left Phi(x) is about 0, so "
+                            f"gelu({negative:g}) is about 0, like ReLU.")
+        return Feedback(False, f"far to the left Phi(x) is about 0: gelu({negative:g}) is "
+                        "about 0.")
+    if near[small]:
+        return Feedback(True, f"about {big:g}, about 0, and {_gelu(small):.3f}: far from zero "
+                        "GeLU behaves like ReLU; near zero it is x times a factor between 0 "
+                        "and 1, so a small negative input gives a small negative output.")
+    product = small * PHI_OF_MINUS_0_3
+    hints = (
+        (0.0, "ReLU would give 0 here, but GeLU multiplies x by Phi(x): "
+              f"-0.3 x {PHI_OF_MINUS_0_3} is a small NEGATIVE number."),
+        (small, f"that is x itself; GeLU multiplies it by Phi({small:g}) = {PHI_OF_MINUS_0_3}."),
+        (-product, "the sign is wrong: x is negative and Phi(x) is positive, so x Phi(x) is "
+                   "negative."),
+        (small * (1 - PHI_OF_MINUS_0_3), f"Phi({small:g}) = {PHI_OF_MINUS_0_3} is already the "
+                                         "factor: multiply x by it, not by 1 - Phi."),
+        (-0.17, "-0.17 is the depth of the dip, at x = -0.75; at x = -0.3 GeLU is closer to 0."),
+    )
+    for wrong, message in hints:
+        if abs(small_value - wrong) <= GELU_TOLERANCE / 2:
+            return Feedback(False, message)
+    return Feedback(False, f"gelu({small:g}) = {small:g} x Phi({small:g}), with "
+                    f"Phi({small:g}) = {PHI_OF_MINUS_0_3}; got {small_value:.3g}.")

@@ -66,7 +66,10 @@ def head_weights(params: kvlib.Params, ids, layer: int = 0, head: int = 0, scale
 def draw_query_row(heat_ax, bar_ax, weights, labels, query: int, title: str | None = None):
     """Draw a head's weights (T, T) and one query's row (notebook 02) into two axes.
 
-    Left: the heatmap (kvlib.plots.attention_heatmap), the query's row outlined in crimson.
+    Left: the heatmap (kvlib.plots.attention_heatmap) on a colour scale spanning the weights'
+    own range (untrained weights are all close to 1 / T), each row's largest weight framed,
+    the query's row outlined in crimson. The bars keep a fixed 0-1 scale, so that a sharper
+    or flatter softmax shows there.
     Right: that row as bars with their values; keys after the query are hatched grey.
     Returns the bars' title, so that a caller can add a line to it.
     """
@@ -74,8 +77,10 @@ def draw_query_row(heat_ax, bar_ax, weights, labels, query: int, title: str | No
     T = weights.shape[0]
     if not 0 <= query < T:
         raise ValueError(f"query must be a position between 0 and {T - 1}, got {query}")
-    plots.attention_heatmap(weights, labels, labels, ax=heat_ax, colorbar=False, title=title,
-                            show_values=T <= 7)
+    span = f"colours span {weights.min():.2f}-{weights.max():.2f}"
+    plots.attention_heatmap(weights, labels, labels, ax=heat_ax, colorbar=False,
+                            title=f"{title}\n({span})" if title else span, show_values=T <= 7,
+                            vmin=None, vmax=None, mark_row_max=True)
     if T > 6:
         for tick in heat_ax.get_xticklabels():
             tick.set(rotation=60, ha="left", rotation_mode="anchor")

@@ -138,8 +138,12 @@ def mask_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICL
         plots.attention_heatmap(weights, labels, labels, mask=mask, ax=live.ax, colorbar=False,
                                 show_values=len(ids) <= 12, title=f"Layer {layer}, head {head}, "
                                 f"mask {'on' if masked else 'off'}")
-        future = float(np.triu(weights, k=1).sum(axis=1)[0]) if len(ids) > 1 else 0.0
-        if masked:
+        future = float(np.triu(weights, k=1).sum(axis=1)[0])
+        if len(ids) == 1:
+            text = (f"With a single token ({labels[0]}) there is nothing after it to read: "
+                    "mask or no mask, it attends only to itself (weight 1.00). Add words to "
+                    "the prompt to see the mask at work.")
+        elif masked:
             text = ("Every cell above the diagonal is masked: row t weighs only tokens 0..t, "
                     f"and each row still sums to 1. The first token ({labels[0]}) can only "
                     f"attend to itself (weight {weights[0, 0]:.2f}).")

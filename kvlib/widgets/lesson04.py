@@ -57,6 +57,9 @@ def head_columns(matrix, n_heads: int, row_labels=None, ax=None, highlight: int 
     head_dim = columns // n_heads
     ax = plots.matrix_heatmap(matrix, row_labels, [f"{c}" for c in range(columns)], ax=ax,
                               show_values=show_values)
+    if rows > 2 * columns:
+        # A long prompt would make the matrix a thin strip whose head labels overlap.
+        ax.set_aspect("auto")
     ax.set_xlabel(f"columns of {name}, grouped by head", labelpad=16)
     label_y = blended_transform_factory(ax.transData, ax.transAxes)
     for head in range(n_heads):
@@ -68,8 +71,8 @@ def head_columns(matrix, n_heads: int, row_labels=None, ax=None, highlight: int 
         ax.add_patch(Rectangle((left, -0.5), head_dim, rows, fill=False, zorder=4,
                                edgecolor=FRAME_COLOR if chosen else "black",
                                lw=3.5 if chosen else 1.5))
-        ax.text(left + head_dim / 2, -0.03, f"head {head}", transform=label_y,
-                ha="center", va="top", fontsize=9 if n_heads <= 4 else 7,
+        ax.text(left + head_dim / 2, -0.03, f"head {head}" if head_dim > 1 else f"h{head}",
+                transform=label_y, ha="center", va="top", fontsize=9 if n_heads <= 4 else 7,
                 fontweight="bold" if chosen else "normal",
                 color=FRAME_COLOR if chosen else "black")
     if title:
@@ -146,31 +149,46 @@ def split_for_heads(ids, n_heads: int, d_model: int = 8):
     return Q, weights
 
 
+MAX_TICK_LABELS = 8
+"""A small heatmap of many heads labels at most this many tokens per axis (every k-th)."""
+
+
 def draw_head_count(figure, Q, weights, labels, d_model: int) -> None:
     """Notebook 04: clear `figure` and draw Q (T, d_model) with its head columns framed, next
-    to one masked (T, T) heatmap per head (weights (h, T, T))."""
+    to one masked (T, T) heatmap per head (weights (h, T, T)).
+
+    The artists drawn do not grow with the number of masked cells (one hatch collection per
+    heatmap) and, beyond two heads, only a few token labels are written per heatmap, so an
+    update stays fast at 8 heads and 32 tokens."""
     heads = weights.shape[0]
     head_dim = d_model // heads
     T = len(labels)
     figure.clear()
-    outer = figure.add_gridspec(1, 2, width_ratios=[1.0, 1.4])
+    # Fixed margins instead of constrained layout, whose solve over nine axes and their
+    # labels was half the time of an update.
+    figure.set_layout_engine("none")
+    outer = figure.add_gridspec(1, 2, width_ratios=[1.0, 1.4], left=0.07, right=0.99,
+                                bottom=0.1, top=0.8, wspace=0.12)
     left = figure.add_subplot(outer[0])
     head_columns(Q, heads, labels, ax=left, show_values=T <= 8,
                  title=f"Q {Q.shape}: {heads} head(s) of {head_dim} column(s)")
-    grid_rows = 1 if heads <= 2 else 2
-    grid = outer[1].subgridspec(grid_rows, -(-heads // grid_rows))
+    grid_rows = 1 if heads <= 4 else 2
+    grid = outer[1].subgridspec(grid_rows, -(-heads // grid_rows), wspace=0.25, hspace=0.55)
     mask = kvlib.causal_mask(T)
     for head in range(heads):
-        ax = figure.add_subplot(grid[head // grid.ncols, head % grid.ncols])
+        row, column = divmod(head, grid.ncols)
+        ax = figure.add_subplot(grid[row, column])
+        crowded = heads > 2 or T > 12
         plots.attention_heatmap(weights[head], labels, labels, mask=mask, ax=ax,
-                                colorbar=False, title=f"head {head}",
-                                show_values=heads <= 2 and T <= 12)
-        if heads > 2:
+                                colorbar=False, title=f"head {head}", show_values=not crowded,
+                                max_labels=MAX_TICK_LABELS if crowded else None)
+        if crowded:
+            # Token labels on the outer heatmaps only, small and turned: none overlap.
             ax.set_xlabel("")
             ax.set_ylabel("")
-            ax.tick_params(labelsize=7)
+            ax.tick_params(labelsize=7, labeltop=row == 0, labelleft=column == 0)
             ax.tick_params(axis="x", rotation=90)
-    figure.suptitle(f"A model with d_model = {d_model}: layer 0's Q and its heads")
+    figure.suptitle(f"A model with d_model = {d_model}: layer 0's Q and its heads", y=0.98)
 
 
 def head_count_explorer(prompt: str = kvlib.ARTICLE_PROMPT, d_model: int = 8, n_heads: int = 2,

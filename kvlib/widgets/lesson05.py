@@ -11,7 +11,8 @@ from __future__ import annotations
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.patches import Rectangle
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
 
 import kvlib
 from kvlib import plots
@@ -87,16 +88,23 @@ def draw_stream(axes, stream: dict, token: int, blocks: int, labels) -> None:
         norms = np.array([np.linalg.norm(u[token]) for u in stream[name]])
         applied = steps <= blocks
         sizes.bar(steps[applied] + offset, norms[applied], 0.4, color=color, edgecolor="black",
-                  lw=0.5, label=f"{'MLP' if name == 'mlp' else name} update")
+                  lw=0.5)
         sizes.bar(steps[~applied] + offset, norms[~applied], 0.4, fill=False, hatch="//",
                   edgecolor="#aaaaaa", lw=0.5)
-    sizes.axhline(np.linalg.norm(streams[0][token]), color="black", ls="--", lw=1,
-                  label="size of the embedding X0")
+    embedding = np.linalg.norm(streams[0][token])
+    sizes.axhline(embedding, color="black", ls="--", lw=1)
+    # The legend is built by hand: at 0 blocks no coloured bar exists to take a swatch from.
+    handles = [Patch(facecolor=ATTENTION_COLOR, edgecolor="black", label="attention update"),
+               Patch(facecolor=MLP_COLOR, edgecolor="black", label="MLP update"),
+               Line2D([], [], color="black", ls="--", lw=1, label="size of the embedding X0")]
+    if blocks < n_layers:
+        handles.append(Patch(fill=False, hatch="//", edgecolor="#aaaaaa",
+                             label="block not applied yet"))
     sizes.set_xticks(steps, [f"block {s}" + ("" if s <= blocks else "\n(not applied)")
                              for s in steps])
     sizes.set_ylabel("size of the update (norm)")
     sizes.set_title("How much each block edits this token")
-    sizes.legend(loc="upper right", fontsize=8, frameon=False)
+    sizes.legend(handles=handles, loc="upper right", fontsize=8, frameon=False)
     top = max(np.linalg.norm(streams[0][token]),
               *(np.linalg.norm(u[token]) for name in ("attention", "mlp") for u in stream[name]))
     sizes.set_ylim(0, 1.45 * top)
@@ -165,6 +173,20 @@ def stream_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTI
     return explorer(live, controls, status, message, redraw, state)
 
 
+def gelu_at(x: float) -> float:
+    """kvlib.gelu at one number (notebook 05's widget). Far from 0 the cube inside overflows
+    to inf, which the tanh turns into exactly x or 0: the right values, so numpy's overflow
+    warning is silenced rather than shown to the student."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(kvlib.gelu(np.array(float(x)))) + 0.0   # + 0.0 turns -0.0 into 0.0
+
+
+def readable(value: float) -> str:
+    """A number for notebook 05's status line: 3 decimals, or 4 significant digits with an exponent
+    when it is large (gelu(1e308) is 1e308, not a 309-digit number)."""
+    return f"{value:.3f}" if abs(value) < 1e6 else f"{value:.4g}"
+
+
 def gelu_plot(low: float = -4.0, high: float = 4.0, ax=None, x: float | None = None,
               show_relu: bool = True):
     """GeLU (kvlib.gelu) next to ReLU on [low, high] (notebook 05), the dip below zero
@@ -195,7 +217,7 @@ def gelu_plot(low: float = -4.0, high: float = 4.0, ax=None, x: float | None = N
                     (GELU_MINIMUM_X, lowest), xytext=(0.05, 0.45), textcoords="axes fraction",
                     fontsize=9, arrowprops={"arrowstyle": "->", "color": "black"})
     if x is not None:
-        ax.plot([x], [float(kvlib.gelu(np.array(x)))], "o", color=plots.NEW_ROWS_COLOR,
+        ax.plot([x], [gelu_at(x)], "o", color=plots.NEW_ROWS_COLOR,
                 markeredgecolor="black", markersize=9, zorder=5, label=f"x = {x:g}")
     ax.set_xlim(low, high)
     ax.set_xlabel("x (one hidden unit's input)")
@@ -228,9 +250,9 @@ def gelu_explorer(low: float = -4.0, high: float = 4.0, x: float = -0.75):
         point = float(controls["x"].value)
         live.ax.clear()
         gelu_plot(low, high, ax=live.ax, x=point, show_relu=controls["relu"].value)
-        gelu_value = float(kvlib.gelu(np.array(point)))
-        status.value = (f"gelu({point:g}) = {gelu_value:.3f}, relu({point:g}) = "
-                        f"{max(point, 0.0):.3f}"
+        gelu_value = gelu_at(point)
+        status.value = (f"gelu({point:g}) = {readable(gelu_value)}, relu({point:g}) = "
+                        f"{readable(max(point, 0.0))}"
                         + ("" if low <= point <= high else " (x is outside the plotted range)"))
         state.update(x=point, gelu=gelu_value)
         live.show()

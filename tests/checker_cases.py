@@ -1,0 +1,117 @@
+"""Shared cases for the exercise checkers' tests (every lesson's test module may use them).
+
+A checker must answer anything a student can type with a Feedback, never a traceback:
+`odd_answers(shape)` lists the usual suspects (text, None, 10**400, nan, ragged lists, object
+and text arrays of the right shape, lists of the wrong length, ...) and `student_answers` is a
+hypothesis strategy that builds more of them. `assert_answers_in_words(check, answer)` is the
+one assertion: a Feedback with a message, whatever the answer.
+
+    from checker_cases import assert_answers_in_words, odd_answers, student_answers
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import strategies as st
+
+from kvlib.exercises.base import Feedback
+
+HUGE = 10**400
+"""An int that no float can hold: float(HUGE) raises OverflowError."""
+
+
+def odd_answers(shape: tuple[int, ...] | None = None) -> list[tuple[str, object]]:
+    """(label, answer) pairs a student might type; with `shape`, also answers of that shape
+    that hold no usable numbers and lists one element too long or too short."""
+    answers = [
+        ("empty string", ""), ("text", "hello"), ("number as text", "7"), ("None", None),
+        ("Ellipsis", ...), ("True", True), ("False", False), ("zero", 0), ("minus one", -1),
+        ("a half", 0.5), ("huge int", HUGE), ("minus huge int", -HUGE), ("huge float", 1e308),
+        ("nan", math.nan), ("inf", math.inf), ("minus inf", -math.inf),
+        ("numpy nan", np.float64("nan")), ("numpy int", np.int64(3)), ("complex", 1 + 2j),
+        ("empty list", []), ("list of empty list", [[]]), ("ragged list", [[1, 2], [3]]),
+        ("nested ragged", [1, [2, [3, 4]]]), ("list of text", ["a", "b"]),
+        ("list with None", [1, None]), ("list with huge", [1, HUGE]),
+        ("tuple of nan", (math.nan, math.nan)), ("dict", {"a": 1}), ("set", {1, 2}),
+        ("range", range(3)), ("function", len), ("object", object()), ("0-d array", np.array(2)),
+        ("0-d float array", np.array(2.5)), ("empty array", np.array([])),
+        ("text array", np.array(["x"])), ("object array", np.array([1, "a"], dtype=object)),
+        ("bool array", np.array([True, False])), ("3-d array", np.zeros((2, 2, 2))),
+        ("np.where tuple", np.where(np.array([0, 1, 1]) > 0)),
+    ]
+    if shape is not None:
+        size = int(np.prod(shape))
+        answers += [
+            ("objects of the right shape", np.full(shape, None, dtype=object)),
+            ("text of the right shape", np.full(shape, "w")),
+            ("huge ints of the right shape", np.full(shape, HUGE, dtype=object)),
+            ("nan of the right shape", np.full(shape, np.nan)),
+            ("inf of the right shape", np.full(shape, np.inf)),
+            ("huge floats of the right shape", np.full(shape, 1e308)),
+            ("bools of the right shape", np.ones(shape, dtype=bool)),
+            ("complex of the right shape", np.full(shape, 1j)),
+            ("list of the right shape with None", np.full(shape, None, dtype=object).tolist()),
+            ("flat list of the right size", list(range(size))),
+            ("one too long", np.zeros((shape[0] + 1,) + tuple(shape[1:])).tolist()),
+            ("one too short", np.zeros((max(shape[0] - 1, 0),) + tuple(shape[1:])).tolist()),
+            ("transposed shape", np.zeros(tuple(reversed(shape)))),
+        ]
+        if len(shape) >= 2:
+            ragged = np.zeros(shape).tolist()
+            ragged[-1] = ragged[-1][:-1]
+            answers.append(("ragged list of the right length", ragged))
+    return answers
+
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(min_value=-HUGE, max_value=HUGE),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5),
+    st.complex_numbers(allow_nan=True, allow_infinity=True),
+    st.just(...),
+)
+
+
+def _nested(children):
+    return st.one_of(st.lists(children, max_size=5), st.tuples(children, children))
+
+
+student_answers = st.one_of(
+    st.recursive(_scalars, _nested, max_leaves=12),
+    st.recursive(st.floats(allow_nan=True, allow_infinity=True), _nested,
+                 max_leaves=30).map(lambda value: _as_array(value)),
+)
+"""Hypothesis strategy: scalars of every kind, nested lists and tuples of them (ragged or
+not), and numpy arrays made from nested floats where numpy can make one."""
+
+
+def _as_array(value):
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError):
+        return value
+
+
+def assert_answers_in_words(check, answer) -> Feedback:
+    """The checker returns a Feedback whose message is non-empty text, and shows it."""
+    feedback = check(answer)
+    assert isinstance(feedback, Feedback), f"{check.__name__} returned {type(feedback)}"
+    assert isinstance(feedback.message, str) and feedback.message.strip()
+    assert repr(feedback).startswith(("Correct: ", "Not yet: "))
+    assert "Traceback" not in feedback.message
+    return feedback
+
+
+def assert_not_yet(feedback: Feedback, words: str) -> None:
+    """A wrong answer gets its specific diagnosis: `words` appear in the message."""
+    assert isinstance(feedback, Feedback)
+    assert not feedback.passed, f"passed: {feedback.message}"
+    assert repr(feedback).startswith("Not yet: ")
+    assert words in feedback.message, feedback.message
+
+
+def assert_correct(feedback: Feedback) -> None:
+    assert isinstance(feedback, Feedback)
+    assert feedback.passed, feedback.message
+    assert repr(feedback).startswith("Correct: ")
