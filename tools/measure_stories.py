@@ -12,7 +12,11 @@ in float32 from the saved float16 weights, the files kvlib loads:
   grammar (kvlib.stories.is_grammatical);
 - for every head, the mean weight on the previous token, and, where the grammar forces a
   name (the other character, a thing's owner), the weight the query before it puts on the
-  earlier occurrences of that name and on those of the other character (the distractor);
+  earlier occurrences of that name, on those of the other character (the distractor), and
+  on the most recent name of either (Repeat.latest): the trained target has no head that
+  looks up the right name, but one that looks at the latest name, nearly always the other
+  character's, so the answer is found by elimination;
+- how often the argmax is the forced word, for each kind (name, thing, song);
 - the loss at positions beyond a window: full attention, a sliding window of W positions,
   and the window plus the first 4 positions (attention sinks), for the window lessons.
 The values are deterministic (no timings); tests/test_stories_model.py checks them with
@@ -33,7 +37,7 @@ from transformers import GPT2LMHeadModel
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvlib.stories import StoryTokenizer, first_error, repeated_names  # noqa: E402
+from kvlib.stories import StoryTokenizer, first_error, forced_repeats  # noqa: E402
 from kvlib.stories.corpus import (  # noqa: E402
     CONTEXT_LENGTH,
     HELD_OUT_SEED,
@@ -106,18 +110,29 @@ def head_fractions(model, sequences: np.ndarray, tokenizer: StoryTokenizer) -> d
     predicted = output.logits.argmax(-1).numpy()
     T = sequences.shape[1]
     previous = weights[..., np.arange(1, T), np.arange(T - 1)].mean(axis=(0, 3))  # (L, h)
-    on_name, on_distractor, correct = [], [], []
+    on_name, on_distractor, on_latest, latest_is_other, correct = [], [], [], [], []
     for row, sequence in enumerate(sequences):
-        for repeat in repeated_names(tokenizer.tokens(sequence)):
+        for repeat in forced_repeats(tokenizer.tokens(sequence), "name"):
             query = repeat.position - 1
             attention = weights[row, :, :, query]  # (L, h, T)
             on_name.append(attention[..., list(repeat.earlier)].sum(-1))
             on_distractor.append(attention[..., list(repeat.distractor)].sum(-1))
+            on_latest.append(attention[..., repeat.latest])
+            latest_is_other.append(repeat.latest in repeat.distractor)
             correct.append(predicted[row, query] == sequence[repeat.position])
+    accuracy = {}
+    for kind in ("name", "thing", "song"):
+        right = [predicted[row, repeat.position - 1] == sequence[repeat.position]
+                 for row, sequence in enumerate(sequences)
+                 for repeat in forced_repeats(tokenizer.tokens(sequence), kind)]
+        accuracy[kind] = {"count": len(right), "accuracy": round(float(np.mean(right)), 4)}
     return {
+        "forced_accuracy": accuracy,
         "previous_token": previous,
         "name_earlier": np.mean(on_name, axis=0),
         "name_distractor": np.mean(on_distractor, axis=0),
+        "name_latest": np.mean(on_latest, axis=0),
+        "latest_name_is_the_other": float(np.mean(latest_is_other)),
         "forced_names": len(correct),
         "forced_name_accuracy": float(np.mean(correct)),
     }
@@ -198,6 +213,8 @@ def measure(directory: Path, held_out: np.ndarray, bigram: np.ndarray,
         "held_out": {"seed": HELD_OUT_SEED, "sequences": len(held_out),
                      "tokens_scored": int(losses.size)},
         "held_out_loss": round(float(losses.mean()), 4),
+        # what tests/test_stories_model.py recomputes with kvlib (16 sequences keep it fast)
+        "held_out_loss_first_16": round(float(losses[:16].mean()), 4),
         "bigram_loss": round(float(bigram.mean()), 4),
         "bigram": f"add-{BIGRAM_SMOOTHING:g} smoothing, counted on the {TRAINING_SEQUENCES} "
                   f"training sequences (seed {TRAINING_SEED})",
@@ -205,11 +222,16 @@ def measure(directory: Path, held_out: np.ndarray, bigram: np.ndarray,
         "previous_token_head": best_head(heads["previous_token"]),
         "name_copy_head": {**best_head(heads["name_earlier"]),
                            "on_distractor": None},
+        "latest_name_head": best_head(heads["name_latest"]),
+        "latest_name_is_the_other": round(heads["latest_name_is_the_other"], 4),
         "forced_names": heads["forced_names"],
         "forced_name_accuracy": round(heads["forced_name_accuracy"], 4),
+        # greedy argmax at each forced word, teacher-forced on held-out stories
+        "forced_accuracy": heads["forced_accuracy"],
         "previous_token_by_head": table(heads["previous_token"]),
         "name_earlier_by_head": table(heads["name_earlier"]),
         "name_distractor_by_head": table(heads["name_distractor"]),
+        "name_latest_by_head": table(heads["name_latest"]),
         "greedy": continuations,
     }
 

@@ -1,4 +1,4 @@
-"""A small grammar of children's stories, the corpus of the trained model (notebook 11).
+"""A small grammar of children's stories, the corpus of the trained model (notebook 12).
 
 Each story introduces two characters and one thing each (with an adjective), and later
 sentences must repeat them: "Mia had a red ball. ... Tom asked Mia to help. ... At last, Tom
@@ -57,6 +57,11 @@ ADJECTIVES = ("red", "blue", "green", "yellow", "purple", "pink", "white", "blac
               "gray", "big", "small", "shiny", "soft", "new", "striped", "wooden", "tiny",
               "golden", "silver")
 """Adjectives of the characters' things; each story gives its two things different ones."""
+SONG_WORDS = ("la", "lee", "loo", "da", "dee", "doo", "ding", "dong", "boom", "bam", "hop",
+              "zip", "zap", "tra", "ho", "hey")
+"""The sounds of a song: a story's song strings SONG_LENGTH different ones together, and the
+characters sing it again later, word for word (copying a sequence: an induction head's job)."""
+SONG_LENGTH = 6
 THINGS = ("ball", "kite", "book", "hat", "cup", "doll", "car", "boat", "drum", "box", "bike",
           "train", "robot", "puzzle", "shell", "stone", "scarf", "spoon", "bell", "lamp", "key",
           "bag", "flag", "clock", "crayon", "map", "coin", "ring", "sock", "flute")
@@ -109,6 +114,14 @@ SCENE = (
     Template("{name} said hello to {other}."),
     Template("{name} asked {other} to play."),
 )
+SONG = (
+    Template("{name} made up a song: {song_1} {song_2} {song_3} {song_4} {song_5} {song_6}."),
+)
+SINGING = (
+    Template("{name} sang: {sung_1} {sung_2} {sung_3} {sung_4} {sung_5} {sung_6}."),
+    Template("{name} and {other} sang the song: {sung_1} {sung_2} {sung_3} {sung_4} {sung_5} "
+             "{sung_6}."),
+)
 PROBLEM = (
     Template("{name} lost {his} {own_adjective} {own_thing}.", effect="lose"),
     Template("{name} could not find {his} {own_adjective} {own_thing}.", effect="lose"),
@@ -137,17 +150,22 @@ ENDING = (
 
 PLOT = (
     # (sentences to choose from, fewest, most)
-    (INTRODUCTION, 1, 1), (THING, 1, 1), (FRIEND, 1, 1), (THING, 1, 1), (SCENE, 2, 5),
-    (PROBLEM, 1, 1), (SEARCH, 1, 3), (FOUND, 1, 1), (THANKS, 1, 2), (ENDING, 1, 1),
+    (INTRODUCTION, 1, 1), (THING, 1, 1), (FRIEND, 1, 1), (THING, 1, 1), (SONG, 1, 1),
+    (SCENE, 1, 2), (SINGING, 1, 1), (SCENE, 1, 2), (PROBLEM, 1, 1), (SEARCH, 1, 2),
+    (SINGING, 1, 1), (FOUND, 1, 1), (THANKS, 1, 2), (SINGING, 1, 1), (ENDING, 1, 1),
 )
 """The order a generated story follows; the checker accepts the sentences in any order."""
 
 TEMPLATES = tuple(dict.fromkeys(t for group, _, _ in PLOT for t in group))
 """Every sentence of the grammar, each once."""
 
-NAME_SLOTS = ("name", "new_name", "other", "owner")
-REPEATED_NAME_SLOTS = ("other", "owner")
-"""Slots whose name is fixed by the story so far: the other character, the thing's owner."""
+REPEATED_SLOTS = {
+    "name": ("other", "owner"),
+    "thing": ("own_thing", "any_thing", "lost_thing"),
+    "song": tuple(f"sung_{i + 1}" for i in range(SONG_LENGTH)),
+}
+"""Slots whose word the story so far fixes, by kind: the other character or the thing's owner;
+the noun that goes with an adjective; the sounds of the song, in order."""
 
 
 @dataclass
@@ -165,6 +183,7 @@ class StoryState:
     genders: dict[str, str] = field(default_factory=dict)  # name -> "girl" or "boy"
     things: list[Thing] = field(default_factory=list)
     animals_seen: list[str] = field(default_factory=list)
+    song: tuple[str, ...] = ()  # the words of the song made up, in order
 
     def thing(self, adjective: str) -> Thing | None:
         return next((t for t in self.things if t.adjective == adjective), None)
@@ -196,6 +215,13 @@ def allowed_words(slot: str, bound: dict[str, str], state: StoryState) -> tuple[
         if any(t.owner == subject for t in state.things):
             return ()
         return tuple(a for a in ADJECTIVES if state.thing(a) is None)
+    if slot.startswith("song_"):  # a new song of words not yet in it
+        return () if state.song else tuple(
+            w for w in SONG_WORDS
+            if w not in [bound.get(f"song_{i + 1}") for i in range(SONG_LENGTH)])
+    if slot.startswith("sung_"):  # the song as it was made up
+        index = int(slot[len("sung_"):]) - 1
+        return state.song[index:index + 1]
     if slot in ("new_thing", "seen_animal"):
         return THINGS if slot == "new_thing" else tuple(state.animals_seen)
     adjective_rule = {
@@ -222,6 +248,8 @@ def _apply(template: Template, bound: dict[str, str], state: StoryState) -> None
         state.things.append(Thing(bound["new_adjective"], bound["new_thing"], bound["name"]))
     if "animal" in bound and bound["animal"] not in state.animals_seen:
         state.animals_seen.append(bound["animal"])
+    if "song_1" in bound:
+        state.song = tuple(bound[f"song_{i + 1}"] for i in range(SONG_LENGTH))
     if template.effect == "lose":
         state.thing(bound["own_adjective"]).lost = True
     if template.effect == "find":
@@ -264,7 +292,7 @@ def generate_story_words(rng: np.random.Generator) -> list[str]:
 
 
 def generate_story(rng: np.random.Generator) -> str:
-    """One story, as text (notebook 11): "Once upon a time, there was a shy girl named ..."."""
+    """One story, as text (notebook 12): "Once upon a time, there was a shy girl named ..."."""
     if not isinstance(rng, np.random.Generator):
         raise TypeError("generate_story needs a numpy Generator, for example "
                         f"np.random.default_rng(0), got {type(rng).__name__}")
@@ -287,10 +315,10 @@ _END = "."
 
 
 def _vocabulary() -> tuple[str, ...]:
-    words = [BOS, ".", ","]
+    words = [BOS, ".", ",", ":"]
     for template in TEMPLATES:
         words += [i for i in template.items if not i.startswith("{") and i.isalpha()]
-    words += GIRL_NAMES + BOY_NAMES + ADJECTIVES + THINGS
+    words += GIRL_NAMES + BOY_NAMES + ADJECTIVES + THINGS + SONG_WORDS
     for group in FREE_WORDS.values():
         words += group
     words += ("her", "his")
@@ -447,25 +475,35 @@ def first_error(text: str, allow_unfinished: bool = False) -> str | None:
 
 
 def is_grammatical(text: str, allow_unfinished: bool = False) -> bool:
-    """True if every sentence of text fits the grammar and the story so far (notebook 11)."""
+    """True if every sentence of text fits the grammar and the story so far (notebook 12)."""
     return first_error(text, allow_unfinished) is None
 
 
 # --- ground truth for the attention heads -------------------------------------------------
 
 @dataclass(frozen=True)
-class NameRepeat:
-    """A position where the grammar fixes which character's name comes next.
+class Repeat:
+    """A position whose word the story forces to repeat an earlier one (notebook 12).
 
-    position: where the name is (its query, the one that predicts it, is position - 1);
-    earlier: where the same name occurs before, in the same story;
-    distractor: where the other character's name occurs before, in the same story.
+    position: where the word is (its query, the one that predicts it, is position - 1);
+    kind: "name" (the other character, a thing's owner), "thing" (the noun after its
+    adjective) or "song" (a sound of the song, sung again);
+    earlier: where the same word occurs before, in the same story;
+    distractor: where the other words of its kind occur before, in the same story (the other
+    character, the other thing, the song's other sounds): copying must not pick them.
     """
 
     position: int
-    name: str
+    word: str
+    kind: str
     earlier: tuple[int, ...]
     distractor: tuple[int, ...]
+
+    @property
+    def latest(self) -> int | None:
+        """The most recent earlier word of the same kind (either list), or None: where the
+        trained model's name head looks (notebook 12)."""
+        return max(self.earlier + self.distractor, default=None)
 
 
 def slot_of_each_word(words) -> list[str | None]:
@@ -477,24 +515,26 @@ def slot_of_each_word(words) -> list[str | None]:
     return slots
 
 
-def repeated_names(words) -> list[NameRepeat]:
-    """Every position whose name the story forces (the other character, a thing's owner),
-    with the earlier occurrences of that name and of the distractor, for the head tests.
+def forced_repeats(words, kind: str) -> list[Repeat]:
+    """Every position where the story forces a word of this kind to repeat an earlier one,
+    with the earlier occurrences of that word and of its distractors, for the head tests.
 
     words: a grammatical list of words (from text_to_words, or a tokenizer's tokens).
     """
+    if kind not in REPEATED_SLOTS:
+        raise ValueError(f"kind must be one of {sorted(REPEATED_SLOTS)}, got {kind!r}")
     words = list(words)
-    names = set(GIRL_NAMES + BOY_NAMES)
+    same_kind = {"name": GIRL_NAMES + BOY_NAMES, "thing": THINGS, "song": SONG_WORDS}[kind]
     repeats = []
     story_start = 0
     for position, (word, slot) in enumerate(zip(words, slot_of_each_word(words))):
         if word == BOS:
             story_start = position + 1
-        if slot in REPEATED_NAME_SLOTS:
+        if slot in REPEATED_SLOTS[kind]:
             before = range(story_start, position)
-            repeats.append(NameRepeat(
-                position, word,
+            repeats.append(Repeat(
+                position, word, kind,
                 earlier=tuple(j for j in before if words[j] == word),
-                distractor=tuple(j for j in before if words[j] in names and words[j] != word),
+                distractor=tuple(j for j in before if words[j] in same_kind and words[j] != word),
             ))
     return repeats
