@@ -29,6 +29,37 @@ def test_the_series_is_numbered_without_gaps_and_listed_in_the_readme():
         assert f"notebooks/{name}.ipynb" in README, f"{name} is not in README's lesson table"
 
 
+# what a measurement of this machine prints: seconds, rates, bandwidth
+TIMING = re.compile(r"\d ?(ms|µs|us|ns|s)\b(?! *=)|tokens/s|FLOP/s|B/s|\d ?x faster")
+TIMINGS_NOTE = ("[measured on the machine that runs this cell, so not saved with the notebook: "
+                "run the cell to see the numbers]\n")
+
+
+def printed_text(cell) -> str:
+    texts = [output.get("text", "") for output in cell.get("outputs", [])
+             if output["output_type"] == "stream"]
+    texts += [output["data"].get("text/plain", "") for output in cell.get("outputs", [])
+              if "data" in output and "image/png" not in output["data"]]
+    return "".join("".join(text) for text in texts)
+
+
+@pytest.mark.parametrize("name", SERIES)
+def test_no_timings_or_timestamps_are_committed(name):
+    # tools/execute_notebooks.py --inplace replaces what a cell tagged "timings" prints
+    for cell in load(name)["cells"]:
+        assert "execution" not in cell["metadata"], "execution timestamps committed"
+        if cell["cell_type"] != "code":
+            continue
+        if "timings" in cell["metadata"].get("tags", []):
+            assert "nbval-ignore-output" in cell["metadata"]["tags"]
+            streams = [o for o in cell["outputs"] if o["output_type"] == "stream"]
+            assert all("".join(o["text"]) == TIMINGS_NOTE for o in streams), source(cell)[:80]
+        else:
+            found = TIMING.search(printed_text(cell))
+            assert found is None, (f"a timing ({found.group(0)!r}) printed by a cell not "
+                                   f"tagged timings: {source(cell)[:80]}")
+
+
 @pytest.mark.parametrize("name", SERIES)
 def test_executed_in_order_without_errors(name):
     code = [c for c in load(name)["cells"] if c["cell_type"] == "code" and source(c).strip()]

@@ -17,6 +17,11 @@ committed notebook (output type, stream name, MIME types: a figure that disappea
 new one, is caught; the PNG bytes are not compared, they differ between matplotlib builds),
 and the saved widget state must hold the same models (by module and name; their ids are
 random). tools/binder_check.sh runs it on every notebook.
+
+--inplace saves no timings: a cell tagged "timings" (it measures this machine: seconds,
+tokens/s, GB/s) keeps the kinds of its outputs, but each printed text becomes TIMINGS_NOTE,
+so the committed notebook is the same on every machine (tests/test_notebooks.py checks it);
+and the cells' execution timestamps are dropped.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ import nbformat
 from nbclient import NotebookClient
 
 STEP_SECONDS = 1.0
+TIMINGS_TAG = "timings"
+TIMINGS_NOTE = ("[measured on the machine that runs this cell, so not saved with the notebook: "
+                "run the cell to see the numbers]\n")
 CELL_TIMEOUT_SECONDS = 300
 
 
@@ -109,6 +117,24 @@ def structure_differences(committed, executed) -> list[str]:
     return found
 
 
+def without_timings(notebook) -> None:
+    """In place: drop execution timestamps, and the printed numbers of cells tagged timings
+    (one TIMINGS_NOTE for each run of printed text, so output_kinds stays the same)."""
+    for cell in notebook.cells:
+        cell.metadata.pop("execution", None)
+        if cell.cell_type != "code" or TIMINGS_TAG not in cell.metadata.get("tags", []):
+            continue
+        outputs = []
+        for output in cell.outputs:
+            if output["output_type"] == "stream":
+                if outputs and outputs[-1]["output_type"] == "stream" and \
+                        outputs[-1].get("name") == output.get("name"):
+                    continue
+                output["text"] = TIMINGS_NOTE
+            outputs.append(output)
+        cell.outputs = outputs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
@@ -137,6 +163,7 @@ def main() -> None:
                 sys.exit(f"{path.name}: a fresh run differs from the committed notebook:\n  "
                          + "\n  ".join(differences))
         if args.inplace:
+            without_timings(notebook)
             nbformat.write(notebook, path)
         print(f"   {path.name:34} {time.monotonic() - started:5.1f} s", flush=True)
 
