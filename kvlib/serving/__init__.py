@@ -3,7 +3,10 @@ inference, never imported by them.
 
 - blocks.BlockAllocator and paged.PagedKVCache: the paged cache, block tables, reference
   counts and copy-on-write (notebook 17).
+- quantized.QuantizedKVCache: K and V stored in 8, 4 or 2 bits with scales per token or per
+  channel (notebook 20).
 """
 
 from .blocks import BlockAllocator
 from .paged import PagedKVCache
+from .quantized import PerChannel, PerToken, QuantizedKVCache

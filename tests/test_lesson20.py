@@ -1,0 +1,496 @@
+"""The quantized cache (kvlib.serving.quantized, notebook 20) against plain references:
+round trips within half a quantization step; packed codes read back exactly; with exact
+values the cache equals a contiguous one bit for bit; over random models, interleavings of
+prefills, decode steps and truncations give the logits of a reference written from scratch
+(float64, 1e-10); nbytes equals the formula on live caches; truncate restores the state the
+cache had; a failing call changes nothing."""
+
+import copy
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from strategies import models
+
+import kvlib
+from kvlib.serving import quantized as q
+from kvlib.serving.quantized import PerChannel, PerToken, QuantizedKVCache
+
+TOLERANCE = 1e-10
+
+bits = st.sampled_from(q.SUPPORTED_BITS)
+
+
+@st.composite
+def groupings(draw, max_group=6):
+    if draw(st.booleans()):
+        return PerToken(draw(bits))
+    return PerChannel(draw(bits), draw(st.integers(1, max_group)))
+
+
+@st.composite
+def arrays(draw, max_rows=12, max_width=9):
+    """Rows of numbers of very different sizes, some rows or columns all zero."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    shape = (draw(st.integers(1, max_rows)), draw(st.integers(1, max_width)))
+    x = rng.standard_normal(shape) * 10.0 ** draw(st.integers(-6, 2))
+    if draw(st.booleans()):
+        x[rng.integers(shape[0])] = 0.0
+    if draw(st.booleans()):
+        x[:, rng.integers(shape[1])] = 0.0
+    if draw(st.booleans()):                     # an outlier channel
+        x[:, rng.integers(shape[1])] *= 50
+    return x
+
+
+# ------------------------------------------------------------------------------------------
+# Numbers: scales, codes, round trips, packing
+# ------------------------------------------------------------------------------------------
+
+@given(arrays(), bits, st.sampled_from([0, 1]))
+@settings(max_examples=300, deadline=None)
+def test_round_trip_error_is_at_most_half_a_step_per_number(x, b, axis):
+    scales = q.symmetric_scales(x, b, axis)
+    assert scales.dtype == np.float16
+    assert scales.shape == ((1, x.shape[1]) if axis == 0 else (x.shape[0], 1))
+    exact = np.max(np.abs(x), axis=axis, keepdims=True) / q.max_code(b)
+    assert (scales.astype(np.float64) >= exact).all()            # rounded up, never down
+    assert (scales.astype(np.float64) <= exact * (1 + 2**-10) + 2**-24).all()   # by one step
+    codes = q.quantize(x, scales, b)
+    assert codes.dtype == np.int8 and np.abs(codes).max() <= q.max_code(b)
+    error = np.abs(q.round_trip(x, b, axis) - x)
+    step = q.quantization_step(x, b, axis)
+    assert (error <= step / 2 * (1 + 1e-9)).all()
+    assert np.array_equal(q.round_trip(x, b, axis), q.dequantize(codes, scales))
+
+
+@given(arrays(), bits, st.sampled_from([0, 1]))
+@settings(max_examples=100, deadline=None)
+def test_the_largest_number_of_every_group_is_stored_at_the_largest_code(x, b, axis):
+    """... as long as the scale is a normal float16 (above 6.1e-5): below, float16 keeps
+    fewer digits and rounding the scale up may cost the largest number a code."""
+    codes = q.quantize(x, q.symmetric_scales(x, b, axis), b)
+    largest = np.abs(x).max(axis=axis)
+    reached = np.abs(codes).max(axis=axis)
+    normal = largest / q.max_code(b) >= np.finfo(np.float16).tiny
+    assert (reached[normal] == q.max_code(b)).all()
+    assert (reached[largest == 0] == 0).all()
+
+
+@given(st.data(), bits, st.integers(1, 13))
+@settings(max_examples=200, deadline=None)
+def test_packed_codes_read_back_exactly_in_the_bytes_they_should_take(data, b, width):
+    rows = data.draw(st.integers(0, 5))
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    codes = np.random.default_rng(seed).integers(-q.max_code(b), q.max_code(b) + 1,
+                                                 (rows, width))
+    packed = q.pack_codes(codes, b)
+    assert packed.dtype == np.uint8
+    assert packed.shape == (rows, -(-width * b // 8)) == (rows, q.packed_width(width, b))
+    assert np.array_equal(q.unpack_codes(packed, b, width), codes)
+
+
+def test_packing_puts_the_first_code_in_the_lowest_bits():
+    assert q.pack_codes(np.array([[1, -7]]), 4).tolist() == [[(1 + 8) | (-7 + 8) << 4]]
+    assert q.pack_codes(np.array([[-1, 0, 1, 1]]), 2).tolist() == [[1 | 2 << 2 | 3 << 4 | 3 << 6]]
+    assert q.pack_codes(np.array([[-127, 127]]), 8).tolist() == [[1, 255]]
+    assert q.packed_width(5, 4) == 3 and q.packed_width(5, 2) == 2 and q.packed_width(5, 8) == 5
+
+
+def test_max_codes_and_zero_groups():
+    assert [q.max_code(b) for b in (2, 4, 8)] == [1, 7, 127]
+    x = np.zeros((3, 4))
+    assert np.array_equal(q.round_trip(x, 4, 1), x)
+    assert np.array_equal(q.symmetric_scales(x, 4, 0), np.zeros((1, 4), dtype=np.float16))
+
+
+@pytest.mark.parametrize("call, error, phrase", [
+    (lambda: q.max_code(3), ValueError, "one of (2, 4, 8)"),
+    (lambda: q.max_code(8.0), TypeError, "whole number"),
+    (lambda: q.max_code(True), TypeError, "whole number"),
+    (lambda: q.symmetric_scales([[1.0, np.nan]], 8, 1), ValueError, "NaN or infinite"),
+    (lambda: q.symmetric_scales([[1e9]], 8, 1), ValueError, "float16"),
+    (lambda: q.symmetric_scales("text", 8, 1), TypeError, "array of numbers"),
+    (lambda: q.symmetric_scales(np.zeros((0, 3)), 8, 1), ValueError, "non-empty"),
+    (lambda: q.pack_codes(np.array([[8]]), 4), ValueError, "between -7 and 7"),
+    (lambda: q.pack_codes(np.array([[0.5]]), 4), TypeError, "whole numbers"),
+    (lambda: q.unpack_codes(np.zeros((1, 2), dtype=np.uint8), 4, 5), ValueError,
+     "uint8 bytes (..., 3)"),
+    (lambda: q.unpack_codes(np.zeros((1, 3), dtype=np.int8), 4, 5), ValueError, "uint8"),
+    (lambda: PerToken(3), ValueError, "one of (2, 4, 8)"),
+    (lambda: PerChannel(8, 0), ValueError, "group_size must be at least 1"),
+    (lambda: PerChannel(8, 2.0), TypeError, "group_size must be a whole number"),
+])
+def test_bad_numbers_are_refused_in_words(call, error, phrase):
+    with pytest.raises(error, match=re_escape(phrase)):
+        call()
+
+
+def re_escape(text):
+    import re
+    return re.escape(text)
+
+
+# ------------------------------------------------------------------------------------------
+# A reference written from scratch: what the cache must hold
+# ------------------------------------------------------------------------------------------
+
+def reference_scale(largest: float, b: int) -> float:
+    """max|x| / q_max stored in float16, rounded up."""
+    exact = largest / (2 ** (b - 1) - 1)
+    stored = np.float16(exact)
+    if float(stored) < exact:
+        stored = np.nextafter(stored, np.float16(np.inf))
+    return float(stored)
+
+
+def reference_group(numbers: np.ndarray, b: int) -> np.ndarray:
+    limit = 2 ** (b - 1) - 1
+    scale = reference_scale(float(np.max(np.abs(numbers))), b)
+    if scale == 0:
+        return np.zeros_like(numbers)
+    return np.clip(np.rint(numbers / scale), -limit, limit) * scale
+
+
+def reference_held(rows: np.ndarray, grouping) -> np.ndarray:
+    """Every row by itself (per token); every column of every full group by itself, the
+    incomplete last group as it is (per channel)."""
+    held = np.array(rows, dtype=np.float64)
+    if isinstance(grouping, PerToken):
+        for i in range(len(rows)):
+            held[i] = reference_group(rows[i], grouping.bits)
+        return held
+    size = grouping.group_size
+    for start in range(0, len(rows) // size * size, size):
+        for column in range(rows.shape[1]):
+            held[start:start + size, column] = reference_group(
+                rows[start:start + size, column], grouping.bits)
+    return held
+
+
+class ReferenceCache(kvlib.KVCache):
+    """A contiguous cache of the exact rows that hands attention the reference's rows."""
+
+    def __init__(self, config, keys, values):
+        super().__init__(config)
+        self.key_grouping, self.value_grouping = keys, values
+
+    def keys(self, layer):
+        return reference_held(super().keys(layer), self.key_grouping)
+
+    def values(self, layer):
+        return reference_held(super().values(layer), self.value_grouping)
+
+
+def assert_same_rows(cache, reference):
+    assert cache.lengths == reference.lengths
+    for layer in range(cache.config.n_layers):
+        np.testing.assert_allclose(cache.keys(layer), reference.keys(layer), rtol=0,
+                                   atol=TOLERANCE)
+        np.testing.assert_allclose(cache.values(layer), reference.values(layer), rtol=0,
+                                   atol=TOLERANCE)
+
+
+def valid_truncations(cache):
+    """Lengths the cache can go back to: any with per-token groupings; with per-channel
+    ones, multiples of the group size and lengths within the full-precision residual."""
+    n = len(cache)
+    allowed = set(range(n + 1))
+    for grouping in (cache.key_grouping, cache.value_grouping):
+        if isinstance(grouping, PerChannel):
+            allowed &= {m for m in range(n + 1)
+                        if m % grouping.group_size == 0 or m >= grouping.quantized_positions(n)}
+    return sorted(allowed)
+
+
+# ------------------------------------------------------------------------------------------
+# The cache against the references
+# ------------------------------------------------------------------------------------------
+
+@given(models(latent=False, window=False), groupings(), groupings(), st.data())
+@settings(max_examples=80, deadline=None)
+def test_prefills_decodes_and_truncations_equal_the_reference(model, keys, values, data):
+    params, config = model
+    cache = QuantizedKVCache(config, keys, values)
+    reference = ReferenceCache(config, keys, values)
+    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=8))
+    a, _ = kvlib.prefill(params, ids, cache)
+    b, _ = kvlib.prefill(params, ids, reference)
+    np.testing.assert_allclose(a, b, rtol=0, atol=TOLERANCE)
+    for _ in range(data.draw(st.integers(1, 14))):
+        action = data.draw(st.sampled_from(["decode", "decode", "chunk", "truncate"]))
+        room = config.context_length - len(cache)
+        if action == "truncate" and len(cache) > 1:
+            n = data.draw(st.sampled_from(valid_truncations(cache)[1:]))
+            cache.truncate(n), reference.truncate(n)
+        elif action == "chunk" and room > 1:
+            chunk = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1,
+                                       max_size=min(room, 7)))
+            a, _ = kvlib.prefill(params, chunk, cache)
+            b, _ = kvlib.prefill(params, chunk, reference)
+            np.testing.assert_allclose(a, b, rtol=0, atol=TOLERANCE)
+        elif room > 0:
+            token = data.draw(st.integers(0, config.vocab_size - 1))
+            np.testing.assert_allclose(kvlib.decode_step(params, token, cache),
+                                       kvlib.decode_step(params, token, reference),
+                                       rtol=0, atol=TOLERANCE)
+        assert_same_rows(cache, reference)
+        assert cache.nbytes == q.quantized_cache_bytes(config, len(cache), keys, values)
+
+
+def exact_rows(rng, grouping, n_rows, width):
+    """Rows that quantize without any error: whole-number codes times a power of two, and
+    in every group a number at the largest code, so that the scale is that power exactly."""
+    limit = 2 ** (grouping.bits - 1) - 1
+    codes = rng.integers(-limit, limit + 1, (n_rows, width)).astype(np.float64)
+    if isinstance(grouping, PerToken):
+        codes[np.arange(n_rows), rng.integers(0, width, n_rows)] = limit
+        return codes * 2.0 ** rng.integers(-8, 4, (n_rows, 1))
+    size = grouping.group_size
+    for start in range(0, n_rows, size):
+        group = slice(start, min(start + size, n_rows))
+        codes[start + rng.integers(0, group.stop - start, width), np.arange(width)] = -limit
+        codes[group] *= 2.0 ** rng.integers(-8, 4, (1, width))
+    return codes
+
+
+@given(st.data(), groupings(), groupings(), st.integers(1, 3), st.integers(1, 9))
+@settings(max_examples=150, deadline=None)
+def test_with_exact_values_the_cache_equals_a_contiguous_one_bit_for_bit(
+        data, keys, values, n_layers, width):
+    config = kvlib.ModelConfig(d_model=width, n_heads=1, n_layers=n_layers, context_length=30)
+    cache, plain = QuantizedKVCache(config, keys, values), kvlib.KVCache(config)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    K, V = exact_rows(rng, keys, 30, width), exact_rows(rng, values, 30, width)
+    position = 0
+    while position < 30:
+        n = min(data.draw(st.integers(1, 8)), 30 - position)
+        for layer in range(n_layers):
+            got = cache.append(layer, K[position:position + n], V[position:position + n])
+            want = plain.append(layer, K[position:position + n], V[position:position + n])
+            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        position += n
+        for layer in range(n_layers):
+            assert np.array_equal(cache.keys(layer), plain.keys(layer))
+            assert np.array_equal(cache.values(layer), plain.values(layer))
+
+
+@given(models(latent=False, window=False), bits, bits, st.data())
+@settings(max_examples=60, deadline=None)
+def test_per_token_prefill_at_once_in_chunks_and_decoding_agree(model, key_bits, value_bits,
+                                                               data):
+    """Each row is quantized by itself, so how the positions arrive changes nothing."""
+    params, config = model
+    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=2, max_size=12))
+    make = lambda: QuantizedKVCache(config, PerToken(key_bits), PerToken(value_bits))  # noqa: E731
+    at_once, _ = kvlib.prefill(params, ids, make())
+    decoded = q.decoded_logits(params, ids, make())
+    np.testing.assert_allclose(decoded, at_once, rtol=0, atol=TOLERANCE)
+    split = data.draw(st.integers(1, len(ids) - 1))
+    cache = make()
+    first, _ = kvlib.prefill(params, ids[:split], cache)
+    second, _ = kvlib.prefill(params, ids[split:], cache)
+    np.testing.assert_allclose(np.vstack([first, second]), at_once, rtol=0, atol=TOLERANCE)
+
+
+@given(st.integers(1, 3), st.integers(1, 9), groupings(), groupings(), st.integers(0, 40),
+       st.sampled_from(["float32", "float64"]))
+@settings(max_examples=200, deadline=None)
+def test_nbytes_of_a_live_cache_equals_the_formula(n_layers, width, keys, values, n, dtype):
+    config = kvlib.ModelConfig(d_model=width, n_heads=1, n_layers=n_layers, context_length=40,
+                               dtype=dtype)
+    cache = QuantizedKVCache(config, keys, values)
+    rows = np.random.default_rng(n).standard_normal((n, width)).astype(dtype)
+    if n:
+        for layer in range(n_layers):
+            cache.append(layer, rows, rows)
+    itemsize = np.dtype(dtype).itemsize
+    assert cache.nbytes == q.quantized_cache_bytes(config, n, keys, values)
+    by_hand = 0
+    for grouping in (keys, values):
+        row_bytes = -(-width * grouping.bits // 8)
+        if isinstance(grouping, PerToken):
+            by_hand += n * (row_bytes + 2)
+        else:
+            groups, rest = divmod(n, grouping.group_size)
+            by_hand += groups * (grouping.group_size * row_bytes + 2 * width) + \
+                rest * width * itemsize
+    assert cache.nbytes == n_layers * by_hand
+    full = n - n % np.lcm(getattr(keys, "group_size", 1), getattr(values, "group_size", 1))
+    assert q.quantized_cache_bytes(config, full, keys, values) == pytest.approx(
+        full * q.bytes_per_token(n_layers, width, keys, values))
+
+
+def test_bytes_per_token_against_float16_for_a_published_model():
+    llama = kvlib.memory.PRESETS["Llama-3-8B"]
+    width = llama.n_kv_heads * llama.head_dim                          # 1024
+    int8 = q.bytes_per_token(llama.n_layers, width, PerToken(8), PerToken(8))
+    assert int8 == 32 * 2 * (1024 + 2) == 65_664
+    assert llama.kv_bytes_per_token() / int8 == pytest.approx(1.996, abs=1e-3)
+    kivi4 = q.bytes_per_token(llama.n_layers, width, PerChannel(4, 32), PerToken(4))
+    assert kivi4 == 32 * ((512 + 2 * 1024 / 32) + (512 + 2)) == 34_880
+
+
+# ------------------------------------------------------------------------------------------
+# truncate, checkpoints, failing calls
+# ------------------------------------------------------------------------------------------
+
+def filled(config, keys, values, rows_k, rows_v, n):
+    cache = QuantizedKVCache(config, keys, values)
+    if n:
+        for layer in range(config.n_layers):
+            cache.append(layer, rows_k[:n], rows_v[:n])
+    return cache
+
+
+def same_state(a, b):
+    assert a.lengths == b.lengths and a.nbytes == b.nbytes
+    for layer in range(a.config.n_layers):
+        assert np.array_equal(a.keys(layer), b.keys(layer))
+        assert np.array_equal(a.values(layer), b.values(layer))
+
+
+@given(groupings(), groupings(), st.integers(1, 30), st.data())
+@settings(max_examples=200, deadline=None)
+def test_truncate_gives_exactly_the_state_the_cache_had_or_refuses(keys, values, length,
+                                                                   data):
+    config = kvlib.ModelConfig(d_model=4, n_heads=2, n_layers=2, context_length=40)
+    rng = np.random.default_rng(length)
+    K, V = rng.standard_normal((40, 4)), rng.standard_normal((40, 4))
+    cache = filled(config, keys, values, K, V, length)
+    n = data.draw(st.integers(0, length))
+    if n in valid_truncations(cache):
+        cache.truncate(n)
+        same_state(cache, filled(config, keys, values, K, V, n))
+        more = data.draw(st.integers(1, 10))          # and it goes on as if never cut
+        for layer in range(2):
+            cache.append(layer, K[n:n + more], V[n:n + more])
+        same_state(cache, filled(config, keys, values, K, V, n + more))
+    else:
+        before = filled(config, keys, values, K, V, length)
+        with pytest.raises(ValueError, match="already quantized per channel"):
+            cache.truncate(n)
+        same_state(cache, before)
+
+
+def test_truncate_refusal_names_the_group_and_the_way_out():
+    config = kvlib.ModelConfig()
+    cache = QuantizedKVCache(config, PerChannel(8, 4), PerToken(8))
+    _, cache = kvlib.prefill(kvlib.init_params(), [0, 3, 7, 1, 9, 5, 2, 4, 1, 3], cache)
+    with pytest.raises(ValueError) as error:
+        cache.truncate(6)
+    message = str(error.value)
+    assert "positions 4-7 is already quantized" in message and "rows 4-5" in message
+    assert "multiple of 4" in message and "checkpoint()" in message
+    cache.truncate(9)                    # within the residual (positions 8, 9)
+    cache.truncate(4)                    # a group boundary
+    assert len(cache) == 4
+    cache.reset()
+    assert len(cache) == 0 and cache.nbytes == 0
+
+
+@given(models(latent=False, window=False), groupings(), groupings(), st.data())
+@settings(max_examples=60, deadline=None)
+def test_a_pass_that_fails_half_way_leaves_the_cache_as_it_was(model, keys, values, data):
+    params, config = model
+    assume(config.n_layers >= 2)
+    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=9))
+    _, cache = kvlib.prefill(params, ids, QuantizedKVCache(config, keys, values))
+    before = copy.deepcopy(cache)
+    broken = copy.deepcopy(params)
+    broken.layers[-1].Wv[...] = np.nan                 # the last layer's V cannot be stored
+    chunk = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1,
+                               max_size=min(9, config.context_length - len(ids))))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        kvlib.prefill(broken, chunk, cache)
+    same_state(cache, before)
+    a, _ = kvlib.prefill(params, chunk, cache)            # and it goes on as if nothing failed
+    b, _ = kvlib.prefill(params, chunk, before)
+    np.testing.assert_allclose(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("K, V, phrase", [
+    (np.full((2, 4), np.nan), np.zeros((2, 4)), "K holds NaN"),
+    (np.zeros((2, 4)), np.full((2, 4), np.inf), "V holds NaN"),
+    (np.zeros((2, 4)), np.full((2, 4), 1e9), "too large for float16 scales"),
+    (np.zeros((2, 3)), np.zeros((2, 3)), "(n_new, 4)"),
+    (np.zeros((2, 4)), np.zeros((3, 4)), "must have 2 rows"),
+    (np.zeros((0, 4)), np.zeros((0, 4)), "no rows"),
+    (np.zeros((40, 4)), np.zeros((40, 4)), "cache is full"),
+    ([[0.0] * 4], [[0.0] * 4], "2-D array"),
+])
+def test_appends_that_fail_change_nothing(K, V, phrase):
+    config = kvlib.ModelConfig()
+    cache = QuantizedKVCache(config, PerChannel(4, 4), PerToken(4))
+    _, cache = kvlib.prefill(kvlib.init_params(), [0, 3, 7, 1, 9, 5], cache)
+    before = copy.deepcopy(cache)
+    with pytest.raises((ValueError, TypeError), match=re_escape(phrase)):
+        cache.append(0, K, V)
+    same_state(cache, before)
+
+
+@pytest.mark.parametrize("make, error, phrase", [
+    (lambda: QuantizedKVCache(kvlib.ModelConfig(latent_dim=2)), ValueError, "latent"),
+    (lambda: QuantizedKVCache(kvlib.ModelConfig(window=4)), ValueError, "window"),
+    (lambda: QuantizedKVCache(kvlib.ModelConfig(), keys=8), TypeError, "keys must be a grouping"),
+    (lambda: QuantizedKVCache(kvlib.ModelConfig(), values="per token"), TypeError,
+     "values must be a grouping"),
+    (lambda: QuantizedKVCache(kvlib.ModelConfig(), capacity=33), ValueError, "capacity"),
+    (lambda: QuantizedKVCache("config"), TypeError, "needs a ModelConfig"),
+    (lambda: q.quantized_cache_bytes(kvlib.ModelConfig(), 3, PerToken(), "x"), TypeError,
+     "values must be a grouping"),
+    (lambda: q.quantized_cache_bytes(kvlib.ModelConfig(), -1, PerToken(), PerToken()),
+     ValueError, "n_positions"),
+])
+def test_bad_caches_are_refused_in_words(make, error, phrase):
+    with pytest.raises(error, match=re_escape(phrase)):
+        make()
+
+
+def test_the_cache_describes_itself_and_holds_bytes_and_halves():
+    params = kvlib.init_params()
+    cache = QuantizedKVCache(params.config, PerChannel(8, 4), PerToken(4))
+    kvlib.prefill(params, [0, 3, 7, 1, 9], cache)
+    assert repr(cache) == ("QuantizedKVCache(5 of 32 positions, 3 layers; K int8 per channel "
+                           "(groups of 4), V int4 per token; 228 bytes)")
+    store = cache._key_store
+    assert store.codes.dtype == np.uint8 and store.scales.dtype == np.float16
+    assert cache._value_store.codes.shape == (3, 32, 2)      # 4 int4 codes in 2 bytes
+    assert cache.keys(0).dtype == np.float64
+    # K: one group of 4 rows (4 x 4 bytes + 4 float16 scales) and 1 float64 row of 4;
+    # V: 5 rows of 2 bytes + a float16 scale; all times 3 layers
+    assert cache.nbytes == 3 * ((16 + 8 + 32) + 5 * (2 + 2)) == 228
+    assert cache.nbytes == q.quantized_cache_bytes(params.config, 5, PerChannel(8, 4),
+                                                   PerToken(4))
+
+
+# ------------------------------------------------------------------------------------------
+# Measuring
+# ------------------------------------------------------------------------------------------
+
+def test_decoded_logits_equal_prefill_with_a_plain_cache_and_check_their_input():
+    params = kvlib.init_params()
+    ids = [0, 3, 7, 1, 9, 5, 2]
+    plain, _ = kvlib.prefill(params, ids)
+    for prompt in (1, 3, 7):
+        np.testing.assert_allclose(q.decoded_logits(params, ids, kvlib.KVCache(params.config),
+                                                    prompt), plain, atol=TOLERANCE)
+    with pytest.raises(ValueError, match="empty cache"):
+        _, used = kvlib.prefill(params, [0])
+        q.decoded_logits(params, ids, used)
+    with pytest.raises(ValueError, match="longer than the 7 ids"):
+        q.decoded_logits(params, ids, kvlib.KVCache(params.config), 8)
+
+
+def test_loss_and_agreement():
+    logits = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [1 / 3, 1 / 3, 1 / 3]]))
+    assert q.next_token_loss(logits, [0, 0, 1]) == pytest.approx(-(np.log(0.5) + np.log(0.8))
+                                                                 / 2)
+    other = logits.copy()
+    other[1] = [0, 0, 1]
+    assert q.greedy_agreement(logits, other) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="T >= 2"):
+        q.next_token_loss(logits[:1], [0])
+    with pytest.raises(ValueError, match="one shape"):
+        q.greedy_agreement(logits, logits[:2])
