@@ -1,4 +1,4 @@
-"""How much memory the KV cache takes (notebook 10): the formula, the weights beside it, and
+"""How much memory the KV cache takes (notebook 11): the formula, the weights beside it, and
 the published shapes of a few real models."""
 
 from __future__ import annotations
@@ -72,12 +72,12 @@ def config_cache_bytes(config, seq_len: int, batch_size: int = 1,
 
 
 def weights_bytes(n_parameters: int, dtype_bytes: int = 2) -> int:
-    """Bytes of a model's weights (notebook 10): n_parameters x dtype_bytes."""
+    """Bytes of a model's weights (notebook 11): n_parameters x dtype_bytes."""
     return _whole("n_parameters", n_parameters) * _whole("dtype_bytes", dtype_bytes)
 
 
 def tokens_that_fit(memory_bytes: int, weights: int, bytes_per_token: int) -> int:
-    """How many cached tokens fit beside the weights in an accelerator's memory (notebook 10).
+    """How many cached tokens fit beside the weights in an accelerator's memory (notebook 11).
 
     (memory_bytes - weights) // bytes_per_token, summed over every sequence of a batch; 0 when
     the weights alone do not fit. bytes_per_token is a whole sequence position: K and V of
@@ -90,7 +90,7 @@ def tokens_that_fit(memory_bytes: int, weights: int, bytes_per_token: int) -> in
 
 @dataclass(frozen=True)
 class ModelPreset:
-    """The published shapes of a real model that set the size of its KV cache (notebook 10).
+    """The published shapes of a real model that set the size of its KV cache (notebook 11).
 
     n_heads query heads of head_dim columns; n_kv_heads key/value heads, the ones that are
     cached: n_kv_heads == n_heads is multi-head attention (MHA), 1 is multi-query attention
@@ -224,4 +224,4 @@ PRESETS: dict[str, ModelPreset] = {preset.name: preset for preset in (
                "context); config.json of deepseek-ai/DeepSeek-V3 (61 layers, hidden 7168, "
                "128 heads, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128)"),
 )}
-"""Published configurations, by name, for notebook 10's calculator."""
+"""Published configurations, by name, for notebook 11's calculator."""

@@ -1,4 +1,4 @@
-"""From counts to time (notebook 09 and benchmarks/decode.py): how fast this machine reads
+"""From counts to time (notebook 10 and benchmarks/decode.py): how fast this machine reads
 memory and multiplies matrices, and the roofline model built on those two rates.
 
 A pass through the model needs a number of FLOPs (kvlib.flops) and has to read a number of
@@ -48,7 +48,7 @@ def _check_count(name: str, value, minimum: int = 0) -> None:
 
 
 def weights_bytes(config: ModelConfig) -> int:
-    """Bytes of all the weights (notebook 09): for the toy's architecture
+    """Bytes of all the weights (notebooks 09-10): for the toy's architecture
     (V d + L (4 d^2 + 2 d f)) x bytes a number; in general the sizes of every array the
     config needs (biases, norms, positions, narrower K/V, latent projections).
 
@@ -62,7 +62,7 @@ def weights_bytes(config: ModelConfig) -> int:
 
 
 def cache_bytes(config: ModelConfig, n_positions: int) -> int:
-    """Bytes of the keys and values of n_positions, in every layer (notebook 09):
+    """Bytes of the keys and values of n_positions, in every layer (notebooks 09-10):
     2 x L x n_positions x d x bytes a number, the kv_cache_bytes formula at batch 1 (with
     fewer K/V heads, a latent or a window, what that cache holds: kvlib.config_cache_bytes)."""
     _check_config(config)
@@ -71,7 +71,7 @@ def cache_bytes(config: ModelConfig, n_positions: int) -> int:
 
 
 def decode_step_bytes(config: ModelConfig, position: int) -> int:
-    """Bytes a cached decode step must read (notebook 09) for the token at 0-based `position`:
+    """Bytes a cached decode step must read (notebook 10) for the token at 0-based `position`:
     every weight once (each matrix meets the new row once; the unembedding reads the whole
     table), and the keys and values of the position + 1 positions it attends over."""
     _check_count("position", position)
@@ -79,7 +79,7 @@ def decode_step_bytes(config: ModelConfig, position: int) -> int:
 
 
 def forward_bytes(config: ModelConfig, n_tokens: int) -> int:
-    """Bytes a full recomputation over n_tokens must read at least once (notebook 09): the
+    """Bytes a full recomputation over n_tokens must read at least once (notebook 10): the
     weights, and the keys and values it computes and attends over. (The other activations
     are left out: they are small beside the weights and often stay in the CPU's caches.)"""
     _check_count("n_tokens", n_tokens, minimum=1)
@@ -107,7 +107,7 @@ def generation_step_bytes(config: ModelConfig, prompt_length: int, new_tokens: i
 
 
 def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
-    """Predicted seconds (notebook 09): max(flops / compute_rate, n_bytes / bandwidth).
+    """Predicted seconds (notebook 10): max(flops / compute_rate, n_bytes / bandwidth).
 
     flops and n_bytes may be numbers or arrays of the same shape; rates in FLOP/s and bytes/s.
     """
@@ -125,7 +125,7 @@ def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
 
 
 def arithmetic_intensity(flops, n_bytes):
-    """FLOPs per byte read (notebook 09): above compute_rate / bandwidth, arithmetic sets the
+    """FLOPs per byte read (notebook 10): above compute_rate / bandwidth, arithmetic sets the
     time; below it, memory does."""
     flops = np.asarray(flops, dtype=np.float64)
     n_bytes = np.asarray(n_bytes, dtype=np.float64)
@@ -136,7 +136,7 @@ def arithmetic_intensity(flops, n_bytes):
 
 
 def matmul_intensity(rows: int, inner: int, columns: int, itemsize: int = 4) -> float:
-    """FLOPs per byte of X (rows, inner) @ W (inner, columns) (notebook 09): 2 rows inner
+    """FLOPs per byte of X (rows, inner) @ W (inner, columns) (notebook 10): 2 rows inner
     columns FLOPs over the bytes of X, W and the result. About rows / 2 for one float32 row
     against a large matrix: decode (rows = 1) does 0.5 FLOP per byte."""
     for name, value in (("rows", rows), ("inner", inner), ("columns", columns),
@@ -149,7 +149,7 @@ def matmul_intensity(rows: int, inner: int, columns: int, itemsize: int = 4) -> 
 
 def generation_step_times(config: ModelConfig, prompt_length: int, new_tokens: int,
                           use_cache: bool, compute_rate: float, bandwidth: float) -> np.ndarray:
-    """Roofline prediction of each pass's seconds (notebook 09): an array (new_tokens,)."""
+    """Roofline prediction of each pass's seconds (notebook 10): an array (new_tokens,)."""
     flops = [step.flops for step in
              generation_step_multiply_adds(config, prompt_length, new_tokens, use_cache)]
     n_bytes = generation_step_bytes(config, prompt_length, new_tokens, use_cache)
@@ -159,51 +159,68 @@ def generation_step_times(config: ModelConfig, prompt_length: int, new_tokens: i
 # ----------------------------------------------------------------------------- measuring
 
 
-def _best_seconds(function, repeats: int) -> float:
+def _seconds_of_each(function, repeats: int) -> np.ndarray:
     _check_count("repeats", repeats, minimum=1)
     function()  # once to warm up (page faults, BLAS start-up)
-    best = float("inf")
+    seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
         function()
-        best = min(best, time.perf_counter() - start)
-    return best
+        seconds.append(time.perf_counter() - start)
+    return np.array(seconds)
 
 
-def measure_read_bandwidth(n_bytes: int = 256 * MiB, repeats: int = 5) -> float:
-    """How fast numpy reads a large float32 array from memory, in bytes/s (notebook 09).
+def _median_rate(amount: float, seconds: np.ndarray, record: list | None) -> float:
+    """amount / the median of the timings; each repeat's rate goes to `record` (a list)."""
+    if record is not None:
+        record.extend(float(amount / s) for s in seconds)
+    return float(amount / np.median(seconds))
+
+
+def measure_read_bandwidth(n_bytes: int = 256 * MiB, repeats: int = 5,
+                           record: list | None = None) -> float:
+    """How fast numpy reads a large float32 array from memory, in bytes/s (notebook 10).
 
     The array is dotted with itself: every byte is read once, with one multiply-add per
-    4 bytes, far too little arithmetic to matter. Best of `repeats`. Make n_bytes several
-    times the CPU's last-level cache, or the cache is measured instead of memory.
+    4 bytes, far too little arithmetic to matter. The median of `repeats` readings, so that
+    one slow moment (another program on the machine) does not set the figure; a list given
+    as `record` receives every reading, whose spread tells how busy the machine was. Make
+    n_bytes several times the CPU's last-level cache, or the cache is measured instead of
+    memory.
     """
     _check_count("n_bytes", n_bytes, minimum=4096)
     array = np.ones(n_bytes // 4, dtype=np.float32)
-    return array.nbytes / _best_seconds(lambda: np.dot(array, array), repeats)
+    seconds = _seconds_of_each(lambda: np.dot(array, array), repeats)
+    return _median_rate(array.nbytes, seconds, record)
 
 
-def measure_matmul_rate(size: int = 1024, dtype: str = "float32", repeats: int = 3) -> float:
-    """How fast numpy multiplies two square matrices (size, size), in FLOP/s (notebook 09):
-    2 size^3 FLOPs, best of `repeats`. This is the compute rate of the roofline."""
+def measure_matmul_rate(size: int = 1024, dtype: str = "float32", repeats: int = 5,
+                        record: list | None = None) -> float:
+    """How fast numpy multiplies two square matrices (size, size), in FLOP/s (notebook 10):
+    2 size^3 FLOPs, the median of `repeats` products (each one's rate goes to `record`, a
+    list, when given). This is the compute rate of the roofline."""
     _check_count("size", size, minimum=1)
     rng = np.random.default_rng(0)
     A = rng.standard_normal((size, size)).astype(dtype)
     B = rng.standard_normal((size, size)).astype(dtype)
-    return 2 * size**3 / _best_seconds(lambda: A @ B, repeats)
+    return _median_rate(2 * size**3, _seconds_of_each(lambda: A @ B, repeats), record)
 
 
-def measure_matmul_rows(weight: np.ndarray, rows: int, repeats: int = 5) -> float:
-    """FLOP/s of X (rows, inner) @ weight (inner, columns) (notebook 09): how the rate grows
-    with the number of rows multiplied at once (1 for decode, the prompt length for prefill)."""
+def measure_matmul_rows(weight: np.ndarray, rows: int, repeats: int = 5,
+                        record: list | None = None) -> float:
+    """FLOP/s of X (rows, inner) @ weight (inner, columns) (notebook 10): how the rate grows
+    with the number of rows multiplied at once (1 for decode, the prompt length for prefill).
+    The median of `repeats`; each one's rate goes to `record` (a list) when given."""
     if not isinstance(weight, np.ndarray) or weight.ndim != 2:
         raise ValueError("weight must be a 2-D numpy array (inner, columns)")
     _check_count("rows", rows, minimum=1)
     X = np.ones((rows, weight.shape[0]), dtype=weight.dtype)
-    return 2 * rows * weight.size / _best_seconds(lambda: X @ weight, repeats)
+    seconds = _seconds_of_each(lambda: X @ weight, repeats)
+    return _median_rate(2 * rows * weight.size, seconds, record)
 
 
 def time_cached_generation(params, prompt, new_tokens: int, cache=None, repeats: int = 1):
-    """Greedy generation with the cache, timing each pass (notebook 09, the benchmark).
+    """Greedy generation with the cache, timing each pass (notebook 10, the benchmark).
 
     Pass 0 is kvlib.prefill of the prompt (it gives the first new token), pass i >= 1 a
     kvlib.decode_step. Returns (the new_tokens new ids, seconds of each pass: array
@@ -242,7 +259,7 @@ def time_cached_generation(params, prompt, new_tokens: int, cache=None, repeats:
 
 def time_recomputation(params, sequence, lengths, repeats: int = 1,
                        return_tokens: bool = False):
-    """Seconds of a full recomputation, no cache, at each given length (notebook 09, the
+    """Seconds of a full recomputation, no cache, at each given length (notebook 10, the
     benchmark): kvlib.forward over sequence[:n], unembedding only the last row, as
     kvlib.generate does without the cache. Returns an array (len(lengths),), the fastest of
     `repeats`; with return_tokens=True also the greedy token each forward chose."""
@@ -268,7 +285,7 @@ def time_recomputation(params, sequence, lengths, repeats: int = 1,
 
 def time_appends(config: ModelConfig, cache_class, cached: int, repeats: int = 5) -> float:
     """Seconds to append one token's K and V to every layer of a cache that already holds
-    `cached` positions (notebook 09, the benchmark), the median of `repeats` appends.
+    `cached` positions (notebook 10, the benchmark), the median of `repeats` appends.
     cache_class is kvlib.KVCache (in place) or kvlib.ConcatenatingKVCache (a copy)."""
     _check_config(config)
     _check_count("cached", cached, minimum=1)
@@ -322,7 +339,7 @@ def _openblas_library():
 
 
 def blas_threads() -> int | None:
-    """How many threads numpy's BLAS uses now (benchmarks/decode.py, notebook 09), asked of
+    """How many threads numpy's BLAS uses now (benchmarks/decode.py, notebook 10), asked of
     OpenBLAS itself; None when numpy is linked to another BLAS or the library is not found."""
     found = _openblas_library()
     if found is None:
@@ -334,7 +351,7 @@ def blas_threads() -> int | None:
 
 
 def set_blas_threads(n_threads: int) -> int | None:
-    """Ask OpenBLAS to use n_threads from now on (notebook 09); returns the count now in
+    """Ask OpenBLAS to use n_threads from now on (notebook 10); returns the count now in
     effect, or None (nothing changed) when numpy is not linked to OpenBLAS."""
     _check_count("n_threads", n_threads, minimum=1)
     found = _openblas_library()

@@ -13,6 +13,13 @@ from pathlib import Path  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from checker_cases_06_11 import (  # noqa: E402
+    FUZZ,
+    correct,
+    functions_returning_the_fuzz,
+    not_yet,
+    survives_the_fuzz,
+)
 
 import kvlib  # noqa: E402
 from kvlib import plots  # noqa: E402
@@ -98,22 +105,45 @@ def test_06_top_k_leaves_exactly_k_bars(last_logits):
     assert "top-k 3" in widget.ax.get_title()
 
 
-def test_06_sample_button_draws_seeded_samples():
+def test_06_sample_button_keeps_a_running_count():
     widget, twin = w06.next_token_explorer(seed=3), w06.next_token_explorer(seed=3)
     widget.sample.click()
     twin.sample.click()
-    assert widget.samples.value == twin.samples.value
-    assert "Draw 1</b> (20 samples, seed 3)" in widget.samples.value
+    assert widget.samples.value == twin.samples.value          # seeded: the same draws
+    assert "20 samples so far</b> (1 draw of 20, seed 3)" in widget.samples.value
     counts = [int(n) for n in re.findall(r"x(\d+)", widget.samples.value)]
     assert sum(counts) == 20
     dots = widget.ax.lines[0].get_ydata()
     assert dots.sum() == pytest.approx(1.0) and len(dots) == 12
-    widget.sample.click()
-    assert "Draw 2" in widget.samples.value
+    first = widget.counts()
+    for _ in range(9):
+        widget.sample.click()
+    assert "200 samples so far</b> (10 draws of 20" in widget.samples.value
+    counts = widget.counts()
+    assert counts.sum() == 200 and (counts >= first).all()      # added to, not replaced
+    np.testing.assert_allclose(widget.ax.lines[0].get_ydata(), counts / 200)
+    assert "share of 200 samples so far" in widget.ax.get_legend().texts[0].get_text()
+    # 200 draws: the shares approach the probabilities
+    assert np.abs(counts / 200 - widget.probabilities()).max() < 0.1
     widget.temperature.value = 0.0                 # greedy: every sample is "I"
     assert widget.samples.value == "" and not widget.ax.lines   # old samples cleared
+    assert widget.counts().sum() == 0
     widget.sample.click()
     assert '"I" x20' in widget.samples.value
+
+
+def test_06_readout_lists_only_tokens_that_can_be_drawn():
+    widget = w06.next_token_explorer()
+    widget.temperature.value = 0.0
+    assert " ".join(text_of(widget.readout.value).split()).startswith('Top 3: 1. "I" 1.000')
+    assert "2." not in widget.readout.value and "never drawn" in widget.readout.value
+    widget.temperature.value = 1.0
+    widget.top_k.value = 1
+    assert "2." not in widget.readout.value and "never drawn" in widget.readout.value
+    widget.top_k.value = 2
+    assert '2. "?"' in widget.readout.value and "3." not in widget.readout.value
+    widget.top_k.value = 12
+    assert "3." in widget.readout.value and "never drawn" not in widget.readout.value
 
 
 def test_06_temperature_zero_is_greedy_and_bad_input_is_refused(last_logits):
@@ -165,7 +195,8 @@ def test_07_layer_dropdown_shows_that_layers_cache(params, ids):
     keys, values = heatmaps(widget)
     np.testing.assert_allclose(keys, cache.keys(2))
     np.testing.assert_allclose(values, cache.values(2))
-    assert "layer 2" in widget.axes[0].get_title()
+    assert "Layer 2" in widget.figure.get_suptitle()
+    assert widget.axes[0].get_title() == "K (5, 4)" and widget.axes[1].get_title() == "V (5, 4)"
 
 
 def test_07_a_new_prompt_is_prefilled(params):
@@ -178,7 +209,7 @@ def test_07_a_new_prompt_is_prefilled(params):
     np.testing.assert_allclose(keys[:5], first_rows)    # causal: later text changes no row
     assert len(widget.cache()) == 9
     widget.prompt.value = ""                            # only BOS: still a valid prompt
-    assert "Prefilled 1 tokens" in widget.status.value
+    assert "Prefilled 1 token in one pass" in widget.status.value
 
 
 def test_07_bad_text_is_explained_not_raised():
@@ -187,6 +218,8 @@ def test_07_bad_text_is_explained_not_raised():
     widget.prompt.value = "How are yu"
     assert "unknown word(s) ['yu']" in widget.message.value
     assert widget.status.value == status                # the last good prompt stays on show
+    assert "still that of the last prompt that worked: &lt;bos&gt; How are you ?" \
+        in widget.message.value
     widget.prompt.value = "<script>"
     assert "<script" not in widget.message.value and "&lt;" in widget.message.value
     widget.prompt.value = " ".join(["you"] * 40)
@@ -250,8 +283,9 @@ def test_08_three_clicks_grow_the_cache_by_three(params, ids):
     status = text_of(widget.status.value)
     assert "Cache holds 8 positions (K and V of shape (8, 4) per layer). Generated: I am you you" \
         in status
-    assert widget.check.value == ("decode_step equals full recomputation "
-                                  "(max difference below 1e-10)")
+    assert re.fullmatch(r"decode_step equals full recomputation: the logits differ by "
+                        r"\d(e-\d+)? of their size, below 1e-10", widget.check.value), \
+        widget.check.value
     assert cache_box_rows(widget) == (8, 4) and len_new(widget) == 1
     assert widget.sequence() == ids + [5, 2, 1] and len(widget.cache()) == 8
     # the strips are the newest token's real attention weights, per head, over all 8 positions
@@ -260,7 +294,7 @@ def test_08_three_clicks_grow_the_cache_by_three(params, ids):
         kvlib.decode_step(params, token, cache)
     recorded = []
     kvlib.decode_step(params, 1, cache, record_attention=recorded)
-    strips = [np.asarray(ax.images[0].get_array()) for ax in widget.figure.axes[1:]]
+    strips = [np.asarray(ax.images[0].get_array()) for ax in widget.figure.axes[1:3]]
     assert len(strips) == 2
     for head, strip in enumerate(strips):
         np.testing.assert_allclose(strip, recorded[0][head, -1:, :])
@@ -317,11 +351,41 @@ def test_08_prompt_box(ids):
     assert positions_in_status(widget) == 4
     widget.prompt.value = "I am yu"
     assert "unknown word(s) ['yu']" in widget.message.value
+    assert "Decoding is paused" in widget.message.value
     assert positions_in_status(widget) == 4             # nothing changed
+    assert widget.decode.disabled                       # the box's text is not what decodes
+    widget.decode.click()
+    assert positions_in_status(widget) == 4
+    widget.reset.click()                                # the box still cannot be read
+    assert widget.decode.disabled and "unknown word" in widget.message.value
+    widget.prompt.value = ""                            # BOS alone: one position
+    assert "Cache holds 1 position (" in widget.status.value and not widget.decode.disabled
     widget.prompt.value = " ".join(["you"] * 31)        # BOS + 31 = the whole context
     assert positions_in_status(widget) == 32 and widget.decode.disabled
     widget.decode.click()                               # disabled: nothing happens, no error
     assert positions_in_status(widget) == 32
+
+
+def test_08_strips_have_a_scale_that_shows_their_spread():
+    widget = w08.decode_explorer()
+    for _ in range(27):                   # 32 positions: weights near 1/32
+        widget.decode.click()
+    strips = widget.figure.axes[1:3]
+    weights = np.vstack([np.asarray(ax.images[0].get_array()) for ax in strips])
+    for ax in strips:
+        low, high = ax.images[0].get_clim()
+        assert low == 0.0 and high == pytest.approx(weights.max()) and high < 0.5
+    colorbar = widget.figure.axes[-1]
+    assert "attention weight" in colorbar.get_ylabel()
+    titles = [ax.get_title() for ax in strips]
+    assert titles == [f"layer 0, head {h}: the newest query over all 32 cached positions"
+                      for h in (0, 1)]
+
+
+def test_08_tolerance_is_relative_to_the_logits():
+    logits = np.array([[100.0, -50.0]])
+    assert w08.relative_difference(logits + 1e-9, logits) == pytest.approx(1e-11)
+    assert w08.TOLERANCE == 1e-10
 
 
 def test_08_draw_decode_state_checks_its_input():
@@ -329,21 +393,15 @@ def test_08_draw_decode_state_checks_its_input():
     with pytest.raises(ValueError, match="key labels"):
         w08.draw_decode_state(figure, 5, 1, np.ones((2, 6)) / 6, "I", ["a"] * 5)
 
-
 # ---------------------------------------------------------------------------------------------
-# Exercise checkers: wrong answers get specific words
+# Exercise checkers: tables of typical wrong answers, each with its diagnosis, and valid
+# answers in other forms; then the fuzz (anything a student can type gets a Feedback)
 # ---------------------------------------------------------------------------------------------
 
-def not_yet(feedback, *phrases):
-    assert not feedback.passed, feedback
-    assert repr(feedback).startswith("Not yet: ")
-    for phrase in phrases:
-        assert phrase in feedback.message, feedback.message
-
-
-def correct(feedback):
-    assert feedback.passed, feedback
-    assert repr(feedback).startswith("Correct: ")
+TOKENIZER = kvlib.ToyTokenizer()
+PARAMS = kvlib.init_params()
+ARTICLE_IDS = TOKENIZER.encode(kvlib.ARTICLE_PROMPT)
+ARTICLE_LAST = kvlib.forward(PARAMS, ARTICLE_IDS)[-1]
 
 
 @pytest.mark.parametrize("module, checkers", [
@@ -357,118 +415,299 @@ def test_unfilled_answers_say_so(module, checkers):
         not_yet(getattr(module, name)(None), "not filled in yet")
 
 
-def test_06_predictions_checker(params, ids):
-    logits = kvlib.forward(params, ids)
-    not_yet(ex06.check_predictions_per_position(np.argmax(logits, axis=0)), "12 numbers", "axis")
-    not_yet(ex06.check_predictions_per_position(5), "one token id")
-    not_yet(ex06.check_predictions_per_position([10, 1, 5, 1, 4]), "position 4")
-    not_yet(ex06.check_predictions_per_position(np.array([10.0, 1, 5, 1, 5])), "whole numbers")
-    correct(ex06.check_predictions_per_position([10, 1, 5, 1, 5]))
+# ------------------------------------------------------------------ 06 ex. 1: every row's guess
+
+EX06_1_IDS = TOKENIZER.encode(ex06.EXERCISE1_PROMPT)
+EX06_1_LOGITS = kvlib.forward(PARAMS, EX06_1_IDS)
+EX06_1_RIGHT = np.argmax(EX06_1_LOGITS, axis=-1)
 
 
-def test_06_temperature_checker():
-    not_yet(ex06.check_temperature_for_half(1.0), "try a lower temperature")
-    not_yet(ex06.check_temperature_for_half(2.0), "above 1 flattens")
-    not_yet(ex06.check_temperature_for_half(0.3), "try a higher temperature")
-    not_yet(ex06.check_temperature_for_half(-0.5), "positive")
-    not_yet(ex06.check_temperature_for_half("hot"), "one number")
-    correct(ex06.check_temperature_for_half(0.665))
+def _one_position_off():
+    guesses = EX06_1_RIGHT.copy()
+    guesses[3] = (guesses[3] + 1) % 12
+    return guesses
 
 
-def test_06_top_k_checker(last_logits):
-    p = kvlib.softmax(last_logits)
-    top = np.argsort(last_logits)[-3:]
-    zeroed = np.where(np.isin(np.arange(12), top), p, 0.0)
-    not_yet(ex06.check_top_k(zeroed), "Renormalise")
-    bottom = np.argsort(last_logits)[:3]
-    wrong_tokens = np.zeros(12)
-    wrong_tokens[bottom] = 1 / 3
-    not_yet(ex06.check_top_k(wrong_tokens), "you kept tokens")
-    not_yet(ex06.check_top_k(kvlib.next_token_probabilities(last_logits, top_k=4)), "4 tokens")
-    not_yet(ex06.check_top_k(p[:3]), "shape")
-    not_yet(ex06.check_top_k(np.array(list("abcdefghijkl"))), "should hold numbers")
-    correct(ex06.check_top_k(kvlib.next_token_probabilities(last_logits, top_k=3)))
+EX06_1_WRONG = [
+    (np.argmax(EX06_1_LOGITS, axis=0), "12 numbers"),
+    (5, "one token id"),
+    (np.argmax(kvlib.forward(PARAMS, ARTICLE_IDS), axis=-1), "How are you?"),
+    (np.argmax(kvlib.forward(PARAMS, TOKENIZER.encode(ex06.EXERCISE1_PROMPT, add_bos=False)),
+               axis=-1), "BOS"),
+    (EX06_1_LOGITS, "whole (7, 12) matrix"),
+    (_one_position_off(), "position 3 is off"),
+    (EX06_1_RIGHT + 0.5, "whole numbers"),
+    (EX06_1_RIGHT[:6], "expected 7 ids"),
+    (np.array(["a"] * 7), "real numbers"),
+]
 
 
-def layer_inputs(params, ids):
-    X = kvlib.embed(np.array(ids), params.embedding)
+@pytest.mark.parametrize("answer, diagnosis", EX06_1_WRONG)
+def test_06_predictions_wrong_answers(answer, diagnosis):
+    not_yet(ex06.check_predictions_per_position(answer), diagnosis)
+
+
+@pytest.mark.parametrize("answer", [EX06_1_RIGHT, EX06_1_RIGHT.tolist(), tuple(EX06_1_RIGHT),
+                                    EX06_1_RIGHT.astype(float), EX06_1_RIGHT.astype(np.int32)])
+def test_06_predictions_valid_forms(answer):
+    correct(ex06.check_predictions_per_position(answer), "Training compares")
+
+
+# ------------------------------------------------------------------ 06 ex. 2: temperature
+
+@pytest.mark.parametrize("answer, diagnosis", [
+    (1.0, "try a lower temperature"), (2.0, "above 1 flattens"), (0.3, "try a higher"),
+    (-0.5, "positive"), (0, "greedy"), ("hot", "a temperature"), ([0.665], "several"),
+])
+def test_06_temperature_wrong_answers(answer, diagnosis):
+    not_yet(ex06.check_temperature_for_half(answer), diagnosis)
+
+
+@pytest.mark.parametrize("answer", [0.665, 0.66, 0.67, np.float32(0.665), np.array(0.665)])
+def test_06_temperature_valid_forms(answer):
+    correct(ex06.check_temperature_for_half(answer))
+
+
+# ------------------------------------------------------------------ 06 ex. 3: top-k by hand
+
+TOP = np.argsort(ARTICLE_LAST)[-3:]
+TOP3 = kvlib.next_token_probabilities(ARTICLE_LAST, top_k=3)
+
+
+def _only(indices, values):
+    answer = np.zeros(12)
+    answer[indices] = values
+    return answer
+
+
+EX06_3_WRONG = [
+    (_only(TOP, kvlib.softmax(ARTICLE_LAST)[TOP]), "Renormalise"),
+    (_only(np.argsort(ARTICLE_LAST)[:3], 1 / 3), "you kept tokens"),
+    (kvlib.next_token_probabilities(ARTICLE_LAST, top_k=4), "4 tokens"),
+    (kvlib.softmax(ARTICLE_LAST), "12 tokens"),
+    (TOP3[TOP], "3 numbers"),
+    (_only(TOP, ARTICLE_LAST[TOP]), "logits"),
+    (np.where(np.isin(np.arange(12), TOP), ARTICLE_LAST, -np.inf), "-inf"),
+    (np.full(12, np.nan), "nan"),
+    (_only(TOP, 1 / 3), "not their probabilities"),
+    (kvlib.next_token_probabilities(ARTICLE_LAST, 0.7, top_k=3), "not their probabilities"),
+    (TOP3[:11], "shape (12,)"),
+    (np.array(list("abcdefghijkl")), "real numbers"),
+]
+
+
+@pytest.mark.parametrize("answer, diagnosis", EX06_3_WRONG)
+def test_06_top_k_wrong_answers(answer, diagnosis):
+    not_yet(ex06.check_top_k(answer), diagnosis)
+
+
+@pytest.mark.parametrize("answer", [TOP3, TOP3.tolist(), tuple(TOP3), np.round(TOP3, 3),
+                                    TOP3.astype(np.float32), np.round(TOP3, 3).tolist()])
+def test_06_top_k_valid_forms(answer):
+    correct(ex06.check_top_k(answer))
+
+
+# ------------------------------------------------------------------ 07 ex. 1: layer 2's keys
+
+def layer_inputs(ids, mask=True):
+    X = kvlib.embed(np.array(ids), PARAMS.embedding)
     inputs = [X]
-    for layer in params.layers:
-        inputs.append(kvlib.decoder_block(inputs[-1], layer, 2, kvlib.causal_mask(len(ids))))
+    for layer in PARAMS.layers:
+        inputs.append(kvlib.decoder_block(inputs[-1], layer, 2,
+                                          kvlib.causal_mask(len(ids)) if mask else None))
     return inputs
 
 
-def test_07_layer_keys_checker(params, ids):
-    X0, X1, X2, _ = layer_inputs(params, ids)
-    layer1 = params.layers[1]
-    not_yet(ex07.check_layer_keys(X0 @ layer1.Wk), "embeddings")
-    not_yet(ex07.check_layer_keys(X2 @ layer1.Wk), "layer 1's output")
-    not_yet(ex07.check_layer_keys(X1 @ params.layers[0].Wk), "layer 0's Wk")
-    not_yet(ex07.check_layer_keys(X1 @ layer1.Wq), "queries")
-    not_yet(ex07.check_layer_keys(X1 @ layer1.Wv), "values")
-    not_yet(ex07.check_layer_keys(X1), "right shape but not the right values")
-    not_yet(ex07.check_layer_keys((X1 @ layer1.Wk)[:4]), "shape (5, 4)")
-    not_yet(ex07.check_layer_keys(np.full((5, 4), "k")), "should hold numbers")
-    correct(ex07.check_layer_keys(X1 @ layer1.Wk))
+EX07_IDS = TOKENIZER.encode(ex07.EXERCISE1_PROMPT)
+X07 = layer_inputs(EX07_IDS)
+W2 = PARAMS.layers[2]
+EX07_1_RIGHT = X07[2] @ W2.Wk
+EX07_1_WRONG = [
+    (X07[0] @ W2.Wk, "the embeddings"),
+    (X07[1] @ W2.Wk, "block 0's output X1"),
+    (X07[3] @ W2.Wk, "block 2's output X3"),
+    (X07[2] @ PARAMS.layers[0].Wk, "layer 0's Wk"),
+    (X07[2] @ PARAMS.layers[1].Wk, "layer 1's Wk"),
+    (X07[2] @ W2.Wq, "queries"),
+    (X07[2] @ W2.Wv, "values"),
+    (layer_inputs(EX07_IDS, mask=False)[2] @ W2.Wk, "without the causal mask"),
+    (layer_inputs(ARTICLE_IDS)[2] @ W2.Wk, "How are you?"),
+    (layer_inputs(EX07_IDS[1:])[2] @ W2.Wk, "BOS token is missing"),
+    (X07[2], "not the right values"),
+    (EX07_1_RIGHT[:, :2], "shape (4, 4)"),
+    (np.full((4, 4), "k"), "real numbers"),
+]
 
 
-@pytest.mark.parametrize("answer, phrase", [
+@pytest.mark.parametrize("answer, diagnosis", EX07_1_WRONG)
+def test_07_layer_keys_wrong_answers(answer, diagnosis):
+    not_yet(ex07.check_layer_keys(answer), diagnosis)
+
+
+@pytest.mark.parametrize("answer", [EX07_1_RIGHT, EX07_1_RIGHT.tolist(), np.round(EX07_1_RIGHT, 3),
+                                    EX07_1_RIGHT.astype(np.float32)])
+def test_07_layer_keys_valid_forms(answer):
+    correct(ex07.check_layer_keys(answer))
+
+
+def test_07_layer_keys_equal_a_real_cache():
+    _, cache = kvlib.prefill(PARAMS, EX07_IDS)
+    correct(ex07.check_layer_keys(cache.keys(2)))
+
+
+# ------------------------------------------------------------------ 07 ex. 2: cache bytes
+
+@pytest.mark.parametrize("answer, diagnosis", [
     (960, "multiply by 2"), (640, "one layer"), (3840, "4 bytes"), (2880, "queries"),
-    (15360, "bits"), (480, "cached numbers"), (1000, "is not it"), ("1920", "a number"),
+    (15360, "bits"), (480, "cached numbers"), (3072, "32 positions"), (1000, "is not it"),
+    ("1920", "a number of bytes"), (1920.5, "not a whole number"), ([1920], "several"),
 ])
-def test_07_cache_bytes_checker(answer, phrase):
-    not_yet(ex07.check_cache_bytes(answer), phrase)
+def test_07_cache_bytes_wrong_answers(answer, diagnosis):
+    not_yet(ex07.check_cache_bytes(answer), diagnosis)
+
+
+@pytest.mark.parametrize("answer", [1920, 1920.0, 1.92e3, np.int64(1920), np.float32(1920),
+                                    np.array(1920)])
+def test_07_cache_bytes_valid_forms(answer):
+    correct(ex07.check_cache_bytes(answer))
 
 
 def test_07_cache_bytes_answer_is_a_real_cache():
     config = kvlib.ModelConfig(dtype="float32")
     _, cache = kvlib.prefill(kvlib.init_params(config), [0] * 20)
     correct(ex07.check_cache_bytes(cache.nbytes))
-    correct(ex07.check_cache_bytes(1920.0))
 
 
-def test_07_serve_checker(params):
-    shared_cache = kvlib.KVCache(params.config)
+# ------------------------------------------------------------------ 07 ex. 3: one server cache
 
-    def never_reset(prompt_ids):
-        return kvlib.prefill(params, prompt_ids, shared_cache)[0][-1]
+def serving(kind, capacity=None):
+    """A serve function of the given kind over its own server cache: (serve, server_cache)."""
+    server_cache = kvlib.KVCache(PARAMS.config, capacity=capacity)
+    other = {"cache": kvlib.KVCache(PARAMS.config)}
 
-    not_yet(ex07.check_serve(never_reset), "request 2 ('I am fine and you?') differs",
-            "cache.reset()")
-    small_cache = kvlib.KVCache(params.config, capacity=8)
+    def prefilled(ids):
+        return kvlib.prefill(PARAMS, ids, server_cache)[0]
 
-    def never_reset_small(prompt_ids):
-        return kvlib.prefill(params, prompt_ids, small_cache)[0][-1]
+    kinds = {
+        "never resets": lambda ids: prefilled(ids)[-1],
+        "resets first": lambda ids: (server_cache.reset(), prefilled(ids)[-1])[1],
+        "resets after": lambda ids: (prefilled(ids)[-1], server_cache.reset())[0],
+        "resets before and after": lambda ids: (server_cache.reset(), prefilled(ids)[-1],
+                                                server_cache.reset())[1],
+        "returns a list": lambda ids: (server_cache.reset(), list(prefilled(ids)[-1]))[1],
+        "returns (1, V)": lambda ids: (server_cache.reset(), prefilled(ids)[-1:])[1],
+        "a new cache per request": lambda ids: kvlib.prefill(PARAMS, ids)[0][-1],
+        "forward": lambda ids: kvlib.forward(PARAMS, ids)[-1],
+        "another cache, reset": lambda ids: (other["cache"].reset(),
+                                             kvlib.prefill(PARAMS, ids, other["cache"])[0][-1])[1],
+        "all rows": lambda ids: (server_cache.reset(), prefilled(ids))[1],
+        "first row": lambda ids: (server_cache.reset(), prefilled(ids)[0])[1],
+        "raises": lambda ids: 1 / 0,
+        "a word": lambda ids: "I",
+    }
+    return kinds[kind], server_cache
 
-    not_yet(ex07.check_serve(never_reset_small), "filled up", "cache.reset()")
-    not_yet(ex07.check_serve(lambda prompt_ids: kvlib.prefill(params, prompt_ids)[0]),
-            "last row of the logits")
-    not_yet(ex07.check_serve(lambda prompt_ids: kvlib.prefill(params, prompt_ids)[0][0]),
-            "even a prompt served by itself")
-    not_yet(ex07.check_serve(lambda prompt_ids: 1 / 0), "ZeroDivisionError")
-    not_yet(ex07.check_serve(lambda prompt_ids: "I"), "got str")
+
+@pytest.mark.parametrize("kind, capacity, diagnosis", [
+    ("never resets", None, "request 1 ('How are you?') differs"),
+    ("never resets", 8, "filled up"),
+    ("resets after", None, "request 1 ('How are you?') differs"),
+    ("a new cache per request", None, "server_cache is never used"),
+    ("forward", None, "server_cache is never used"),
+    ("another cache, reset", None, "server_cache is never used"),
+    ("all rows", None, "got shape (5, 12)"),
+    ("first row", None, "first row"),
+    ("raises", None, "ZeroDivisionError"),
+    ("a word", None, "got str"),
+])
+def test_07_serve_wrong_answers(kind, capacity, diagnosis):
+    serve, server_cache = serving(kind, capacity)
+    not_yet(ex07.check_serve(serve, server_cache), diagnosis)
+
+
+@pytest.mark.parametrize("kind", ["resets first", "resets before and after", "returns a list",
+                                  "returns (1, V)"])
+def test_07_serve_valid_forms(kind):
+    serve, server_cache = serving(kind)
+    correct(ex07.check_serve(serve, server_cache), "server_cache")
+
+
+def test_07_serve_says_how_stale_the_cache_was():
+    serve, server_cache = serving("never resets")
+    kvlib.prefill(PARAMS, TOKENIZER.encode("How are you? I am fine"), server_cache)
+    not_yet(ex07.check_serve(serve, server_cache), "already held 8 positions")
+    serve, server_cache = serving("never resets")
+    not_yet(ex07.check_serve(serve, server_cache), "first served 'good and you'",
+            "it held 4 positions")
+
+
+def test_07_serve_needs_the_cache_itself():
+    serve, _ = serving("resets first")
+    not_yet(ex07.check_serve(serve), "check_serve(answer, server_cache)")
+    not_yet(ex07.check_serve(serve, "server_cache"), "KVCache")
+    not_yet(ex07.check_serve(serve, kvlib.KVCache(kvlib.ModelConfig(d_model=8))),
+            "another model")
     not_yet(ex07.check_serve(np.zeros(12)), "should be a function")
-    correct(ex07.check_serve(lambda prompt_ids: kvlib.prefill(params, prompt_ids)[0][-1]))
 
 
-def test_08_decode_weights_checker(params, ids):
-    _, cache = kvlib.prefill(params, ids)
-    x = kvlib.embed(np.array([5]), params.embedding)
-    q, k, _ = kvlib.project_qkv(x, params.layers[0])
-    qh = kvlib.split_heads(q, 2)
-    Kh = kvlib.split_heads(np.vstack([cache.keys(0), k]), 2)
-    raw = qh @ Kh.swapaxes(-1, -2)
-    not_yet(ex08.check_decode_weights(kvlib.softmax(raw)), "not scaled")
-    not_yet(ex08.check_decode_weights(raw / np.sqrt(2)), "scores, not weights")
-    not_yet(ex08.check_decode_weights(kvlib.softmax(raw / np.sqrt(2), axis=1)), "wrong axis")
-    short = kvlib.softmax(kvlib.attention_scores(qh, kvlib.split_heads(cache.keys(0), 2)))
-    not_yet(ex08.check_decode_weights(short), "attends to itself")
-    not_yet(ex08.check_decode_weights(kvlib.softmax(raw[0] / np.sqrt(2))), "every head")
-    not_yet(ex08.check_decode_weights(np.full((2, 6, 6), 1 / 6)), "6 query rows")
-    not_yet(ex08.check_decode_weights([[0.5, 0.5]]), "numpy array")
-    not_yet(ex08.check_decode_weights(np.full((2, 1, 6), "w")), "should hold numbers")
-    correct(ex08.check_decode_weights(kvlib.softmax(raw / np.sqrt(2))))
+# ------------------------------------------------------------------ 08 ex. 1: a step's weights
 
+def decode_pieces():
+    _, cache = kvlib.prefill(PARAMS, TOKENIZER.encode(ex08.EXERCISE1_CACHED))
+    x = kvlib.embed(np.array([ex08.EXERCISE1_TOKEN]), PARAMS.embedding)
+    q, k, _ = kvlib.project_qkv(x, PARAMS.layers[0])
+    return kvlib.split_heads(q, 2), cache.keys(0), k
+
+
+QH, CACHED_KEYS, NEW_K = decode_pieces()
+KH = kvlib.split_heads(np.vstack([CACHED_KEYS, NEW_K]), 2)
+RAW = QH @ KH.swapaxes(-1, -2)
+EX08_1_RIGHT = kvlib.softmax(RAW / np.sqrt(2))
+
+
+def article_step():
+    _, cache = kvlib.prefill(PARAMS, ARTICLE_IDS)
+    recorded = []
+    kvlib.decode_step(PARAMS, 5, cache, record_attention=recorded)
+    return recorded[0]
+
+
+EX08_1_WRONG = [
+    (kvlib.softmax(RAW), "not scaled"),
+    (RAW / np.sqrt(2), "scores, not weights"),
+    (kvlib.softmax(RAW / np.sqrt(2), axis=1), "wrong axis"),
+    (kvlib.attention_weights(QH, kvlib.split_heads(CACHED_KEYS, 2)), "attends to itself"),
+    (article_step(), "the notebook's step"),
+    (EX08_1_RIGHT[0], "every head"),
+    (np.full((2, 7, 7), 1 / 7), "7 query rows"),
+    (kvlib.attention_weights(QH, KH, np.tri(1, 7, dtype=bool)), "aligned to the start"),
+    (kvlib.attention_weights(QH, KH, np.tril(np.ones((1, 7), dtype=bool))),
+     "aligned to the start"),
+    (np.full((2, 1, 7), 1 / 7), "not the right values"),
+    (np.full((2, 1, 6), 1 / 6), "expected (2, 1, 7)"),
+    (np.full((2, 1, 7), "w"), "real numbers"),
+]
+
+
+@pytest.mark.parametrize("answer, diagnosis", EX08_1_WRONG)
+def test_08_decode_weights_wrong_answers(answer, diagnosis):
+    not_yet(ex08.check_decode_weights(answer), diagnosis)
+
+
+@pytest.mark.parametrize("answer", [EX08_1_RIGHT, EX08_1_RIGHT.tolist(),
+                                    np.round(EX08_1_RIGHT, 3), EX08_1_RIGHT.astype(np.float32)])
+def test_08_decode_weights_valid_forms(answer):
+    correct(ex08.check_decode_weights(answer))
+
+
+def test_08_decode_weights_equal_what_decode_step_records():
+    _, cache = kvlib.prefill(PARAMS, TOKENIZER.encode(ex08.EXERCISE1_CACHED))
+    recorded = []
+    kvlib.decode_step(PARAMS, ex08.EXERCISE1_TOKEN, cache, record_attention=recorded)
+    correct(ex08.check_decode_weights(recorded[0]))
+
+
+# ------------------------------------------------------------------ 08 ex. 2: chunked prefill
 
 def chunk_with(mask_for, use_cache=True):
     """A chunked prefill whose mask is mask_for(T_new, S) (None: no mask)."""
@@ -482,50 +721,157 @@ def chunk_with(mask_for, use_cache=True):
     return prefill_chunk
 
 
-def test_08_chunked_prefill_checker():
-    start_aligned = chunk_with(lambda T, S: np.tril(np.ones((T, S), dtype=bool)))
-    not_yet(ex08.check_chunked_prefill(start_aligned), "cannot see all the cached positions",
-            "aligned to the end")
-    not_yet(ex08.check_chunked_prefill(chunk_with(lambda T, S: None)),
-            "no causal mask among them")
-    not_yet(ex08.check_chunked_prefill(chunk_with(lambda T, S: kvlib.causal_mask(T))),
-            "one column per position")
-    not_yet(ex08.check_chunked_prefill(chunk_with(lambda T, S: kvlib.causal_mask(T),
-                                                  use_cache=False)),
-            "the cache should hold")
-    not_yet(ex08.check_chunked_prefill(lambda params, ids, cache: None), "shape (3, 12)")
-    not_yet(ex08.check_chunked_prefill(lambda params, ids, cache: "logits"), "got str")
-    not_yet(ex08.check_chunked_prefill("prefill"), "should be a function")
-    correct(ex08.check_chunked_prefill(chunk_with(kvlib.causal_mask)))
-    correct(ex08.check_chunked_prefill(lambda params, ids, cache:
-                                       kvlib.prefill(params, ids, cache)[0]))
+@pytest.mark.parametrize("function, diagnosis", [
+    (chunk_with(lambda T, S: np.tril(np.ones((T, S), dtype=bool))), "aligned to the end"),
+    (chunk_with(lambda T, S: None), "no causal mask among them"),
+    (chunk_with(lambda T, S: kvlib.causal_mask(T)), "one column per position"),
+    (chunk_with(lambda T, S: kvlib.causal_mask(T), use_cache=False), "the cache should hold"),
+    (lambda params, ids, cache: None, "shape (3, 12)"),
+    (lambda params, ids, cache: "logits", "got str"),
+    (lambda params, ids, cache: kvlib.prefill(params, ids, cache)[0][-1:], "one row per new"),
+    ("prefill", "should be a function"),
+])
+def test_08_chunked_prefill_wrong_answers(function, diagnosis):
+    not_yet(ex08.check_chunked_prefill(function), diagnosis)
 
 
-def test_08_generation_loop_checker():
-    def with_prompt(params, ids, n):
-        return list(ids) + kvlib.generate(params, ids, n)
+@pytest.mark.parametrize("function", [
+    chunk_with(kvlib.causal_mask),
+    chunk_with(lambda T, S: np.tri(T, S, k=S - T, dtype=bool)),
+    lambda params, ids, cache: kvlib.prefill(params, ids, cache)[0],
+    lambda params, ids, cache: kvlib.prefill(params, ids, cache)[0].tolist(),
+])
+def test_08_chunked_prefill_valid_forms(function):
+    correct(ex08.check_chunked_prefill(function))
 
-    def feeds_last_prompt_token_again(params, ids, n):
-        _, cache = kvlib.prefill(params, ids)
-        token, new = ids[-1], []
-        for _ in range(n):
-            token = int(np.argmax(kvlib.decode_step(params, token, cache)[-1]))
-            new.append(token)
-        return new
 
-    def without_cache(params, ids, n):
-        return kvlib.generate(params, ids, n, use_cache=False)
+# ------------------------------------------------------------------ 08 ex. 3: generation loop
 
-    def one_short(params, ids, n):
-        return kvlib.generate(params, ids, n)[:-1] if n > 1 else []
+def loop_from_kvlib(params, ids, n):
+    logits, cache = kvlib.prefill(params, ids)
+    new = [int(np.argmax(logits[-1]))]
+    while len(new) < n:
+        new.append(int(np.argmax(kvlib.decode_step(params, new[-1], cache)[-1])))
+    return new
 
-    not_yet(ex08.check_generation_loop(with_prompt), "starts with the prompt")
-    not_yet(ex08.check_generation_loop(feeds_last_prompt_token_again), "twice")
-    not_yet(ex08.check_generation_loop(without_cache), "decode_step was never called")
-    not_yet(ex08.check_generation_loop(one_short), "new ones")
-    not_yet(ex08.check_generation_loop(lambda params, ids, n: [0] * n), "greedy decoding gives")
-    not_yet(ex08.check_generation_loop(lambda params, ids, n: 1 / 0), "ZeroDivisionError")
-    assert kvlib.decode_step.__name__ == "decode_step"     # restored after the checker
+
+def loop_with_direct_imports(params, ids, n):
+    from kvlib import decode_step, prefill
+    logits, cache = prefill(params, ids)
+    new = [int(np.argmax(logits[-1]))]
+    for _ in range(n - 1):
+        new.append(int(decode_step(params, new[-1], cache)[-1].argmax()))
+    return new
+
+
+def loop_with_chunks_of_one(params, ids, n):
+    logits, cache = kvlib.prefill(params, ids, last_only=True)
+    new = [kvlib.choose_next_token(logits[-1])]
+    while len(new) < n:
+        logits, cache = kvlib.prefill(params, [new[-1]], cache)
+        new.append(kvlib.choose_next_token(logits[-1]))
+    return np.array(new)
+
+
+def loop_one_step_too_many(params, ids, n):
+    logits, cache = kvlib.prefill(params, ids)
+    token, new = int(np.argmax(logits[-1])), []
+    for _ in range(n):
+        new.append(token)
+        token = int(np.argmax(kvlib.decode_step(params, token, cache)[-1]))
+    return new
+
+
+def prefills_every_step(params, ids, n):
+    logits, _ = kvlib.prefill(params, ids)
+    new = [int(np.argmax(logits[-1]))]
+    while len(new) < n:
+        _, cache = kvlib.prefill(params, ids)   # a fresh cache: the generated tokens are lost
+        new.append(int(np.argmax(kvlib.decode_step(params, new[-1], cache)[-1])))
+    return new
+
+
+def feeds_last_prompt_token_again(params, ids, n):
+    _, cache = kvlib.prefill(params, ids)
+    token, new = ids[-1], []
+    for _ in range(n):
+        token = int(np.argmax(kvlib.decode_step(params, token, cache)[-1]))
+        new.append(token)
+    return new
+
+
+def recomputes_with_prefill(params, ids, n):
+    new = []
+    for _ in range(n):
+        logits, _ = kvlib.prefill(params, list(ids) + new)
+        new.append(int(np.argmax(logits[-1])))
+    return new
+
+
+def the_notebooks_params(params, ids, n):
+    return loop_from_kvlib(PARAMS, ids, n)
+
+
+@pytest.mark.parametrize("function, diagnosis", [
+    (lambda params, ids, n: list(ids) + kvlib.generate(params, ids, n), "starts with the prompt"),
+    (feeds_last_prompt_token_again, "twice"),
+    (prefills_every_step, "prefills the 5-token prompt into a fresh cache at every step"),
+    (lambda params, ids, n: kvlib.generate(params, ids, n, use_cache=False),
+     "the whole sequence again"),
+    (recomputes_with_prefill, "the whole sequence again"),
+    (lambda params, ids, n: kvlib.generate(params, ids, n), "through kvlib.generate"),
+    (kvlib.generate, "through kvlib.generate"),
+    (lambda params, ids, n: kvlib.generate(params, ids, n)[:-1], "asked for"),
+    (lambda params, ids, n: [0] * n, "never ran the model"),
+    (the_notebooks_params, "never ran the model on the params it was given"),
+    (lambda params, ids, n: 1 / 0, "ZeroDivisionError"),
+    (lambda params, ids, n: "I am", "a list of token ids"),
+    (np.zeros(3), "should be a function"),
+])
+def test_08_generation_loop_wrong_answers(function, diagnosis):
+    not_yet(ex08.check_generation_loop(function), diagnosis)
+
+
+@pytest.mark.parametrize("function", [loop_from_kvlib, loop_with_direct_imports,
+                                      loop_with_chunks_of_one, loop_one_step_too_many])
+def test_08_generation_loop_valid_forms(function):
+    correct(ex08.check_generation_loop(function), "one position per new token")
+
+
+def test_08_generation_loop_tells_the_wrong_loops_apart_by_their_tokens():
+    """On the checker's first prompts, the two classic wrong loops choose other tokens, so
+    the token comparison alone catches them (the work count is a second check)."""
+    text, n = ex08.GENERATION_CASES[0]
+    ids = TOKENIZER.encode(text)
+    right = kvlib.generate(PARAMS, ids, n, use_cache=False)
+    assert prefills_every_step(PARAMS, ids, n) != right
+    assert feeds_last_prompt_token_again(PARAMS, ids, n) != right
+    assert kvlib.decode_step.__name__ == "decode_step"      # nothing was monkeypatched
+
+
+# ------------------------------------------------------------------ the fuzz
+
+@pytest.mark.parametrize("checker", [
+    ex06.check_predictions_per_position, ex06.check_temperature_for_half, ex06.check_top_k,
+    ex07.check_layer_keys, ex07.check_cache_bytes, ex08.check_decode_weights,
+    ex08.check_chunked_prefill, ex08.check_generation_loop,
+])
+def test_every_checker_answers_the_fuzz_with_feedback(checker):
+    survives_the_fuzz(checker)
+
+
+def test_07_serve_answers_the_fuzz_with_feedback():
+    survives_the_fuzz(ex07.check_serve, kvlib.KVCache(PARAMS.config))
+    for value in FUZZ:
+        assert not ex07.check_serve(serving("resets first")[0], value).passed
+    for function in functions_returning_the_fuzz():
+        not_yet(ex07.check_serve(function, kvlib.KVCache(PARAMS.config)))
+
+
+@pytest.mark.parametrize("checker", [ex08.check_chunked_prefill, ex08.check_generation_loop])
+def test_function_checkers_answer_whatever_the_function_returns(checker):
+    for function in functions_returning_the_fuzz():
+        not_yet(checker(function))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,6 +896,7 @@ LESSONS = {
     "08_kv_cached_decode": (ex08, {1: "check_decode_weights", 2: "check_chunked_prefill",
                                    3: "check_generation_loop"}),
 }
+EXTRA_ARGUMENTS = {("07_prefill", 3): ["server_cache"]}
 
 
 @pytest.mark.parametrize("name", sorted(LESSONS))
@@ -561,16 +908,33 @@ def test_solutions_pass_in_the_notebooks_namespace(name):
     for number, checker in checkers.items():
         scope = dict(namespace)
         exec(module.SOLUTIONS[number], scope)
-        feedback = getattr(module, checker)(scope["answer"])
+        extra = [scope[variable] for variable in EXTRA_ARGUMENTS.get((name, number), [])]
+        feedback = getattr(module, checker)(scope["answer"], *extra)
         assert feedback.passed, f"solution {number} of {name}: {feedback}"
 
 
-def test_notebook_08_broken_functions_fail_their_checkers():
+@pytest.mark.parametrize("name", sorted(LESSONS))
+def test_every_cell_can_be_run_twice(name):
+    """Students re-run cells: each code cell, run a second time at once, must neither fail
+    nor leave a different state for the cells after it (a cache that grew twice)."""
+    notebook = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text(encoding="utf-8"))
+    namespace = {"__name__": "__notebook__"}
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code":
+            code = compile("".join(cell["source"]), name, "exec")
+            exec(code, namespace)
+            exec(code, namespace)
+    plt.close("all")
+    assert namespace["answer"] is ...
+
+
+def test_the_notebooks_broken_functions_fail_their_checkers():
     namespace = notebook_namespace("08_kv_cached_decode")
     not_yet(ex08.check_chunked_prefill(namespace["prefill_chunk_broken"]), "aligned to the end")
     namespace = notebook_namespace("07_prefill")
-    # the notebook's demo already used server_cache: even request 1 sees an earlier prompt
-    not_yet(ex07.check_serve(namespace["serve_broken"]), "request 1 ('How are you?') differs",
+    # the notebook's demo already used server_cache: even request 1 sees earlier prompts
+    not_yet(ex07.check_serve(namespace["serve_broken"], namespace["server_cache"]),
+            "request 1 ('How are you?') differs", "already held 9 positions",
             "Served again, the same prompt got a different answer", "cache.reset()")
 
 

@@ -26,7 +26,13 @@ def test_interleaved_sequences_in_one_pool_equal_contiguous_caches(model, block_
         if action == "start" or not paged:
             ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1,
                                      max_size=6))
-            a, cache = kvlib.prefill(params, ids, PagedKVCache(pool))
+            cache = PagedKVCache(pool)
+            try:
+                a, _ = kvlib.prefill(params, ids, cache)
+            except MemoryError:           # the pool ran out: the failed call took nothing
+                assert len(cache) == 0 and cache.block_table == []
+                pool.check_invariants()
+                continue
             b, reference = kvlib.prefill(params, ids)
             np.testing.assert_allclose(a, b, rtol=0, atol=TOLERANCE)
             paged.append(cache), plain.append(reference), texts.append(list(ids))
@@ -34,10 +40,15 @@ def test_interleaved_sequences_in_one_pool_equal_contiguous_caches(model, block_
         i = data.draw(st.integers(0, len(paged) - 1))
         if action == "step" and len(texts[i]) < config.context_length:
             token = data.draw(st.integers(0, config.vocab_size - 1))
-            np.testing.assert_allclose(kvlib.decode_step(params, token, paged[i]),
-                                       kvlib.decode_step(params, token, plain[i]),
-                                       rtol=0, atol=TOLERANCE)
-            texts[i].append(token)
+            before = len(paged[i]), list(paged[i].block_table)
+            try:
+                logits = kvlib.decode_step(params, token, paged[i])
+            except MemoryError:           # no block for a new position or a copy: unchanged
+                assert (len(paged[i]), paged[i].block_table) == before
+            else:
+                np.testing.assert_allclose(logits, kvlib.decode_step(params, token, plain[i]),
+                                           rtol=0, atol=TOLERANCE)
+                texts[i].append(token)
         elif action == "fork":
             paged.append(paged[i].fork())
             _, copy = kvlib.prefill(params, texts[i])

@@ -263,3 +263,143 @@ def show_solution(solutions: dict[int, str], number: int):
         raise ValueError(f"there is no exercise {number}; exercises: {sorted(solutions)}")
     code = solutions[number].strip()
     return Markdown(f"**Solution to exercise {number}**\n\n```python\n{code}\n```")
+
+
+# ================================================================================================
+# Reading answers, for the checkers of lessons 06-11.
+#
+# Added by the review of lessons 06-11 as one separate block, so that it merges cleanly with the
+# shared rule for whole-number answers above it. Each reader turns anything a student can type
+# into the value a checker compares, or into a Feedback that says what was expected: a checker
+# never lets a traceback escape.
+# ================================================================================================
+
+MIN_SIGNIFICANT_DIGITS = 3
+"""A rounded answer is accepted from this many significant digits on: the notebooks print
+ratios, times and rates at 3 or 4 (134.3, 0.0107 s)."""
+
+
+def read_number(answer, what: str = "a number") -> float | Feedback:
+    """A number the student typed -> float; a Feedback for anything else.
+
+    Accepts Python and numpy ints and floats and 0-d arrays. Refuses bools, strings, arrays
+    of several numbers, nan and infinities, and ints too large for a float (10**400), each
+    with the reason.
+    """
+    if is_missing(answer):
+        return Feedback(False, "answer is not filled in yet: replace the ... with "
+                        f"{what}.")
+    if isinstance(answer, np.ndarray) and answer.ndim == 0:
+        answer = answer[()]
+    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
+        if isinstance(answer, (list, tuple, np.ndarray)):
+            return Feedback(False, f"expected one number ({what}), got several "
+                            f"({type(answer).__name__}).")
+        return Feedback(False, f"expected {what}, got {type(answer).__name__} "
+                        f"{_shown(answer)}.")
+    try:
+        value = float(answer)
+    except OverflowError:
+        return Feedback(False, f"that number has {len(str(abs(int(answer))))} digits: far too "
+                        f"large for {what}.")
+    if not np.isfinite(value):
+        return Feedback(False, f"expected {what}, got {value}.")
+    return value
+
+
+def read_whole_number(answer, what: str = "a whole number") -> int | Feedback:
+    """A count (bytes, tokens, a batch) -> int; a Feedback for anything else.
+
+    Python ints of any size and numpy ints are taken as they are; a float is accepted when it
+    holds a whole number (1920.0, or 1.92e3), since `/` gives floats. A float with a fraction
+    gets a Feedback that says so (a count is whole).
+    """
+    if isinstance(answer, (int, np.integer)) and not isinstance(answer, (bool, np.bool_)):
+        if abs(int(answer)) >= 2**63:
+            return Feedback(False, f"that number has {len(str(abs(int(answer))))} digits: far "
+                            f"too large for {what}.")
+        return int(answer)
+    value = read_number(answer, what)
+    if isinstance(value, Feedback):
+        return value
+    if not value.is_integer():
+        return Feedback(False, f"{value:g} is not a whole number: {what} is a count. Use // "
+                        "to divide without a fraction, or round where the question says so.")
+    if abs(value) >= 2**63:
+        return Feedback(False, f"{value:g} is far too large for {what}.")
+    return int(value)
+
+
+def read_array(answer, name: str = "answer") -> np.ndarray | Feedback:
+    """An array answer -> numpy array of numbers; lists, tuples and arrays are all accepted.
+
+    A Feedback for what holds no numbers: `...`, None, a string, a ragged nested list (rows of
+    different lengths), an object array of non-numbers, booleans, complex numbers.
+    """
+    if is_missing(answer):
+        return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
+    if isinstance(answer, (str, bytes, dict, set)) or callable(answer):
+        return Feedback(False, f"{name} should be an array of numbers, got "
+                        f"{type(answer).__name__} {_shown(answer)}.")
+    try:
+        array = np.asarray(answer)
+    except (ValueError, TypeError):
+        return Feedback(False, f"{name} is a ragged list: its rows have different lengths. "
+                        "Every row needs the same number of entries.")
+    if array.dtype == object:
+        try:
+            array = array.astype(np.float64)
+        except (TypeError, ValueError, OverflowError):
+            return Feedback(False, f"{name} should hold numbers, but some entries are not "
+                            "numbers (an array of Python objects).")
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.number) \
+            or np.issubdtype(array.dtype, np.complexfloating):
+        return Feedback(False, f"{name} should hold real numbers, got an array of "
+                        f"{array.dtype}.")
+    return array
+
+
+def significant_digits(value: float) -> int:
+    """How many significant digits a typed number has: 134.3 -> 4, 0.0107 -> 3, 130 -> 2.
+
+    Read from the shortest repr, which gives back exactly what was typed for a literal; a
+    computed value has 15-17."""
+    mantissa = repr(float(abs(value))).partition("e")[0]   # '134.3', '0.0107', '130.0'
+    whole, _, fraction = mantissa.partition(".")
+    fraction = "" if fraction == "0" else fraction
+    digits = (whole + fraction).lstrip("0")
+    if not fraction:
+        digits = digits.rstrip("0")   # 130: the trailing zero carries no digit
+    return max(len(digits), 1)
+
+
+def agrees_at_its_precision(value: float, expected: float,
+                            min_digits: int = MIN_SIGNIFICANT_DIGITS) -> bool:
+    """True when `value` is `expected` given to the digits the student typed (rounded or
+    truncated: within one unit of the last digit), with at least min_digits of them. A value
+    computed to full precision must agree to 1e-6 (float32 keeps about 7 digits)."""
+    if expected == 0:
+        return value == 0
+    digits = significant_digits(value)
+    if digits >= 12:
+        return abs(value - expected) <= 1e-6 * abs(expected)
+    if digits < min_digits or value == 0:
+        return False
+    unit = 10.0 ** (int(np.floor(np.log10(abs(value)))) - digits + 1)
+    return abs(value - expected) <= unit * (1 + 1e-9)
+
+
+def how_close(value: float, expected: float) -> str | None:
+    """'within 0.3%' style words when value is within 10% of expected, else None."""
+    if expected == 0 or not np.isfinite(value):
+        return None
+    off = abs(value - expected) / abs(expected)
+    if off >= 0.1:
+        return None
+    side = "above" if value > expected else "below"
+    return f"{_percent(off)} {side} the exact value"
+
+
+def _percent(fraction: float) -> str:
+    percent = 100 * fraction
+    return f"{percent:.2g}%" if percent < 10 else f"{percent:.0f}%"

@@ -7,8 +7,6 @@ Exercise 3 is the generation loop, where the classic slip is feeding a token twi
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 import kvlib
@@ -17,12 +15,15 @@ from .base import (
     Feedback,
     article_example,
     check_array,
+    checker,
     is_missing,
-    not_an_array_answer,
+    read_array,
     show_solution,
 )
 
-EXERCISE_TOKEN = 5  # "I", the token chosen after "How are you?"
+EXERCISE1_CACHED = "How are you? I"   # in the cache before the step: 6 positions
+EXERCISE1_TOKEN = 2                   # "am", the token decoded
+PRINTED_PRECISION = 1e-3              # the notebook prints arrays at 3 decimals
 CHUNK_CASES = (  # (text already in the cache, new chunk); the tokenizer adds BOS to the first
     ("How are you?", "I am fine"),
     ("How", "are you? I am fine."),
@@ -30,52 +31,91 @@ CHUNK_CASES = (  # (text already in the cache, new chunk); the tokenizer adds BO
     ("you are good and I am", "fine. How are you?"),
     ("", "How are you?"),
 )
-GENERATION_CASES = (("How are you?", 10), ("I am", 6), ("?", 3), ("How are you? I am fine.", 1))
+GENERATION_CASES = (  # the first two: prompts where the usual wrong loops choose other tokens
+    ("you are fine.", 8), ("I am fine and", 8), ("How are you?", 10), ("I am", 6), ("?", 3),
+    ("How are you? I am fine.", 1),
+)
 
 
 # Exercise 1 ------------------------------------------------------------------------------
 
-def check_decode_weights(answer) -> Feedback:
-    """Exercise 1: the new token's layer-0 attention weights, per head: (2, 1, 6)."""
-    name = "answer"
-    if (feedback := not_an_array_answer(answer, name)) is not None:
-        return feedback
-    params, ids = article_example()
-    n_heads = params.config.n_heads
-    recorded = []
-    _, cache = kvlib.prefill(params, ids)
-    cached_keys = cache.keys(0).copy()
-    kvlib.decode_step(params, EXERCISE_TOKEN, cache, record_attention=recorded)
-    expected = recorded[0]
-    x = kvlib.embed(np.array([EXERCISE_TOKEN]), params.embedding)
+def _decode_step_pieces(params, cached_ids, token):
+    """Layer 0 of a decode step done by hand: (the new q split into heads (h, 1, dh), the cached
+    keys (S - 1, d), the new k (1, d))."""
+    _, cache = kvlib.prefill(params, cached_ids)
+    x = kvlib.embed(np.array([token]), params.embedding)
     q, k, _ = kvlib.project_qkv(x, params.layers[0])
-    qh = kvlib.split_heads(q, n_heads)
-    Kh = kvlib.split_heads(np.vstack([cached_keys, k]), n_heads)
-    raw = qh @ Kh.swapaxes(-1, -2)
-    if not isinstance(answer, np.ndarray):
-        return check_array(answer, expected, name)
-    if answer.shape == (n_heads, 1, len(ids)):
-        return Feedback(False, "one weight short: the new token attends to itself too. Append "
-                        "its k to the 5 cached keys first, so that there are 6.")
-    if answer.shape in {(1, len(ids) + 1), (len(ids) + 1,)}:
-        return Feedback(False, "one row of 6 weights: the exercise asks for every head. Split q "
-                        "and K into heads (kvlib.split_heads) to get shape (2, 1, 6).")
-    if answer.ndim >= 2 and answer.shape[-2:] == (len(ids) + 1, len(ids) + 1):
-        return Feedback(False, "6 query rows: that recomputes every position. In a decode "
+    return kvlib.split_heads(q, params.config.n_heads), cache.keys(0).copy(), k
+
+
+@checker
+def check_decode_weights(answer) -> Feedback:
+    """Exercise 1: the layer-0 attention weights, per head, of the step that decodes "am"
+    (token 2) after "How are you? I" is in the cache: (2, 1, 7)."""
+    name = "answer"
+    answer = read_array(answer, name)
+    if isinstance(answer, Feedback):
+        return answer
+    params, article_ids = article_example()
+    config = params.config
+    cached_ids = kvlib.ToyTokenizer().encode(EXERCISE1_CACHED)
+    S = len(cached_ids) + 1
+    recorded = []
+    _, cache = kvlib.prefill(params, cached_ids)
+    kvlib.decode_step(params, EXERCISE1_TOKEN, cache, record_attention=recorded)
+    expected = recorded[0]
+    qh, cached_keys, k = _decode_step_pieces(params, cached_ids, EXERCISE1_TOKEN)
+
+    def weights_over(keys, mask=None):
+        return kvlib.attention_weights(qh, kvlib.split_heads(keys, config.n_heads), mask)
+
+    raw = qh @ kvlib.split_heads(np.vstack([cached_keys, k]), config.n_heads).swapaxes(-1, -2)
+    if answer.shape == (config.n_heads, 1, S - 1):
+        if np.allclose(answer, weights_over(cached_keys)):
+            return Feedback(False, "one weight short: the new token attends to itself too. "
+                            f"Append its k to the {S - 1} cached keys first, so that there "
+                            f"are {S}.")
+        article_step = kvlib.attention_weights(*_article_step(params, article_ids))
+        if np.allclose(answer, article_step):
+            return Feedback(False, "that is the notebook's step, decoding 'I' after 'How are "
+                            "you?'. Here 'I' is already in the cache and 'am' (token 2) "
+                            f"is decoded: prefill {EXERCISE1_CACHED!r}, 6 positions, and the "
+                            "new token makes 7.")
+        return Feedback(False, f"shape {answer.shape}: the cache should hold "
+                        f"{EXERCISE1_CACHED!r}, {S - 1} positions, and the new token's own key "
+                        f"makes {S}: expected {expected.shape}.")
+    if answer.shape in {(1, S), (S,)}:
+        return Feedback(False, f"one row of {S} weights: the exercise asks for every head. "
+                        "Split q and K into heads (kvlib.split_heads) to get shape "
+                        f"{expected.shape}.")
+    if answer.ndim >= 2 and answer.shape[-2:] == (S, S):
+        return Feedback(False, f"{S} query rows: that recomputes every position. In a decode "
                         "step only the new token asks a question: one query row per head.")
     if answer.shape == expected.shape:
+        if np.allclose(answer, weights_over(np.vstack([cached_keys, k]),
+                                            np.tri(1, S, dtype=bool))):
+            return Feedback(False, "the new token sees only position 0 (BOS): that is a causal "
+                            "mask aligned to the start, np.tri(1, S) or np.tril. The new query "
+                            f"is the newest position, {S - 1}; aligned to the end "
+                            f"(kvlib.causal_mask(1, {S})) the mask lets all {S} keys through, "
+                            "which is why a decode step needs no mask at all.")
         if np.allclose(answer, kvlib.softmax(raw)):
             return Feedback(False, "not scaled: divide the scores by sqrt(head size) = "
-                            f"sqrt({params.config.head_dim}) before the softmax.")
-        if np.allclose(answer, raw / math.sqrt(params.config.head_dim)) or \
-                np.allclose(answer, raw):
+                            f"sqrt({config.head_dim}) before the softmax.")
+        if np.allclose(answer, raw / np.sqrt(config.head_dim)) or np.allclose(answer, raw):
             return Feedback(False, "those are scores, not weights: apply the softmax along the "
                             "last axis, so that each head's row adds up to 1.")
         if np.allclose(answer, 1.0):
             return Feedback(False, "every weight is 1: the softmax ran over the wrong axis. "
-                            "Take it along the last axis (the 6 keys).")
-    return check_array(answer, expected, name,
-                       hint="Scaled scores of q against all 6 keys, per head, then softmax.")
+                            f"Take it along the last axis (the {S} keys).")
+    return check_array(answer.astype(np.float64), expected, name, atol=PRINTED_PRECISION,
+                       hint=f"Scaled scores of q against all {S} keys, per head, then softmax.")
+
+
+def _article_step(params, article_ids):
+    """q and K (split into heads) of the notebook's step: "I" after "How are you?"."""
+    qh, cached_keys, k = _decode_step_pieces(params, article_ids, 5)
+    return qh, kvlib.split_heads(np.vstack([cached_keys, k]), params.config.n_heads)
 
 
 # Exercise 2 ------------------------------------------------------------------------------
@@ -107,6 +147,7 @@ def _chunk_with_mask(params, cached_ids, ids, mask):
     return kvlib.unembed(X, params.embedding)
 
 
+@checker
 def check_chunked_prefill(prefill_chunk) -> Feedback:
     """Exercise 2: a fixed `prefill_chunk(params, ids, cache) -> logits (T_new, V)`.
 
@@ -139,11 +180,11 @@ def check_chunked_prefill(prefill_chunk) -> Feedback:
             return Feedback(False, f"{where}, your function raised {type(error).__name__}: "
                             f"{error}")
         expected = kvlib.forward(params, cached_ids + ids)[P:]
-        try:
-            logits = np.asarray(logits, dtype=float)
-        except (TypeError, ValueError):
+        array = read_array(logits, "logits")
+        if isinstance(array, Feedback) or array.dtype == object:
             return Feedback(False, f"{where}: expected logits, an array of numbers of shape "
                             f"{expected.shape}, got {type(logits).__name__}.")
+        logits = array.astype(np.float64)
         if logits.shape != expected.shape:
             return Feedback(False, f"{where}: expected logits of shape {expected.shape} (one "
                             f"row per new token), got {logits.shape}.")
@@ -187,11 +228,31 @@ def _generate_feeding_last_prompt_token_again(params, ids, n):
     return new
 
 
+def _generate_prefilling_every_step(params, ids, n):
+    """The bug the token ids alone can hide: a fresh prefill of the prompt at every step, then
+    a decode step of only the newest token, so each step forgets the tokens generated before."""
+    logits, _ = kvlib.prefill(params, ids)
+    new = [int(np.argmax(logits[-1]))]
+    while len(new) < n:
+        _, cache = kvlib.prefill(params, ids)
+        new.append(int(np.argmax(kvlib.decode_step(params, new[-1], cache)[-1])))
+    return new
+
+
+def _rows_through_the_model(work: kvlib.MultiplyAdds, config) -> int:
+    """How many rows went through the projections: the positions appended to the caches."""
+    return work.projections // (4 * config.n_layers * config.d_model ** 2)
+
+
+@checker
 def check_generation_loop(my_generate) -> Feedback:
     """Exercise 3: a greedy `my_generate(params, ids, n) -> n new ids` with prefill and decode_step.
 
-    Compares with kvlib.generate(..., use_cache=False) on several prompts, and counts the
-    calls to kvlib.decode_step to see that the cache is used.
+    Compares the ids with kvlib.generate(..., use_cache=False) on several prompts, and counts
+    the rows that went through the model (kvlib.count_multiply_adds, on the params it is
+    given): with the cache, one prefill of the P-token prompt and n - 1 decode steps put
+    P + n - 1 rows through it, one per position the cache grows by. Counting the work does not
+    depend on how kvlib.decode_step was imported.
     """
     if is_missing(my_generate):
         return Feedback(False, "your function is not filled in yet: write it, then set "
@@ -201,59 +262,107 @@ def check_generation_loop(my_generate) -> Feedback:
                         "write answer = my_generate, without ().")
     params, _ = article_example()
     tokenizer = kvlib.ToyTokenizer()
-    original = kvlib.decode_step
-    calls = []
-
-    def counting_decode_step(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
+    remark = ""
     for text, n in GENERATION_CASES:
         ids = tokenizer.encode(text)
         expected = kvlib.generate(params, ids, n, use_cache=False)
-        calls.clear()
-        kvlib.decode_step = counting_decode_step  # restored below, whatever happens
         try:
-            got = my_generate(params, list(ids), n)
+            got, work = kvlib.count_multiply_adds(my_generate, params, list(ids), n)
+        except RuntimeError as error:
+            if "not assigned to a part" in str(error):
+                return Feedback(False, "your function multiplies the weights itself; write "
+                                "the loop with kvlib.prefill and kvlib.decode_step.")
+            return Feedback(False, f"on {text!r} with n={n}, your function raised "
+                            f"RuntimeError: {error}")
         except Exception as error:  # a student's code may fail in any way; report it in words
             return Feedback(False, f"on {text!r} with n={n}, your function raised "
                             f"{type(error).__name__}: {error}")
-        finally:
-            kvlib.decode_step = original
-        try:
-            got = [int(token) for token in got]
-        except (TypeError, ValueError):
-            return Feedback(False, f"expected a list of token ids, got {got!r}.")
-        if got == list(ids) + expected:
+        tokens = _token_list(got)
+        if isinstance(tokens, Feedback):
+            return tokens
+        if tokens == list(ids) + expected:
             return Feedback(False, "your list starts with the prompt: return only the n new "
                             "tokens.")
-        if len(got) != n:
-            return Feedback(False, f"on {text!r} you returned {len(got)} tokens; asked for "
+        if len(tokens) != n:
+            return Feedback(False, f"on {text!r} you returned {len(tokens)} tokens; asked for "
                             f"n={n} new ones.")
-        if got != expected:
-            if got == _generate_feeding_last_prompt_token_again(params, ids, n):
+        P = len(ids)
+        rows = _rows_through_the_model(work, params.config)
+        if rows == 0:
+            return Feedback(False, "your function never ran the model on the params it was "
+                            "given: use the function's own params argument (the checker "
+                            "passes its own), not the notebook's variable.")
+        if tokens != expected:
+            if tokens == _generate_feeding_last_prompt_token_again(params, ids, n):
                 return Feedback(False, "the prompt's last token went into the cache twice: "
                                 "prefill already cached it. The first token to decode is the "
                                 "one chosen from the prefill's last row of logits.")
+            if tokens == _generate_prefilling_every_step(params, ids, n):
+                return _prefills_every_step(P, n)
             return Feedback(False, f"on {text!r} you generated "
-                            f"{tokenizer.decode(got)!r}; greedy decoding gives "
+                            f"{tokenizer.decode(tokens)!r}; greedy decoding gives "
                             f"{tokenizer.decode(expected)!r}.")
-        if n > 1 and not calls:
-            return Feedback(False, "the tokens are right, but kvlib.decode_step was never "
-                            "called: write the loop with kvlib.prefill and kvlib.decode_step, "
-                            "so that each new token uses the cache.")
-    return Feedback(True, "the same tokens as recomputing everything, with one prefill and "
-                    "one decode_step per further token.")
+        right = P + n - 1
+        if rows == right:
+            continue
+        if n > 1 and rows == P + (n - 1) * (P + 1):
+            return _prefills_every_step(P, n)
+        if n > 1 and rows == sum(range(P, P + n)):
+            return Feedback(False, f"the tokens are right, but on {text!r} your loop put "
+                            f"{rows} rows through the model: the whole sequence again for every "
+                            f"new token. With the cache, one prefill ({P} rows) and one row per "
+                            f"further token make {right}: use kvlib.decode_step.")
+        if rows == right + 1:
+            remark = (" One remark: your loop runs one decode step more than it needs, for a "
+                      "token it never returns.")
+            continue
+        return Feedback(False, f"the tokens are right, but on {text!r} your loop put {rows} "
+                        f"rows through the model, where one prefill of the {P}-token prompt "
+                        f"and {n - 1} decode steps put {right}: the cache should grow by one "
+                        "position per new token.")
+    if my_generate is kvlib.generate or "generate" in _names_used(my_generate):
+        return Feedback(False, "right tokens and right work, but through kvlib.generate: the "
+                        "exercise is to write its loop yourself, with kvlib.prefill and "
+                        "kvlib.decode_step.")
+    return Feedback(True, "the same tokens as recomputing everything, with one prefill and one "
+                    "decode_step per further token: the cache grew by one position per new "
+                    "token." + remark)
+
+
+def _names_used(function) -> set[str]:
+    """Global and attribute names a function's code (and its nested code) refers to."""
+    code = getattr(function, "__code__", None)
+    names, stack = set(), [code] if code is not None else []
+    while stack:
+        current = stack.pop()
+        names.update(current.co_names)
+        stack.extend(c for c in current.co_consts if hasattr(c, "co_names"))
+    return names
+
+
+def _prefills_every_step(P: int, n: int) -> Feedback:
+    return Feedback(False, f"your loop prefills the {P}-token prompt into a fresh cache at every "
+                    "step, then decodes only the newest token: each step forgets the tokens "
+                    "generated before it (and redoes the prompt's work). Prefill once, keep "
+                    "that cache, and let every decode_step add to it.")
+
+
+def _token_list(got):
+    """The student's tokens as a list of ints, or Feedback."""
+    array = read_array(got, "what your function returns")
+    if isinstance(array, Feedback) or array.ndim != 1 or not np.all(np.mod(array, 1) == 0):
+        return Feedback(False, f"expected a list of token ids, got {got!r}"[:200] + ".")
+    return [int(token) for token in array]
 
 
 SOLUTIONS = {
     1: """
-_, cache_ex = kvlib.prefill(params, ids)             # a fresh cache holding the 5 prompt rows
-x = kvlib.embed(np.array([5]), params.embedding)     # token 5 ("I"): (1, 4)
+_, cache_ex = kvlib.prefill(params, tokenizer.encode("How are you? I"))   # 6 positions
+x = kvlib.embed(np.array([2]), params.embedding)     # token 2 ("am"): (1, 4)
 q, k, v = kvlib.project_qkv(x, params.layers[0])     # (1, 4) each
-K_all = np.vstack([cache_ex.keys(0), k])             # (6, 4): its own key too
+K_all = np.vstack([cache_ex.keys(0), k])             # (7, 4): its own key too
 answer = kvlib.softmax(kvlib.attention_scores(kvlib.split_heads(q, 2),
-                                              kvlib.split_heads(K_all, 2)))   # (2, 1, 6)
+                                              kvlib.split_heads(K_all, 2)))   # (2, 1, 7)
 """,
     2: """
 def prefill_chunk_fixed(params, ids, cache):

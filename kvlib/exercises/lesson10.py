@@ -1,124 +1,202 @@
-"""Exercises of notebook 10 (KV cache memory): checkers and solutions.
+"""Exercises of notebook 10 (where the time goes): checkers and solutions.
 
-1. Bytes per token of a grouped-query model described in words.
-2. The batch size at which the source example's cache weighs as much as its weights.
-3. How many tokens of Llama-3-8B's cache fit beside its weights on a 24 GiB accelerator.
+1. A roofline prediction: how long a GPT-2-small decode step takes on a given machine (the
+   time per output token).
+2. The bytes a batched decode step reads: the weights once, every sequence's cache (a
+   prediction before any code).
+3. The time to first token: the roofline time of a 512-token prefill on the same machine.
 """
 
 from __future__ import annotations
 
-import math
+import kvlib
+from kvlib import roofline
 
-from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit
+from .base import (
+    Feedback,
+    agrees_at_its_precision,
+    checker,
+    how_close,
+    read_number,
+    read_whole_number,
+    show_solution,
+)
 
-from .base import Feedback, as_number, is_missing, show_solution
+MACHINE_COMPUTE_RATE = 200e9   # FLOP/s
+MACHINE_BANDWIDTH = 50e9       # bytes/s
+# Exercise 1: GPT-2 small's decode step at this position
+EXERCISE1_POSITION = 543
+# Exercise 2: a batch of this many sequences, each at this position, float32
+EXERCISE2_BATCH, EXERCISE2_POSITION = 8, 543
+# Exercise 3: a prefill of this many prompt tokens, last row unembedded
+EXERCISE3_PROMPT = 512
 
-# Exercise 1: an imagined model with grouped-query attention, in BF16
-EXERCISE1 = {"n_layers": 40, "n_heads": 40, "n_kv_heads": 8, "head_dim": 128, "dtype_bytes": 2}
-# Exercise 2: the source example, 4096 tokens, BF16
-EXERCISE2 = {"n_layers": 80, "d_model": 8192, "seq_len": 4096, "dtype_bytes": 2}
-# Exercise 3: Llama-3-8B in BF16 on an accelerator with this much memory
-EXERCISE3_MEMORY = 24 * GiB
+
+def _roofline_parts(flops: float, n_bytes: float):
+    rate, bandwidth = MACHINE_COMPUTE_RATE, MACHINE_BANDWIDTH
+    return flops / rate, n_bytes / bandwidth
 
 
-def check_bytes_per_token(answer) -> Feedback:
-    """Exercise 1: bytes one token adds to the cache of a 40-layer model with 40 query heads,
-    8 K/V heads of 128, in BF16."""
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    value = as_number(answer)
-    if value is None:
-        return Feedback(False, f"expected a number of bytes, got {type(answer).__name__}.")
-    e = EXERCISE1
-    expected = kv_cache_bytes(e["n_layers"], None, 1, dtype_bytes=e["dtype_bytes"],
-                              n_kv_heads=e["n_kv_heads"], head_dim=e["head_dim"])
+def _unit_slip(value: float, expected: float) -> str | None:
+    for factor, unit in ((1e3, "milliseconds"), (1e6, "microseconds")):
+        if agrees_at_its_precision(value, expected * factor):
+            return f"the right time in {unit}: give it in seconds."
+    return None
+
+
+@checker
+def check_roofline_time(answer) -> Feedback:
+    """Exercise 1: roofline seconds of GPT-2 small's decode step at position 543, with
+    200 GFLOP/s and 50 GB/s. Accepted at the precision given, from 3 significant digits
+    (0.0107)."""
+    value = read_number(answer, "a number of seconds")
+    if isinstance(value, Feedback):
+        return value
+    config = kvlib.GPT2_SMALL
+    flops = kvlib.decode_step_multiply_adds(config, EXERCISE1_POSITION).flops
+    n_bytes = roofline.decode_step_bytes(config, EXERCISE1_POSITION)
+    compute, reading = _roofline_parts(flops, n_bytes)
+    expected = max(compute, reading)
+    if agrees_at_its_precision(value, expected):
+        return Feedback(True, f"{expected * 1e3:.2f} ms, set by reading {n_bytes / 1e6:.0f} MB; "
+                        f"the arithmetic alone would take {compute * 1e3:.2f} ms. That is "
+                        "the time per output token (TPOT) of this machine, at batch 1.")
+    if agrees_at_its_precision(value, compute + reading):
+        return Feedback(False, "you added the two times. In the roofline model reading and "
+                        "computing overlap: the slower of the two sets the time (max).")
+    if agrees_at_its_precision(value, compute) or agrees_at_its_precision(value, compute / 2):
+        return Feedback(False, "that is the arithmetic time only, the faster of the two: a "
+                        "decode step does about 2 FLOPs per 4-byte weight, so reading the "
+                        "weights takes longer, and the slower one sets the time.")
+    weights_only = roofline.weights_bytes(config) / MACHINE_BANDWIDTH
+    if agrees_at_its_precision(value, weights_only):
+        return Feedback(False, "close: the weights are there, but the step also reads the "
+                        f"keys and values of its {EXERCISE1_POSITION + 1} positions "
+                        "(roofline.decode_step_bytes counts both).")
+    slip = _unit_slip(value, expected)
+    if slip:
+        return Feedback(False, slip)
+    close = how_close(value, expected)
+    if close is not None:
+        return Feedback(False, f"close: {close}. Give at least 3 significant digits of "
+                        "max(FLOPs / 200e9, bytes / 50e9).")
+    return Feedback(False, "not that. Compute max(FLOPs / 200e9 FLOP/s, bytes / 50e9 bytes/s) "
+                    "with the step's FLOPs and bytes.")
+
+
+@checker
+def check_batched_bytes(answer) -> Feedback:
+    """Exercise 2: bytes one decode step of 8 GPT-2-small sequences (float32), each at
+    position 543, must read: the weights once, and each sequence's keys and values."""
+    config, B, position = kvlib.GPT2_SMALL, EXERCISE2_BATCH, EXERCISE2_POSITION
+    weights = roofline.weights_bytes(config)
+    one_cache = roofline.cache_bytes(config, position + 1)
+    expected = weights + B * one_cache
+    number = read_number(answer, "a number of bytes")
+    if not isinstance(number, Feedback):
+        for scale, unit in ((1e6, "MB"), (1e9, "GB"), (2**20, "MiB"), (2**30, "GiB")):
+            if agrees_at_its_precision(number, expected / scale):
+                return Feedback(False, f"the right amount in {unit}: give it in bytes.")
+    value = read_whole_number(answer, "a number of bytes")
+    if isinstance(value, Feedback):
+        return value
     if value == expected:
-        return Feedback(True, f"{expected:,} bytes ({expected // 1024} KiB) a token: 5 times "
-                        "less than with a K/V head for every query head.")
-    if value * 2 == expected:
-        return Feedback(False, "that is K or V alone: the cache keeps both, a factor 2.")
-    if value == expected * e["n_heads"] // e["n_kv_heads"]:
-        return Feedback(False, "that counts 40 K/V heads. Only the 8 K/V heads are cached; the "
-                        "40 query heads share them, 5 to a K/V head.")
-    if value * e["n_layers"] == expected:
-        return Feedback(False, "that is one layer; every one of the 40 layers has its cache.")
-    if value == expected * 2:
-        return Feedback(False, "that is 4 bytes a number; BF16 takes 2.")
-    if value * 2 == expected * 8:
-        return Feedback(False, "that counts bits, not bytes: BF16 is 2 bytes a number.")
-    return Feedback(False, f"not {value:,.0f}. Multiply 2 (K and V) x layers x K/V heads x "
-                    "head size x bytes a number.")
+        return Feedback(True, f"{expected:,} bytes: {weights / 1e6:.0f} MB of weights read "
+                        f"once for all {B} sequences, and {B} caches of "
+                        f"{one_cache / 1e6:.1f} MB, one for each. Batching shares the weights, "
+                        "not the caches.")
+    mistakes = {
+        B * (weights + one_cache): f"that reads the weights {B} times, once per sequence. In "
+                                   "a batched step every weight, read once, serves all the "
+                                   "sequences' rows.",
+        weights + one_cache: "that is one sequence's step: each of the 8 sequences has its "
+                             "own cache, and all of them are read.",
+        weights: "that leaves out the caches: each sequence's step reads its own keys and "
+                 "values too.",
+        B * one_cache: "that leaves out the weights, read once for the whole batch.",
+        weights + B * roofline.cache_bytes(config, position): "one position short: the step "
+                                                             "attends over position + 1 = 544 "
+                                                             "positions, its own included.",
+        weights // 2 + B * one_cache // 2: "that counts 2 bytes a number (BF16); this model "
+                                           "is float32, 4 bytes.",
+    }
+    if value in mistakes:
+        return Feedback(False, mistakes[value])
+    close = how_close(value, expected)
+    if close is not None:
+        return Feedback(False, f"close: {close}. Count the weights once "
+                        "(roofline.weights_bytes) and one cache per sequence "
+                        "(roofline.cache_bytes, of position + 1 positions).")
+    return Feedback(False, "not that. Weights once (roofline.weights_bytes(config)) plus 8 "
+                    "caches (roofline.cache_bytes(config, 544) each).")
 
 
-def check_batch_where_cache_equals_weights(answer) -> Feedback:
-    """Exercise 2: the batch at which the source example's cache (4096 tokens, BF16) weighs
-    as much as its weights, estimated as 12 L d^2 in BF16."""
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    value = as_number(answer)
-    if value is None:
-        return Feedback(False, f"expected a number (a batch size), got {type(answer).__name__}.")
-    e = EXERCISE2
-    weights = 12 * e["n_layers"] * e["d_model"] ** 2 * e["dtype_bytes"]
-    per_sequence = kv_cache_bytes(e["n_layers"], e["d_model"], e["seq_len"],
-                                  dtype_bytes=e["dtype_bytes"])
-    expected = weights / per_sequence
-    if math.isclose(value, expected):
-        return Feedback(True, f"{expected:g} sequences of 4096 tokens: 120 GiB of cache, as much "
-                        "as the weights. At batch 64 the cache is over 5 times the weights.")
-    if value > 0 and math.isclose(1 / value, expected):
-        return Feedback(False, "that is cache / weights upside down: divide the weights' bytes by "
-                        "one sequence's cache bytes.")
-    if math.isclose(value, expected * 2) or math.isclose(value, expected / 2):
-        return Feedback(False, "off by a factor 2: both the weights and the cache are in BF16 "
-                        "(2 bytes), and the cache holds K and V.")
-    return Feedback(False, f"not {value:g}. Weights: 12 x 80 x 8192^2 weights x 2 bytes; one "
-                    "sequence's cache: kv_cache_bytes(80, 8192, 4096).")
-
-
-def check_tokens_that_fit(answer) -> Feedback:
-    """Exercise 3: cached tokens of Llama-3-8B (BF16) that fit beside its BF16 weights in
-    24 GiB."""
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    value = as_number(answer)
-    if value is None:
-        return Feedback(False, f"expected a number of tokens, got {type(answer).__name__}.")
-    model = PRESETS["Llama-3-8B"]
-    per_token = model.kv_bytes_per_token()
-    weights = model.weights_bytes()
-    expected = tokens_that_fit(EXERCISE3_MEMORY, weights, per_token)
-    if value == expected:
-        return Feedback(True, f"{expected:,} tokens: about {expected // model.context_length} "
-                        "full 8192-token sequences at once.")
-    if math.isclose(value, (EXERCISE3_MEMORY - weights) / per_token, abs_tol=1):
-        return Feedback(False, "almost: a token is cached whole or not at all; round down "
-                        "(use //).")
-    if value == EXERCISE3_MEMORY // per_token:
-        return Feedback(False, "the weights take their share of the memory first: subtract "
-                        "them before dividing.")
-    if value == (24 * 10**9 - weights) // per_token:
-        return Feedback(False, "24 GiB is 24 x 2^30 bytes, not 24 x 10^9.")
-    mha = PRESETS["Llama-2-7B"].kv_bytes_per_token()
-    if value == (EXERCISE3_MEMORY - weights) // mha:
-        return Feedback(False, "that uses 32 K/V heads. Llama-3-8B has 32 query heads but "
-                        "caches only 8 K/V heads.")
-    return Feedback(False, f"not {value:,.0f}. (memory - weights) // bytes per token, with "
-                    "PRESETS['Llama-3-8B'].weights_bytes() and .kv_bytes_per_token().")
+@checker
+def check_time_to_first_token(answer) -> Feedback:
+    """Exercise 3: roofline seconds of GPT-2 small's prefill of a 512-token prompt, the last
+    row unembedded, at 200 GFLOP/s and 50 GB/s: the time to first token."""
+    value = read_number(answer, "a number of seconds")
+    if isinstance(value, Feedback):
+        return value
+    config, P = kvlib.GPT2_SMALL, EXERCISE3_PROMPT
+    flops = kvlib.prefill_multiply_adds(config, P, last_only=True).flops
+    n_bytes = roofline.forward_bytes(config, P)
+    compute, reading = _roofline_parts(flops, n_bytes)
+    expected = max(compute, reading)
+    if agrees_at_its_precision(value, expected):
+        step = _roofline_parts(kvlib.decode_step_multiply_adds(config, P).flops,
+                               roofline.decode_step_bytes(config, P))
+        return Feedback(True, f"{expected:.3f} s, set by arithmetic ({flops / n_bytes:.0f} "
+                        "FLOPs per byte): the prefill is compute-bound, while each decode "
+                        f"step after it is memory-bound, about {max(step) * 1e3:.1f} ms. "
+                        f"{P} tokens in one pass take as long as about "
+                        f"{expected / max(step):.0f} decode steps.")
+    if agrees_at_its_precision(value, reading):
+        return Feedback(False, "that is the reading time: a prefill of 512 rows does about "
+                        "180 FLOPs per byte read, so arithmetic, not memory, sets its time.")
+    if agrees_at_its_precision(value, compute + reading):
+        return Feedback(False, "you added the two times; the slower of the two sets it (max).")
+    if agrees_at_its_precision(value, compute / 2):
+        return Feedback(False, "half of it: those are multiply-adds; each is 2 FLOPs.")
+    all_rows = kvlib.prefill_multiply_adds(config, P).flops / MACHINE_COMPUTE_RATE
+    if agrees_at_its_precision(value, all_rows):
+        return Feedback(False, "close: that unembeds all 512 rows; the first new token needs "
+                        "only the last row's logits (last_only=True).")
+    decode = _roofline_parts(kvlib.decode_step_multiply_adds(config, P).flops,
+                             roofline.decode_step_bytes(config, P))
+    if agrees_at_its_precision(value, max(decode)):
+        return Feedback(False, "that is one decode step, the time per output token. The first "
+                        "token comes from the prefill of the whole prompt.")
+    if agrees_at_its_precision(value, P * max(decode)):
+        return Feedback(False, "that is 512 decode steps, one token at a time; a prefill takes "
+                        "the whole prompt in one pass, as a matrix-matrix product.")
+    slip = _unit_slip(value, expected)
+    if slip:
+        return Feedback(False, slip)
+    close = how_close(value, expected)
+    if close is not None:
+        return Feedback(False, f"close: {close}. Use kvlib.prefill_multiply_adds(config, 512, "
+                        "last_only=True).flops and roofline.forward_bytes(config, 512).")
+    return Feedback(False, "not that. max(FLOPs / 200e9, bytes / 50e9) for the prefill: "
+                    "kvlib.prefill_multiply_adds(config, 512, last_only=True) and "
+                    "roofline.forward_bytes(config, 512).")
 
 
 SOLUTIONS = {
     1: """
-answer = 2 * 40 * 8 * 128 * 2  # K and V x layers x K/V heads x head size x BF16 bytes
+config = kvlib.GPT2_SMALL
+flops = kvlib.decode_step_multiply_adds(config, 543).flops
+n_bytes = roofline.decode_step_bytes(config, 543)
+answer = max(flops / 200e9, n_bytes / 50e9)
 """,
     2: """
-weights = 12 * 80 * 8192**2 * 2                      # bytes, BF16
-one_sequence = kvlib.kv_cache_bytes(80, 8192, 4096)  # 10 GiB
-answer = weights / one_sequence
+config = kvlib.GPT2_SMALL
+answer = roofline.weights_bytes(config) + 8 * roofline.cache_bytes(config, 544)
 """,
     3: """
-model = memory.PRESETS["Llama-3-8B"]
-answer = (24 * kvlib.GiB - model.weights_bytes()) // model.kv_bytes_per_token()
+config = kvlib.GPT2_SMALL
+flops = kvlib.prefill_multiply_adds(config, 512, last_only=True).flops
+answer = max(flops / 200e9, roofline.forward_bytes(config, 512) / 50e9)
 """,
 }
 

@@ -89,3 +89,13 @@ def safely(callback, message_widget: widgets.HTML | None = None):
             message_widget.value = f"<b>Cannot show this:</b> {as_html(str(error))}"
 
     return run
+
+
+# ================================================================================================
+# Shared by the widgets of lessons 06-11 (added by their review, as one separate block).
+# ================================================================================================
+
+
+def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
+    """A count with its noun in the right number: '1 position', '5 positions'."""
+    return f"{count} {noun}" if count == 1 else f"{count} {plural_noun or noun + 's'}"

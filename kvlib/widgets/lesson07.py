@@ -15,7 +15,7 @@ import numpy as np
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, read_prompt, safely
+from .base import LiveFigure, plural, read_prompt, safely
 
 MAX_ROWS_WITH_VALUES = 12  # beyond this many tokens, numbers in the cells are unreadable
 
@@ -24,6 +24,8 @@ def draw_cache_contents(axes, cache, layer: int, token_labels) -> None:
     """Heatmaps of one layer's cached K and V (T, d), one row per token (notebook 07).
 
     `axes` is a pair of matplotlib Axes (cleared first); the rows are labelled with the tokens.
+    The titles are short ("K (21, 4)"), so that two narrow heatmaps of a long prompt keep them
+    apart; the layer goes in the figure's title (see draw_cache_figure) or the caller's.
     """
     if len(token_labels) != len(cache):
         raise ValueError(f"need one label per cached position: {len(cache)} positions, "
@@ -33,8 +35,10 @@ def draw_cache_contents(axes, cache, layer: int, token_labels) -> None:
         plots.matrix_heatmap(matrix, row_labels=token_labels,
                              column_labels=[str(c) for c in range(matrix.shape[1])], ax=ax,
                              show_values=len(matrix) <= MAX_ROWS_WITH_VALUES,
-                             title=f"layer {layer}: cached {name} {matrix.shape}")
+                             title=f"{name} {matrix.shape}")
         ax.set_xlabel("column")
+        if len(matrix) > MAX_ROWS_WITH_VALUES:
+            ax.tick_params(axis="y", labelsize=7)
 
 
 def prefill_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
@@ -64,11 +68,18 @@ def prefill_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
 
     def draw():
         draw_cache_contents(live.axes, state["cache"], int(layer.value), state["labels"])
+        live.figure.suptitle(f"Layer {int(layer.value)}'s cache after the prefill: one row per "
+                             "token")
         live.figure.tight_layout()
         live.show()
 
     def on_prefill(*_):
-        ids = read_prompt(text.value, tokenizer, config.context_length)
+        try:
+            ids = read_prompt(text.value, tokenizer, config.context_length)
+        except ValueError as error:
+            shown = " ".join(state["labels"]) if state else "nothing yet"
+            raise ValueError(f"{str(error).rstrip('.')}. The cache below is still that of the "
+                             f"last prompt that worked: {shown}") from error
         logits, cache = kvlib.prefill(params, ids)
         probabilities = kvlib.softmax(logits[-1])
         first = int(np.argmax(logits[-1]))
@@ -76,7 +87,8 @@ def prefill_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
         state.update(cache=cache, labels=tokenizer.tokens(ids))
         T, d = len(ids), config.d_model
         status.value = (
-            f"Prefilled {T} tokens in one pass: {html.escape(' '.join(state['labels']))}<br>"
+            f"Prefilled {plural(T, 'token')} in one pass: "
+            f"{html.escape(' '.join(state['labels']))}<br>"
             f"The cache holds K and V of shape ({T}, {d}) in each of the {config.n_layers} "
             f"layers: {cache.nbytes} bytes.<br>"
             f'First predicted token: {first} ("{html.escape(word, quote=False)}"), '

@@ -17,9 +17,21 @@ from matplotlib.patches import Rectangle
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, read_prompt, safely
+from .base import LiveFigure, plural, read_prompt, safely
 
 TOLERANCE = 1e-10
+"""How close cached decoding must come to full recomputation, relative to the logits' size
+(the largest |logit|), in float64: notebook 08, this widget and the README use this number.
+Rounding leaves differences of a few 1e-16 (the two ways add the same products in another
+order); a real bug moves logits by 1e-3 or more. 1e-10 sits far from both."""
+
+
+def relative_difference(logits, reference) -> float:
+    """max |logits - reference| / max |reference| (notebook 08): how far cached decoding is
+    from full recomputation, in units of the logits' own size."""
+    logits, reference = np.asarray(logits), np.asarray(reference)
+    return float(np.max(np.abs(logits - reference)) / np.max(np.abs(reference)))
+
 MAX_KEYS_WITH_VALUES = 12  # beyond this many positions, numbers in the cells are unreadable
 
 
@@ -45,23 +57,28 @@ def draw_decode_state(figure, n_cached: int, n_new: int, weights, query_label: s
     S_shape = (n_cached + n_new, d_model)
     plots.shape_diagram(plots.Box("K", S_shape, new_rows=n_new),
                         plots.Box("V", S_shape, new_rows=n_new), ax=cache_ax,
-                        title=f"Cache of layer {layer}\n(every layer's has this shape)")
+                        title=f"Layer {layer}'s cache\n(every layer's has this shape)")
     cache_ax.legend(handles=[Rectangle((0, 0), 1, 1, color=plots.OLD_ROWS_COLOR),
                              Rectangle((0, 0), 1, 1, color=plots.NEW_ROWS_COLOR)],
                     labels=[f"cached before ({n_cached})", f"new ({n_new})"],
                     loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False)
     head_axes = []
+    # One colour scale for the heads, from 0 to the largest weight on show: over 32 positions
+    # the weights are near 1/32, and a fixed 0-1 scale would paint them all the same dark.
+    top = float(weights.max())
     for head in range(n_heads):
         ax = figure.add_subplot(grid[head, 1])
-        plots.attention_heatmap(weights[head][None, :], [query_label], list(key_labels), ax=ax,
-                                title=f"layer {layer}, head {head}: the newest query over all "
-                                      f"{S} cached positions",
-                                show_values=S <= MAX_KEYS_WITH_VALUES, colorbar=False)
+        plots.matrix_heatmap(weights[head][None, :], [query_label], list(key_labels), ax=ax,
+                             title=f"layer {layer}, head {head}: the newest query over "
+                                   f"all {plural(S, 'cached position')}",
+                             show_values=S <= MAX_KEYS_WITH_VALUES, vmin=0.0, vmax=top)
         ax.set_ylabel("query")
         ax.set_xlabel("")
         if S > MAX_KEYS_WITH_VALUES:
             ax.tick_params(axis="x", labelrotation=90, labelsize=8)
         head_axes.append(ax)
+    figure.colorbar(head_axes[0].images[0], ax=head_axes, fraction=0.03, pad=0.02,
+                    label=f"attention weight\n(0 to {top:.2f}, the largest)")
     return cache_ax, head_axes
 
 
@@ -94,13 +111,13 @@ def decode_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
 
     def compare(logits, sequence, what):
         full = kvlib.forward(params, sequence, last_only=True)
-        difference = float(np.max(np.abs(logits[-1:] - full)))
+        difference = relative_difference(logits[-1:], full)
         if difference < TOLERANCE:
-            check.value = (f"{what} equals full recomputation "
-                           f"(max difference below {TOLERANCE:.0e})")
+            check.value = (f"{what} equals full recomputation: the logits differ by "
+                           f"{difference:.0e} of their size, below {TOLERANCE:.0e}")
         else:
             check.value = (f"<b>{what} differs from full recomputation</b> "
-                           f"(max difference {difference:.1e})")
+                           f"(by {difference:.1e} of the logits' size)")
 
     def choose(logits):
         state["pending"] = int(np.argmax(logits[-1]))
@@ -117,11 +134,12 @@ def decode_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
         generated = tokenizer.decode(state["generated"])
         pending = tokenizer.vocabulary[state["pending"]]
         status.value = (
-            f"Cache holds {n} positions (K and V of shape ({n}, {config.d_model}) per layer). "
+            f"Cache holds {plural(n, 'position')} (K and V of shape ({n}, {config.d_model}) per "
+            "layer). "
             f"Generated: {html.escape(generated)} "
             f'(chosen next, not yet in the cache: "{html.escape(pending, quote=False)}")')
         full = n >= state["cache"].capacity
-        decode.disabled = full
+        decode.disabled = full or state.get("invalid", False)
         if full:  # in the status, since a successful callback clears the message line
             status.value += (f"<br><b>The context is full:</b> the cache holds {n} of "
                              f"{state['cache'].capacity} positions and no further token fits. "
@@ -129,7 +147,17 @@ def decode_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
         live.show()
 
     def on_reset(*_):
-        ids = read_prompt(text.value, tokenizer, params.config.context_length)
+        try:
+            ids = read_prompt(text.value, tokenizer, params.config.context_length)
+        except ValueError as error:
+            # The box shows text that cannot be decoded: decoding the old sequence under it
+            # would mislead, so the button waits for a prompt that works.
+            decode.disabled = True
+            state["invalid"] = True
+            shown = " ".join(tokenizer.tokens(state["sequence"])) if "sequence" in state else ""
+            raise ValueError(f"{str(error).rstrip('.')}. Decoding is paused until the prompt "
+                             f"works; the figure still shows {shown}") from error
+        state["invalid"] = False
         recorded = []
         logits, cache = kvlib.prefill(params, ids, record_attention=recorded)
         state.update(cache=cache, sequence=list(ids), n_new=len(ids), weights=recorded,
@@ -140,7 +168,7 @@ def decode_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
 
     def on_decode(_button):
         cache = state.get("cache")
-        if cache is None or len(cache) >= cache.capacity:
+        if cache is None or len(cache) >= cache.capacity or state.get("invalid"):
             decode.disabled = True  # the status already says why; a click here changes nothing
             return
         recorded = []

@@ -1,12 +1,14 @@
-"""Notebook 09: what generation costs, with and without the KV cache.
+"""Notebook 09: counting the work of generation, with and without the KV cache.
 
 ``cost_explorer()`` lets a student pick a model size, a prompt length and a number of tokens
-to generate, and redraws at once the predicted cost of every pass (left) and the running
-total (right), with and without the cache. The FLOPs come from kvlib.flops; given this
-machine's measured rates, the status line also gives the roofline's predicted times.
+to generate, and redraws at once the FLOPs of every pass (left) and the running total
+(right), with and without the cache. The FLOPs come from kvlib.flops. Given a compute rate
+and a bandwidth, the status line also gives the roofline's predicted times (notebook 10).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import ipywidgets as widgets
 import numpy as np
@@ -16,10 +18,6 @@ from kvlib import roofline
 
 from .base import LiveFigure, safely
 
-LAB_MODEL = kvlib.ModelConfig(vocab_size=2048, d_model=512, n_heads=8, n_layers=4, d_ff=2048,
-                              context_length=512, dtype="float32")
-"""The model notebook 09 times: big enough that its weights do not fit in a CPU's caches."""
-
 
 def _gpt2(n_layers: int, d_model: int, n_heads: int) -> kvlib.ModelConfig:
     return kvlib.ModelConfig(vocab_size=50257, d_model=d_model, n_heads=n_heads,
@@ -27,19 +25,46 @@ def _gpt2(n_layers: int, d_model: int, n_heads: int) -> kvlib.ModelConfig:
                              dtype="float32")
 
 
+GPT2_LONG = replace(kvlib.GPT2_SMALL, context_length=32768)
+"""GPT-2 small's shapes with a context stretched to 32,768 positions: a hypothetical model
+(GPT-2 has 1024) that shows where attention's cost overtakes the rest (notebook 09)."""
+
 MODELS = {
     "the article's toy (3 layers, d 4)": kvlib.ModelConfig(dtype="float32"),
-    "notebook 09's lab model (4 layers, d 512)": LAB_MODEL,
     "GPT-2 small (12 layers, d 768)": kvlib.GPT2_SMALL,
     "GPT-2 medium (24 layers, d 1024)": _gpt2(24, 1024, 16),
     "GPT-2 large (36 layers, d 1280)": _gpt2(36, 1280, 20),
     "GPT-2 XL (48 layers, d 1600)": _gpt2(48, 1600, 25),
+    "GPT-2 small's shapes, 32k context (hypothetical)": GPT2_LONG,
 }
 """Model sizes to choose from. GPT-2's layers and widths are those of Radford et al. 2019
 (table 2) and its published config.json files; the FLOPs do not depend on the head count."""
 
+DEFAULT_LENGTHS = {
+    "the article's toy (3 layers, d 4)": (5, 28),
+    "GPT-2 small's shapes, 32k context (hypothetical)": (32, 16384),
+}
+"""(prompt, new tokens) a model starts with when chosen; every other model: (32, 512)."""
+
 WITH_CACHE_COLOR = "#21918c"   # viridis teal
 WITHOUT_CACHE_COLOR = "#440154"  # viridis purple
+FLOP_UNITS = ((1e15, "PFLOPs"), (1e12, "TFLOPs"), (1e9, "GFLOPs"), (1e6, "MFLOPs"),
+              (1e3, "kFLOPs"), (1.0, "FLOPs"))
+
+
+def flop_unit(largest: float) -> tuple[float, str]:
+    """The unit to show FLOPs in, chosen by size (notebook 09): (1e9, "GFLOPs") for 2.5e10,
+    (1e3, "kFLOPs") for 49,920, so that a toy model never reads "0.0 GFLOPs"."""
+    for scale, name in FLOP_UNITS:
+        if largest >= scale:
+            return scale, name
+    return 1.0, "FLOPs"
+
+
+def format_flops(flops: float) -> str:
+    """FLOPs in the unit that fits them, 3 significant digits: '27.0 TFLOPs', '49.9 kFLOPs'."""
+    scale, name = flop_unit(abs(flops))
+    return f"{flops / scale:,.3g} {name}"
 
 
 def cost_curves(config: kvlib.ModelConfig, prompt_length: int, new_tokens: int) -> dict:
@@ -57,11 +82,13 @@ def cost_curves(config: kvlib.ModelConfig, prompt_length: int, new_tokens: int) 
 
 def draw_cost_curves(axes, config: kvlib.ModelConfig, prompt_length: int,
                      new_tokens: int) -> dict:
-    """Draw the predicted cost of generation (notebook 09) into two Axes, cleared first.
+    """Draw the counted cost of generation (notebook 09) into two Axes, cleared first.
 
-    Left: GFLOPs of each pass against the number of tokens it sees, log scale (with the
-    cache, the first pass is the prompt's prefill). Right: the running total against the
-    number of new tokens, linear scale: a parabola without the cache, a line with it.
+    Left: FLOPs of each pass against the number of tokens it sees, log scale (with the cache,
+    the first pass is the prompt's prefill). Right: the running total against the number of
+    new tokens, linear scale. Without the cache the total grows like N^2 (and its attention
+    part like N^3); with it, like N at first, bending upwards once attention over the cache
+    becomes a large share of a step (past about 6 d_model positions). Units follow the size.
     Returns cost_curves(...) with the totals and their ratio added.
     """
     curves = cost_curves(config, prompt_length, new_tokens)
@@ -70,17 +97,20 @@ def draw_cost_curves(axes, config: kvlib.ModelConfig, prompt_length: int,
         ax.clear()
     x = curves["length"]
     count = np.arange(1, new_tokens + 1)
+    step_scale, step_unit = flop_unit(curves["without"].max())
+    totals = {name: np.cumsum(curves[name]) for name in ("with", "without")}
+    total_scale, total_unit = flop_unit(totals["without"][-1])
     for name, color, label in (("without", WITHOUT_CACHE_COLOR, "without cache"),
                                ("with", WITH_CACHE_COLOR, "with cache")):
-        left.plot(x, curves[name] / 1e9, color=color, label=label, marker="." if
+        left.plot(x, curves[name] / step_scale, color=color, label=label, marker="." if
                   new_tokens <= 40 else None)
-        right.plot(count, np.cumsum(curves[name]) / 1e9, color=color, label=label)
+        right.plot(count, totals[name] / total_scale, color=color, label=label)
     left.set_yscale("log")
     left.set_xlabel("tokens the pass sees (prompt + generated so far)")
-    left.set_ylabel("GFLOPs of the pass")
+    left.set_ylabel(f"{step_unit} of the pass (log scale)")
     left.set_title("Cost of each new token")
     right.set_xlabel("new tokens generated")
-    right.set_ylabel("GFLOPs in total")
+    right.set_ylabel(f"{total_unit} in total")
     right.set_title("Total cost")
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -94,68 +124,65 @@ def draw_cost_curves(axes, config: kvlib.ModelConfig, prompt_length: int,
 def cost_explorer(compute_rate: float | None = None, bandwidth: float | None = None,
                   model: str = "GPT-2 small (12 layers, d 768)", prompt_length: int = 32,
                   new_tokens: int = 512):
-    """Choose a model, a prompt length and a number of new tokens; see the predicted cost.
+    """Choose a model, a prompt length and a number of new tokens; see the counted cost.
 
-    With compute_rate (FLOP/s) and bandwidth (bytes/s) measured on this machine, the status
-    also gives the roofline's predicted seconds and their ratio. Returns a VBox with the
-    attributes the tests use: ``model``, ``prompt``, ``new_tokens`` (the controls, also in
-    ``controls``), ``status`` and ``message`` (HTML), ``figure`` and ``axes``, and
+    Choosing a model sets its own starting lengths (DEFAULT_LENGTHS), so that the toy's short
+    prompt does not carry over to GPT-2. With compute_rate (FLOP/s) and bandwidth (bytes/s),
+    the status also gives the roofline's predicted seconds and their ratio. Returns a VBox
+    with the attributes the tests use: ``model``, ``prompt``, ``new_tokens`` (the controls,
+    also in ``controls``), ``status`` and ``message`` (HTML), ``figure`` and ``axes``, and
     ``curves()`` (what is drawn now).
     """
     if model not in MODELS:
         raise ValueError(f"model must be one of {list(MODELS)}, got {model!r}")
     model_choice = widgets.Dropdown(options=list(MODELS), value=model, description="model",
-                                    layout=widgets.Layout(width="420px"))
+                                    layout=widgets.Layout(width="460px"))
     context = MODELS[model].context_length
     prompt = widgets.IntSlider(value=min(prompt_length, context), min=1, max=context,
                                description="prompt", continuous_update=False)
-    new = widgets.IntSlider(value=min(new_tokens, context), min=1, max=context,
-                            description="new tokens", continuous_update=False)
+    new = widgets.IntSlider(value=min(new_tokens, context - min(prompt_length, context) + 1),
+                            min=1, max=context, description="new tokens",
+                            continuous_update=False)
     status = widgets.HTML()
     message = widgets.HTML()
     live = LiveFigure(figsize=(10, 3.8), n_axes=2)
     state = {"loading": False}
 
-    def fit_to_context(config, new_model: bool) -> str:
-        """Keep prompt + new tokens within the model's context; say what was changed.
-
-        A new, shorter model shortens a long prompt to an eighth of its context; otherwise
-        only the number of new tokens is reduced."""
-        context = config.context_length
-        before = (prompt.value, new.value)
+    def set_lengths(config, prompt_value: int, new_value: int) -> None:
         state["loading"] = True
         try:
-            prompt.max, new.max = context, context
-            if new_model and before[0] + before[1] - 1 > context and prompt.value > context // 2:
-                prompt.value = max(1, context // 8)
-            new.value = min(new.value, context - prompt.value + 1)
+            prompt.max, new.max = config.context_length, config.context_length
+            prompt.value = min(prompt_value, config.context_length)
+            new.value = min(new_value, config.context_length - prompt.value + 1)
         finally:
             state["loading"] = False
-        if (prompt.value, new.value) == before:
-            return ""
-        return (f"this model sees at most {context} positions: prompt + new tokens were "
-                "reduced to fit")
 
     def redraw(change=None):
         if state["loading"]:
             return
         config = MODELS[model_choice.value]
-        new_model = isinstance(change, dict) and change.get("owner") is model_choice
-        note = fit_to_context(config, new_model)
+        note = ""
+        if isinstance(change, dict) and change.get("owner") is model_choice:
+            set_lengths(config, *DEFAULT_LENGTHS.get(model_choice.value, (32, 512)))
+        elif prompt.value + new.value - 1 > config.context_length:
+            set_lengths(config, prompt.value, new.value)
+            note = (f"this model sees at most {config.context_length:,} positions: the new "
+                    "tokens were reduced to fit")
         P, N = int(prompt.value), int(new.value)
         curves = draw_cost_curves(live.axes, config, P, N)
         state["curves"] = curves
-        lines = [f"{N} new tokens after a {P}-token prompt: "
-                 f"{curves['total_without'] / 1e9:,.1f} GFLOPs without the cache, "
-                 f"{curves['total_with'] / 1e9:,.1f} with it: "
+        lines = [f"{N:,} new tokens after a {P:,}-token prompt: "
+                 f"{format_flops(curves['total_without'])} without the cache, "
+                 f"{format_flops(curves['total_with'])} with it: "
                  f"<b>{curves['ratio']:.1f}x</b> fewer FLOPs."]
         if compute_rate is not None and bandwidth is not None:
             times = {use: roofline.generation_step_times(config, P, N, use, compute_rate,
                                                          bandwidth).sum()
                      for use in (True, False)}
-            lines.append(f"Roofline prediction on this machine: {times[False]:.3g} s without, "
-                         f"{times[True]:.3g} s with the cache: <b>{times[False] / times[True]:.1f}x"
-                         "</b> faster.")
+            lines.append(f"Roofline prediction at {compute_rate / 1e9:,.0f} GFLOP/s and "
+                         f"{bandwidth / 1e9:,.1f} GB/s: {times[False]:.3g} s without, "
+                         f"{times[True]:.3g} s with the cache: "
+                         f"<b>{times[False] / times[True]:.1f}x</b> faster.")
         if note:
             lines.append(f"Note: {note}.")
         status.value = "<br>".join(lines)

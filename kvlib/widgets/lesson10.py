@@ -1,231 +1,260 @@
-"""Notebook 10: a KV cache memory calculator.
+"""Notebook 10: where the time goes. This machine's rates, the roofline, and batching.
 
-``kv_cache_calculator()`` takes a model's shapes (layers, K/V heads, head size) or one of the
-published presets in kvlib.memory.PRESETS, a context length, a batch size and a number
-format, and shows how many GiB the cache takes, beside the weights, in an accelerator's
-memory, and how many tokens fit there.
+``measure_machine()`` measures this machine's matrix-product rate and read bandwidth several
+times and says whether the readings agree (another program on the machine makes them spread).
+``batching_explorer()`` shows what a batched decode step reads and computes, for a model, a
+batch size and a cache length, on this machine or on an accelerator: the weights are read once
+for the whole batch, but every sequence's cache is read for that sequence alone.
 """
 
 from __future__ import annotations
 
-import html
+from dataclasses import dataclass
 
 import ipywidgets as widgets
 import numpy as np
 
-from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit, weights_bytes
+import kvlib
+from kvlib import roofline
 
 from .base import LiveFigure, safely
+from .lesson09 import MODELS, format_flops
 
-CUSTOM = "custom"
-DTYPES = {"FP32 (4 bytes)": 4, "BF16 / FP16 (2 bytes)": 2, "INT8 / FP8 (1 byte)": 1}
-WEIGHTS_COLOR = "#3b528b"   # viridis blue
-CACHE_COLOR = "#5ec962"     # viridis green
-FREE_COLOR = "#e8e8e8"
-OVER_COLOR = "#d62728"
+LAB_MODEL = kvlib.ModelConfig(vocab_size=2048, d_model=512, n_heads=8, n_layers=4, d_ff=2048,
+                              context_length=512, dtype="float32")
+"""The model notebook 10 times: big enough that its weights do not fit in a CPU's caches."""
+
+ACCELERATORS = {
+    "NVIDIA A100 80GB SXM, BF16": (312e12, 2.039e12),
+    "NVIDIA H100 SXM, BF16": (989e12, 3.35e12),
+}
+"""(dense BF16 FLOP/s, memory bandwidth in bytes/s) from NVIDIA's data sheets: ridge points
+of about 150 and 300 FLOPs per byte. Real kernels reach a fraction of either."""
+
+BUSY_SPREAD = 1.5
+"""Readings of one rate that differ by more than this factor (fastest / slowest) mean that
+something else was using the machine while it was measured."""
+
+MEMORY_BOUND_COLOR = "#3b528b"    # viridis blue
+COMPUTE_BOUND_COLOR = "#5ec962"   # viridis green
+WEIGHTS_COLOR = "#3b528b"
+CACHE_COLOR = "#5ec962"
 
 
-def memory_budget(n_layers: int, n_kv_heads: int, head_dim: int, context: int,
-                  batch_size: int, dtype_bytes: int, n_parameters: int,
-                  memory_bytes: int) -> dict:
-    """The calculator's numbers (notebook 10), all in bytes or tokens.
+@dataclass(frozen=True)
+class MachineRates:
+    """This machine's two roofline rates (notebook 10): the medians of several readings,
+    and how far the readings spread (fastest / slowest, 1.0 = all equal)."""
 
-    bytes_per_token: K and V of one position in every layer; cache: for batch_size sequences
-    of `context` tokens; weights: n_parameters in the same format; tokens_that_fit: cached
-    positions that fit beside the weights in memory_bytes, over all sequences; sequences_that_fit:
-    how many full-context sequences that is.
+    compute_rate: float
+    bandwidth: float
+    compute_spread: float
+    bandwidth_spread: float
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOPs per byte at which arithmetic and reading take equal time."""
+        return self.compute_rate / self.bandwidth
+
+    @property
+    def busy(self) -> bool:
+        """True when the readings disagree by more than BUSY_SPREAD: do not trust them."""
+        return max(self.compute_spread, self.bandwidth_spread) > BUSY_SPREAD
+
+    def describe(self) -> str:
+        """One line: the rates, the ridge point, and whether the machine was quiet."""
+        line = (f"this machine: {self.compute_rate / 1e9:,.0f} GFLOP/s (matrix products), "
+                f"{self.bandwidth / 1e9:,.1f} GB/s (reading memory), ridge point "
+                f"{self.ridge_point:.1f} FLOPs per byte; readings spread by "
+                f"x{self.compute_spread:.2f} and x{self.bandwidth_spread:.2f}")
+        if self.busy:
+            line += (". The readings disagree: another program was using the machine. Treat "
+                     "every time below as unreliable, and run the cells again when it is "
+                     "quiet.")
+        return line
+
+
+def measure_machine(rounds: int = 5, matmul_size: int = 1024,
+                    read_bytes: int = 128 * roofline.MiB) -> MachineRates:
+    """Measure the matrix-product rate and the read bandwidth (notebook 10), interleaved over
+    `rounds` rounds of 3 readings each; each rate is the median of all its readings."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a whole number >= 1, got {rounds!r}")
+    rates, bandwidths = [], []
+    for _ in range(rounds):
+        roofline.measure_matmul_rate(matmul_size, repeats=3, record=rates)
+        roofline.measure_read_bandwidth(read_bytes, repeats=3, record=bandwidths)
+    return rates_from_readings(rates, bandwidths)
+
+
+def rates_from_readings(rates, bandwidths) -> MachineRates:
+    """MachineRates from lists of readings (FLOP/s, bytes/s): medians and spreads."""
+    rates, bandwidths = np.asarray(rates, float), np.asarray(bandwidths, float)
+    if rates.size == 0 or bandwidths.size == 0 or (rates <= 0).any() or (bandwidths <= 0).any():
+        raise ValueError("need at least one positive reading of each rate")
+    return MachineRates(float(np.median(rates)), float(np.median(bandwidths)),
+                        float(rates.max() / rates.min()),
+                        float(bandwidths.max() / bandwidths.min()))
+
+
+def predicted_time_ratio(config: kvlib.ModelConfig, prompt_length: int, new_tokens: int,
+                         ridge_point: float) -> float:
+    """Roofline time without the cache / with it (notebook 10), on a machine whose compute
+    rate is ridge_point times its bandwidth. Only that ratio matters: scaling both rates
+    together scales both times alike."""
+    return float(time_ratio_curve(config, prompt_length, new_tokens, [ridge_point])[0])
+
+
+def time_ratio_curve(config: kvlib.ModelConfig, prompt_length: int, new_tokens: int,
+                     ridge_points) -> np.ndarray:
+    """predicted_time_ratio at every ridge point of a list: an array of the same length. The
+    passes are counted once, so a long curve is quick."""
+    ridge_points = np.asarray(ridge_points, dtype=np.float64)
+    if ridge_points.ndim != 1 or not (ridge_points > 0).all():
+        raise ValueError("ridge_points must be a list of positive numbers")
+    n_bytes = roofline.generation_step_bytes(config, prompt_length, new_tokens).astype(float)
+    totals = {}
+    for use in (False, True):
+        flops = np.array([step.flops for step in kvlib.flops.generation_step_multiply_adds(
+            config, prompt_length, new_tokens, use)], dtype=np.float64)
+        # seconds with bandwidth 1 and compute rate = ridge point, for every ridge point
+        totals[use] = np.maximum(flops[None, :] / ridge_points[:, None], n_bytes[None, :]).sum(1)
+    return totals[False] / totals[True]
+
+
+def batched_decode_step(config: kvlib.ModelConfig, batch: int, position: int,
+                        bytes_per_number: int | None = None) -> dict:
+    """What one decode step of `batch` sequences reads and computes (notebook 10), every
+    sequence at 0-based `position`, so that each attends over position + 1 cached positions.
+
+    The weights are read once for the whole batch; each sequence's keys and values are read
+    for it alone. Returns FLOPs, bytes of the weights, of the caches, in all, and the
+    arithmetic intensity (FLOPs per byte). bytes_per_number: 4 for float32 (the config's
+    own, by default), 2 for BF16 on an accelerator.
     """
-    per_token = kv_cache_bytes(n_layers, None, 1, 1, dtype_bytes, n_kv_heads=n_kv_heads,
-                               head_dim=head_dim)
-    cache = kv_cache_bytes(n_layers, None, context, batch_size, dtype_bytes,
-                           n_kv_heads=n_kv_heads, head_dim=head_dim)
-    weights = weights_bytes(n_parameters, dtype_bytes)
-    fit = tokens_that_fit(memory_bytes, weights, per_token)
-    return {"bytes_per_token": per_token, "cache": cache, "weights": weights,
-            "memory": memory_bytes, "tokens_that_fit": fit,
-            "sequences_that_fit": fit // context if context else 0,
-            "fits": weights + cache <= memory_bytes}
+    for name, value in (("batch", batch), ("position", position)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    size = config.numpy_dtype.itemsize if bytes_per_number is None else bytes_per_number
+    scale = size / config.numpy_dtype.itemsize
+    flops = batch * kvlib.decode_step_multiply_adds(config, position).flops
+    weights = roofline.weights_bytes(config) * scale
+    caches = batch * roofline.cache_bytes(config, position + 1) * scale
+    return {"flops": float(flops), "weights": float(weights), "caches": float(caches),
+            "bytes": float(weights + caches), "intensity": float(flops / (weights + caches))}
 
 
-def draw_memory_budget(ax, budget: dict, title: str = "") -> None:
-    """One horizontal bar (notebook 10): the weights, then the cache, against the memory.
+def draw_batching(axes, config, position: int, batch: int, bytes_per_number: int,
+                  ridge_point: float, max_batch: int = 1024) -> dict:
+    """Two panels (notebook 10), cleared first. Left: the bytes one batched decode step reads,
+    the weights (once) beside the caches (one per sequence). Right: arithmetic intensity
+    against the batch size, with the machine's ridge point: below it the step waits for
+    memory. Returns batched_decode_step(...) at `batch`."""
+    left, right = axes
+    for ax in axes:
+        ax.clear()
+    step = batched_decode_step(config, batch, position, bytes_per_number)
+    left.bar([0], [step["weights"] / 1e9], color=WEIGHTS_COLOR, label="weights (read once)")
+    left.bar([0], [step["caches"] / 1e9], bottom=[step["weights"] / 1e9], color=CACHE_COLOR,
+             label=f"{batch} caches (one each)")
+    left.set_xticks([0], [f"batch {batch}"])
+    left.set_xlim(-1, 1)
+    left.set_ylabel("GB read per decode step")
+    left.set_title(f"Bytes read ({step['bytes'] / 1e9:,.2f} GB)")
+    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False, fontsize=8)
+    batches = np.unique(np.geomspace(1, max_batch, 60).astype(int))
+    one = batched_decode_step(config, 1, position, bytes_per_number)
+    # every batch from the single step: B x its FLOPs over the weights + B x its cache
+    intensity = batches * one["flops"] / (one["weights"] + batches * one["caches"])
+    right.plot(batches, intensity, color=MEMORY_BOUND_COLOR, label="decode step")
+    right.axhline(ridge_point, color="black", linestyle="--",
+                  label=f"ridge point {ridge_point:,.0f} FLOP/byte")
+    right.plot([batch], [step["intensity"]], "o", color="#fde725", markeredgecolor="black",
+               markersize=9, label=f"batch {batch}")
+    right.set_xscale("log")
+    right.set_yscale("log")
+    right.set_xlabel("sequences decoded together (batch)")
+    right.set_ylabel("FLOPs per byte read (log scale)")
+    right.set_title(f"Intensity, {position + 1:,} cached positions each")
+    right.grid(alpha=0.3)
+    right.legend(fontsize=8, loc="lower right")
+    return step
 
-    The accelerator's memory is the grey bar; what does not fit is drawn in red past its end.
+
+def batching_explorer(machine: MachineRates | None = None,
+                      model: str = "GPT-2 small (12 layers, d 768)", batch: int = 8,
+                      position: int = 511):
+    """Batch several sequences' decode steps and see what one step reads, computes and costs.
+
+    Machines: the accelerators of ACCELERATORS (BF16, 2 bytes a number) and, when `machine`
+    is given, this CPU with its measured rates (float32, 4 bytes). Returns a VBox with the
+    attributes the tests use: ``model``, ``hardware``, ``batch``, ``position`` (controls, also
+    in ``controls``), ``status`` and ``message`` (HTML), ``figure`` and ``axes``, and
+    ``step()`` (the numbers on show, from batched_decode_step, with "seconds" added).
     """
-    ax.clear()
-    memory = budget["memory"] / GiB
-    weights, cache = budget["weights"] / GiB, budget["cache"] / GiB
-    ax.barh([0], [memory], color=FREE_COLOR, edgecolor="black", label="accelerator memory")
-    ax.barh([0], [weights], color=WEIGHTS_COLOR, label=f"weights {weights:,.1f} GiB")
-    ax.barh([0], [cache], left=[weights], color=CACHE_COLOR,
-            label=f"KV cache {cache:,.1f} GiB")
-    if weights + cache > memory:
-        ax.barh([0], [weights + cache - memory], left=[memory], color="none",
-                edgecolor=OVER_COLOR, hatch="//", label="does not fit")
-    ax.axvline(memory, color="black", linewidth=1)
-    ax.set_yticks([])
-    ax.set_xlabel("GiB")
-    ax.set_xlim(0, max(memory, weights + cache) * 1.05)
-    ax.set_title(title)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, frameon=False)
-
-
-def draw_cache_growth(ax, budget_at, context: int, memory_bytes: int, weights: int) -> None:
-    """Cache GiB against context length up to `context` (notebook 10), with the memory left
-    beside the weights as a horizontal line. budget_at(n) gives the cache bytes at n tokens."""
-    ax.clear()
-    lengths = np.linspace(0, context, 50)
-    ax.plot(lengths, [budget_at(int(n)) / GiB for n in lengths], color=CACHE_COLOR,
-            label="KV cache")
-    ax.axhline(max(memory_bytes - weights, 0) / GiB, color=WEIGHTS_COLOR, linestyle="--",
-               label="memory left beside the weights")
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("GiB")
-    ax.set_title("The cache grows with every token")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
-
-
-def kv_cache_calculator(preset: str = "Llama-2-7B", context: int | None = None,
-                        batch_size: int = 1, dtype_bytes: int = 2,
-                        memory_gib: float = 80.0):
-    """How much memory does a model's KV cache take, and how many tokens fit?
-
-    Returns a VBox with the attributes the tests use: ``preset`` (Dropdown; choosing one fills
-    the shape fields, and changing a field switches it to "custom"), ``layers``, ``kv_heads``,
-    ``head_dim``, ``parameters_b`` (billions of weights), ``context``, ``batch``, ``dtype``,
-    ``memory_gib`` (all also in ``controls``), ``status`` and ``message`` (HTML), ``figure``
-    and ``axes``, and ``budget()`` (the numbers on show, from memory_budget).
-    """
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
-    if dtype_bytes not in DTYPES.values():
-        raise ValueError(f"dtype_bytes must be one of {sorted(DTYPES.values())}")
-    start = PRESETS[preset]
-    style = {"description_width": "110px"}
-    wide = widgets.Layout(width="260px")
-    choose = widgets.Dropdown(options=list(PRESETS) + [CUSTOM], value=preset,
-                              description="model", style=style,
-                              layout=widgets.Layout(width="420px"))
-    layers = widgets.BoundedIntText(value=start.n_layers, min=1, max=1000,
-                                    description="layers", style=style, layout=wide)
-    kv_heads = widgets.BoundedIntText(value=start.n_kv_heads, min=1, max=1024,
-                                      description="K/V heads", style=style, layout=wide)
-    head_dim = widgets.BoundedIntText(value=start.head_dim, min=1, max=4096,
-                                      description="head size", style=style, layout=wide)
-    parameters_b = widgets.BoundedFloatText(value=round(start.n_parameters / 1e9, 3), min=0.0,
-                                            max=10_000.0, step=0.1, style=style, layout=wide,
-                                            description="weights (billions)")
-    context_box = widgets.BoundedIntText(value=start.context_length if context is None
-                                         else context, min=1, max=10_000_000, style=style,
-                                         description="context (tokens)", layout=wide)
-    batch = widgets.BoundedIntText(value=batch_size, min=1, max=100_000, description="batch",
-                                   style=style, layout=wide)
-    dtype = widgets.Dropdown(options=list(DTYPES.items()), value=dtype_bytes,
-                             description="numbers", style=style, layout=wide)
-    memory = widgets.BoundedFloatText(value=memory_gib, min=0.0, max=1_000_000.0, step=8.0,
-                                      description="memory (GiB)", style=style, layout=wide)
+    choices = {name: config for name, config in MODELS.items() if config.d_model > 4}
+    if model not in choices:
+        raise ValueError(f"model must be one of {list(choices)}, got {model!r}")
+    machines = {name: (rate, bandwidth, 2) for name, (rate, bandwidth) in ACCELERATORS.items()}
+    if machine is not None:
+        machines = {"this CPU (measured), float32": (machine.compute_rate, machine.bandwidth, 4),
+                    **machines}
+    model_choice = widgets.Dropdown(options=list(choices), value=model, description="model",
+                                    layout=widgets.Layout(width="460px"))
+    hardware = widgets.Dropdown(options=list(machines), value=list(machines)[0],
+                                description="machine", layout=widgets.Layout(width="460px"))
+    context = choices[model].context_length
+    batch_slider = widgets.IntSlider(value=batch, min=1, max=1024, description="batch",
+                                     continuous_update=False)
+    position_slider = widgets.IntSlider(value=min(position, context - 1), min=0,
+                                        max=context - 1, description="position",
+                                        continuous_update=False)
     status = widgets.HTML()
     message = widgets.HTML()
-    source = widgets.HTML()
-    live = LiveFigure(figsize=(10, 3.4), n_axes=2, gridspec_kw={"width_ratios": [1.3, 1]})
-    state = {"loading": False}
-    shape_fields = (layers, kv_heads, head_dim, parameters_b)
-
-    def exact_parameters() -> int:
-        chosen = PRESETS.get(choose.value)
-        if chosen is not None and round(chosen.n_parameters / 1e9, 3) == parameters_b.value:
-            return chosen.n_parameters  # the published count, not its rounded display
-        return int(round(parameters_b.value * 1e9))
+    live = LiveFigure(figsize=(10, 3.6), n_axes=2, gridspec_kw={"width_ratios": [1, 2.2]})
+    state = {}
 
     def redraw(*_):
-        if state["loading"]:
-            return
-        n_tokens = int(context_box.value)
-        budget = memory_budget(int(layers.value), int(kv_heads.value), int(head_dim.value),
-                               n_tokens, int(batch.value), int(dtype.value),
-                               exact_parameters(), int(round(memory.value * GiB)))
-        state["budget"] = budget
-        width = int(kv_heads.value) * int(head_dim.value)
-        lines = [
-            f"Each token adds 2 (K and V) x {layers.value} layers x {kv_heads.value} K/V heads "
-            f"x {head_dim.value} x {dtype.value} bytes = <b>{budget['bytes_per_token']:,} "
-            f"bytes</b> ({budget['bytes_per_token'] / 2**10:,.0f} KiB); a cached row is "
-            f"{width} numbers wide.",
-            f"{batch.value} x {n_tokens:,} tokens: KV cache <b>{budget['cache'] / GiB:,.2f} "
-            f"GiB</b>, beside {budget['weights'] / GiB:,.2f} GiB of weights, in "
-            f"{memory.value:g} GiB of memory.",
-        ]
-        if budget["weights"] > budget["memory"]:
-            lines.append("The weights alone do not fit in this memory: no room for a cache.")
-        else:
-            lines.append(f"Room beside the weights for <b>{budget['tokens_that_fit']:,} "
-                         f"cached tokens</b>, that is {budget['sequences_that_fit']:,} "
-                         f"sequences of {n_tokens:,} tokens.")
-        status.value = "<br>".join(lines)
-        chosen = PRESETS.get(choose.value)
-        source.value = ("" if chosen is None else
-                        f"<small>{chosen.attention}, {chosen.n_heads} query heads. Source: "
-                        f"{html.escape(chosen.source)}</small>")
-        draw_memory_budget(live.axes[0], budget, title="Accelerator memory")
-
-        def cache_at(n):
-            return kv_cache_bytes(int(layers.value), None, n, int(batch.value),
-                                  int(dtype.value), n_kv_heads=int(kv_heads.value),
-                                  head_dim=int(head_dim.value))
-
-        draw_cache_growth(live.axes[1], cache_at, n_tokens, budget["memory"],
-                          budget["weights"])
+        config = choices[model_choice.value]
+        if position_slider.max != config.context_length - 1:
+            position_slider.max = config.context_length - 1   # clamps the value, redraws
+        rate, bandwidth, size = machines[hardware.value]
+        B, S = int(batch_slider.value), int(position_slider.value)
+        step = draw_batching(live.axes, config, S, B, size, rate / bandwidth)
+        seconds = roofline.roofline_time(step["flops"], step["bytes"], rate, bandwidth)
+        step["seconds"] = seconds
+        state["step"] = step
+        bound = ("memory-bound: the step waits for memory"
+                 if step["intensity"] < rate / bandwidth else
+                 "compute-bound: arithmetic sets the time")
+        status.value = "<br>".join([
+            f"{B} sequences at position {S:,}: {format_flops(step['flops'])} and "
+            f"{step['weights'] / 1e9:,.2f} GB of weights (read once) + "
+            f"{step['caches'] / 1e9:,.2f} GB of caches ({B} x "
+            f"{step['caches'] / B / 1e6:,.1f} MB) per step.",
+            f"{step['intensity']:,.1f} FLOPs per byte against a ridge point of "
+            f"{rate / bandwidth:,.0f}: <b>{bound}</b>.",
+            f"Roofline: {seconds * 1e3:,.3g} ms a step (the time per output token), "
+            f"{1 / seconds:,.0f} tokens/s for each sequence, {B / seconds:,.0f} in all.",
+        ])
         live.figure.tight_layout()
         live.show()
 
-    def on_preset(change):
-        chosen = PRESETS.get(change["new"])
-        if chosen is None:
-            return
-        state["loading"] = True
-        try:
-            layers.value, kv_heads.value = chosen.n_layers, chosen.n_kv_heads
-            head_dim.value = chosen.head_dim
-            parameters_b.value = round(chosen.n_parameters / 1e9, 3)
-            context_box.value = chosen.context_length
-        finally:
-            state["loading"] = False
-        redraw()
-
-    def on_shape(_change):
-        if state["loading"] or choose.value == CUSTOM:
-            return
-        chosen = PRESETS[choose.value]
-        if (layers.value, kv_heads.value, head_dim.value) != (
-                chosen.n_layers, chosen.n_kv_heads, chosen.head_dim) or \
-                parameters_b.value != round(chosen.n_parameters / 1e9, 3):
-            state["loading"] = True
-            try:
-                choose.value = CUSTOM
-            finally:
-                state["loading"] = False
-
     update = safely(redraw, message)
-    choose.observe(safely(on_preset, message), names="value")
-    for field in shape_fields:
-        field.observe(safely(on_shape, message), names="value")
-    for field in shape_fields + (context_box, batch, dtype, memory):
-        field.observe(update, names="value")
+    for control in (model_choice, hardware, batch_slider, position_slider):
+        control.observe(update, names="value")
     update()
 
-    box = widgets.VBox([
-        choose, source,
-        widgets.HBox([widgets.VBox([layers, kv_heads, head_dim, parameters_b]),
-                      widgets.VBox([context_box, batch, dtype, memory])]),
-        status, message, live.output])
-    box.preset, box.layers, box.kv_heads, box.head_dim = choose, layers, kv_heads, head_dim
-    box.parameters_b, box.context, box.batch, box.dtype = parameters_b, context_box, batch, dtype
-    box.memory_gib, box.status, box.message, box.source = memory, status, message, source
+    box = widgets.VBox([widgets.HBox([model_choice, hardware]),
+                        widgets.HBox([batch_slider, position_slider]), status, message,
+                        live.output])
+    box.model, box.hardware, box.batch, box.position = (model_choice, hardware, batch_slider,
+                                                        position_slider)
+    box.status, box.message = status, message
     box.figure, box.axes, box.live = live.figure, live.axes, live
-    box.controls = {"preset": choose, "layers": layers, "kv_heads": kv_heads,
-                    "head_dim": head_dim, "parameters_b": parameters_b,
-                    "context": context_box, "batch": batch, "dtype": dtype,
-                    "memory_gib": memory}
-    box.budget = lambda: state.get("budget")
+    box.controls = {"model": model_choice, "hardware": hardware, "batch": batch_slider,
+                    "position": position_slider}
+    box.step = lambda: state.get("step")
     return box

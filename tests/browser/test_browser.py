@@ -35,7 +35,7 @@ PROMPT_POSITIONS = 5  # "How are you?" -> <bos> How are you ?
 RUN_SECONDS = 240
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-MAX_SCREENSHOT_HEIGHT = 32000  # Chromium captures 30000 px here; 09 is about 16000
+MAX_SCREENSHOT_HEIGHT = 32000  # Chromium captures 30000 px here; the longest notebook, 10, is less
 
 # Saved widget model -> what its rendered view looks like in the page.
 CONTROL_SELECTORS = {

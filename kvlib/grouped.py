@@ -1,0 +1,174 @@
+"""Fewer K/V heads than query heads (notebook 14): multi-query and grouped-query attention.
+
+With n_heads query heads and kv K/V heads, query head i reads K/V head i // (n_heads / kv):
+the query heads form kv groups of consecutive heads, one group for each K/V head. kvlib's
+attention (kvlib.model.attention_scores, weighted_sum) meets each group with its K/V head by
+broadcasting, without copying the cache; this module holds the plain reference it is checked
+against (the K/V heads repeated, as transformers' repeat_kv does) and the two conversions
+between a grouped model and a multi-head one:
+
+- duplicate_kv_heads: the multi-head model that computes exactly what a grouped one does
+  (each K/V head copied to every query head of its group);
+- mean_pool_kv_heads: the start of Ainslie et al.'s (2023) "uptraining" of a multi-head
+  model into a grouped one, which averages the K/V projections within each group. It changes
+  what the model computes unless the heads of a group were already equal, which is why the
+  converted model is trained further.
+
+Shapes: h query heads, kv K/V heads, group = h / kv, S positions, dh the head size,
+d = d_model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from numbers import Integral
+
+import numpy as np
+
+from .config import ModelConfig
+from .model import softmax
+from .params import Params
+
+MAX_HEADS = 1_000_000
+"""More heads than any model has; a larger count is refused before numpy sees it."""
+
+
+def _heads(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if not minimum <= value <= MAX_HEADS:
+        raise ValueError(f"{name} must be at least {minimum} and at most {MAX_HEADS:,}, "
+                         f"got {value}")
+    return int(value)
+
+
+def group_size(n_heads: int, n_kv_heads: int) -> int:
+    """Query heads that share one K/V head (notebook 14): n_heads / n_kv_heads.
+
+    Raises a ValueError that names the rule when n_kv_heads does not divide n_heads.
+    """
+    n_heads, n_kv_heads = _heads("n_heads", n_heads), _heads("n_kv_heads", n_kv_heads)
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads "
+                         f"({n_kv_heads}): each K/V head serves an equal group of query heads")
+    return n_heads // n_kv_heads
+
+
+def query_groups(n_heads: int, n_kv_heads: int) -> np.ndarray:
+    """The K/V head each query head reads (notebook 14): int array (h,), entry i = i // group.
+
+    query_groups(8, 2) is [0 0 0 0 1 1 1 1]: heads 0-3 share K/V head 0, heads 4-7 K/V head 1.
+    """
+    return np.arange(n_heads) // group_size(n_heads, n_kv_heads)
+
+
+def repeat_kv_heads(K: np.ndarray, n_heads: int) -> np.ndarray:
+    """Lend each K/V head to its group (notebook 14): K (kv, S, dh) -> (h, S, dh), a copy.
+
+    Head i of the result is K/V head i // group: np.repeat along the head axis, the order of
+    transformers' repeat_kv (np.tile would give the order 0, 1, 0, 1, ...: the wrong pairs).
+    Attention on the result equals kvlib's grouped attention, which reads the kv heads
+    without making these group - 1 extra copies of each.
+    """
+    if not isinstance(K, np.ndarray) or K.ndim != 3:
+        shape = getattr(K, "shape", type(K).__name__)
+        raise ValueError(f"K must be a 3-D array (K/V heads, positions, head size), got {shape}")
+    return np.repeat(K, group_size(n_heads, K.shape[0]), axis=0)
+
+
+def repeated_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
+                       mask: np.ndarray | None = None) -> np.ndarray:
+    """Grouped attention written the plain way (notebook 14), the reference kvlib.attention
+    is checked against: Q (h, T, dh), K and V (kv, S, dh) -> (h, T, dh).
+
+    The K/V heads are repeated to h heads, then every query head does ordinary attention.
+    """
+    if not isinstance(Q, np.ndarray) or Q.ndim != 3:
+        shape = getattr(Q, "shape", type(Q).__name__)
+        raise ValueError(f"Q must be a 3-D array (query heads, tokens, head size), got {shape}")
+    n_heads, _, head_dim = Q.shape
+    K_all, V_all = repeat_kv_heads(K, n_heads), repeat_kv_heads(V, n_heads)
+    if K_all.shape[-1] != head_dim or V_all.shape[1] != K_all.shape[1]:
+        raise ValueError(f"Q {Q.shape}, K {K.shape} and V {V.shape} must have one head size "
+                         "and K and V one number of positions")
+    scores = Q @ K_all.swapaxes(-1, -2) / float(np.sqrt(head_dim))
+    if mask is not None:
+        if not isinstance(mask, np.ndarray) or mask.shape != scores.shape[-2:]:
+            shape = getattr(mask, "shape", type(mask).__name__)
+            raise ValueError(f"mask must be a (queries, positions) = {scores.shape[-2:]} "
+                             f"array, got {shape}")
+        scores = np.where(mask, scores, -np.inf)
+    return softmax(scores) @ V_all
+
+
+# ----------------------------------------------------------------------------- models
+
+def _check_grouped_model(params, what: str) -> ModelConfig:
+    if not isinstance(params, Params):
+        raise TypeError(f"{what} needs kvlib Params, got {type(params).__name__}")
+    if params.config.latent_dim is not None:
+        raise ValueError(f"{what} works on K/V heads; latent attention (notebook 15) caches "
+                         "a latent instead")
+    return params.config
+
+
+def _head_blocks(W: np.ndarray, n_kv_heads: int) -> np.ndarray:
+    """A K or V projection (d, kv x dh) or its bias (kv x dh,) as (..., kv, dh)."""
+    return W.reshape(*W.shape[:-1], n_kv_heads, W.shape[-1] // n_kv_heads)
+
+
+def _with_kv_projections(params: Params, config: ModelConfig, change) -> Params:
+    layers = []
+    for layer in params.layers:
+        names = ("Wk", "Wv") + (("bk", "bv") if layer.bk is not None else ())
+        layers.append(dataclasses.replace(layer, **{name: change(getattr(layer, name))
+                                                    for name in names}))
+    return Params(config, params.embedding, tuple(layers), params.position_table,
+                  params.ln_f_gain, params.ln_f_bias)
+
+
+def duplicate_kv_heads(params: Params) -> Params:
+    """The multi-head model that computes what a grouped one does (notebook 14).
+
+    Each K/V head's columns of Wk and Wv (and of bk, bv) are copied to every query head of
+    its group, so Wk and Wv grow from (d, kv x dh) to (d, d). Its logits equal the grouped
+    model's; its cache holds every K/V head `group` times, h / kv times the bytes.
+    """
+    config = _check_grouped_model(params, "duplicate_kv_heads")
+    group = config.n_heads // config.kv_heads
+
+    def widen(W):
+        copies = np.repeat(_head_blocks(W, config.kv_heads), group, axis=-2)
+        return copies.reshape(*W.shape[:-1], config.d_model)
+
+    return _with_kv_projections(params, config.replace(n_kv_heads=None), widen)
+
+
+def mean_pool_kv_heads(params: Params, n_kv_heads: int) -> Params:
+    """A model with n_kv_heads K/V heads made from one with more (notebook 14): the K and V
+    projections (and biases) of the heads that will share a K/V head are averaged.
+
+    This is how Ainslie et al. (2023) start turning a trained multi-head checkpoint into a
+    grouped-query one; they then train it further ("uptraining", about 5% of the original
+    training compute). Pooling alone changes what the model computes unless the pooled heads
+    were equal. The new group of query head i is i // (h / n_kv_heads), as in query_groups.
+    """
+    config = _check_grouped_model(params, "mean_pool_kv_heads")
+    n_kv_heads = _heads("n_kv_heads", n_kv_heads)
+    if config.kv_heads % n_kv_heads:
+        raise ValueError(f"the model has {config.kv_heads} K/V heads: pooling averages equal "
+                         f"groups of them, so n_kv_heads must divide {config.kv_heads}, got "
+                         f"{n_kv_heads}")
+    pooled = config.kv_heads // n_kv_heads
+    new_config = config.replace(n_kv_heads=None if n_kv_heads == config.n_heads else n_kv_heads)
+
+    def pool(W):
+        heads = _head_blocks(W, config.kv_heads)                        # (..., kv, dh)
+        groups = heads.reshape(*W.shape[:-1], n_kv_heads, pooled, heads.shape[-1])
+        return groups.mean(axis=-2).reshape(*W.shape[:-1], n_kv_heads * heads.shape[-1])
+
+    return _with_kv_projections(params, new_config, pool)
+
+
+__all__ = ["duplicate_kv_heads", "group_size", "mean_pool_kv_heads",
+           "query_groups", "repeat_kv_heads", "repeated_attention"]

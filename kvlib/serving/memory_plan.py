@@ -1,0 +1,289 @@
+"""What a contiguous cache reserves against what a paged cache uses (notebook 17).
+
+A server that gives every request one contiguous buffer must size it before the request
+runs, and it cannot know how many tokens the model will generate: it reserves the longest
+sequence the model allows (vLLM's ``--max-model-len``). A paged cache takes a block of
+block_size positions whenever the last one is full, so a sequence of n tokens holds
+ceil(n / B) blocks and wastes fewer than B positions. This module counts both for a mix of
+requests; benchmarks/paged_memory.py prints the table for GPT-2 small's shapes.
+
+- Request, request_mix: a seeded mix of requests of different prompt and output lengths;
+- blocks_for, slack: blocks a sequence needs, and the empty positions of its last block;
+- PagedMemory, paged_memory, memory_table: used, paged and reserved positions and bytes at
+  one or several block sizes;
+- parallel_sampling_blocks, separate_sampling_blocks: n samples of one prompt with shared
+  blocks (copy-on-write) against n caches of their own;
+- ContiguousArena: contiguous reservations in one memory (first fit), to show external
+  fragmentation: enough free memory in total, but no hole large enough.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from numbers import Integral
+
+import numpy as np
+
+
+def _whole(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+# ------------------------------------------------------------------ requests
+
+@dataclass(frozen=True)
+class Request:
+    """One request: prompt_length tokens in, output_length tokens generated (the model's
+    last chosen token is never fed back, but a server does not know which token is last, so
+    the cache is counted for prompt + output positions), arriving at step `arrival`."""
+
+    prompt_length: int
+    output_length: int
+    arrival: int = 0
+
+    def __post_init__(self):
+        _whole("prompt_length", self.prompt_length, 1)
+        _whole("output_length", self.output_length, 1)
+        _whole("arrival", self.arrival, 0)
+
+    @property
+    def length(self) -> int:
+        """Positions the request's cache holds at its end: prompt + output."""
+        return self.prompt_length + self.output_length
+
+
+def request_mix(n_requests: int, max_length: int, seed: int = 0, mean_gap: float = 0.0,
+                shortest: int | None = None) -> list[Request]:
+    """A seeded mix of n_requests requests (notebook 17; benchmarks/paged_memory.py).
+
+    Prompt and output lengths are each drawn log-uniformly between shortest (by default
+    max_length // 64, at least 1) and max_length // 2, so that short requests are common and
+    long ones occur, as in chat traffic; every request fits in max_length positions. Arrival
+    steps grow by geometric gaps of mean mean_gap (0, the default: all arrive at step 0).
+    """
+    n_requests = _whole("n_requests", n_requests, 1)
+    max_length = _whole("max_length", max_length, 2)
+    half = max_length // 2
+    shortest = max(1, max_length // 64) if shortest is None else shortest
+    shortest = _whole("shortest", shortest, 1)
+    if shortest > half:
+        raise ValueError(f"shortest must be at most max_length // 2 = {half}, got {shortest}")
+    if isinstance(mean_gap, bool) or not isinstance(mean_gap, (Integral, float)) or \
+            not 0 <= mean_gap < 1e6:
+        raise ValueError(f"mean_gap must be a number of steps >= 0, got {mean_gap!r}")
+    rng = np.random.default_rng(_whole("seed", seed, 0))
+
+    def lengths():
+        drawn = np.exp(rng.uniform(np.log(shortest), np.log(half + 1), n_requests))
+        return np.floor(drawn).astype(int).clip(shortest, half)
+
+    prompts, outputs = lengths(), lengths()
+    if mean_gap == 0:
+        gaps = np.zeros(n_requests, dtype=int)
+    else:
+        gaps = rng.geometric(1 / (1 + mean_gap), n_requests) - 1
+        gaps[0] = 0
+    arrivals = np.cumsum(gaps)
+    return [Request(int(p), int(o), int(a)) for p, o, a in zip(prompts, outputs, arrivals)]
+
+
+# ------------------------------------------------------------------ blocks of one sequence
+
+def blocks_for(n_tokens: int, block_size: int) -> int:
+    """Blocks a sequence of n_tokens positions holds: ceil(n_tokens / block_size)."""
+    n_tokens = _whole("n_tokens", n_tokens, 0)
+    block_size = _whole("block_size", block_size, 1)
+    return -(-n_tokens // block_size)
+
+
+def slack(n_tokens: int, block_size: int) -> int:
+    """Empty positions in the sequence's last block: always fewer than block_size."""
+    return blocks_for(n_tokens, block_size) * block_size - n_tokens
+
+
+# ------------------------------------------------------------------ a batch of sequences
+
+@dataclass(frozen=True)
+class PagedMemory:
+    """Memory of a set of sequences held at once, at one block size (notebook 17).
+
+    used: positions really written; paged: positions in the blocks a paged cache takes;
+    reserved: positions a contiguous cache reserves (max_length for every sequence).
+    block_table_entries: the blocks of all block tables together, which is also how many
+    separate blocks attention gathers, per layer, in one decode step of all the sequences.
+    """
+
+    block_size: int
+    n_sequences: int
+    max_length: int
+    used_positions: int
+    paged_positions: int
+    reserved_positions: int
+    block_table_entries: int
+    largest_slack: int
+    bytes_per_position: int
+
+    @property
+    def used_bytes(self) -> int:
+        return self.used_positions * self.bytes_per_position
+
+    @property
+    def paged_bytes(self) -> int:
+        return self.paged_positions * self.bytes_per_position
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.reserved_positions * self.bytes_per_position
+
+    @property
+    def paged_waste(self) -> float:
+        """Share of the paged memory that holds no token: under one block a sequence."""
+        return 1 - self.used_positions / self.paged_positions
+
+    @property
+    def reserved_waste(self) -> float:
+        """Share of the contiguous reservation that holds no token."""
+        return 1 - self.used_positions / self.reserved_positions
+
+    @property
+    def reserved_over_paged(self) -> float:
+        """How many times more memory the contiguous reservation takes."""
+        return self.reserved_positions / self.paged_positions
+
+
+def _lengths(lengths) -> list[int]:
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
+        raise TypeError(f"lengths must be a list of sequence lengths (or Requests), got "
+                        f"{type(lengths).__name__}")
+    values = [item.length if isinstance(item, Request) else item for item in lengths]
+    if not values:
+        raise ValueError("lengths is empty: give at least one sequence")
+    return [_whole("a sequence length", value, 1) for value in values]
+
+
+def paged_memory(lengths, block_size: int, max_length: int,
+                 bytes_per_position: int = 1) -> PagedMemory:
+    """Used, paged and reserved memory of sequences of the given lengths (or Requests, at
+    their full length), held at once (notebook 17). bytes_per_position is K and V of every
+    layer for one position (kvlib.config_cache_bytes(config, 1), or
+    ModelPreset.kv_bytes_per_token())."""
+    lengths = _lengths(lengths)
+    block_size = _whole("block_size", block_size, 1)
+    max_length = _whole("max_length", max_length, 1)
+    bytes_per_position = _whole("bytes_per_position", bytes_per_position, 1)
+    if max(lengths) > max_length:
+        raise ValueError(f"a sequence of {max(lengths)} positions is longer than max_length "
+                         f"{max_length}, the most a contiguous cache would reserve")
+    blocks = [blocks_for(n, block_size) for n in lengths]
+    return PagedMemory(
+        block_size=block_size, n_sequences=len(lengths), max_length=max_length,
+        used_positions=sum(lengths), paged_positions=sum(blocks) * block_size,
+        reserved_positions=len(lengths) * max_length, block_table_entries=sum(blocks),
+        largest_slack=max(slack(n, block_size) for n in lengths),
+        bytes_per_position=bytes_per_position)
+
+
+def memory_table(lengths, block_sizes, max_length: int,
+                 bytes_per_position: int = 1) -> list[PagedMemory]:
+    """paged_memory at each block size, in the order given (notebook 17)."""
+    if isinstance(block_sizes, (str, bytes)) or not hasattr(block_sizes, "__iter__"):
+        raise TypeError(f"block_sizes must be a list of whole numbers, got "
+                        f"{type(block_sizes).__name__}")
+    block_sizes = list(block_sizes)
+    if not block_sizes:
+        raise ValueError("block_sizes is empty: give at least one block size")
+    lengths = _lengths(lengths)
+    return [paged_memory(lengths, size, max_length, bytes_per_position)
+            for size in block_sizes]
+
+
+# ------------------------------------------------------------------ parallel sampling
+
+def parallel_sampling_blocks(prompt_length: int, new_tokens: int, n_samples: int,
+                             block_size: int) -> int:
+    """Blocks in use after n_samples continuations of one prompt, new_tokens cached each,
+    when they share the prompt's blocks (notebook 17, PagedKVCache.fork).
+
+    The prompt's full blocks stay shared. Its partly filled last block is copied by every
+    sample that writes into it but the last one still holding it (copy-on-write), so from
+    there on each sample has blocks of its own: ceil((P + k) / B) - P // B of them.
+    """
+    prompt_length = _whole("prompt_length", prompt_length, 1)
+    new_tokens = _whole("new_tokens", new_tokens, 0)
+    n_samples = _whole("n_samples", n_samples, 1)
+    block_size = _whole("block_size", block_size, 1)
+    if new_tokens == 0:
+        return blocks_for(prompt_length, block_size)
+    shared = prompt_length // block_size
+    own = blocks_for(prompt_length + new_tokens, block_size) - shared
+    return shared + n_samples * own
+
+
+def separate_sampling_blocks(prompt_length: int, new_tokens: int, n_samples: int,
+                             block_size: int) -> int:
+    """Blocks of n_samples caches of their own, each holding the prompt and new_tokens."""
+    n_samples = _whole("n_samples", n_samples, 1)
+    return n_samples * blocks_for(_whole("prompt_length", prompt_length, 1)
+                                  + _whole("new_tokens", new_tokens, 0), block_size)
+
+
+# ------------------------------------------------------------------ contiguous reservations
+
+class ContiguousArena:
+    """A memory of n_positions cache positions in which every request reserves one
+    contiguous run, placed first fit (notebook 17): what a server without paging does.
+
+    owners[i] is the request holding position i, or -1. When requests of different sizes
+    come and go, the free positions end up scattered between the reservations (external
+    fragmentation): reserve() can fail although n_free is larger than the request.
+    """
+
+    FREE = -1
+
+    def __init__(self, n_positions: int):
+        self.owners = np.full(_whole("n_positions", n_positions, 1), self.FREE, dtype=np.int64)
+
+    def __repr__(self) -> str:
+        return (f"ContiguousArena({self.n_free} of {len(self.owners)} positions free, largest "
+                f"hole {self.largest_hole})")
+
+    @property
+    def n_free(self) -> int:
+        return int((self.owners == self.FREE).sum())
+
+    def holes(self) -> list[tuple[int, int]]:
+        """The runs of free positions, as (start, length), in order."""
+        free = np.concatenate([[False], self.owners == self.FREE, [False]])
+        edges = np.flatnonzero(np.diff(free.astype(np.int8)))
+        return [(int(start), int(end - start)) for start, end in zip(edges[::2], edges[1::2])]
+
+    @property
+    def largest_hole(self) -> int:
+        return max((length for _, length in self.holes()), default=0)
+
+    def reserve(self, owner: int, n_positions: int) -> int:
+        """Reserve n_positions contiguous positions for owner at the first hole that fits;
+        return where they start. MemoryError when no hole is large enough."""
+        owner = _whole("owner", owner, 0)
+        n_positions = _whole("n_positions", n_positions, 1)
+        if (self.owners == owner).any():
+            raise ValueError(f"request {owner} already holds a reservation")
+        for start, length in self.holes():
+            if length >= n_positions:
+                self.owners[start:start + n_positions] = owner
+                return start
+        raise MemoryError(f"no hole of {n_positions} contiguous positions: {self.n_free} are "
+                          f"free, but the largest hole has {self.largest_hole} "
+                          "(external fragmentation)")
+
+    def release(self, owner: int) -> None:
+        """Free the positions of owner's reservation."""
+        owner = _whole("owner", owner, 0)
+        held = self.owners == owner
+        if not held.any():
+            raise ValueError(f"request {owner} holds no reservation")
+        self.owners[held] = self.FREE
