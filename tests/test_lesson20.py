@@ -6,16 +6,31 @@ prefills, decode steps and truncations give the logits of a reference written fr
 cache had; a failing call changes nothing."""
 
 import copy
+import re
 
-import numpy as np
-import pytest
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
-from strategies import models
+import matplotlib
 
-import kvlib
-from kvlib.serving import quantized as q
-from kvlib.serving.quantized import PerChannel, PerToken, QuantizedKVCache
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from checker_cases import (  # noqa: E402
+    assert_answers_in_words,
+    assert_correct,
+    assert_not_yet,
+    odd_answers,
+    student_answers,
+)
+from hypothesis import assume, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from strategies import models  # noqa: E402
+
+import kvlib  # noqa: E402
+from kvlib.exercises import lesson20 as ex20  # noqa: E402
+from kvlib.serving import quantized as q  # noqa: E402
+from kvlib.serving.quantized import PerChannel, PerToken, QuantizedKVCache  # noqa: E402
+from kvlib.widgets import lesson20 as w20  # noqa: E402
 
 TOLERANCE = 1e-10
 
@@ -128,7 +143,6 @@ def test_bad_numbers_are_refused_in_words(call, error, phrase):
 
 
 def re_escape(text):
-    import re
     return re.escape(text)
 
 
@@ -494,3 +508,433 @@ def test_loss_and_agreement():
         q.next_token_loss(logits[:1], [0])
     with pytest.raises(ValueError, match="one shape"):
         q.greedy_agreement(logits, logits[:2])
+
+
+@given(models(latent=False, window=False), groupings(), groupings(), st.data())
+@settings(max_examples=30, deadline=None)
+def test_quality_is_measured_against_the_plain_cache(model, keys, values, data):
+    params, config = model
+    sequences = [data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=2,
+                                    max_size=10)) for _ in range(data.draw(st.integers(1, 3)))]
+    quality = q.measure_quality(params, sequences, keys, values)
+    reference = q.plain_logits(params, sequences)
+    assert quality == q.measure_quality(params, sequences, keys, values, reference)
+    logits = [kvlib.prefill(params, ids, QuantizedKVCache(config, keys, values))[0]
+              for ids in sequences]
+    predictions = sum(len(ids) - 1 for ids in sequences)
+    loss = sum(q.next_token_loss(lg, ids) * (len(ids) - 1)
+               for lg, ids in zip(logits, sequences)) / predictions
+    assert quality.loss == pytest.approx(loss, rel=1e-12)
+    same = sum(int((lg.argmax(1) == ref.argmax(1)).sum()) for lg, ref in zip(logits, reference))
+    assert quality.agreement == pytest.approx(same / sum(map(len, sequences)), rel=1e-12)
+    assert quality.max_logit_error == pytest.approx(
+        max(np.abs(lg - ref).max() for lg, ref in zip(logits, reference)), rel=1e-12)
+    assert quality.added_loss == pytest.approx(quality.loss - quality.plain_loss)
+    assert quality.name == f"K {keys.name}, V {values.name}"
+
+
+def test_greedy_tokens_equal_kvlib_generate_with_a_plain_cache():
+    params = kvlib.init_params()
+    prompt = [0, 3, 7, 1, 9]
+    assert q.greedy_tokens(params, prompt, 8, kvlib.KVCache(params.config)) == \
+        kvlib.generate(params, prompt, 8)
+    with pytest.raises(ValueError, match="empty cache"):
+        q.greedy_tokens(params, prompt, 2, kvlib.prefill(params, prompt)[1])
+    with pytest.raises(ValueError, match="n_new must be at least 1"):
+        q.greedy_tokens(params, prompt, 0, kvlib.KVCache(params.config))
+
+
+# ------------------------------------------------------------------------------------------
+# Exercise checkers: tables of wrong answers, valid answers in other forms, a fuzz
+# ------------------------------------------------------------------------------------------
+
+ROW, NEXT_ROW, SCALE = ex20.ROW, ex20.NEXT_ROW, ex20.row_scale()
+RATIO, NEXT_RATIO = ROW / SCALE, NEXT_ROW / SCALE
+CODES = np.array([25, -127, 51, 17, -39, 100, -3, 6])
+NEXT_CODES = np.array([15, 127, -23, -127, 1, 62, -25, 38])
+
+
+def test_the_exercise_rows_and_kvlibs_float16_scale_give_the_same_codes():
+    assert SCALE == pytest.approx(0.02)
+    assert np.array_equal(ex20.row_codes(ROW, SCALE), CODES)
+    assert np.array_equal(ex20.row_codes(NEXT_ROW, SCALE), NEXT_CODES)
+    stored = q.symmetric_scales(ROW[None], 8, axis=1)
+    assert np.array_equal(q.quantize(ROW[None], stored, 8)[0], CODES)
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (np.trunc(RATIO), "cut the fraction off"),
+    (RATIO.astype(int), "cut the fraction off"),
+    (np.floor(RATIO), "np.floor rounds down"),
+    (np.rint(ROW / (2.54 / 128)), "divides max|x| by 128"),
+    (np.clip(np.rint(ROW / (2.54 / 128)), -127, 127), "by 128 (and clips)"),
+    (np.rint(ROW / (2.54 / 255)), "divides by 255"),
+    (np.clip(np.rint(ROW / (2.54 / 255)), -127, 127), "divides by 255 and clips"),
+    (np.rint(ROW / (2.54 / 255)).astype(np.int8), "wrapped the codes beyond 127"),
+    (np.rint((ROW - ROW.min()) / (ROW.max() - ROW.min()) * 255), "asymmetric"),
+    (np.rint(ROW / (2.0 / 127)), "max(x) is 2.0"),
+    (np.clip(np.rint(ROW / (2.0 / 127)), -127, 127), "max(x) = 2.0"),
+    (np.rint(ROW / 2.54), "divides by max|x| itself"),
+    (CODES * SCALE, "numbers read back"),
+    (RATIO, "not yet rounded"),
+    (SCALE, "got one number"),
+    (CODES[:7], "8 codes"),
+    (np.append(CODES, 0), "8 codes"),
+    (CODES + 0.4, "whole numbers"),
+    (np.where(np.arange(8) == 3, 18, CODES), "the code of number 3 (0.333) is 18"),
+    (np.full(8, np.nan), "NaN or infinite"),
+    (CODES > 0, "True/False"),
+    ("25, -127", "numeric"),
+    (..., "not filled in"),
+])
+def test_codes_checker_names_each_mistake(answer, phrase):
+    if phrase == "numeric":
+        feedback = ex20.check_codes(answer)
+        assert not feedback.passed
+        return
+    assert_not_yet(ex20.check_codes(answer), phrase)
+
+
+@pytest.mark.parametrize("answer", [CODES, CODES.tolist(), tuple(CODES.tolist()),
+                                    CODES.astype(np.int8), CODES.astype(float),
+                                    np.rint(RATIO), np.round(RATIO), CODES[None, :],
+                                    [float(c) for c in CODES], CODES.astype(np.int16),
+                                    q.quantize(ROW[None], q.symmetric_scales(ROW[None], 8, 1), 8)])
+def test_codes_checker_passes_valid_forms(answer):
+    assert_correct(ex20.check_codes(answer))
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (np.rint(NEXT_RATIO), "lie outside -127 .. 127"),
+    (np.rint(NEXT_RATIO).astype(np.int8), "wrapped 145 and -155 around to -111 and 101"),
+    (np.clip(np.rint(NEXT_RATIO), -128, 127), "whole range, -128 .. 127"),
+    (np.clip(np.rint(NEXT_ROW / (3.1 / 127)), -127, 127), "its own scale"),
+    (CODES, "codes of the first row"),
+    (np.trunc(NEXT_RATIO), "not clipped either"),
+    (np.clip(np.trunc(NEXT_RATIO), -127, 127), "-22.80 becomes -22, not -23"),
+    (np.clip(np.floor(NEXT_RATIO), -127, 127), "61.70 becomes 61, not 62"),
+    (NEXT_CODES * SCALE, "numbers read back"),
+    (NEXT_RATIO, "not yet rounded"),
+    (np.where(np.arange(8) == 0, 16, NEXT_CODES), "clipped to -127 .. 127."),
+])
+def test_fixed_scale_checker_names_each_mistake(answer, phrase):
+    assert_not_yet(ex20.check_codes_with_fixed_scale(answer), phrase)
+
+
+@pytest.mark.parametrize("answer", [NEXT_CODES, NEXT_CODES.tolist(), NEXT_CODES.astype(np.int8),
+                                    np.clip(np.rint(NEXT_RATIO), -127, 127),
+                                    np.clip(np.round(NEXT_RATIO), -127, 127).astype(int)])
+def test_fixed_scale_checker_passes_valid_forms(answer):
+    assert_correct(ex20.check_codes_with_fixed_scale(answer))
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (32_768, "leaves the scales out"),
+    (32_896, "one scale per row"),
+    (98_368, "1024 key scales for every token"),
+    (131_072, "without quantization"),
+    (67_648, "one byte per int4 code"),
+    (1_090, "one layer"),
+    (18_432, "keys only"),
+    (16_448, "values only"),
+    (279_040, "counts bits"),
+    (36_992, "float32"),
+    (139_328, "all 32 query heads"),
+    (34.0625, "KiB"),
+    (35_328, "one scale per head"),
+    (34_881, "Per layer"),
+    ("34880", "one number of bytes"),
+    (np.array(["34880"]), "one number of bytes"),
+    (True, "one number of bytes"),
+    (float("nan"), "finite"),
+    (10**400, "finite"),
+    (None, "not filled in"),
+])
+def test_bytes_per_token_checker_names_each_mistake(answer, phrase):
+    assert_not_yet(ex20.check_bytes_per_token(answer), phrase)
+
+
+@pytest.mark.parametrize("answer", [34_880, 34_880.0, np.int64(34_880), np.float32(34_880),
+                                    np.array(34_880), [34_880], np.array([34_880.0]),
+                                    32 * ((1024 // 2 + 2 * 1024 / 32) + (1024 // 2 + 2))])
+def test_bytes_per_token_checker_passes_valid_forms(answer):
+    assert_correct(ex20.check_bytes_per_token(answer))
+
+
+def test_the_bytes_exercise_is_kvlibs_formula_on_a_live_cache():
+    layers, width = ex20.exercise2_shapes()
+    config = kvlib.ModelConfig(d_model=width, n_heads=8, n_layers=layers, context_length=64,
+                               dtype="float32")
+    cache = QuantizedKVCache(config, ex20.EXERCISE2_KEYS, ex20.EXERCISE2_VALUES)
+    rows = np.random.default_rng(0).standard_normal((64, width)).astype(np.float32)
+    for layer in range(layers):
+        cache.append(layer, rows, rows)
+    assert cache.nbytes == 64 * ex20.expected_bytes_per_token() == 64 * 34_880
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    ("a", "30 times too coarse"), ("C", "not their spacing"), ("d", "the grouping decides"),
+    ("e", "no choice 'e'"), ("ab", "one letter"), ("", "one letter"), (2, "one letter"),
+    (["a", "b"], "one letter"), (..., "not filled in"),
+])
+def test_prediction_checker_wrong_answers(answer, phrase):
+    assert_not_yet(ex20.check_huge_channel_prediction(answer), phrase)
+
+
+@pytest.mark.parametrize("answer", ["b", "B", " b ", "(b)", "b)", ["b"], ("B",)])
+def test_prediction_checker_valid_forms(answer):
+    feedback = ex20.check_huge_channel_prediction(answer)
+    assert_correct(feedback)
+    assert "9 times less" in feedback.message
+
+
+def test_the_prediction_is_measured():
+    errors = ex20.outlier_errors()
+    assert errors["per token"] > 8 * errors["per channel"]
+    assert ex20.outlier_keys()[:, ex20.OUTLIER_CHANNEL].mean() > 25
+
+
+def buggy(axis=1, largest=None, keepdims=True, rounding=np.rint, clip=True, times=True):
+    def round_trip_per_token(rows, bits):
+        n = 2 ** (bits - 1) - 1 if largest is None else largest(bits)
+        scales = np.abs(rows).max(axis=axis, keepdims=keepdims) / n
+        codes = rounding(rows / scales)
+        if clip:
+            codes = np.clip(codes, -n, n)
+        return codes * scales if times else codes
+    return round_trip_per_token
+
+
+@pytest.mark.parametrize("function, phrase", [
+    (ex20.round_trip_per_token_buggy, "still one scale per column"),
+    (buggy(axis=0), "still one scale per column"),
+    (buggy(largest=lambda b: 2 ** b - 1), "not 2**bits - 1"),
+    (buggy(largest=lambda b: 2 ** (b - 1)), "not 2**(bits - 1)."),
+    (buggy(rounding=np.trunc), "np.trunc"),
+    (buggy(times=False), "returns the codes"),
+    (lambda rows, bits: rows, "unchanged"),
+    (buggy(keepdims=False), "keepdims=True"),
+    (lambda rows, bits: 1 / 0, "raised ZeroDivisionError"),
+    (lambda rows: rows, "raised TypeError"),
+    (lambda rows, bits: None, "returned None"),
+    (lambda rows, bits: "rows", "array of numbers"),
+    (lambda rows, bits: rows[:2], "shape (6, 4)"),
+    (lambda rows, bits: np.zeros_like(rows), "not right"),
+    ("round_trip_per_token", "should be a function"),
+    (np.zeros((6, 4)), "should be a function"),
+    (..., "not filled in"),
+])
+def test_round_trip_checker_names_each_bug(function, phrase):
+    assert_not_yet(ex20.check_round_trip_per_token(function), phrase)
+
+
+def test_a_square_block_catches_scales_that_line_up_with_the_columns():
+    def square_only(rows, bits):
+        n = 2 ** (bits - 1) - 1
+        if rows.shape[0] != rows.shape[1]:
+            return ex20.round_trip_per_token(rows, bits)
+        scales = np.abs(rows).max(axis=1) / n
+        return np.clip(np.rint(rows / scales), -n, n) * scales
+
+    assert_not_yet(ex20.check_round_trip_per_token(square_only), "line up with the columns")
+
+
+@pytest.mark.parametrize("function", [
+    ex20.round_trip_per_token,
+    lambda rows, bits: PerToken(bits).round_trip(rows),
+    lambda rows, bits: q.round_trip(rows, bits, axis=1),
+    lambda rows, bits: ex20.round_trip_per_token(rows, bits).tolist(),
+    buggy(clip=False),                   # with a scale from max|row| nothing needs the clip
+])
+def test_round_trip_checker_passes_valid_forms(function):
+    assert_correct(ex20.check_round_trip_per_token(function))
+
+
+CHECKERS = [ex20.check_codes, ex20.check_codes_with_fixed_scale, ex20.check_bytes_per_token,
+            ex20.check_huge_channel_prediction, ex20.check_round_trip_per_token]
+
+
+@pytest.mark.parametrize("checker", CHECKERS)
+@pytest.mark.parametrize("answer", [a for _, a in odd_answers((8,))],
+                         ids=[label for label, _ in odd_answers((8,))])
+def test_every_checker_answers_odd_input_in_words(checker, answer):
+    feedback = assert_answers_in_words(checker, answer)
+    assert not feedback.passed or checker is ex20.check_huge_channel_prediction
+    assert len(feedback.message) < 600
+
+
+@pytest.mark.parametrize("checker", CHECKERS)
+@given(answer=student_answers)
+@settings(max_examples=150, deadline=None)
+def test_every_checker_answers_generated_answers_in_words(checker, answer):
+    assert_answers_in_words(checker, answer)
+
+
+def test_a_round_trip_that_returns_odd_things_is_answered_in_words():
+    for _, odd in odd_answers((6, 4)):
+        feedback = assert_answers_in_words(ex20.check_round_trip_per_token,
+                                           lambda rows, bits, odd=odd: odd)
+        assert not feedback.passed
+
+
+# ------------------------------------------------------------------------------------------
+# The widget and the plots, headless
+# ------------------------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+WIDGET_CONFIG = kvlib.ModelConfig(vocab_size=12, d_model=16, n_heads=2, n_layers=2, d_ff=32,
+                                  context_length=96, positions="learned", norm="layer",
+                                  bias=True, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def widget_model():
+    params = kvlib.init_params(WIDGET_CONFIG, seed=3)
+    story = [0] + np.random.default_rng(5).integers(1, 12, 70).tolist()
+    return params, kvlib.ToyTokenizer(), story
+
+
+@pytest.fixture
+def explorer(widget_model):
+    params, tokenizer, story = widget_model
+    return w20.quantized_cache_explorer(params, tokenizer, story, prompt_length=20, n_new=12,
+                                        group_size=16)
+
+
+def test_the_explorer_shows_the_default_setting_measured_live(explorer, widget_model):
+    params, _, story = widget_model
+    result = explorer.state["result"]
+    assert result["keys"] == PerChannel(8, 16) and result["values"] == PerToken(8)
+    cache = QuantizedKVCache(params.config, PerChannel(8, 16), PerToken(8))
+    logits, _ = kvlib.prefill(params, story, cache)
+    plain, reference = kvlib.prefill(params, story)
+    assert result["nbytes"] == cache.nbytes == q.quantized_cache_bytes(
+        params.config, len(story), PerChannel(8, 16), PerToken(8))
+    assert result["agreement"] == q.greedy_agreement(logits, plain)
+    np.testing.assert_array_equal(result["key_error"][0],
+                                  np.abs(cache.keys(0) - reference.keys(0)))
+    shown = explorer.figure.axes[0].images[0].get_array()
+    np.testing.assert_array_equal(shown.filled(0), result["key_error"][0])
+    assert shown.mask[len(story) // 16 * 16:].all()          # the residual: held exactly
+    assert not shown.mask[:len(story) // 16 * 16].all()
+    status = explorer.status.value
+    assert "K int8 per channel (groups of 16), V int8 per token" in status
+    assert f"{result['nbytes']:,} bytes for {len(story)} positions" in status
+    assert explorer.message.value == ""
+    assert result["tokens"] == q.greedy_tokens(params, story[:20], 12, QuantizedKVCache(
+        params.config, PerChannel(8, 16), PerToken(8)))
+    assert explorer.plain_tokens == kvlib.generate(params, story[:20], 12)
+
+
+def test_fewer_bits_cost_fewer_bytes_and_more_error(explorer):
+    seen = []
+    for key_bits in (8, 4, 2):
+        explorer.controls["key_bits"].value = key_bits
+        explorer.controls["value_bits"].value = key_bits
+        result = explorer.state["result"]
+        seen.append((result["bytes_per_token"], result["key_rms"], result["logit_error"]))
+        bar = explorer.figure.axes[1].patches[2]
+        assert bar.get_width() == result["bytes_per_token"]
+    assert seen[0][0] > seen[1][0] > seen[2][0]
+    assert seen[0][1] < seen[1][1] < seen[2][1]
+    assert seen[0][2] < seen[2][2]
+
+
+def test_groupings_change_what_is_shown_and_results_are_kept(explorer):
+    explorer.controls["key_grouping"].value = "per token"
+    per_token = explorer.state["result"]
+    assert per_token["keys"] == PerToken(8)
+    assert "K int8 per token" in explorer.status.value
+    assert not explorer.figure.axes[0].images[0].get_array().mask.any()   # nothing exact
+    explorer.controls["key_grouping"].value = "per channel"
+    explorer.controls["key_grouping"].value = "per token"
+    assert explorer.state["result"] is per_token                  # measured once
+    assert len(explorer.state["results"]) == 2
+    explorer.controls["layer"].value = 1
+    np.testing.assert_array_equal(
+        explorer.figure.axes[0].images[0].get_array().filled(0), per_token["key_error"][1])
+    assert "layer 1's keys" in explorer.figure.axes[0].get_title()
+
+
+def test_changed_tokens_are_marked_without_colour():
+    assert w20._tokens_html(["a", "<b>", "c"], ["a", "x", "c"]) == "a <b><u>&lt;b&gt;</u></b> c"
+
+
+def test_updates_redraw_in_place_without_leaking_figures(explorer):
+    figures = plt.get_fignums()
+    artists = [len(ax.get_children()) for ax in explorer.figure.axes]
+    for bits in (4, 2, 8, 4):
+        for grouping in ("per token", "per channel"):
+            explorer.controls["value_bits"].value = bits
+            explorer.controls["value_grouping"].value = grouping
+    assert [len(ax.get_children()) for ax in explorer.figure.axes] == artists
+    assert plt.get_fignums() == figures
+
+
+@pytest.mark.parametrize("make, phrase", [
+    (lambda p, t, s: w20.quantized_cache_explorer(p, t, s * 3), "context holds 96"),
+    (lambda p, t, s: w20.quantized_cache_explorer(p, t, s, prompt_length=0), "prompt_length"),
+    (lambda p, t, s: w20.quantized_cache_explorer(p, t, s, prompt_length=60, n_new=40),
+     "exceeds the context length"),
+    (lambda p, t, s: w20.quantized_cache_explorer(p, t, [99]), "outside the vocabulary"),
+])
+def test_bad_explorers_are_refused_in_words(widget_model, make, phrase):
+    with pytest.raises(ValueError, match=re_escape(phrase)):
+        make(*widget_model)
+
+
+def test_a_setting_that_cannot_be_shown_lands_in_the_message_line(widget_model):
+    params, tokenizer, story = widget_model
+    huge = copy.deepcopy(params)
+    huge.layers[0].bk[...] = 1e8              # keys far beyond what float16 scales hold
+    box = w20.quantized_cache_explorer(huge, tokenizer, story, prompt_length=20, n_new=4)
+    assert "Cannot show this" in box.message.value and "float16 scales" in box.message.value
+    assert box.controls and "result" not in box.state
+
+
+def test_make_grouping_and_channel_sizes():
+    assert w20.make_grouping("per token", 4) == PerToken(4)
+    assert w20.make_grouping("per channel", 2, 8) == PerChannel(2, 8)
+    with pytest.raises(ValueError, match="grouping must be one of"):
+        w20.make_grouping("per head", 4)
+    rows = np.array([[1.0, -5.0], [-3.0, 2.0]])
+    assert w20.channel_sizes(rows).tolist() == [3.0, 5.0]
+    with pytest.raises(ValueError, match="rows"):
+        w20.channel_sizes(np.zeros(3))
+
+
+def test_the_plots_label_what_they_draw():
+    fig, ax = plt.subplots()
+    rng = np.random.default_rng(0)
+    keys, values = rng.standard_normal((20, 8)), rng.standard_normal((20, 8))
+    keys[:, 6] *= 40
+    w20.draw_channel_sizes(ax, keys, values, title="t", head_dim=4, n_marked=1)
+    assert [t.get_text() for t in ax.texts] == ["6"]
+    assert ax.get_yscale() == "log" and ax.get_title() == "t" and ax.get_ylabel()
+    assert len(ax.lines) == 3                   # keys, values, one line between the 2 heads
+    fig, ax = plt.subplots()
+    error = np.abs(rng.standard_normal((6, 4))) * 0.01
+    error[4:] = 0
+    image = w20.draw_error_heatmap(ax, error, w20.error_norm(1.0), title="e")
+    assert image.get_array().mask[4:].all() and ax.get_xlabel() == "channel"
+    assert isinstance(image.norm, matplotlib.colors.LogNorm)
+    assert len(fig.axes) == 2                   # and its colour bar
+
+
+def test_the_quality_plot_draws_one_point_per_setting():
+    params = kvlib.init_params()
+    settings_ = [(PerToken(8), PerToken(8)), (PerChannel(4, 4), PerToken(4))]
+    sequences = [[0, 3, 7, 1, 9, 5, 2, 4]]
+    qualities = [q.measure_quality(params, sequences, k, v) for k, v in settings_]
+    fig, axes = plt.subplots(1, 2)
+    w20.draw_quality(axes, qualities, plain_bytes=96)
+    for ax in axes:
+        assert len(ax.collections) == 2 and ax.get_xscale() == "log"
+    assert [t.get_text() for t in axes[0].texts][:2] == ["K8t V8t", "K4c V4t"]
+    with pytest.raises(ValueError, match="two axes"):
+        w20.draw_quality(axes[:1], qualities, 96)

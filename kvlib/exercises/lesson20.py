@@ -473,11 +473,16 @@ def check_round_trip_per_token(answer) -> Feedback:
                 message += (". The scales of shape (n,) do not line up with rows (n, w): keep "
                             "the axis, keepdims=True, so that they are (n, 1).")
             return Feedback(False, message[:600])
-        try:
-            held = np.asarray(result, dtype=np.float64)
-        except (TypeError, ValueError, OverflowError):
+        if result is None:
+            return Feedback(False, f"{where}, your function returned None: return the rows "
+                            "read back, codes * scales.")
+        held = numeric_array(result, "the result") if isinstance(
+            result, (np.ndarray, list, tuple)) else None
+        if not isinstance(held, np.ndarray):
             return Feedback(False, f"{where}, your function should return an array of numbers "
-                            f"(the rows read back), got {type(result).__name__}.")
+                            f"(the rows read back), got {type(result).__name__}"
+                            + (f": {held.message}" if isinstance(held, Feedback) else "."))
+        held = held.astype(np.float64)
         if held.shape != rows.shape:
             return Feedback(False, f"{where}, your function should return the rows read "
                             f"back, shape {rows.shape}; got {held.shape}.")

@@ -507,6 +507,21 @@ def decoded_logits(params: Params, ids, cache: BaseKVCache, prompt_length: int =
     return np.concatenate(rows)
 
 
+def greedy_tokens(params: Params, prompt, n_new: int, cache: BaseKVCache) -> list[int]:
+    """Greedy decoding of n_new tokens after prompt, on the given empty cache (notebook 20):
+    kvlib.generate with a cache of one's choosing. Returns the new ids."""
+    prompt = check_ids(prompt, params)
+    n_new = _whole("n_new", n_new, 1)
+    if len(cache) != 0:
+        raise ValueError(f"greedy_tokens needs an empty cache, this one holds {len(cache)} "
+                         "positions: give a fresh one")
+    logits, _ = prefill(params, prompt, cache, last_only=True)
+    new = [int(np.argmax(logits[-1]))]
+    while len(new) < n_new:
+        new.append(int(np.argmax(decode_step(params, new[-1], cache)[-1])))
+    return new
+
+
 def next_token_loss(logits: np.ndarray, ids) -> float:
     """Mean cross-entropy, in nats, of logits (T, V) predicting ids[1:] (row t predicts id
     t+1; the last row predicts nothing)."""
@@ -529,6 +544,67 @@ def greedy_agreement(logits, reference_logits) -> float:
     return float(np.mean(logits.argmax(axis=1) == reference_logits.argmax(axis=1)))
 
 
+@dataclass(frozen=True)
+class Quality:
+    """What a quantized cache does to a model's predictions over some sequences (notebook
+    20): the error it adds to the logits (mean and largest |difference|), the mean next-token
+    loss (nats) with it and with the plain cache, and the fraction of positions where the
+    greedy pick stays the same. bytes_per_token is the cache's, once its groups are full."""
+
+    keys: PerToken | PerChannel
+    values: PerToken | PerChannel
+    bytes_per_token: float
+    logit_error: float
+    max_logit_error: float
+    loss: float
+    plain_loss: float
+    agreement: float
+
+    @property
+    def name(self) -> str:
+        return f"K {self.keys.name}, V {self.values.name}"
+
+    @property
+    def added_loss(self) -> float:
+        return self.loss - self.plain_loss
+
+
+def plain_logits(params: Params, sequences) -> list[np.ndarray]:
+    """Each sequence's logits with a plain cache: one prefill each (T, V)."""
+    return [prefill(params, ids)[0] for ids in sequences]
+
+
+def measure_quality(params: Params, sequences, keys, values, reference=None) -> Quality:
+    """Prefill each sequence (T,) into a QuantizedKVCache and compare its logits with the
+    plain cache's (reference: plain_logits(params, sequences), given to save the work when
+    several settings are measured). Every position of every sequence counts once."""
+    keys, values = _check_grouping("keys", keys), _check_grouping("values", values)
+    sequences = [check_ids(ids, params, "sequence") for ids in sequences]
+    if not sequences:
+        raise ValueError("measure_quality needs at least one sequence")
+    reference = plain_logits(params, sequences) if reference is None else reference
+    if len(reference) != len(sequences):
+        raise ValueError(f"reference has {len(reference)} logits arrays for "
+                         f"{len(sequences)} sequences")
+    config = params.config
+    errors, largest, losses, plain_losses, agreements, weights = [], [], [], [], [], []
+    for ids, plain in zip(sequences, reference):
+        logits, _ = prefill(params, ids, QuantizedKVCache(config, keys, values))
+        difference = np.abs(logits.astype(np.float64) - plain)
+        errors.append(difference.mean()), largest.append(difference.max())
+        losses.append(next_token_loss(logits, ids))
+        plain_losses.append(next_token_loss(plain, ids))
+        agreements.append(greedy_agreement(logits, plain))
+        weights.append(len(ids))
+    weights = np.asarray(weights, dtype=np.float64)
+    predicted = weights - 1          # the losses are over T - 1 predictions a sequence
+    return Quality(keys, values, bytes_per_token(config.n_layers, config.kv_width, keys, values),
+                   float(np.average(errors, weights=weights)), float(max(largest)),
+                   float(np.average(losses, weights=predicted)),
+                   float(np.average(plain_losses, weights=predicted)),
+                   float(np.average(agreements, weights=weights)))
+
+
 def quantization_step(x, bits: int, axis: int) -> np.ndarray:
     """The quantization step of every number of x (notebook 20): its group's stored scale,
     broadcast to x's shape. The round trip error of each number is at most half of it."""
@@ -540,6 +616,6 @@ __all__ = [
     "SUPPORTED_BITS", "SCALE_DTYPE", "max_code", "symmetric_scales", "quantize", "dequantize",
     "round_trip", "packed_width", "pack_codes", "unpack_codes", "PerToken", "PerChannel",
     "PerTokenStore", "PerChannelStore", "QuantizedKVCache", "quantized_cache_bytes",
-    "bytes_per_token", "decoded_logits", "next_token_loss", "greedy_agreement",
-    "quantization_step",
+    "bytes_per_token", "decoded_logits", "greedy_tokens", "next_token_loss", "greedy_agreement",
+    "Quality", "plain_logits", "measure_quality", "quantization_step",
 ]

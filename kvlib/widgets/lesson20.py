@@ -1,0 +1,301 @@
+"""Notebook 20: the quantized KV cache, drawn: each channel's size in a layer's keys and
+values (the outlier channels), the error a quantized cache adds to every cached number, the
+bytes a token costs, and the quality table of a model.
+
+``quantized_cache_explorer(params, tokenizer, story)`` lets a student choose the bits (8, 4
+or 2) and the grouping (per token or per channel) of K and of V. It prefills the story into
+a QuantizedKVCache and shows the error of one layer's keys as a heatmap, the bytes per token
+beside float16 and kvlib's own dtype, and how often greedy decoding still picks the same
+token, along the story and in a free continuation of it.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import matplotlib
+import numpy as np
+from matplotlib.colors import LogNorm
+
+import kvlib
+from kvlib.plots import COLORMAP
+from kvlib.serving.quantized import (
+    PerChannel,
+    PerToken,
+    QuantizedKVCache,
+    bytes_per_token,
+    greedy_agreement,
+    greedy_tokens,
+    next_token_loss,
+)
+
+from .base import LiveFigure, explorer
+
+BITS = (8, 4, 2)
+GROUPINGS = ("per channel", "per token")
+EXACT_COLOR = "white"
+"""Cells whose number is held exactly (the full-precision residual) have no error to draw."""
+
+
+def make_grouping(kind: str, bits: int, group_size: int = 32) -> PerToken | PerChannel:
+    """'per token' or 'per channel' (notebook 20) -> PerToken(bits) or PerChannel(bits,
+    group_size)."""
+    if kind == "per token":
+        return PerToken(bits)
+    if kind == "per channel":
+        return PerChannel(bits, group_size)
+    raise ValueError(f"the grouping must be one of {GROUPINGS}, got {kind!r}")
+
+
+def channel_sizes(rows: np.ndarray) -> np.ndarray:
+    """The size of every channel (column) of rows (T, w): max over positions of |x|, (w,)."""
+    rows = np.asarray(rows)
+    if rows.ndim != 2 or not len(rows):
+        raise ValueError(f"expected rows (T, w) with T >= 1, got shape {rows.shape}")
+    return np.abs(rows).max(axis=0)
+
+
+def draw_channel_sizes(ax, keys: np.ndarray, values: np.ndarray, title: str = "",
+                       head_dim: int | None = None, n_marked: int = 3) -> None:
+    """Each channel's largest |number| in a layer's keys and values (notebook 20), channels
+    on the x axis, on a log scale; the n_marked largest key channels are labelled. Lines
+    between heads when head_dim is given."""
+    key_sizes, value_sizes = channel_sizes(keys), channel_sizes(values)
+    ax.clear()
+    channels = np.arange(len(key_sizes))
+    cmap = matplotlib.colormaps[COLORMAP]
+    ax.plot(channels, key_sizes, "o-", color=cmap(0.15), markersize=3, linewidth=1,
+            label="keys: max |K| of the channel")
+    ax.plot(channels, value_sizes, "s-", color=cmap(0.75), markersize=3, linewidth=1,
+            label="values: max |V| of the channel")
+    for channel in np.argsort(key_sizes)[::-1][:n_marked]:
+        ax.annotate(f"{channel}", (channel, key_sizes[channel]), textcoords="offset points",
+                    xytext=(0, 4), ha="center", fontsize=8)
+    if head_dim:
+        for start in range(head_dim, len(key_sizes), head_dim):
+            ax.axvline(start - 0.5, color="grey", linewidth=0.5, linestyle=":")
+    ax.set_yscale("log")
+    ax.set_xlabel("channel (column of the cached row)" + (f"; heads of {head_dim}, dotted"
+                                                          if head_dim else ""))
+    ax.set_ylabel("largest |number| over the positions")
+    ax.set_xlim(-1, len(key_sizes))
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title(title)
+
+
+def error_norm(scale: float) -> LogNorm:
+    """One log colour scale for error heatmaps, from 1e-4 x scale to scale (notebook 20), so
+    that 8, 4 and 2 bits can be told apart at a glance; 0 (held exactly) is drawn white."""
+    return LogNorm(vmin=scale * 1e-4, vmax=scale)
+
+
+def draw_error_heatmap(ax, error: np.ndarray, norm: LogNorm, title: str = "",
+                       colorbar: bool = True):
+    """|quantized - exact| of every cached number (notebook 20): positions down, channels
+    across, on the log scale norm; exact numbers (0) white. Returns the image."""
+    error = np.asarray(error, dtype=np.float64)
+    shown = np.ma.masked_less_equal(error, 0)
+    cmap = matplotlib.colormaps[COLORMAP]
+    cmap = cmap.with_extremes(bad=EXACT_COLOR, under=cmap(0.0))
+    image = ax.imshow(shown, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
+    ax.set_xlabel("channel")
+    ax.set_ylabel("position")
+    ax.set_title(title)
+    if colorbar:
+        bar = ax.figure.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
+        bar.set_label("|quantized - exact| (white: held exactly)")
+    return image
+
+
+def draw_quality(axes, qualities, plain_bytes: float, plain_name: str = "float16") -> None:
+    """The quality table as two panels (notebook 20): the loss a setting adds (nats per
+    token) and the share of greedy picks it keeps, each against its bytes per token; the
+    plain cache's bytes as a dashed line. qualities: kvlib.serving.quantized.Quality."""
+    if len(axes) != 2 or not qualities:
+        raise ValueError("draw_quality needs two axes and at least one setting")
+    cmap = matplotlib.colormaps[COLORMAP]
+    markers = {PerChannel: "o", PerToken: "s"}
+    colors = {8: cmap(0.1), 4: cmap(0.5), 2: cmap(0.85)}
+    for ax, value, label in ((axes[0], lambda q: max(q.added_loss, 1e-6),
+                              "held-out loss added (nats per token, log scale)"),
+                             (axes[1], lambda q: 100 * q.agreement,
+                              "greedy picks unchanged (%)")):
+        ax.clear()
+        for quality in qualities:
+            ax.scatter(quality.bytes_per_token, value(quality),
+                       marker=markers[type(quality.keys)], s=45, edgecolor="black",
+                       linewidth=0.5, color=colors.get(quality.keys.bits, cmap(0.3)),
+                       zorder=3)
+            ax.annotate(_short(quality), (quality.bytes_per_token, value(quality)),
+                        textcoords="offset points", xytext=(5, 3), fontsize=7)
+        ax.axvline(plain_bytes, color="grey", linestyle="--", linewidth=1)
+        ax.text(plain_bytes, 0.02, f" {plain_name}", transform=ax.get_xaxis_transform(),
+                fontsize=8, color="grey")
+        ax.set_xscale("log")
+        ax.set_xlabel("bytes per token, all layers (log scale)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[0].set_title("what the cache costs in loss")
+    axes[1].set_title("how often the greedy token stays the same")
+
+
+def _short(quality) -> str:
+    def one(grouping):
+        return f"{grouping.bits}{'c' if isinstance(grouping, PerChannel) else 't'}"
+    return f"K{one(quality.keys)} V{one(quality.values)}"
+
+
+def _tokens_html(tokens, reference) -> str:
+    """The continuation's tokens, those that differ from the plain cache's in bold and
+    underlined (no colour needed to see them)."""
+    shown = []
+    for token, plain in zip(tokens, reference):
+        text = html.escape(token)
+        shown.append(text if token == plain else f"<b><u>{text}</u></b>")
+    return " ".join(shown)
+
+
+def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_length: int = 32,
+                             n_new: int = 24, layer: int = 0, group_size: int = 32):
+    """Choose bits and grouping for K and V; see what a QuantizedKVCache does (notebook 20).
+
+    story: ids (T,), BOS first, prefilled whole (T <= context length). The heatmap is the
+    error of layer `layer`'s keys; the status lines give the bytes per token (the live
+    cache's nbytes / T, and the formula), the error of K and V, the loss along the story
+    and the share of unchanged greedy picks, and a greedy continuation of the story's first
+    prompt_length tokens by n_new tokens, with the tokens that differ from the plain cache's
+    in bold. Results are kept per setting, so going back to one is instant.
+
+    Returns a VBox with what the tests use: ``controls`` ({"key_bits", "key_grouping",
+    "value_bits", "value_grouping", "layer"}), ``status``, ``message``, ``figure`` and
+    ``state`` ({"result": the setting on show, a dict; "results": every setting seen}).
+    """
+    config = params.config
+    story = kvlib.check_ids(story, params, "story")
+    if len(story) > config.context_length:
+        raise ValueError(f"the story has {len(story)} tokens; the context holds "
+                         f"{config.context_length}")
+    if not 1 <= prompt_length < len(story):
+        raise ValueError(f"prompt_length must be between 1 and {len(story) - 1}, "
+                         f"got {prompt_length}")
+    if prompt_length + n_new > config.context_length:
+        raise ValueError(f"prompt_length + n_new ({prompt_length} + {n_new}) exceeds the "
+                         f"context length {config.context_length}")
+    plain_logits, plain_cache = kvlib.prefill(params, story)
+    plain_loss = next_token_loss(plain_logits, story)
+    plain_tokens = greedy_tokens(params, story[:prompt_length], n_new,
+                                 kvlib.KVCache(config))
+    exact_keys = [plain_cache.keys(i) for i in range(config.n_layers)]
+    exact_values = [plain_cache.values(i) for i in range(config.n_layers)]
+    norm = error_norm(float(max(np.abs(k).max() for k in exact_keys)) / 2)
+    float16_bytes = 2 * 2 * config.n_layers * config.kv_width
+    own_bytes = float16_bytes * config.numpy_dtype.itemsize // 2
+
+    toggle = dict(style={"button_width": "52px"})
+    controls = {
+        "key_bits": widgets.ToggleButtons(options=BITS, value=8, description="K bits",
+                                          **toggle),
+        "key_grouping": widgets.ToggleButtons(options=GROUPINGS, value="per channel",
+                                              description="K scales",
+                                              style={"button_width": "90px"}),
+        "value_bits": widgets.ToggleButtons(options=BITS, value=8, description="V bits",
+                                            **toggle),
+        "value_grouping": widgets.ToggleButtons(options=GROUPINGS, value="per token",
+                                                description="V scales",
+                                                style={"button_width": "90px"}),
+        "layer": widgets.IntSlider(value=layer, min=0, max=config.n_layers - 1,
+                                   description="layer", continuous_update=False),
+    }
+    status, message = widgets.HTML(), widgets.HTML()
+    live = LiveFigure(figsize=(10, 3.8), n_axes=2, width_ratios=[3, 1])
+    live.figure.subplots_adjust(left=0.07, right=0.97, bottom=0.16, top=0.88, wspace=0.45)
+    heatmap_ax, bytes_ax = live.axes
+    image = draw_error_heatmap(heatmap_ax, np.zeros_like(exact_keys[0]), norm)
+    labels = ["float16", f"kvlib {config.dtype}", "this cache"]
+    bars = bytes_ax.barh(range(3), [float16_bytes, own_bytes, float16_bytes],
+                         color=[matplotlib.colormaps[COLORMAP](x) for x in (0.35, 0.1, 0.8)],
+                         edgecolor="black", linewidth=0.5)
+    bytes_ax.set_yticks(range(3), labels)
+    bytes_ax.invert_yaxis()
+    bytes_ax.set_xlim(0, own_bytes * 1.15)
+    bytes_ax.set_xlabel("bytes per token")
+    bytes_ax.set_title("cache per token")
+    state = {"results": {}}
+
+    def measure(setting):
+        if setting in state["results"]:
+            return state["results"][setting]
+        key_bits, key_kind, value_bits, value_kind = setting
+        keys = make_grouping(key_kind, key_bits, group_size)
+        values = make_grouping(value_kind, value_bits, group_size)
+        logits, cache = kvlib.prefill(params, story, QuantizedKVCache(config, keys, values))
+        tokens = greedy_tokens(params, story[:prompt_length], n_new,
+                               QuantizedKVCache(config, keys, values))
+        key_error = [np.abs(cache.keys(i) - exact_keys[i]) for i in range(config.n_layers)]
+        value_error = [np.abs(cache.values(i) - exact_values[i])
+                       for i in range(config.n_layers)]
+        result = {
+            "keys": keys, "values": values, "nbytes": cache.nbytes,
+            "bytes_per_token": bytes_per_token(config.n_layers, config.kv_width, keys, values),
+            "key_error": key_error,
+            "key_rms": float(np.sqrt(np.mean(np.concatenate(key_error) ** 2))),
+            "value_rms": float(np.sqrt(np.mean(np.concatenate(value_error) ** 2))),
+            "logit_error": float(np.abs(logits - plain_logits).mean()),
+            "loss": next_token_loss(logits, story),
+            "agreement": greedy_agreement(logits, plain_logits),
+            "tokens": tokens,
+            "same_tokens": sum(a == b for a, b in zip(tokens, plain_tokens)),
+            "first_difference": next((i for i, (a, b) in enumerate(zip(tokens, plain_tokens))
+                                      if a != b), None),
+        }
+        state["results"][setting] = result
+        return result
+
+    key_rms_plain = float(np.sqrt(np.mean(np.concatenate(exact_keys) ** 2)))
+    value_rms_plain = float(np.sqrt(np.mean(np.concatenate(exact_values) ** 2)))
+
+    def redraw(*_):
+        setting = (controls["key_bits"].value, controls["key_grouping"].value,
+                   controls["value_bits"].value, controls["value_grouping"].value)
+        result = measure(setting)
+        state["result"] = result
+        chosen = controls["layer"].value
+        image.set_data(np.ma.masked_less_equal(result["key_error"][chosen], 0))
+        heatmap_ax.set_title(f"layer {chosen}'s keys, {result['keys'].name}: error of every "
+                             f"cached number, {len(story)} positions")
+        bars[2].set_width(result["bytes_per_token"])
+        bytes_ax.set_xlim(0, own_bytes * 1.15)
+        live.show()
+        T = len(story)
+        per_token = result["nbytes"] / T
+        first = result["first_difference"]
+        continuation = (f"all {n_new} the same as with the plain cache" if first is None else
+                        f"{result['same_tokens']} of {n_new} the same, the first difference "
+                        f"at new token {first + 1}")
+        words = tokenizer.tokens(result["tokens"])
+        plain_words = tokenizer.tokens(plain_tokens)
+        status.value = "<br>".join([
+            f"<b>K {html.escape(result['keys'].name)}, V "
+            f"{html.escape(result['values'].name)}</b>: "
+            f"{result['bytes_per_token']:,.1f} bytes a token once the groups are full "
+            f"({float16_bytes / result['bytes_per_token']:.2f}x less than float16's "
+            f"{float16_bytes:,}, {own_bytes / result['bytes_per_token']:.1f}x less than "
+            f"kvlib's {config.dtype}); the live cache holds {result['nbytes']:,} bytes for "
+            f"{T} positions ({per_token:,.1f} a position, the newest group's rows in "
+            f"{config.dtype}).",
+            f"RMS error of every cached key {result['key_rms']:.4f} "
+            f"({100 * result['key_rms'] / key_rms_plain:.2f}% of the keys' RMS), of every "
+            f"value {result['value_rms']:.4f} "
+            f"({100 * result['value_rms'] / value_rms_plain:.2f}%).",
+            f"Along the story: logits off by {result['logit_error']:.4f} on average; loss "
+            f"{result['loss']:.4f} nats against {plain_loss:.4f}; the greedy pick is the same "
+            f"at {100 * result['agreement']:.1f}% of the {T} positions.",
+            f"Greedy continuation of the first {prompt_length} tokens: {continuation}:",
+            f"<small>{_tokens_html(words, plain_words)}</small>",
+        ])
+
+    box = explorer(live, controls, status, message, redraw, state)
+    box.plain_tokens = plain_tokens
+    return box
