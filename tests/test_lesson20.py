@@ -468,9 +468,9 @@ def test_the_cache_describes_itself_and_holds_bytes_and_halves():
     kvlib.prefill(params, [0, 3, 7, 1, 9], cache)
     assert repr(cache) == ("QuantizedKVCache(5 of 32 positions, 3 layers; K int8 per channel "
                            "(groups of 4), V int4 per token; 228 bytes)")
-    store = cache._key_store
+    store = cache.key_store
     assert store.codes.dtype == np.uint8 and store.scales.dtype == np.float16
-    assert cache._value_store.codes.shape == (3, 32, 2)      # 4 int4 codes in 2 bytes
+    assert cache.value_store.codes.shape == (3, 32, 2)      # 4 int4 codes in 2 bytes
     assert cache.keys(0).dtype == np.float64
     # K: one group of 4 rows (4 x 4 bytes + 4 float16 scales) and 1 float64 row of 4;
     # V: 5 rows of 2 bytes + a float16 scale; all times 3 layers

@@ -386,6 +386,8 @@ class QuantizedKVCache(BaseKVCache):
     token. append quantizes the new rows and returns what attention reads: every held row,
     dequantized (the new ones too). ``nbytes`` is the bytes really held: packed codes,
     float16 scales, and the full-precision residual rows of a per-channel grouping.
+    ``key_store`` and ``value_store`` hold them (a PerTokenStore or a PerChannelStore:
+    ``codes``, ``scales`` and, per channel, ``residual``).
     """
 
     def __init__(self, config: ModelConfig, keys: PerToken | PerChannel = PerChannel(8),
@@ -404,8 +406,8 @@ class QuantizedKVCache(BaseKVCache):
         self.capacity = capacity
         self.width = config.kv_width
         shape = (config.n_layers, capacity, self.width, config.numpy_dtype)
-        self._key_store = keys.store(*shape)
-        self._value_store = values.store(*shape)
+        self.key_store = keys.store(*shape)
+        self.value_store = values.store(*shape)
 
     def _describe(self) -> str:
         n = self._lengths[0]
@@ -416,12 +418,12 @@ class QuantizedKVCache(BaseKVCache):
     def keys(self, layer: int) -> np.ndarray:
         """The layer's keys, dequantized: (T, kv_width) in the model's dtype, a new array."""
         layer = self._check_layer(layer)
-        return self._key_store.read(layer, self._lengths[layer])
+        return self.key_store.read(layer, self._lengths[layer])
 
     def values(self, layer: int) -> np.ndarray:
         """The layer's values, dequantized: (T, kv_width), a new array."""
         layer = self._check_layer(layer)
-        return self._value_store.read(layer, self._lengths[layer])
+        return self.value_store.read(layer, self._lengths[layer])
 
     def append(self, layer: int, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Quantize new rows K, V (n_new, kv_width) after the layer's last position; return
@@ -434,8 +436,8 @@ class QuantizedKVCache(BaseKVCache):
         _check_quantizable(K, "K", self.key_grouping.bits)
         _check_quantizable(V, "V", self.value_grouping.bits)
         start = self._lengths[layer]
-        self._key_store.write(layer, start, K)
-        self._value_store.write(layer, start, V)
+        self.key_store.write(layer, start, K)
+        self.value_store.write(layer, start, V)
         self._lengths[layer] = start + K.shape[0]
         return self.keys(layer), self.values(layer)
 
@@ -443,18 +445,18 @@ class QuantizedKVCache(BaseKVCache):
         """Keep positions 0 .. n-1 (notebook 21). With a per-channel grouping, only to a
         multiple of its group size or within the full-precision residual."""
         n = self._check_truncate(n)
-        for store in (self._key_store, self._value_store):
+        for store in (self.key_store, self.value_store):
             store.check_truncate(len(self), n)
         self._lengths = [n] * self.config.n_layers
 
     def checkpoint(self):
-        return (tuple(self._lengths), self._key_store.checkpoint(),
-                self._value_store.checkpoint())
+        return (tuple(self._lengths), self.key_store.checkpoint(),
+                self.value_store.checkpoint())
 
     def restore(self, state) -> None:
         lengths, key_state, value_state = state
-        self._key_store.restore(key_state)
-        self._value_store.restore(value_state)
+        self.key_store.restore(key_state)
+        self.value_store.restore(value_state)
         self._lengths = list(lengths)
 
     @property
@@ -462,7 +464,7 @@ class QuantizedKVCache(BaseKVCache):
         """Bytes held: packed codes, float16 scales and full-precision residual rows of K
         and V, over every layer's filled positions (equal to quantized_cache_bytes)."""
         return sum(store.nbytes(layer, length)
-                   for store in (self._key_store, self._value_store)
+                   for store in (self.key_store, self.value_store)
                    for layer, length in enumerate(self._lengths))
 
 
