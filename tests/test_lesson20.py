@@ -6,7 +6,9 @@ prefills, decode steps and truncations give the logits of a reference written fr
 cache had; a failing call changes nothing."""
 
 import copy
+import json
 import re
+from pathlib import Path
 
 import matplotlib
 
@@ -938,3 +940,54 @@ def test_the_quality_plot_draws_one_point_per_setting():
     assert [t.get_text() for t in axes[0].texts][:2] == ["K8t V8t", "K4c V4t"]
     with pytest.raises(ValueError, match="two axes"):
         w20.draw_quality(axes[:1], qualities, 96)
+
+
+# ------------------------------------------------------------------------------------------
+# The notebook: its exercises stay open, the solutions pass in its own variables
+# ------------------------------------------------------------------------------------------
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "20_quantized_cache.ipynb"
+
+
+@pytest.fixture(scope="module")
+def notebook():
+    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+    namespace = {"__name__": "__notebook__"}
+    for cell in cells:
+        if cell["cell_type"] == "code" and \
+                "nbval-ignore-output" not in cell["metadata"].get("tags", []):
+            exec(compile("".join(cell["source"]), NOTEBOOK.name, "exec"), namespace)
+    plt.close("all")
+    return namespace
+
+
+def test_the_exercises_are_left_open(notebook):
+    assert notebook["codes"] is ... and notebook["codes_next"] is ... and \
+        notebook["answer"] is ...
+    assert np.array_equal(notebook["row"], ex20.ROW)
+
+
+def test_solutions_pass_in_the_notebooks_namespace(notebook):
+    assert sorted(ex20.SOLUTIONS) == [1, 2, 3, 4]
+    scope = dict(notebook)
+    exec(ex20.SOLUTIONS[1], scope)
+    assert_correct(ex20.check_codes(scope["codes"]))
+    assert_correct(ex20.check_codes_with_fixed_scale(scope["codes_next"]))
+    for number, checker in ((2, ex20.check_bytes_per_token),
+                            (3, ex20.check_huge_channel_prediction),
+                            (4, ex20.check_round_trip_per_token)):
+        scope = dict(notebook)
+        exec(ex20.SOLUTIONS[number], scope)
+        assert_correct(checker(scope["answer"]))
+
+
+def test_the_notebooks_buggy_function_fails_its_checker(notebook):
+    assert_not_yet(ex20.check_round_trip_per_token(notebook["round_trip_per_token_buggy"]),
+                   "still one scale per column")
+
+
+def test_solution_display():
+    shown = ex20.solution(4)
+    assert "Solution to exercise 4" in shown.data and "axis=1" in shown.data
+    with pytest.raises(ValueError, match="no exercise 9"):
+        ex20.solution(9)

@@ -84,6 +84,41 @@ def draw_channel_sizes(ax, keys: np.ndarray, values: np.ndarray, title: str = ""
     ax.set_title(title)
 
 
+def draw_groupings(axes, n_positions: int = 12, width: int = 8, group_size: int = 4) -> None:
+    """Which numbers share a scale (notebook 20), on a grid of n_positions cached rows of
+    width numbers: per token, every row is a group; per channel, every column of every
+    group_size rows is one, and the newest, incomplete group is held in full precision.
+    Groups alternate in two shades; each carries one scale."""
+    if len(axes) != 2:
+        raise ValueError("draw_groupings needs two axes")
+    cmap = matplotlib.colormaps[COLORMAP]
+    shades = np.array([cmap(0.35), cmap(0.75)])
+    rows, columns = np.arange(n_positions)[:, None], np.arange(width)[None, :]
+    per_token = shades[(rows + 0 * columns) % 2]
+    group = rows // group_size
+    per_channel = shades[(group + columns) % 2]
+    residual = rows >= n_positions // group_size * group_size
+    per_channel[np.broadcast_to(residual, (n_positions, width))] = (1, 1, 1, 1)
+    for ax, colours, title in ((axes[0], per_token, "per token: one scale per row"),
+                               (axes[1], per_channel, f"per channel: one scale per column "
+                                                      f"of {group_size} rows")):
+        ax.clear()
+        ax.imshow(colours, aspect="auto", interpolation="nearest")
+        ax.set_xticks(range(width))
+        ax.set_yticks(range(n_positions))
+        ax.set_xticks(np.arange(width + 1) - 0.5, minor=True)
+        ax.set_yticks(np.arange(n_positions + 1) - 0.5, minor=True)
+        ax.grid(which="minor", color="black", linewidth=0.3)
+        ax.tick_params(which="both", length=0, labelsize=7)
+        ax.set_xlabel("channel")
+        ax.set_ylabel("position")
+        ax.set_title(title, fontsize=10)
+    start = n_positions // group_size * group_size
+    if start < n_positions:
+        axes[1].text(width / 2 - 0.5, (start + n_positions - 1) / 2, "full precision\n"
+                     "(the newest group, not yet full)", ha="center", va="center", fontsize=8)
+
+
 def error_norm(scale: float) -> LogNorm:
     """One log colour scale for error heatmaps, from 1e-4 x scale to scale (notebook 20), so
     that 8, 4 and 2 bits can be told apart at a glance; 0 (held exactly) is drawn white."""
