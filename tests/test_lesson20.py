@@ -5,7 +5,9 @@ prefills, decode steps and truncations give the logits of a reference written fr
 (float64, 1e-10); nbytes equals the formula on live caches; truncate restores the state the
 cache had; a failing call changes nothing."""
 
+import contextlib
 import copy
+import io
 import json
 import re
 from pathlib import Path
@@ -951,14 +953,33 @@ NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "20_quantized_
 
 @pytest.fixture(scope="module")
 def notebook():
+    """The notebook's variables, every code cell run twice in a row (the timing and widget
+    cells, tagged nbval-ignore-output, once); what each run printed is kept in
+    namespace["__printed__"] to compare."""
     cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-    namespace = {"__name__": "__notebook__"}
+    namespace = {"__name__": "__notebook__", "__printed__": []}
     for cell in cells:
-        if cell["cell_type"] == "code" and \
-                "nbval-ignore-output" not in cell["metadata"].get("tags", []):
-            exec(compile("".join(cell["source"]), NOTEBOOK.name, "exec"), namespace)
-    plt.close("all")
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        ignored = "nbval-ignore-output" in cell["metadata"].get("tags", [])
+        printed = []
+        for _ in range(1 if ignored else 2):
+            output = io.StringIO()
+            with contextlib.redirect_stdout(output):
+                exec(compile(source, NOTEBOOK.name, "exec"), namespace)
+            printed.append(output.getvalue())
+        if not ignored:
+            namespace["__printed__"].append((source, printed))
+        plt.close("all")
     return namespace
+
+
+def test_every_cell_can_run_twice(notebook):
+    """Cells that touch caches work on fresh ones: a second run prints the same and passes
+    its asserts again."""
+    for source, (first, second) in notebook["__printed__"]:
+        assert first == second, source[:80]
 
 
 def test_the_exercises_are_left_open(notebook):
@@ -991,3 +1012,101 @@ def test_solution_display():
     assert "Solution to exercise 4" in shown.data and "axis=1" in shown.data
     with pytest.raises(ValueError, match="no exercise 9"):
         ex20.solution(9)
+
+
+# ------------------------------------------------------------------------------------------
+# Outlier key channels: the same model, wilder keys
+# ------------------------------------------------------------------------------------------
+
+@given(models(latent=False, window=False, positions="learned"), st.data())
+@settings(max_examples=60, deadline=None)
+def test_outlier_key_channels_change_the_keys_but_not_the_logits(model, data):
+    params, config = model
+    channels = data.draw(st.lists(st.integers(0, config.kv_width - 1), min_size=1, max_size=3))
+    layers = data.draw(st.sets(st.integers(0, config.n_layers - 1), min_size=1))
+    factor = data.draw(st.sampled_from([0.25, 3.0, 16.0, 100.0]))
+    changed = q.with_outlier_key_channels(params, channels, factor, layers)
+    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=10))
+    a, cache_a = kvlib.prefill(params, ids)
+    b, cache_b = kvlib.prefill(changed, ids)
+    np.testing.assert_allclose(b, a, rtol=1e-9, atol=TOLERANCE)
+    for layer in range(config.n_layers):
+        expected = cache_a.keys(layer).copy()
+        if layer in layers:
+            expected[:, sorted(set(channels))] *= factor
+        np.testing.assert_allclose(cache_b.keys(layer), expected, rtol=1e-9, atol=TOLERANCE)
+        np.testing.assert_allclose(cache_b.values(layer), cache_a.values(layer), rtol=1e-9,
+                                   atol=TOLERANCE)
+    for layer in set(range(config.n_layers)) - layers:     # untouched layers share weights
+        assert changed.layers[layer] is params.layers[layer]
+
+
+def test_per_channel_scales_absorb_outlier_channels_exactly():
+    """Scaling a channel by a power of two scales its per-channel scale exactly: the codes
+    and the error relative to the channel stay the same, while per-token scales suffer."""
+    config = kvlib.ModelConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8, context_length=64,
+                               positions="learned", norm="layer", bias=True)
+    params = kvlib.init_params(config, seed=1)
+    ids = np.random.default_rng(0).integers(0, 12, 64)
+    wild = q.with_outlier_key_channels(params, [1, 6], 16.0)
+    _, tame_cache = kvlib.prefill(params, ids)
+    _, wild_cache = kvlib.prefill(wild, ids)
+    tame, wild_keys = tame_cache.keys(0), wild_cache.keys(0)
+    per_channel = PerChannel(4, 32)
+    held_tame, held_wild = per_channel.round_trip(tame), per_channel.round_trip(wild_keys)
+    np.testing.assert_allclose(held_wild[:, [1, 6]], 16 * held_tame[:, [1, 6]], rtol=1e-12)
+    np.testing.assert_allclose(np.delete(held_wild, [1, 6], 1), np.delete(held_tame, [1, 6], 1),
+                               rtol=1e-12)
+    others = np.delete(np.arange(8), [1, 6])
+    per_token_tame = np.abs(PerToken(4).round_trip(tame) - tame)[:, others].mean()
+    per_token_wild = np.abs(PerToken(4).round_trip(wild_keys) - wild_keys)[:, others].mean()
+    assert per_token_wild > 4 * per_token_tame
+
+
+@pytest.mark.parametrize("change, phrase", [
+    (dict(params=kvlib.init_params(kvlib.ModelConfig(positions="rotary"))), "rotary"),
+    (dict(params=kvlib.init_params(kvlib.ModelConfig(latent_dim=2))), "latent"),
+    (dict(channels=[4]), "between 0 and 3"),
+    (dict(channels=[]), "between 0 and 3"),
+    (dict(channels=[0.5]), "whole numbers"),
+    (dict(factor=0), "positive number"),
+    (dict(factor=float("nan")), "positive number"),
+    (dict(factor="16"), "positive number"),
+    (dict(layers=[3]), "between 0 and 2"),
+    (dict(layers=[-1]), "at least 0"),
+])
+def test_outlier_key_channels_refuse_what_they_cannot_do(change, phrase):
+    arguments = dict(params=kvlib.init_params(), channels=[1], factor=16.0, layers=None) | change
+    with pytest.raises((ValueError, TypeError), match=re_escape(phrase)):
+        q.with_outlier_key_channels(**arguments)
+
+
+def test_the_explorer_compares_the_model_with_its_outlier_version(widget_model):
+    params, tokenizer, story = widget_model
+    wild = q.with_outlier_key_channels(params, [3, 12], 16.0)
+    box = w20.quantized_cache_explorer(params, tokenizer, story, prompt_length=20, n_new=8,
+                                       group_size=16, outlier_params=wild)
+    for name in ("key_bits", "value_bits"):
+        box.controls[name].value = 4
+    box.controls["key_grouping"].value = "per token"
+    tame_per_token = box.state["result"]
+    box.controls["model"].value = "outlier keys"
+    wild_per_token = box.state["result"]
+    assert wild_per_token["model"] == "outlier keys" and "(outlier keys)" in \
+        box.figure.axes[0].get_title()
+    assert wild_per_token["logit_error"] > 2 * tame_per_token["logit_error"]
+    assert np.abs(wild_per_token["key_error"][0]).max() > \
+        4 * np.abs(tame_per_token["key_error"][0]).max()
+    box.controls["key_grouping"].value = "per channel"
+    wild_per_channel = box.state["result"]
+    box.controls["model"].value = "as trained"
+    tame_per_channel = box.state["result"]
+    # per channel, the outliers only scale their own columns' scales: nothing else changes
+    assert wild_per_channel["logit_error"] == pytest.approx(tame_per_channel["logit_error"],
+                                                            rel=1e-6)
+    assert wild_per_channel["agreement"] == tame_per_channel["agreement"]
+    np.testing.assert_allclose(wild_per_channel["key_error"][1][:, [3, 12]],
+                               16 * tame_per_channel["key_error"][1][:, [3, 12]], rtol=1e-6)
+    other = kvlib.init_params(WIDGET_CONFIG.replace(n_layers=1))
+    with pytest.raises(ValueError, match="same model"):
+        w20.quantized_cache_explorer(params, tokenizer, story, outlier_params=other)

@@ -22,6 +22,7 @@ prefill as in a decode step (a real kernel fuses the dequantization into attenti
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from numbers import Integral
 
@@ -490,6 +491,60 @@ def bytes_per_token(n_layers: int, width: int, keys, values) -> float:
                                               + values.bytes_per_token(width))
 
 
+# ---------------------------------------------------------------------------------- outliers
+
+def with_outlier_key_channels(params: Params, channels, factor: float, layers=None) -> Params:
+    """The same model with outlier key channels (notebook 20): in each of the given layers
+    (all by default), key channels `channels` (columns of K, 0 .. kv_width - 1) multiplied
+    by factor, and the query columns that meet them divided by it.
+
+    Every score q . k = sum over c of q_c k_c is unchanged, so the model computes the same
+    logits; only the cached keys look different: a few of their channels are factor times
+    larger, as in the keys of large trained models (KIVI). With fewer K/V heads, a key
+    channel meets one query column in each head of its group. Needs learned or no positions
+    (rotary positions turn pairs of channels together) and K and V (not a latent).
+    """
+    config = params.config
+    if config.latent_dim is not None or config.positions == "rotary":
+        raise ValueError("with_outlier_key_channels needs a model with K and V and learned "
+                         "or no positions: rotary positions turn pairs of channels together, "
+                         "and a latent has no key channels")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or \
+            not np.isfinite(factor) or factor <= 0:
+        raise ValueError(f"factor must be a positive number, got {factor!r}")
+    channels = np.unique(np.asarray(channels))
+    if channels.size == 0 or not np.issubdtype(channels.dtype, np.integer) or \
+            channels.min() < 0 or channels.max() >= config.kv_width:
+        raise ValueError(f"channels must be whole numbers between 0 and {config.kv_width - 1}, "
+                         f"got {channels.tolist()}")
+    layers = range(config.n_layers) if layers is None else layers
+    layers = {_whole("layer", layer, 0) for layer in layers}
+    if max(layers, default=0) >= config.n_layers:
+        raise ValueError(f"layers must be between 0 and {config.n_layers - 1}, got "
+                         f"{sorted(layers)}")
+    dh, group = config.head_dim, config.n_heads // config.kv_heads
+    # key channel g*dh + i meets query column h*dh + i of every head h in K/V head g's group
+    queries = np.array([(c // dh * group + member) * dh + c % dh
+                        for c in channels for member in range(group)])
+    new_layers = []
+    for index, layer in enumerate(params.layers):
+        if index not in layers:
+            new_layers.append(layer)
+            continue
+        changed = {}
+        for name, columns, by in (("Wk", channels, factor), ("bk", channels, factor),
+                                  ("Wq", queries, 1 / factor), ("bq", queries, 1 / factor)):
+            array = getattr(layer, name)
+            if array is None:
+                continue
+            array = array.copy()
+            array[..., columns] = array[..., columns] * array.dtype.type(by)
+            changed[name] = array
+        new_layers.append(dataclasses.replace(layer, **changed))
+    return Params(config, params.embedding, tuple(new_layers), params.position_table,
+                  params.ln_f_gain, params.ln_f_bias)
+
+
 # ---------------------------------------------------------------------------------- measuring
 
 def decoded_logits(params: Params, ids, cache: BaseKVCache, prompt_length: int = 1
@@ -620,4 +675,5 @@ __all__ = [
     "PerTokenStore", "PerChannelStore", "QuantizedKVCache", "quantized_cache_bytes",
     "bytes_per_token", "decoded_logits", "greedy_tokens", "next_token_loss", "greedy_agreement",
     "Quality", "plain_logits", "measure_quality", "quantization_step",
+    "with_outlier_key_channels",
 ]

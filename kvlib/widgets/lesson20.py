@@ -182,6 +182,11 @@ def _short(quality) -> str:
     return f"K{one(quality.keys)} V{one(quality.values)}"
 
 
+def _relative_rms(error: np.ndarray, exact: np.ndarray) -> float:
+    """RMS of the error over the RMS of the numbers themselves (notebook 20)."""
+    return float(np.sqrt(np.mean(error ** 2)) / np.sqrt(np.mean(exact ** 2)))
+
+
 def _tokens_html(tokens, reference) -> str:
     """The continuation's tokens, those that differ from the plain cache's in bold and
     underlined (no colour needed to see them)."""
@@ -192,8 +197,12 @@ def _tokens_html(tokens, reference) -> str:
     return " ".join(shown)
 
 
+MODELS = ("as trained", "outlier keys")
+
+
 def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_length: int = 32,
-                             n_new: int = 24, layer: int = 0, group_size: int = 32):
+                             n_new: int = 24, layer: int = 0, group_size: int = 32,
+                             outlier_params: kvlib.Params | None = None):
     """Choose bits and grouping for K and V; see what a QuantizedKVCache does (notebook 20).
 
     story: ids (T,), BOS first, prefilled whole (T <= context length). The heatmap is the
@@ -201,13 +210,19 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
     cache's nbytes / T, and the formula), the error of K and V, the loss along the story
     and the share of unchanged greedy picks, and a greedy continuation of the story's first
     prompt_length tokens by n_new tokens, with the tokens that differ from the plain cache's
-    in bold. Results are kept per setting, so going back to one is instant.
+    in bold. Results are kept per setting, so going back to one is instant. With
+    outlier_params (the same model with outlier key channels,
+    kvlib.serving.quantized.with_outlier_key_channels), a "keys" control switches between
+    the two models.
 
     Returns a VBox with what the tests use: ``controls`` ({"key_bits", "key_grouping",
-    "value_bits", "value_grouping", "layer"}), ``status``, ``message``, ``figure`` and
-    ``state`` ({"result": the setting on show, a dict; "results": every setting seen}).
+    "value_bits", "value_grouping", "layer"}, and "model" with outlier_params), ``status``,
+    ``message``, ``figure`` and ``state`` ({"result": the setting on show, a dict;
+    "results": every setting seen}).
     """
     config = params.config
+    if outlier_params is not None and outlier_params.config != config:
+        raise ValueError("outlier_params must be the same model's (its config differs)")
     story = kvlib.check_ids(story, params, "story")
     if len(story) > config.context_length:
         raise ValueError(f"the story has {len(story)} tokens; the context holds "
@@ -218,13 +233,18 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
     if prompt_length + n_new > config.context_length:
         raise ValueError(f"prompt_length + n_new ({prompt_length} + {n_new}) exceeds the "
                          f"context length {config.context_length}")
-    plain_logits, plain_cache = kvlib.prefill(params, story)
-    plain_loss = next_token_loss(plain_logits, story)
+    models = {MODELS[0]: params} | ({} if outlier_params is None else
+                                     {MODELS[1]: outlier_params})
+    plain = {}
+    for name, model in models.items():
+        logits, cache = kvlib.prefill(model, story)
+        plain[name] = {"logits": logits, "loss": next_token_loss(logits, story),
+                       "keys": [cache.keys(i) for i in range(config.n_layers)],
+                       "values": [cache.values(i) for i in range(config.n_layers)]}
     plain_tokens = greedy_tokens(params, story[:prompt_length], n_new,
                                  kvlib.KVCache(config))
-    exact_keys = [plain_cache.keys(i) for i in range(config.n_layers)]
-    exact_values = [plain_cache.values(i) for i in range(config.n_layers)]
-    norm = error_norm(float(max(np.abs(k).max() for k in exact_keys)) / 2)
+    norm = error_norm(float(max(np.abs(k).max() for reference in plain.values()
+                                for k in reference["keys"])) / 2)
     float16_bytes = 2 * 2 * config.n_layers * config.kv_width
     own_bytes = float16_bytes * config.numpy_dtype.itemsize // 2
 
@@ -243,11 +263,15 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
         "layer": widgets.IntSlider(value=layer, min=0, max=config.n_layers - 1,
                                    description="layer", continuous_update=False),
     }
+    if outlier_params is not None:
+        controls["model"] = widgets.ToggleButtons(options=MODELS, value=MODELS[0],
+                                                  description="keys",
+                                                  style={"button_width": "100px"})
     status, message = widgets.HTML(), widgets.HTML()
     live = LiveFigure(figsize=(10, 3.8), n_axes=2, width_ratios=[3, 1])
     live.figure.subplots_adjust(left=0.07, right=0.97, bottom=0.16, top=0.88, wspace=0.45)
     heatmap_ax, bytes_ax = live.axes
-    image = draw_error_heatmap(heatmap_ax, np.zeros_like(exact_keys[0]), norm)
+    image = draw_error_heatmap(heatmap_ax, np.zeros_like(plain[MODELS[0]]['keys'][0]), norm)
     labels = ["float16", f"kvlib {config.dtype}", "this cache"]
     bars = bytes_ax.barh(range(3), [float16_bytes, own_bytes, float16_bytes],
                          color=[matplotlib.colormaps[COLORMAP](x) for x in (0.35, 0.1, 0.8)],
@@ -262,24 +286,28 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
     def measure(setting):
         if setting in state["results"]:
             return state["results"][setting]
-        key_bits, key_kind, value_bits, value_kind = setting
+        model_name, key_bits, key_kind, value_bits, value_kind = setting
+        model, reference = models[model_name], plain[model_name]
         keys = make_grouping(key_kind, key_bits, group_size)
         values = make_grouping(value_kind, value_bits, group_size)
-        logits, cache = kvlib.prefill(params, story, QuantizedKVCache(config, keys, values))
-        tokens = greedy_tokens(params, story[:prompt_length], n_new,
+        logits, cache = kvlib.prefill(model, story, QuantizedKVCache(config, keys, values))
+        tokens = greedy_tokens(model, story[:prompt_length], n_new,
                                QuantizedKVCache(config, keys, values))
-        key_error = [np.abs(cache.keys(i) - exact_keys[i]) for i in range(config.n_layers)]
-        value_error = [np.abs(cache.values(i) - exact_values[i])
+        key_error = [np.abs(cache.keys(i) - reference["keys"][i])
+                     for i in range(config.n_layers)]
+        value_error = [np.abs(cache.values(i) - reference["values"][i])
                        for i in range(config.n_layers)]
+        exact_keys = np.concatenate(reference["keys"])
+        exact_values = np.concatenate(reference["values"])
         result = {
-            "keys": keys, "values": values, "nbytes": cache.nbytes,
+            "keys": keys, "values": values, "nbytes": cache.nbytes, "model": model_name,
             "bytes_per_token": bytes_per_token(config.n_layers, config.kv_width, keys, values),
             "key_error": key_error,
-            "key_rms": float(np.sqrt(np.mean(np.concatenate(key_error) ** 2))),
-            "value_rms": float(np.sqrt(np.mean(np.concatenate(value_error) ** 2))),
-            "logit_error": float(np.abs(logits - plain_logits).mean()),
-            "loss": next_token_loss(logits, story),
-            "agreement": greedy_agreement(logits, plain_logits),
+            "key_rms": _relative_rms(np.concatenate(key_error), exact_keys),
+            "value_rms": _relative_rms(np.concatenate(value_error), exact_values),
+            "logit_error": float(np.abs(logits - reference["logits"]).mean()),
+            "loss": next_token_loss(logits, story), "plain_loss": reference["loss"],
+            "agreement": greedy_agreement(logits, reference["logits"]),
             "tokens": tokens,
             "same_tokens": sum(a == b for a, b in zip(tokens, plain_tokens)),
             "first_difference": next((i for i, (a, b) in enumerate(zip(tokens, plain_tokens))
@@ -288,18 +316,17 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
         state["results"][setting] = result
         return result
 
-    key_rms_plain = float(np.sqrt(np.mean(np.concatenate(exact_keys) ** 2)))
-    value_rms_plain = float(np.sqrt(np.mean(np.concatenate(exact_values) ** 2)))
-
     def redraw(*_):
-        setting = (controls["key_bits"].value, controls["key_grouping"].value,
+        model_name = controls["model"].value if "model" in controls else MODELS[0]
+        setting = (model_name, controls["key_bits"].value, controls["key_grouping"].value,
                    controls["value_bits"].value, controls["value_grouping"].value)
         result = measure(setting)
         state["result"] = result
         chosen = controls["layer"].value
         image.set_data(np.ma.masked_less_equal(result["key_error"][chosen], 0))
-        heatmap_ax.set_title(f"layer {chosen}'s keys, {result['keys'].name}: error of every "
-                             f"cached number, {len(story)} positions")
+        heatmap_ax.set_title(f"layer {chosen}'s keys ({model_name}), {result['keys'].name}: "
+                             f"error of every cached number, {len(story)} positions",
+                             fontsize=9)
         bars[2].set_width(result["bytes_per_token"])
         bytes_ax.set_xlim(0, own_bytes * 1.15)
         live.show()
@@ -320,13 +347,11 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
             f"kvlib's {config.dtype}); the live cache holds {result['nbytes']:,} bytes for "
             f"{T} positions ({per_token:,.1f} a position, the newest group's rows in "
             f"{config.dtype}).",
-            f"RMS error of every cached key {result['key_rms']:.4f} "
-            f"({100 * result['key_rms'] / key_rms_plain:.2f}% of the keys' RMS), of every "
-            f"value {result['value_rms']:.4f} "
-            f"({100 * result['value_rms'] / value_rms_plain:.2f}%).",
+            f"Error of the cached numbers, RMS relative to their own: keys "
+            f"{100 * result['key_rms']:.2f}%, values {100 * result['value_rms']:.2f}%.",
             f"Along the story: logits off by {result['logit_error']:.4f} on average; loss "
-            f"{result['loss']:.4f} nats against {plain_loss:.4f}; the greedy pick is the same "
-            f"at {100 * result['agreement']:.1f}% of the {T} positions.",
+            f"{result['loss']:.4f} nats against {result['plain_loss']:.4f}; the greedy pick is "
+            f"the same at {100 * result['agreement']:.1f}% of the {T} positions.",
             f"Greedy continuation of the first {prompt_length} tokens: {continuation}:",
             f"<small>{_tokens_html(words, plain_words)}</small>",
         ])
