@@ -4,9 +4,9 @@ bytes a token costs, and the quality table of a model.
 
 ``quantized_cache_explorer(params, tokenizer, story)`` lets a student choose the bits (8, 4
 or 2) and the grouping (per token or per channel) of K and of V. It prefills the story into
-a QuantizedKVCache and shows the error of one layer's keys as a heatmap, the bytes per token
-beside float16 and kvlib's own dtype, and how often greedy decoding still picks the same
-token, along the story and in a free continuation of it.
+a QuantizedKVCache and shows the rounding error of one layer's keys as a heatmap, the bytes
+per token beside float16 and kvlib's own dtype, and how often greedy decoding still picks
+the same token, along the story and in a free continuation of it.
 """
 
 from __future__ import annotations
@@ -143,43 +143,50 @@ def draw_error_heatmap(ax, error: np.ndarray, norm: LogNorm, title: str = "",
     return image
 
 
-def draw_quality(axes, qualities, plain_bytes: float, plain_name: str = "float16") -> None:
-    """The quality table as two panels (notebook 20): the loss a setting adds (nats per
-    token) and the share of greedy picks it keeps, each against its bytes per token; the
-    plain cache's bytes as a dashed line. qualities: kvlib.serving.quantized.Quality."""
+def pairing_name(quality) -> str:
+    """'K per channel, V per token' and so on: the groupings of a Quality (notebook 20)."""
+    def kind(grouping):
+        return "per channel" if isinstance(grouping, PerChannel) else "per token"
+    return f"K {kind(quality.keys)}, V {kind(quality.values)}"
+
+
+def draw_quality(axes, qualities) -> None:
+    """The quality table as grouped bars (notebook 20): for each pairing of groupings, a bar
+    per bit width; the share of greedy picks left unchanged (%) on axes[0], the held-out
+    loss added (nats per token, symmetric log scale: quantization noise can also lower it a
+    little) on axes[1]. qualities: kvlib.serving.quantized.Quality, any order."""
     if len(axes) != 2 or not qualities:
         raise ValueError("draw_quality needs two axes and at least one setting")
+    pairings = list(dict.fromkeys(pairing_name(q) for q in qualities))
+    widths = sorted({q.keys.bits for q in qualities}, reverse=True)
     cmap = matplotlib.colormaps[COLORMAP]
-    markers = {PerChannel: "o", PerToken: "s"}
-    colors = {8: cmap(0.1), 4: cmap(0.5), 2: cmap(0.85)}
-    for ax, value, label in ((axes[0], lambda q: max(q.added_loss, 1e-6),
-                              "held-out loss added (nats per token, log scale)"),
-                             (axes[1], lambda q: 100 * q.agreement,
-                              "greedy picks unchanged (%)")):
+    colors = {bits: cmap(0.15 + 0.7 * i / max(1, len(widths) - 1))
+              for i, bits in enumerate(widths)}
+    bar = 0.8 / len(widths)
+    for ax, value, label in ((axes[0], lambda q: 100 * q.agreement, "greedy picks unchanged (%)"),
+                             (axes[1], lambda q: q.added_loss,
+                              "held-out loss added (nats per token)")):
         ax.clear()
-        for quality in qualities:
-            ax.scatter(quality.bytes_per_token, value(quality),
-                       marker=markers[type(quality.keys)], s=45, edgecolor="black",
-                       linewidth=0.5, color=colors.get(quality.keys.bits, cmap(0.3)),
-                       zorder=3)
-            ax.annotate(_short(quality), (quality.bytes_per_token, value(quality)),
-                        textcoords="offset points", xytext=(5, 3), fontsize=7)
-        ax.axvline(plain_bytes, color="grey", linestyle="--", linewidth=1)
-        ax.text(plain_bytes, 0.02, f" {plain_name}", transform=ax.get_xaxis_transform(),
-                fontsize=8, color="grey")
-        ax.set_xscale("log")
-        ax.set_xlabel("bytes per token, all layers (log scale)")
+        for i, bits in enumerate(widths):
+            chosen = {pairing_name(q): q for q in qualities if q.keys.bits == bits}
+            x = [j + (i - (len(widths) - 1) / 2) * bar for j, p in enumerate(pairings)
+                 if p in chosen]
+            heights = [value(chosen[p]) for p in pairings if p in chosen]
+            ax.bar(x, heights, width=bar, color=colors[bits], edgecolor="black",
+                   linewidth=0.5, label=f"int{bits}")
+        ax.set_xticks(range(len(pairings)), [p.replace(", ", ",\n") for p in pairings],
+                      fontsize=8)
         ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].set_yscale("log")
-    axes[0].set_title("what the cache costs in loss")
-    axes[1].set_title("how often the greedy token stays the same")
-
-
-def _short(quality) -> str:
-    def one(grouping):
-        return f"{grouping.bits}{'c' if isinstance(grouping, PerChannel) else 't'}"
-    return f"K{one(quality.keys)} V{one(quality.values)}"
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylim(0, 112)
+    axes[0].set_yticks(range(0, 101, 20))
+    axes[0].legend(loc="upper center", ncol=len(widths), fontsize=8)
+    axes[0].set_title("how often the greedy token stays the same")
+    axes[1].set_yscale("symlog", linthresh=1e-3)
+    lowest = min(q.added_loss for q in qualities)
+    axes[1].set_ylim(bottom=min(-1e-3, 2 * lowest))
+    axes[1].axhline(0, color="black", linewidth=0.5)
+    axes[1].set_title("what the cache costs in held-out loss")
 
 
 def _relative_rms(error: np.ndarray, exact: np.ndarray) -> float:
@@ -206,7 +213,7 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
     """Choose bits and grouping for K and V; see what a QuantizedKVCache does (notebook 20).
 
     story: ids (T,), BOS first, prefilled whole (T <= context length). The heatmap is the
-    error of layer `layer`'s keys; the status lines give the bytes per token (the live
+    rounding error of layer `layer`'s keys; the status lines give the bytes per token (the live
     cache's nbytes / T, and the formula), the error of K and V, the loss along the story
     and the share of unchanged greedy picks, and a greedy continuation of the story's first
     prompt_length tokens by n_new tokens, with the tokens that differ from the plain cache's
@@ -293,10 +300,10 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
         logits, cache = kvlib.prefill(model, story, QuantizedKVCache(config, keys, values))
         tokens = greedy_tokens(model, story[:prompt_length], n_new,
                                QuantizedKVCache(config, keys, values))
-        key_error = [np.abs(cache.keys(i) - reference["keys"][i])
-                     for i in range(config.n_layers)]
-        value_error = [np.abs(cache.values(i) - reference["values"][i])
-                       for i in range(config.n_layers)]
+        # the rounding alone: each layer's plain keys and values, quantized and read back
+        # (the cache's own rows in later layers also carry what earlier layers changed)
+        key_error = [np.abs(keys.round_trip(rows) - rows) for rows in reference["keys"]]
+        value_error = [np.abs(values.round_trip(rows) - rows) for rows in reference["values"]]
         exact_keys = np.concatenate(reference["keys"])
         exact_values = np.concatenate(reference["values"])
         result = {
