@@ -12,9 +12,11 @@ Prints three tables:
 2. kvlib's decode speed at GPT-2 small's shapes (12 layers, 768 wide, float32, random
    weights, one BLAS thread) after a few cached lengths, with a plain KVCache and with
    quantized ones: numpy dequantizes the whole cache at every read (no fused kernel), so a
-   quantized step is slower here, and more so the longer the cache. Timings: the settings
-   are measured in turn, several rounds, keeping each one's fastest, so that a load that
-   comes and goes on the machine is shared out.
+   quantized step is slower here, and more so the longer the cache. Beside it, the bytes a
+   step must read (every weight and the whole cache) and the speed-up they predict for a
+   memory-bound step whose kernel reads the codes directly (fused dequantization), as GPUs
+   run it. Timings: the settings are measured in turn, several rounds, keeping each one's
+   fastest, so that a load that comes and goes on the machine is shared out.
 3. on the trained story model (kvlib/models/stories), for 8, 4 and 2 bits and four
    pairings of groupings: the mean and largest change of the logits, the held-out loss and
    the share of unchanged greedy picks, over held-out sequences (exact, deterministic).
@@ -160,12 +162,20 @@ def timing_table(arguments) -> str:
                 seconds = (time.perf_counter() - started) / arguments.steps
                 best[length, name] = min(best.get((length, name), np.inf), seconds)
     header = ["cached tokens"] + [f"{name} tok/s" for name in makers] + \
-        [f"{name} / plain time" for name in list(makers)[1:]]
+        [f"{name} / plain time" for name in list(makers)[1:]] + \
+        ["MB read, plain", "MB read, int4 KIVI", "fused-kernel prediction"]
+    weights = params.n_parameters * 4
     rows = []
     for length in arguments.lengths:
         plain = best[length, "plain"]
+        # a memory-bound step reads every weight and the whole cache once; a fused kernel
+        # reads the cache as it is stored, so its time would shrink with the bytes
+        read_plain = weights + caches[length, "plain"].nbytes
+        read_kivi = weights + caches[length, "int4 KIVI"].nbytes
         rows.append([f"{length}"] + [f"{1 / best[length, name]:.1f}" for name in makers]
-                    + [f"{best[length, name] / plain:.2f}x" for name in list(makers)[1:]])
+                    + [f"{best[length, name] / plain:.2f}x" for name in list(makers)[1:]]
+                    + [f"{read_plain / 1e6:.1f}", f"{read_kivi / 1e6:.1f}",
+                       f"{read_plain / read_kivi:.2f}x faster"])
     return (f"model: {config.n_layers} layers, d_model 768, 12 heads, vocabulary 50257, "
             f"float32, random weights; {arguments.steps} steps a round, fastest of "
             f"{arguments.rounds} rounds\n\n" + markdown_table(header, rows))

@@ -43,9 +43,10 @@ def test_the_benchmark_prints_complete_tables():
     header, rows, before = table(output, "kvlib decode speed")
     assert any("1 layers, d_model 768" in line for line in before)
     assert header[0] == "cached tokens" and "int4 KIVI / plain time" in header
+    assert header[-1] == "fused-kernel prediction"
     assert [row[0] for row in rows] == ["8", "40"]
     for row in rows:
-        assert len(row) == 6 and all(re.fullmatch(rf"{NUMBER}x?", cell) for cell in row)
+        assert len(row) == 9 and all(re.fullmatch(rf"{NUMBER}x?( faster)?", cell) for cell in row)
 
     lines = output.splitlines()
     start = lines.index("## Quality on the trained story model (exact)")

@@ -951,6 +951,143 @@ def test_the_quality_plot_draws_a_bar_per_setting():
         w20.draw_quality(axes[:1], qualities)
 
 
+# ------------------------------------------------------------------------------------------
+# The notebook: its exercises stay open, the solutions pass in its own variables
+# ------------------------------------------------------------------------------------------
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "20_quantized_cache.ipynb"
+
+
+@pytest.fixture(scope="module")
+def notebook():
+    """The notebook's variables, every code cell run twice in a row (the timing and widget
+    cells, tagged nbval-ignore-output, once); what each run printed is kept in
+    namespace["__printed__"] to compare."""
+    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+    namespace = {"__name__": "__notebook__", "__printed__": []}
+    for cell in cells:
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        ignored = "nbval-ignore-output" in cell["metadata"].get("tags", [])
+        printed = []
+        for _ in range(1 if ignored else 2):
+            output = io.StringIO()
+            with contextlib.redirect_stdout(output):
+                exec(compile(source, NOTEBOOK.name, "exec"), namespace)
+            printed.append(output.getvalue())
+        if not ignored:
+            namespace["__printed__"].append((source, printed))
+        plt.close("all")
+    return namespace
+
+
+def test_every_cell_can_run_twice(notebook):
+    """Cells that touch caches work on fresh ones: a second run prints the same and passes
+    its asserts again."""
+    for source, (first, second) in notebook["__printed__"]:
+        assert first == second, source[:80]
+
+
+def test_the_exercises_are_left_open(notebook):
+    assert notebook["codes"] is ... and notebook["codes_next"] is ... and \
+        notebook["answer"] is ...
+    assert np.array_equal(notebook["row"], ex20.ROW)
+
+
+def test_solutions_pass_in_the_notebooks_namespace(notebook):
+    assert sorted(ex20.SOLUTIONS) == [1, 2, 3, 4]
+    scope = dict(notebook)
+    exec(ex20.SOLUTIONS[1], scope)
+    assert_correct(ex20.check_codes(scope["codes"]))
+    assert_correct(ex20.check_codes_with_fixed_scale(scope["codes_next"]))
+    for number, checker in ((2, ex20.check_bytes_per_token),
+                            (3, ex20.check_huge_channel_prediction),
+                            (4, ex20.check_round_trip_per_token)):
+        scope = dict(notebook)
+        exec(ex20.SOLUTIONS[number], scope)
+        assert_correct(checker(scope["answer"]))
+
+
+def test_the_notebooks_buggy_function_fails_its_checker(notebook):
+    assert_not_yet(ex20.check_round_trip_per_token(notebook["round_trip_per_token_buggy"]),
+                   "still one scale per column")
+
+
+def test_solution_display():
+    shown = ex20.solution(4)
+    assert "Solution to exercise 4" in shown.data and "axis=1" in shown.data
+    with pytest.raises(ValueError, match="no exercise 9"):
+        ex20.solution(9)
+
+
+# ------------------------------------------------------------------------------------------
+# Outlier key channels: the same model, wilder keys
+# ------------------------------------------------------------------------------------------
+
+@given(models(latent=False, window=False, positions="learned"), st.data())
+@settings(max_examples=60, deadline=None)
+def test_outlier_key_channels_change_the_keys_but_not_the_logits(model, data):
+    params, config = model
+    channels = data.draw(st.lists(st.integers(0, config.kv_width - 1), min_size=1, max_size=3))
+    layers = data.draw(st.sets(st.integers(0, config.n_layers - 1), min_size=1))
+    factor = data.draw(st.sampled_from([0.25, 3.0, 16.0, 100.0]))
+    changed = q.with_outlier_key_channels(params, channels, factor, layers)
+    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=10))
+    a, cache_a = kvlib.prefill(params, ids)
+    b, cache_b = kvlib.prefill(changed, ids)
+    np.testing.assert_allclose(b, a, rtol=1e-9, atol=TOLERANCE)
+    for layer in range(config.n_layers):
+        expected = cache_a.keys(layer).copy()
+        if layer in layers:
+            expected[:, sorted(set(channels))] *= factor
+        np.testing.assert_allclose(cache_b.keys(layer), expected, rtol=1e-9, atol=TOLERANCE)
+        np.testing.assert_allclose(cache_b.values(layer), cache_a.values(layer), rtol=1e-9,
+                                   atol=TOLERANCE)
+    for layer in set(range(config.n_layers)) - layers:     # untouched layers share weights
+        assert changed.layers[layer] is params.layers[layer]
+
+
+def test_per_channel_scales_absorb_outlier_channels_exactly():
+    """Scaling a channel by a power of two scales its per-channel scale exactly: the codes
+    and the error relative to the channel stay the same, while per-token scales suffer."""
+    config = kvlib.ModelConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8, context_length=64,
+                               positions="learned", norm="layer", bias=True)
+    params = kvlib.init_params(config, seed=1)
+    ids = np.random.default_rng(0).integers(0, 12, 64)
+    wild = q.with_outlier_key_channels(params, [1, 6], 16.0)
+    _, tame_cache = kvlib.prefill(params, ids)
+    _, wild_cache = kvlib.prefill(wild, ids)
+    tame, wild_keys = tame_cache.keys(0), wild_cache.keys(0)
+    per_channel = PerChannel(4, 32)
+    held_tame, held_wild = per_channel.round_trip(tame), per_channel.round_trip(wild_keys)
+    np.testing.assert_allclose(held_wild[:, [1, 6]], 16 * held_tame[:, [1, 6]], rtol=1e-12)
+    np.testing.assert_allclose(np.delete(held_wild, [1, 6], 1), np.delete(held_tame, [1, 6], 1),
+                               rtol=1e-12)
+    others = np.delete(np.arange(8), [1, 6])
+    per_token_tame = np.abs(PerToken(4).round_trip(tame) - tame)[:, others].mean()
+    per_token_wild = np.abs(PerToken(4).round_trip(wild_keys) - wild_keys)[:, others].mean()
+    assert per_token_wild > 4 * per_token_tame
+
+
+@pytest.mark.parametrize("change, phrase", [
+    (dict(params=kvlib.init_params(kvlib.ModelConfig(positions="rotary"))), "rotary"),
+    (dict(params=kvlib.init_params(kvlib.ModelConfig(latent_dim=2))), "latent"),
+    (dict(channels=[4]), "between 0 and 3"),
+    (dict(channels=[]), "between 0 and 3"),
+    (dict(channels=[0.5]), "whole numbers"),
+    (dict(factor=0), "positive number"),
+    (dict(factor=float("nan")), "positive number"),
+    (dict(factor="16"), "positive number"),
+    (dict(layers=[3]), "between 0 and 2"),
+    (dict(layers=[-1]), "at least 0"),
+])
+def test_outlier_key_channels_refuse_what_they_cannot_do(change, phrase):
+    arguments = dict(params=kvlib.init_params(), channels=[1], factor=16.0, layers=None) | change
+    with pytest.raises((ValueError, TypeError), match=re_escape(phrase)):
+        q.with_outlier_key_channels(**arguments)
+
+
 def test_the_explorer_compares_the_model_with_its_outlier_version(widget_model):
     params, tokenizer, story = widget_model
     wild = q.with_outlier_key_channels(params, [3, 12], 16.0)
