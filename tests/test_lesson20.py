@@ -1117,3 +1117,18 @@ def test_the_explorer_compares_the_model_with_its_outlier_version(widget_model):
     other = kvlib.init_params(WIDGET_CONFIG.replace(n_layers=1))
     with pytest.raises(ValueError, match="same model"):
         w20.quantized_cache_explorer(params, tokenizer, story, outlier_params=other)
+
+
+@pytest.mark.parametrize("call, error, phrase", [
+    (lambda: q.quantize(np.ones((2, 3)), "s", 8), TypeError, "scales must be numbers"),
+    (lambda: q.quantize(np.ones((2, 3)), np.ones((3, 1)), 8), ValueError, "do not match"),
+    (lambda: q.quantize(np.ones((2, 3)), -np.ones((2, 1)), 8), ValueError, ">= 0"),
+    (lambda: q.quantize(np.ones((2, 3)), np.ones((2, 1)), 5), ValueError, "one of (2, 4, 8)"),
+    (lambda: q.dequantize("codes", 1.0), TypeError, "whole numbers"),
+    (lambda: q.dequantize(np.ones((2, 3)), 1.0), TypeError, "whole numbers"),
+    (lambda: q.dequantize(np.ones((2, 3), dtype=int), [[1.0, np.nan]]), ValueError, "finite"),
+    (lambda: q.round_trip([[1.0, 2.0]], 8, 2), ValueError, "axis"),
+])
+def test_quantize_and_dequantize_refuse_bad_input_in_words(call, error, phrase):
+    with pytest.raises(error, match=re_escape(phrase)):
+        call()

@@ -88,6 +88,11 @@ def symmetric_scales(x, bits: int, axis: int) -> np.ndarray:
     A group of zeros gets the scale 0 (its codes are 0).
     """
     x = _as_float_array(x)
+    if isinstance(axis, bool) or not isinstance(axis, Integral) or \
+            not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis must be a whole number between {-x.ndim} and {x.ndim - 1} "
+                         f"(for rows (n, w): 1 gives a scale per row, 0 one per column), "
+                         f"got {axis!r}")
     largest = np.max(np.abs(x), axis=axis, keepdims=True).astype(np.float64)
     scales = largest / max_code(bits)
     if scales.max() > LARGEST_SCALE:
@@ -99,12 +104,28 @@ def symmetric_scales(x, bits: int, axis: int) -> np.ndarray:
     return np.where(rounded_down, np.nextafter(stored, SCALE_DTYPE.type(np.inf)), stored)
 
 
+def _as_scales(scales, shape: tuple[int, ...]) -> np.ndarray:
+    """Scales as a float array that broadcasts against numbers of the given shape."""
+    try:
+        scales = np.asarray(scales, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"scales must be numbers, got {type(scales).__name__}") from None
+    if not np.isfinite(scales).all() or (scales < 0).any():
+        raise ValueError("scales must be finite numbers >= 0")
+    try:
+        np.broadcast_shapes(shape, scales.shape)
+    except ValueError:
+        raise ValueError(f"scales of shape {scales.shape} do not match numbers of shape "
+                         f"{shape}: one per row is (n, 1), one per column (1, w)") from None
+    return scales
+
+
 def quantize(x, scales, bits: int) -> np.ndarray:
     """Codes of x (notebook 20): round(x / scales) clipped to +-max_code(bits), int8 of x's
     shape. scales broadcast against x (a scale per row (n, 1) or per column (1, w))."""
-    x = _as_float_array(x)
-    scales = np.asarray(scales, dtype=np.float64)
     limit = max_code(bits)
+    x = _as_float_array(x)
+    scales = _as_scales(scales, x.shape)
     ratio = np.divide(x, scales, out=np.zeros(np.broadcast_shapes(x.shape, scales.shape)),
                       where=scales != 0)
     return np.clip(np.rint(ratio), -limit, limit).astype(np.int8)
@@ -112,8 +133,12 @@ def quantize(x, scales, bits: int) -> np.ndarray:
 
 def dequantize(codes, scales, dtype="float64") -> np.ndarray:
     """What quantized numbers are read back as (notebook 20): codes x scales, in dtype."""
-    return (np.asarray(codes, dtype=np.float64) * np.asarray(scales, dtype=np.float64)
-            ).astype(dtype, copy=False)
+    codes = np.asarray(codes)
+    if codes.ndim == 0 or not np.issubdtype(codes.dtype, np.integer):
+        raise TypeError(f"codes must be an array of whole numbers, got {codes.dtype} of shape "
+                        f"{codes.shape}")
+    scales = _as_scales(scales, codes.shape)
+    return (codes.astype(np.float64) * scales).astype(dtype, copy=False)
 
 
 def round_trip(x, bits: int, axis: int) -> np.ndarray:
