@@ -844,6 +844,8 @@ def test_fewer_bits_cost_fewer_bytes_and_more_error(explorer):
         seen.append((result["bytes_per_token"], result["key_rms"], result["logit_error"]))
         bar = explorer.figure.axes[1].patches[2]
         assert bar.get_width() == result["bytes_per_token"]
+        assert explorer.figure.axes[1].texts[2].get_text() == \
+            f" {result['bytes_per_token']:,.0f}"
     assert seen[0][0] > seen[1][0] > seen[2][0]
     assert seen[0][1] < seen[1][1] < seen[2][1]
     assert seen[0][2] < seen[2][2]

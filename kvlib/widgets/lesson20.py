@@ -285,7 +285,9 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
                          edgecolor="black", linewidth=0.5)
     bytes_ax.set_yticks(range(3), labels)
     bytes_ax.invert_yaxis()
-    bytes_ax.set_xlim(0, own_bytes * 1.15)
+    bytes_ax.set_xlim(0, own_bytes * 1.6)
+    bar_labels = [bytes_ax.text(bar.get_width(), y, f" {bar.get_width():,.0f}", va="center",
+                                fontsize=8) for y, bar in enumerate(bars)]
     bytes_ax.set_xlabel("bytes per token")
     bytes_ax.set_title("cache per token")
     state = {"results": {}}
@@ -335,7 +337,8 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
                              f"error of every cached number, {len(story)} positions",
                              fontsize=9)
         bars[2].set_width(result["bytes_per_token"])
-        bytes_ax.set_xlim(0, own_bytes * 1.15)
+        bar_labels[2].set_position((result["bytes_per_token"], 2))
+        bar_labels[2].set_text(f" {result['bytes_per_token']:,.0f}")
         live.show()
         T = len(story)
         per_token = result["nbytes"] / T
