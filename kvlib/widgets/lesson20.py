@@ -334,7 +334,7 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
         chosen = controls["layer"].value
         image.set_data(np.ma.masked_less_equal(result["key_error"][chosen], 0))
         heatmap_ax.set_title(f"layer {chosen}'s keys ({model_name}), {result['keys'].name}: "
-                             f"error of every cached number, {len(story)} positions",
+                             f"rounding error of every cached key, {len(story)} positions",
                              fontsize=9)
         bars[2].set_width(result["bytes_per_token"])
         bar_labels[2].set_position((result["bytes_per_token"], 2))
