@@ -10,6 +10,8 @@ inference, never imported by them.
 - batch: several sequences decoded in one step, ragged or padded (notebook 19);
   scheduler: static and continuous batching of a stream of requests (notebook 19; its own
   scheduler.Request carries an id and an arrival in steps or seconds).
+- quantized.QuantizedKVCache: K and V stored in 8, 4 or 2 bits with scales per token or per
+  channel (notebook 20).
 - speculative: a draft proposes, the target verifies in one pass (notebook 21).
 """
 
@@ -27,6 +29,7 @@ from .prefix import (
     block_key,
     block_keys,
 )
+from .quantized import PerChannel, PerToken, QuantizedKVCache
 from .scheduler import ContinuousBatching, ModelRunner, StaticBatching, serve
 from .speculative import (
     GreedyAcceptance,

@@ -1,0 +1,704 @@
+"""Keys and values stored in a few bits (notebook 20; KIVI, vLLM's --kv-cache-dtype).
+
+Symmetric quantization: a group of numbers x shares one scale s = max|x| / q_max, with
+q_max = 2**(bits - 1) - 1 (127 for int8, 7 for int4, 1 for int2). Each number is stored as
+the whole number code = round(x / s), between -q_max and q_max, and read back as code x s:
+the error of every number is at most s / 2, half a quantization step. Scales are stored in
+float16, rounded up so that no number falls outside the codes. Codes of 4 and 2 bits are
+packed two and four to a byte, so that nbytes counts what a real cache would hold.
+
+Which numbers share a scale is the grouping, chosen for K and V separately:
+
+- PerToken(bits): one scale per cached row, a token's K (or V) in one layer, all K/V heads;
+- PerChannel(bits, group_size): one scale per column over a group of group_size positions.
+  The newest group is kept in full precision until it is full, then quantized (KIVI's
+  residual).
+
+QuantizedKVCache(config, keys=..., values=...) stores K and V this way, and kvlib.prefill and
+kvlib.decode_step run on it unchanged. Everything attention reads comes back through the
+store: keys(layer) and values(layer) dequantize on read and return float arrays, in a
+prefill as in a decode step (a real kernel fuses the dequantization into attention).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from numbers import Integral
+
+import numpy as np
+
+from ..cache import BaseKVCache
+from ..config import ModelConfig
+from ..inference import check_ids, decode_step, prefill
+from ..params import Params
+
+SUPPORTED_BITS = (2, 4, 8)
+SCALE_DTYPE = np.dtype(np.float16)
+SCALE_BYTES = SCALE_DTYPE.itemsize
+LARGEST_SCALE = float(np.finfo(np.float16).max)
+
+
+def _whole(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def _check_bits(bits) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, Integral):
+        raise TypeError(f"bits must be a whole number, one of {SUPPORTED_BITS}, got {bits!r}")
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits must be one of {SUPPORTED_BITS} (codes that pack whole into "
+                         f"a byte), got {bits}")
+    return int(bits)
+
+
+def _as_float_array(x, name: str = "x") -> np.ndarray:
+    if isinstance(x, np.ndarray) and x.dtype.kind in "fiu":
+        array = x
+    else:
+        try:
+            array = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            raise TypeError(f"{name} must be an array of numbers, got {type(x).__name__}") \
+                from None
+    if array.ndim == 0 or array.size == 0:
+        raise ValueError(f"{name} must be a non-empty array, got shape {array.shape}")
+    if not np.isfinite(array).all():
+        raise ValueError(f"{name} holds NaN or infinite values: they cannot be quantized")
+    return array
+
+
+# ---------------------------------------------------------------------------------- numbers
+
+def max_code(bits: int) -> int:
+    """The largest code of symmetric quantization (notebook 20): 2**(bits - 1) - 1, so
+    127 for int8, 7 for int4, 1 for int2. Codes run from -max_code to max_code."""
+    return 2 ** (_check_bits(bits) - 1) - 1
+
+
+def symmetric_scales(x, bits: int, axis: int) -> np.ndarray:
+    """One scale per group of numbers (notebook 20): max|x| along axis / max_code(bits).
+
+    x (n, w) with axis=1 gives a scale per row (n, 1); axis=0 a scale per column (1, w).
+    Stored in float16 and rounded up, never down, so that |x| / s never exceeds max_code.
+    A group of zeros gets the scale 0 (its codes are 0).
+    """
+    x = _as_float_array(x)
+    if isinstance(axis, bool) or not isinstance(axis, Integral) or \
+            not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis must be a whole number between {-x.ndim} and {x.ndim - 1} "
+                         f"(for rows (n, w): 1 gives a scale per row, 0 one per column), "
+                         f"got {axis!r}")
+    largest = np.max(np.abs(x), axis=axis, keepdims=True).astype(np.float64)
+    scales = largest / max_code(bits)
+    if scales.max() > LARGEST_SCALE:
+        raise ValueError(f"numbers up to {largest.max():.3g} need a scale above float16's "
+                         f"largest, {LARGEST_SCALE:.0f}: at {bits} bits |x| must stay below "
+                         f"{LARGEST_SCALE * max_code(bits):.4g}")
+    stored = scales.astype(SCALE_DTYPE)
+    rounded_down = stored.astype(np.float64) < scales
+    return np.where(rounded_down, np.nextafter(stored, SCALE_DTYPE.type(np.inf)), stored)
+
+
+def _as_scales(scales, shape: tuple[int, ...]) -> np.ndarray:
+    """Scales as a float array that broadcasts against numbers of the given shape."""
+    try:
+        scales = np.asarray(scales, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"scales must be numbers, got {type(scales).__name__}") from None
+    if not np.isfinite(scales).all() or (scales < 0).any():
+        raise ValueError("scales must be finite numbers >= 0")
+    try:
+        np.broadcast_shapes(shape, scales.shape)
+    except ValueError:
+        raise ValueError(f"scales of shape {scales.shape} do not match numbers of shape "
+                         f"{shape}: one per row is (n, 1), one per column (1, w)") from None
+    return scales
+
+
+def quantize(x, scales, bits: int) -> np.ndarray:
+    """Codes of x (notebook 20): round(x / scales) clipped to +-max_code(bits), int8 of x's
+    shape. scales broadcast against x (a scale per row (n, 1) or per column (1, w))."""
+    limit = max_code(bits)
+    x = _as_float_array(x)
+    scales = _as_scales(scales, x.shape)
+    ratio = np.divide(x, scales, out=np.zeros(np.broadcast_shapes(x.shape, scales.shape)),
+                      where=scales != 0)
+    return np.clip(np.rint(ratio), -limit, limit).astype(np.int8)
+
+
+def dequantize(codes, scales, dtype="float64") -> np.ndarray:
+    """What quantized numbers are read back as (notebook 20): codes x scales, in dtype."""
+    codes = np.asarray(codes)
+    if codes.ndim == 0 or not np.issubdtype(codes.dtype, np.integer):
+        raise TypeError(f"codes must be an array of whole numbers, got {codes.dtype} of shape "
+                        f"{codes.shape}")
+    scales = _as_scales(scales, codes.shape)
+    return (codes.astype(np.float64) * scales).astype(dtype, copy=False)
+
+
+def round_trip(x, bits: int, axis: int) -> np.ndarray:
+    """x quantized with one scale per group along axis and read back (notebook 20)."""
+    scales = symmetric_scales(x, bits, axis)
+    return dequantize(quantize(x, scales, bits), scales)
+
+
+# ---------------------------------------------------------------------------------- packing
+
+def packed_width(width: int, bits: int) -> int:
+    """Bytes that width codes of `bits` bits take, 8 // bits to a byte: ceil(width x bits / 8)."""
+    return -(-_whole("width", width, 1) * _check_bits(bits) // 8)
+
+
+def pack_codes(codes, bits: int) -> np.ndarray:
+    """Codes (..., w) -> bytes (..., packed_width(w, bits)), uint8 (notebook 20).
+
+    Each code is offset by 2**(bits - 1) to a whole number 1 .. 2**bits - 1 and written into
+    its own `bits` bits of a byte, the first code in the lowest bits; a row whose width is
+    not a multiple of 8 // bits is padded with zero bits.
+    """
+    bits = _check_bits(bits)
+    codes = np.asarray(codes)
+    limit = max_code(bits)
+    if codes.ndim == 0 or not np.issubdtype(codes.dtype, np.integer):
+        raise TypeError(f"codes must be an array of whole numbers, got {codes.dtype} "
+                        f"of shape {codes.shape}")
+    if codes.size and (codes.min() < -limit or codes.max() > limit):
+        raise ValueError(f"{bits}-bit codes must lie between -{limit} and {limit}, got "
+                         f"{codes.min()} .. {codes.max()}")
+    per_byte = 8 // bits
+    width = codes.shape[-1]
+    unsigned = (codes.astype(np.int16) + 2 ** (bits - 1)).astype(np.uint16)
+    padding = [(0, 0)] * (codes.ndim - 1) + [(0, -width % per_byte)]
+    grouped = np.pad(unsigned, padding).reshape(*codes.shape[:-1], -(-width // per_byte),
+                                                 per_byte)
+    shifts = np.arange(per_byte, dtype=np.uint16) * bits
+    return (grouped << shifts).sum(axis=-1).astype(np.uint8)
+
+
+def _byte_table(bits: int) -> np.ndarray:
+    """The codes every byte value holds: (256, 8 // bits) int8, lowest bits first."""
+    per_byte = 8 // bits
+    fields = (np.arange(256)[:, None] >> (np.arange(per_byte) * bits)) & (2 ** bits - 1)
+    return (fields - 2 ** (bits - 1)).astype(np.int8)
+
+
+BYTE_TABLES = {bits: _byte_table(bits) for bits in SUPPORTED_BITS}
+"""For each bit width, the codes each of the 256 byte values holds: unpacking is one lookup."""
+
+
+def unpack_codes(packed, bits: int, width: int) -> np.ndarray:
+    """Bytes from pack_codes (..., packed_width(width, bits)) -> codes (..., width), int8."""
+    bits, width = _check_bits(bits), _whole("width", width, 1)
+    packed = np.asarray(packed)
+    if packed.dtype != np.uint8 or packed.ndim == 0 or \
+            packed.shape[-1] != packed_width(width, bits):
+        raise ValueError(f"expected uint8 bytes (..., {packed_width(width, bits)}) for {width} "
+                         f"codes of {bits} bits, got {packed.dtype} of shape {packed.shape}")
+    codes = BYTE_TABLES[bits][packed]                      # (..., bytes, 8 // bits)
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * (8 // bits))[..., :width]
+
+
+# ---------------------------------------------------------------------------------- groupings
+
+def _check_quantizable(rows: np.ndarray, what: str, bits: int) -> None:
+    """Refuse, before anything is stored, what quantize would fail on."""
+    if not np.isfinite(rows).all():
+        raise ValueError(f"{what} holds NaN or infinite values: they cannot be quantized")
+    limit = LARGEST_SCALE * max_code(bits)
+    if np.abs(rows).max() > limit:
+        raise ValueError(f"{what} holds numbers up to {np.abs(rows).max():.3g}, too large for "
+                         f"float16 scales at {bits} bits (at most {limit:.4g})")
+
+
+@dataclass(frozen=True)
+class PerToken:
+    """One scale per cached row (notebook 20): a token's K (or V) in one layer, over all
+    its K/V heads. Rows are quantized as they arrive. What KIVI uses for the values."""
+
+    bits: int = 8
+
+    def __post_init__(self):
+        _check_bits(self.bits)
+
+    @property
+    def name(self) -> str:
+        return f"int{self.bits} per token"
+
+    def round_trip(self, rows) -> np.ndarray:
+        """What the cache holds for rows (n, w) stored from position 0: each row read back."""
+        return round_trip(rows, self.bits, axis=1)
+
+    def bytes_per_token(self, width: int) -> float:
+        """Bytes one position costs in one layer: its packed codes and its float16 scale."""
+        return packed_width(width, self.bits) + SCALE_BYTES
+
+    def nbytes(self, n_positions: int, width: int, residual_bytes: int) -> int:
+        """Bytes held for n_positions rows of width numbers (residual_bytes is unused: no row
+        is kept in full precision)."""
+        return _whole("n_positions", n_positions, 0) * int(self.bytes_per_token(width))
+
+    def store(self, n_layers: int, capacity: int, width: int, dtype) -> PerTokenStore:
+        return PerTokenStore(self, n_layers, capacity, width, dtype)
+
+
+@dataclass(frozen=True)
+class PerChannel:
+    """One scale per column over each group of group_size positions (notebook 20).
+
+    A group is quantized when its last position arrives; until then its rows are held in
+    full precision (KIVI's residual), so at most group_size - 1 rows are. What KIVI uses
+    for the keys, whose outlier channels would otherwise set every token's scale.
+    """
+
+    bits: int = 8
+    group_size: int = 32
+
+    def __post_init__(self):
+        _check_bits(self.bits)
+        _whole("group_size", self.group_size, 1)
+
+    @property
+    def name(self) -> str:
+        return f"int{self.bits} per channel (groups of {self.group_size})"
+
+    def quantized_positions(self, n_positions: int) -> int:
+        """How many of n_positions are quantized: the full groups (the rest is the residual)."""
+        return _whole("n_positions", n_positions, 0) // self.group_size * self.group_size
+
+    def round_trip(self, rows) -> np.ndarray:
+        """What the cache holds for rows (n, w) stored from position 0: every full group
+        read back with its column scales, the last incomplete group as it was."""
+        rows = _as_float_array(rows, "rows")
+        held = rows.astype(np.float64, copy=True)
+        for start in range(0, self.quantized_positions(len(rows)), self.group_size):
+            group = rows[start:start + self.group_size]
+            held[start:start + self.group_size] = round_trip(group, self.bits, axis=0)
+        return held
+
+    def bytes_per_token(self, width: int) -> float:
+        """Bytes one quantized position costs in one layer: its packed codes and its share of
+        the group's width float16 scales, 2 x width / group_size (a fraction)."""
+        return packed_width(width, self.bits) + SCALE_BYTES * width / self.group_size
+
+    def nbytes(self, n_positions: int, width: int, residual_bytes: int) -> int:
+        """Bytes held for n_positions rows: codes and scales of the full groups, and the
+        residual rows at residual_bytes a number."""
+        groups, rest = divmod(_whole("n_positions", n_positions, 0), self.group_size)
+        group_bytes = self.group_size * packed_width(width, self.bits) + width * SCALE_BYTES
+        return groups * group_bytes + rest * width * _whole("residual_bytes", residual_bytes, 1)
+
+    def store(self, n_layers: int, capacity: int, width: int, dtype) -> PerChannelStore:
+        return PerChannelStore(self, n_layers, capacity, width, dtype)
+
+
+# ---------------------------------------------------------------------------------- stores
+
+class PerTokenStore:
+    """K or V of every layer, per-token quantized: packed codes (layers, capacity, bytes a
+    row) and one float16 scale per row (layers, capacity)."""
+
+    def __init__(self, grouping: PerToken, n_layers: int, capacity: int, width: int, dtype):
+        self.grouping, self.width, self.dtype = grouping, width, np.dtype(dtype)
+        self.codes = np.zeros((n_layers, capacity, packed_width(width, grouping.bits)),
+                              dtype=np.uint8)
+        self.scales = np.zeros((n_layers, capacity), dtype=SCALE_DTYPE)
+
+    def write(self, layer: int, start: int, rows: np.ndarray) -> None:
+        bits, end = self.grouping.bits, start + len(rows)
+        scales = symmetric_scales(rows, bits, axis=1)
+        self.codes[layer, start:end] = pack_codes(quantize(rows, scales, bits), bits)
+        self.scales[layer, start:end] = scales[:, 0]
+
+    def read(self, layer: int, n: int) -> np.ndarray:
+        codes = unpack_codes(self.codes[layer, :n], self.grouping.bits, self.width)
+        return dequantize(codes, self.scales[layer, :n, None], self.dtype)
+
+    def check_truncate(self, length: int, n: int) -> None:
+        """Any length can be cut back to: every row was quantized on its own."""
+
+    def checkpoint(self):
+        return None
+
+    def restore(self, state) -> None:
+        """Rows past a layer's length are never read: the lengths alone restore the store."""
+
+    def nbytes(self, layer: int, n: int) -> int:
+        return self.codes[layer, :n].nbytes + self.scales[layer, :n].nbytes
+
+
+class PerChannelStore:
+    """K or V of every layer, per-channel quantized in groups of G positions: packed codes
+    (layers, capacity, bytes a row), float16 scales per group and column (layers, groups,
+    width), and the newest, incomplete group's rows in full precision (layers, G, width):
+    position p sits in residual row p % G until its group is full."""
+
+    def __init__(self, grouping: PerChannel, n_layers: int, capacity: int, width: int, dtype):
+        self.grouping, self.width, self.dtype = grouping, width, np.dtype(dtype)
+        size = grouping.group_size
+        self.codes = np.zeros((n_layers, capacity, packed_width(width, grouping.bits)),
+                              dtype=np.uint8)
+        self.scales = np.zeros((n_layers, -(-capacity // size), width), dtype=SCALE_DTYPE)
+        self.residual = np.zeros((n_layers, size, width), dtype=self.dtype)
+
+    def write(self, layer: int, start: int, rows: np.ndarray) -> None:
+        size, bits = self.grouping.group_size, self.grouping.bits
+        position = start
+        while position < start + len(rows):
+            # the rows up to the end of position's group (or of the chunk)
+            end = min(start + len(rows), (position // size + 1) * size)
+            self.residual[layer, position % size:(end - 1) % size + 1] = \
+                rows[position - start:end - start]
+            if end % size == 0:                   # the group is full: quantize it
+                group = self.residual[layer]
+                scales = symmetric_scales(group, bits, axis=0)
+                self.codes[layer, end - size:end] = pack_codes(quantize(group, scales, bits),
+                                                               bits)
+                self.scales[layer, end // size - 1] = scales[0]
+            position = end
+
+    def read(self, layer: int, n: int) -> np.ndarray:
+        size, bits = self.grouping.group_size, self.grouping.bits
+        full = self.grouping.quantized_positions(n)
+        codes = unpack_codes(self.codes[layer, :full], bits, self.width)
+        scales = np.repeat(self.scales[layer, :full // size], size, axis=0)
+        quantized = dequantize(codes, scales, self.dtype)
+        return np.concatenate([quantized, self.residual[layer, :n - full]])
+
+    def check_truncate(self, length: int, n: int) -> None:
+        """Cutting back into a group that was quantized since would need its full-precision
+        rows, which are gone: refused. A multiple of G, or a length within the residual, is
+        exactly the state the cache had then."""
+        size = self.grouping.group_size
+        if n % size and n < self.grouping.quantized_positions(length):
+            start = n // size * size
+            raise ValueError(
+                f"cannot truncate this cache from {length} to {n} positions: the group of "
+                f"positions {start}-{start + size - 1} is already quantized per channel, and "
+                f"the full-precision rows {start}-{n - 1} that {n} positions held are gone. "
+                f"Truncate to a multiple of {size}, or keep a checkpoint() from before and "
+                "restore() it")
+
+    def checkpoint(self):
+        return self.residual.copy()
+
+    def restore(self, state) -> None:
+        self.residual[...] = state
+
+    def nbytes(self, layer: int, n: int) -> int:
+        size, full = self.grouping.group_size, self.grouping.quantized_positions(n)
+        return (self.codes[layer, :full].nbytes + self.scales[layer, :full // size].nbytes
+                + self.residual[layer, :n - full].nbytes)
+
+
+# ---------------------------------------------------------------------------------- the cache
+
+def _check_grouping(name: str, grouping):
+    if not isinstance(grouping, (PerToken, PerChannel)):
+        raise TypeError(f"{name} must be a grouping, PerToken(bits) or PerChannel(bits, "
+                        f"group_size), got {grouping!r}")
+    return grouping
+
+
+class QuantizedKVCache(BaseKVCache):
+    """A contiguous cache whose K and V are stored in a few bits (notebook 20).
+
+    keys and values are groupings, chosen separately: PerToken(bits) or PerChannel(bits,
+    group_size). The default is KIVI's pairing at 8 bits: keys per channel, values per
+    token. append quantizes the new rows and returns what attention reads: every held row,
+    dequantized (the new ones too). ``nbytes`` is the bytes really held: packed codes,
+    float16 scales, and the full-precision residual rows of a per-channel grouping.
+    ``key_store`` and ``value_store`` hold them (a PerTokenStore or a PerChannelStore:
+    ``codes``, ``scales`` and, per channel, ``residual``).
+    """
+
+    def __init__(self, config: ModelConfig, keys: PerToken | PerChannel = PerChannel(8),
+                 values: PerToken | PerChannel = PerToken(8), capacity: int | None = None):
+        super().__init__(config)
+        if config.latent_dim is not None or config.window is not None:
+            raise ValueError("kvlib's quantized cache holds K and V of full attention: use a "
+                             "config without a latent or a window")
+        self.key_grouping = _check_grouping("keys", keys)
+        self.value_grouping = _check_grouping("values", values)
+        capacity = config.context_length if capacity is None else capacity
+        capacity = _whole("capacity", capacity, 1)
+        if capacity > config.context_length:
+            raise ValueError(f"capacity must be between 1 and the context length "
+                             f"{config.context_length}, got {capacity}")
+        self.capacity = capacity
+        self.width = config.kv_width
+        shape = (config.n_layers, capacity, self.width, config.numpy_dtype)
+        self.key_store = keys.store(*shape)
+        self.value_store = values.store(*shape)
+
+    def _describe(self) -> str:
+        n = self._lengths[0]
+        return (f"QuantizedKVCache({n} of {self.capacity} positions, {self.config.n_layers} "
+                f"layers; K {self.key_grouping.name}, V {self.value_grouping.name}; "
+                f"{self.nbytes:,} bytes)")
+
+    def keys(self, layer: int) -> np.ndarray:
+        """The layer's keys, dequantized: (T, kv_width) in the model's dtype, a new array."""
+        layer = self._check_layer(layer)
+        return self.key_store.read(layer, self._lengths[layer])
+
+    def values(self, layer: int) -> np.ndarray:
+        """The layer's values, dequantized: (T, kv_width), a new array."""
+        layer = self._check_layer(layer)
+        return self.value_store.read(layer, self._lengths[layer])
+
+    def append(self, layer: int, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Quantize new rows K, V (n_new, kv_width) after the layer's last position; return
+        every held row, dequantized: (T + n_new, kv_width) each. Rows that cannot be
+        quantized (NaN, too large) are refused before anything is stored."""
+        layer = self._check_layer(layer)
+        self._check_rows("K", K, self.width)
+        self._check_rows("V", V, self.width, K.shape[0])
+        self._check_room(layer, K.shape[0])
+        _check_quantizable(K, "K", self.key_grouping.bits)
+        _check_quantizable(V, "V", self.value_grouping.bits)
+        start = self._lengths[layer]
+        self.key_store.write(layer, start, K)
+        self.value_store.write(layer, start, V)
+        self._lengths[layer] = start + K.shape[0]
+        return self.keys(layer), self.values(layer)
+
+    def truncate(self, n: int) -> None:
+        """Keep positions 0 .. n-1 (notebook 21). With a per-channel grouping, only to a
+        multiple of its group size or within the full-precision residual."""
+        n = self._check_truncate(n)
+        for store in (self.key_store, self.value_store):
+            store.check_truncate(len(self), n)
+        self._lengths = [n] * self.config.n_layers
+
+    def checkpoint(self):
+        return (tuple(self._lengths), self.key_store.checkpoint(),
+                self.value_store.checkpoint())
+
+    def restore(self, state) -> None:
+        lengths, key_state, value_state = state
+        self.key_store.restore(key_state)
+        self.value_store.restore(value_state)
+        self._lengths = list(lengths)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: packed codes, float16 scales and full-precision residual rows of K
+        and V, over every layer's filled positions (equal to quantized_cache_bytes)."""
+        return sum(store.nbytes(layer, length)
+                   for store in (self.key_store, self.value_store)
+                   for layer, length in enumerate(self._lengths))
+
+
+def quantized_cache_bytes(config: ModelConfig, n_positions: int, keys, values,
+                          residual_bytes: int | None = None) -> int:
+    """Bytes of a QuantizedKVCache after n_positions (notebook 20): per layer, K's codes,
+    scales and residual rows plus V's. residual_bytes (a number of the full-precision
+    residual) defaults to the config's dtype; a real engine keeps it in float16 (2)."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"quantized_cache_bytes needs a ModelConfig, got {type(config).__name__}")
+    keys, values = _check_grouping("keys", keys), _check_grouping("values", values)
+    residual_bytes = config.numpy_dtype.itemsize if residual_bytes is None else residual_bytes
+    per_layer = (keys.nbytes(n_positions, config.kv_width, residual_bytes)
+                 + values.nbytes(n_positions, config.kv_width, residual_bytes))
+    return config.n_layers * per_layer
+
+
+def bytes_per_token(n_layers: int, width: int, keys, values) -> float:
+    """Bytes one position adds to a quantized cache once its groups are full (notebook 20):
+    layers x (K's codes and scale share + V's), for rows of width = kv_heads x head_dim."""
+    keys, values = _check_grouping("keys", keys), _check_grouping("values", values)
+    return _whole("n_layers", n_layers, 1) * (keys.bytes_per_token(width)
+                                              + values.bytes_per_token(width))
+
+
+# ---------------------------------------------------------------------------------- outliers
+
+def with_outlier_key_channels(params: Params, channels, factor: float, layers=None) -> Params:
+    """The same model with outlier key channels (notebook 20): in each of the given layers
+    (all by default), key channels `channels` (columns of K, 0 .. kv_width - 1) multiplied
+    by factor, and the query columns that meet them divided by it.
+
+    Every score q . k = sum over c of q_c k_c is unchanged, so the model computes the same
+    logits; only the cached keys look different: a few of their channels are factor times
+    larger, as in the keys of large trained models (KIVI). With fewer K/V heads, a key
+    channel meets one query column in each head of its group. Needs learned or no positions
+    (rotary positions turn pairs of channels together) and K and V (not a latent).
+    """
+    config = params.config
+    if config.latent_dim is not None or config.positions == "rotary":
+        raise ValueError("with_outlier_key_channels needs a model with K and V and learned "
+                         "or no positions: rotary positions turn pairs of channels together, "
+                         "and a latent has no key channels")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or \
+            not np.isfinite(factor) or factor <= 0:
+        raise ValueError(f"factor must be a positive number, got {factor!r}")
+    channels = np.unique(np.asarray(channels))
+    if channels.size == 0 or not np.issubdtype(channels.dtype, np.integer) or \
+            channels.min() < 0 or channels.max() >= config.kv_width:
+        raise ValueError(f"channels must be whole numbers between 0 and {config.kv_width - 1}, "
+                         f"got {channels.tolist()}")
+    layers = range(config.n_layers) if layers is None else layers
+    layers = {_whole("layer", layer, 0) for layer in layers}
+    if max(layers, default=0) >= config.n_layers:
+        raise ValueError(f"layers must be between 0 and {config.n_layers - 1}, got "
+                         f"{sorted(layers)}")
+    dh, group = config.head_dim, config.n_heads // config.kv_heads
+    # key channel g*dh + i meets query column h*dh + i of every head h in K/V head g's group
+    queries = np.array([(c // dh * group + member) * dh + c % dh
+                        for c in channels for member in range(group)])
+    new_layers = []
+    for index, layer in enumerate(params.layers):
+        if index not in layers:
+            new_layers.append(layer)
+            continue
+        changed = {}
+        for name, columns, by in (("Wk", channels, factor), ("bk", channels, factor),
+                                  ("Wq", queries, 1 / factor), ("bq", queries, 1 / factor)):
+            array = getattr(layer, name)
+            if array is None:
+                continue
+            array = array.copy()
+            array[..., columns] = array[..., columns] * array.dtype.type(by)
+            changed[name] = array
+        new_layers.append(dataclasses.replace(layer, **changed))
+    return Params(config, params.embedding, tuple(new_layers), params.position_table,
+                  params.ln_f_gain, params.ln_f_bias)
+
+
+# ---------------------------------------------------------------------------------- measuring
+
+def decoded_logits(params: Params, ids, cache: BaseKVCache, prompt_length: int = 1
+                   ) -> np.ndarray:
+    """Logits of every position as generation sees them (notebook 20): the first
+    prompt_length ids prefilled, then each later id fed by kvlib.decode_step (teacher
+    forcing), into the given empty cache: ids (T,) -> logits (T, V). Row t predicts id t+1."""
+    ids = check_ids(ids, params)
+    prompt_length = _whole("prompt_length", prompt_length, 1)
+    if prompt_length > len(ids):
+        raise ValueError(f"prompt_length {prompt_length} is longer than the {len(ids)} ids")
+    if len(cache) != 0:
+        raise ValueError(f"decoded_logits needs an empty cache, this one holds {len(cache)} "
+                         "positions: give a fresh one")
+    logits, _ = prefill(params, ids[:prompt_length], cache)
+    rows = [logits] + [decode_step(params, token, cache) for token in ids[prompt_length:]]
+    return np.concatenate(rows)
+
+
+def greedy_tokens(params: Params, prompt, n_new: int, cache: BaseKVCache) -> list[int]:
+    """Greedy decoding of n_new tokens after prompt, on the given empty cache (notebook 20):
+    kvlib.generate with a cache of one's choosing. Returns the new ids."""
+    prompt = check_ids(prompt, params)
+    n_new = _whole("n_new", n_new, 1)
+    if len(cache) != 0:
+        raise ValueError(f"greedy_tokens needs an empty cache, this one holds {len(cache)} "
+                         "positions: give a fresh one")
+    logits, _ = prefill(params, prompt, cache, last_only=True)
+    new = [int(np.argmax(logits[-1]))]
+    while len(new) < n_new:
+        new.append(int(np.argmax(decode_step(params, new[-1], cache)[-1])))
+    return new
+
+
+def next_token_loss(logits: np.ndarray, ids) -> float:
+    """Mean cross-entropy, in nats, of logits (T, V) predicting ids[1:] (row t predicts id
+    t+1; the last row predicts nothing)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    ids = np.asarray(ids)
+    if logits.ndim != 2 or len(logits) != len(ids) or len(ids) < 2:
+        raise ValueError(f"need logits (T, V) for T >= 2 ids, got {logits.shape} for "
+                         f"{len(ids)} ids")
+    shifted = logits[:-1] - logits[:-1].max(axis=1, keepdims=True)
+    log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return float(-log_probabilities[np.arange(len(ids) - 1), ids[1:]].mean())
+
+
+def greedy_agreement(logits, reference_logits) -> float:
+    """Fraction of positions where both logits (T, V) pick the same greedy token."""
+    logits, reference_logits = np.asarray(logits), np.asarray(reference_logits)
+    if logits.shape != reference_logits.shape or logits.ndim != 2:
+        raise ValueError(f"need two logits arrays of one shape (T, V), got {logits.shape} "
+                         f"and {reference_logits.shape}")
+    return float(np.mean(logits.argmax(axis=1) == reference_logits.argmax(axis=1)))
+
+
+@dataclass(frozen=True)
+class Quality:
+    """What a quantized cache does to a model's predictions over some sequences (notebook
+    20): the error it adds to the logits (mean and largest |difference|), the mean next-token
+    loss (nats) with it and with the plain cache, and the fraction of positions where the
+    greedy pick stays the same. bytes_per_token is the cache's, once its groups are full."""
+
+    keys: PerToken | PerChannel
+    values: PerToken | PerChannel
+    bytes_per_token: float
+    logit_error: float
+    max_logit_error: float
+    loss: float
+    plain_loss: float
+    agreement: float
+
+    @property
+    def name(self) -> str:
+        return f"K {self.keys.name}, V {self.values.name}"
+
+    @property
+    def added_loss(self) -> float:
+        return self.loss - self.plain_loss
+
+
+def plain_logits(params: Params, sequences) -> list[np.ndarray]:
+    """Each sequence's logits with a plain cache: one prefill each (T, V)."""
+    return [prefill(params, ids)[0] for ids in sequences]
+
+
+def measure_quality(params: Params, sequences, keys, values, reference=None) -> Quality:
+    """Prefill each sequence (T,) into a QuantizedKVCache and compare its logits with the
+    plain cache's (reference: plain_logits(params, sequences), given to save the work when
+    several settings are measured). Every position of every sequence counts once."""
+    keys, values = _check_grouping("keys", keys), _check_grouping("values", values)
+    sequences = [check_ids(ids, params, "sequence") for ids in sequences]
+    if not sequences:
+        raise ValueError("measure_quality needs at least one sequence")
+    reference = plain_logits(params, sequences) if reference is None else reference
+    if len(reference) != len(sequences):
+        raise ValueError(f"reference has {len(reference)} logits arrays for "
+                         f"{len(sequences)} sequences")
+    config = params.config
+    errors, largest, losses, plain_losses, agreements, weights = [], [], [], [], [], []
+    for ids, plain in zip(sequences, reference):
+        logits, _ = prefill(params, ids, QuantizedKVCache(config, keys, values))
+        difference = np.abs(logits.astype(np.float64) - plain)
+        errors.append(difference.mean()), largest.append(difference.max())
+        losses.append(next_token_loss(logits, ids))
+        plain_losses.append(next_token_loss(plain, ids))
+        agreements.append(greedy_agreement(logits, plain))
+        weights.append(len(ids))
+    weights = np.asarray(weights, dtype=np.float64)
+    predicted = weights - 1          # the losses are over T - 1 predictions a sequence
+    return Quality(keys, values, bytes_per_token(config.n_layers, config.kv_width, keys, values),
+                   float(np.average(errors, weights=weights)), float(max(largest)),
+                   float(np.average(losses, weights=predicted)),
+                   float(np.average(plain_losses, weights=predicted)),
+                   float(np.average(agreements, weights=weights)))
+
+
+def quantization_step(x, bits: int, axis: int) -> np.ndarray:
+    """The quantization step of every number of x (notebook 20): its group's stored scale,
+    broadcast to x's shape. The round trip error of each number is at most half of it."""
+    x = _as_float_array(x)
+    return np.broadcast_to(symmetric_scales(x, bits, axis).astype(np.float64), x.shape)
+
+
+__all__ = [
+    "SUPPORTED_BITS", "SCALE_DTYPE", "max_code", "symmetric_scales", "quantize", "dequantize",
+    "round_trip", "packed_width", "pack_codes", "unpack_codes", "PerToken", "PerChannel",
+    "PerTokenStore", "PerChannelStore", "QuantizedKVCache", "quantized_cache_bytes",
+    "bytes_per_token", "decoded_logits", "greedy_tokens", "next_token_loss", "greedy_agreement",
+    "Quality", "plain_logits", "measure_quality", "quantization_step",
+    "with_outlier_key_channels",
+]
