@@ -1,7 +1,8 @@
 """The shipped stories models, run by kvlib in numpy (notebook 12): held-out loss far below a
 bigram baseline, grammatical greedy continuations, the forced names predicted, and what
-the heads do: no previous-token head; one head that, before a forced name, looks at the
-latest name (the other character's), so the name is found by elimination. The bounds
+the heads do: no previous-token head; a head that copies a song sung again from its earlier
+occurrence; one head that, before a forced name, looks at the latest name (the other
+character's), so the name is found by elimination. The bounds
 come from tools/measure_stories.py's measurements (kvlib/models/*/measured.json), which
 these tests also reproduce."""
 
@@ -172,6 +173,21 @@ def test_the_name_head_looks_at_the_latest_name_which_is_the_other_character(tar
     assert all(r.latest in r.distractor for r in repeats)
     # no head of the target copies the right name from its earlier occurrences
     assert on_name.max() < 0.2
+
+
+def test_a_head_copies_the_song_from_its_earlier_occurrence(target, held_out):
+    # where a song is sung again, the query before each sound looks at where that sound was
+    # sung before: the copy (induction) head the sung song needs
+    head = measured(TARGET)["song_copy_head"]
+    tokenizer = StoryTokenizer()
+    on_earlier = np.mean([attention[:, :, repeat.position - 1][..., list(repeat.earlier)].sum(-1)
+                          for attention, sequence in zip(target.attention, held_out)
+                          for repeat in forced_repeats(tokenizer.tokens(sequence), "song")],
+                         axis=0)
+    layer, index = head["layer"], head["head"]
+    assert np.unravel_index(on_earlier.argmax(), on_earlier.shape) == (layer, index)
+    assert on_earlier[layer, index] == pytest.approx(head["fraction"], abs=0.03)
+    assert on_earlier[layer, index] > 0.9
 
 
 def test_the_one_layer_draft_looks_at_both_names_and_guesses(draft, held_out):

@@ -15,7 +15,8 @@ in float32 from the saved float16 weights, the files kvlib loads:
   earlier occurrences of that name, on those of the other character (the distractor), and
   on the most recent name of either (Repeat.latest): the trained target has no head that
   looks up the right name, but one that looks at the latest name, nearly always the other
-  character's, so the answer is found by elimination;
+  character's, so the answer is found by elimination; and where a song is sung again, the
+  weight on the earlier occurrence of the sound that comes next (a copy head);
 - how often the argmax is the forced word, for each kind (name, thing, song);
 - the loss at positions beyond a window: full attention, a sliding window of W positions,
   and the window plus the first 4 positions (attention sinks), for the window lessons.
@@ -120,6 +121,9 @@ def head_fractions(model, sequences: np.ndarray, tokenizer: StoryTokenizer) -> d
             on_latest.append(attention[..., repeat.latest])
             latest_is_other.append(repeat.latest in repeat.distractor)
             correct.append(predicted[row, query] == sequence[repeat.position])
+    on_song = [weights[row, :, :, repeat.position - 1][..., list(repeat.earlier)].sum(-1)
+               for row, sequence in enumerate(sequences)
+               for repeat in forced_repeats(tokenizer.tokens(sequence), "song")]
     accuracy = {}
     for kind in ("name", "thing", "song"):
         right = [predicted[row, repeat.position - 1] == sequence[repeat.position]
@@ -128,6 +132,7 @@ def head_fractions(model, sequences: np.ndarray, tokenizer: StoryTokenizer) -> d
         accuracy[kind] = {"count": len(right), "accuracy": round(float(np.mean(right)), 4)}
     return {
         "forced_accuracy": accuracy,
+        "song_earlier": np.mean(on_song, axis=0),
         "previous_token": previous,
         "name_earlier": np.mean(on_name, axis=0),
         "name_distractor": np.mean(on_distractor, axis=0),
@@ -222,6 +227,9 @@ def measure(directory: Path, held_out: np.ndarray, bigram: np.ndarray,
         "previous_token_head": best_head(heads["previous_token"]),
         "name_copy_head": {**best_head(heads["name_earlier"]),
                            "on_distractor": None},
+        # where a song is sung again: the weight on the earlier occurrence of the sound that
+        # comes next, a copy head
+        "song_copy_head": best_head(heads["song_earlier"]),
         "latest_name_head": best_head(heads["name_latest"]),
         "latest_name_is_the_other": round(heads["latest_name_is_the_other"], 4),
         "forced_names": heads["forced_names"],
@@ -232,6 +240,7 @@ def measure(directory: Path, held_out: np.ndarray, bigram: np.ndarray,
         "name_earlier_by_head": table(heads["name_earlier"]),
         "name_distractor_by_head": table(heads["name_distractor"]),
         "name_latest_by_head": table(heads["name_latest"]),
+        "song_earlier_by_head": table(heads["song_earlier"]),
         "greedy": continuations,
     }
 
