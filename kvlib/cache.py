@@ -26,15 +26,8 @@ from numbers import Integral
 
 import numpy as np
 
+from .checks import whole_number
 from .config import ModelConfig
-
-
-def _whole(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
 
 
 def _plural(n: int, word: str) -> str:
@@ -117,7 +110,7 @@ class BaseKVCache:
                              f"and cannot take {n_new} more (capacity is the context length)")
 
     def _check_truncate(self, n) -> int:
-        n = _whole("truncate's n", n, 0)
+        n = whole_number("truncate's n", n, 0)
         if n > len(self):
             raise ValueError(f"cannot truncate to {n} positions: the cache holds {len(self)}")
         return n
@@ -129,7 +122,7 @@ class BaseKVCache:
         return np.arange(len(self) + self._check_new(n_new))
 
     def _check_new(self, n_new) -> int:
-        n_new = _whole("n_new", n_new, 0)
+        n_new = whole_number("n_new", n_new, 0)
         if self.capacity is not None and len(self) + n_new > self.capacity:
             raise ValueError(f"{n_new} more positions do not fit: the cache holds {len(self)} "
                              f"of {self.capacity}")
@@ -162,7 +155,7 @@ class KVCache(BaseKVCache):
     def __init__(self, config: ModelConfig, capacity: int | None = None):
         super().__init__(config)
         capacity = config.context_length if capacity is None else capacity
-        capacity = _whole("capacity", capacity, 1)
+        capacity = whole_number("capacity", capacity, 1)
         if capacity > config.context_length:
             raise ValueError(f"capacity must be between 1 and the context length "
                              f"{config.context_length}, got {capacity}")
@@ -225,7 +218,7 @@ class ConcatenatingKVCache(BaseKVCache):
     def __init__(self, config: ModelConfig, capacity: int | None = None):
         super().__init__(config)
         capacity = config.context_length if capacity is None else capacity
-        capacity = _whole("capacity", capacity, 1)
+        capacity = whole_number("capacity", capacity, 1)
         if capacity > config.context_length:
             raise ValueError(f"capacity must be between 1 and the context length "
                              f"{config.context_length}, got {capacity}")
@@ -307,7 +300,7 @@ class SlidingWindowCache(BaseKVCache):
     def slot(self, position: int) -> int:
         """The buffer row that holds a position (notebook 16): the position itself for a
         sink, sinks + (position - sinks) % W after them."""
-        return int(self._slots(np.array([_whole("position", position, 0)]))[0])
+        return int(self._slots(np.array([whole_number("position", position, 0)]))[0])
 
     def _slots(self, positions: np.ndarray) -> np.ndarray:
         sink = self.sink_tokens
@@ -388,7 +381,7 @@ class LatentKVCache(BaseKVCache):
             raise ValueError("a LatentKVCache needs a config with latent_dim "
                              "(latent attention); for K and V use KVCache")
         capacity = config.context_length if capacity is None else capacity
-        capacity = _whole("capacity", capacity, 1)
+        capacity = whole_number("capacity", capacity, 1)
         if capacity > config.context_length:
             raise ValueError(f"capacity must be between 1 and the context length "
                              f"{config.context_length}, got {capacity}")

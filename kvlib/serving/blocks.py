@@ -15,15 +15,8 @@ from numbers import Integral
 
 import numpy as np
 
+from ..checks import whole_number
 from ..config import ModelConfig
-
-
-def _whole(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
 
 
 class BlockAllocator:
@@ -42,8 +35,8 @@ class BlockAllocator:
             raise ValueError("kvlib's paged cache holds K and V: use a config without a "
                              "latent or a window")
         self.config = config
-        self.n_blocks = _whole("n_blocks", n_blocks, 1)
-        self.block_size = _whole("block_size", block_size, 1)
+        self.n_blocks = whole_number("n_blocks", n_blocks, 1)
+        self.block_size = whole_number("block_size", block_size, 1)
         self.width = config.kv_width
         shape = (config.n_layers, self.n_blocks, self.block_size, self.width)
         self.keys = np.zeros(shape, dtype=config.numpy_dtype)

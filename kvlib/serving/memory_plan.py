@@ -24,14 +24,7 @@ from numbers import Integral
 
 import numpy as np
 
-
-def _whole(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
-
+from ..checks import whole_number
 
 # ------------------------------------------------------------------ requests
 
@@ -46,9 +39,9 @@ class Request:
     arrival: int = 0
 
     def __post_init__(self):
-        _whole("prompt_length", self.prompt_length, 1)
-        _whole("output_length", self.output_length, 1)
-        _whole("arrival", self.arrival, 0)
+        whole_number("prompt_length", self.prompt_length, 1)
+        whole_number("output_length", self.output_length, 1)
+        whole_number("arrival", self.arrival, 0)
 
     @property
     def length(self) -> int:
@@ -65,17 +58,17 @@ def request_mix(n_requests: int, max_length: int, seed: int = 0, mean_gap: float
     long ones occur, as in chat traffic; every request fits in max_length positions. Arrival
     steps grow by geometric gaps of mean mean_gap (0, the default: all arrive at step 0).
     """
-    n_requests = _whole("n_requests", n_requests, 1)
-    max_length = _whole("max_length", max_length, 2)
+    n_requests = whole_number("n_requests", n_requests, 1)
+    max_length = whole_number("max_length", max_length, 2)
     half = max_length // 2
     shortest = max(1, max_length // 64) if shortest is None else shortest
-    shortest = _whole("shortest", shortest, 1)
+    shortest = whole_number("shortest", shortest, 1)
     if shortest > half:
         raise ValueError(f"shortest must be at most max_length // 2 = {half}, got {shortest}")
     if isinstance(mean_gap, bool) or not isinstance(mean_gap, (Integral, float)) or \
             not 0 <= mean_gap < 1e6:
         raise ValueError(f"mean_gap must be a number of steps >= 0, got {mean_gap!r}")
-    rng = np.random.default_rng(_whole("seed", seed, 0))
+    rng = np.random.default_rng(whole_number("seed", seed, 0))
 
     def lengths():
         drawn = np.exp(rng.uniform(np.log(shortest), np.log(half + 1), n_requests))
@@ -95,8 +88,8 @@ def request_mix(n_requests: int, max_length: int, seed: int = 0, mean_gap: float
 
 def blocks_for(n_tokens: int, block_size: int) -> int:
     """Blocks a sequence of n_tokens positions holds: ceil(n_tokens / block_size)."""
-    n_tokens = _whole("n_tokens", n_tokens, 0)
-    block_size = _whole("block_size", block_size, 1)
+    n_tokens = whole_number("n_tokens", n_tokens, 0)
+    block_size = whole_number("block_size", block_size, 1)
     return -(-n_tokens // block_size)
 
 
@@ -162,7 +155,7 @@ def _lengths(lengths) -> list[int]:
     values = [item.length if isinstance(item, Request) else item for item in lengths]
     if not values:
         raise ValueError("lengths is empty: give at least one sequence")
-    return [_whole("a sequence length", value, 1) for value in values]
+    return [whole_number("a sequence length", value, 1) for value in values]
 
 
 def paged_memory(lengths, block_size: int, max_length: int,
@@ -172,9 +165,9 @@ def paged_memory(lengths, block_size: int, max_length: int,
     layer for one position (kvlib.config_cache_bytes(config, 1), or
     ModelPreset.kv_bytes_per_token())."""
     lengths = _lengths(lengths)
-    block_size = _whole("block_size", block_size, 1)
-    max_length = _whole("max_length", max_length, 1)
-    bytes_per_position = _whole("bytes_per_position", bytes_per_position, 1)
+    block_size = whole_number("block_size", block_size, 1)
+    max_length = whole_number("max_length", max_length, 1)
+    bytes_per_position = whole_number("bytes_per_position", bytes_per_position, 1)
     if max(lengths) > max_length:
         raise ValueError(f"a sequence of {max(lengths)} positions is longer than max_length "
                          f"{max_length}, the most a contiguous cache would reserve")
@@ -212,10 +205,10 @@ def parallel_sampling_blocks(prompt_length: int, new_tokens: int, n_samples: int
     sample that writes into it but the last one still holding it (copy-on-write), so from
     there on each sample has blocks of its own: ceil((P + k) / B) - P // B of them.
     """
-    prompt_length = _whole("prompt_length", prompt_length, 1)
-    new_tokens = _whole("new_tokens", new_tokens, 0)
-    n_samples = _whole("n_samples", n_samples, 1)
-    block_size = _whole("block_size", block_size, 1)
+    prompt_length = whole_number("prompt_length", prompt_length, 1)
+    new_tokens = whole_number("new_tokens", new_tokens, 0)
+    n_samples = whole_number("n_samples", n_samples, 1)
+    block_size = whole_number("block_size", block_size, 1)
     if new_tokens == 0:
         return blocks_for(prompt_length, block_size)
     shared = prompt_length // block_size
@@ -226,9 +219,9 @@ def parallel_sampling_blocks(prompt_length: int, new_tokens: int, n_samples: int
 def separate_sampling_blocks(prompt_length: int, new_tokens: int, n_samples: int,
                              block_size: int) -> int:
     """Blocks of n_samples caches of their own, each holding the prompt and new_tokens."""
-    n_samples = _whole("n_samples", n_samples, 1)
-    return n_samples * blocks_for(_whole("prompt_length", prompt_length, 1)
-                                  + _whole("new_tokens", new_tokens, 0), block_size)
+    n_samples = whole_number("n_samples", n_samples, 1)
+    return n_samples * blocks_for(whole_number("prompt_length", prompt_length, 1)
+                                  + whole_number("new_tokens", new_tokens, 0), block_size)
 
 
 # ------------------------------------------------------------------ contiguous reservations
@@ -245,7 +238,8 @@ class ContiguousArena:
     FREE = -1
 
     def __init__(self, n_positions: int):
-        self.owners = np.full(_whole("n_positions", n_positions, 1), self.FREE, dtype=np.int64)
+        n_positions = whole_number("n_positions", n_positions, 1)
+        self.owners = np.full(n_positions, self.FREE, dtype=np.int64)
 
     def __repr__(self) -> str:
         return (f"ContiguousArena({self.n_free} of {len(self.owners)} positions free, largest "
@@ -268,8 +262,8 @@ class ContiguousArena:
     def reserve(self, owner: int, n_positions: int) -> int:
         """Reserve n_positions contiguous positions for owner at the first hole that fits;
         return where they start. MemoryError when no hole is large enough."""
-        owner = _whole("owner", owner, 0)
-        n_positions = _whole("n_positions", n_positions, 1)
+        owner = whole_number("owner", owner, 0)
+        n_positions = whole_number("n_positions", n_positions, 1)
         if (self.owners == owner).any():
             raise ValueError(f"request {owner} already holds a reservation")
         for start, length in self.holes():
@@ -282,7 +276,7 @@ class ContiguousArena:
 
     def release(self, owner: int) -> None:
         """Free the positions of owner's reservation."""
-        owner = _whole("owner", owner, 0)
+        owner = whole_number("owner", owner, 0)
         held = self.owners == owner
         if not held.any():
             raise ValueError(f"request {owner} holds no reservation")

@@ -29,6 +29,7 @@ from numbers import Integral
 import numpy as np
 
 from ..cache import BaseKVCache
+from ..checks import whole_number
 from ..config import ModelConfig
 from ..inference import check_ids, decode_step, prefill
 from ..params import Params
@@ -37,14 +38,6 @@ SUPPORTED_BITS = (2, 4, 8)
 SCALE_DTYPE = np.dtype(np.float16)
 SCALE_BYTES = SCALE_DTYPE.itemsize
 LARGEST_SCALE = float(np.finfo(np.float16).max)
-
-
-def _whole(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
 
 
 def _check_bits(bits) -> int:
@@ -151,7 +144,7 @@ def round_trip(x, bits: int, axis: int) -> np.ndarray:
 
 def packed_width(width: int, bits: int) -> int:
     """Bytes that width codes of `bits` bits take, 8 // bits to a byte: ceil(width x bits / 8)."""
-    return -(-_whole("width", width, 1) * _check_bits(bits) // 8)
+    return -(-whole_number("width", width, 1) * _check_bits(bits) // 8)
 
 
 def pack_codes(codes, bits: int) -> np.ndarray:
@@ -193,7 +186,7 @@ BYTE_TABLES = {bits: _byte_table(bits) for bits in SUPPORTED_BITS}
 
 def unpack_codes(packed, bits: int, width: int) -> np.ndarray:
     """Bytes from pack_codes (..., packed_width(width, bits)) -> codes (..., width), int8."""
-    bits, width = _check_bits(bits), _whole("width", width, 1)
+    bits, width = _check_bits(bits), whole_number("width", width, 1)
     packed = np.asarray(packed)
     if packed.dtype != np.uint8 or packed.ndim == 0 or \
             packed.shape[-1] != packed_width(width, bits):
@@ -240,7 +233,7 @@ class PerToken:
     def nbytes(self, n_positions: int, width: int, residual_bytes: int) -> int:
         """Bytes held for n_positions rows of width numbers (residual_bytes is unused: no row
         is kept in full precision)."""
-        return _whole("n_positions", n_positions, 0) * int(self.bytes_per_token(width))
+        return whole_number("n_positions", n_positions, 0) * int(self.bytes_per_token(width))
 
     def store(self, n_layers: int, capacity: int, width: int, dtype) -> PerTokenStore:
         return PerTokenStore(self, n_layers, capacity, width, dtype)
@@ -260,7 +253,7 @@ class PerChannel:
 
     def __post_init__(self):
         _check_bits(self.bits)
-        _whole("group_size", self.group_size, 1)
+        whole_number("group_size", self.group_size, 1)
 
     @property
     def name(self) -> str:
@@ -268,7 +261,7 @@ class PerChannel:
 
     def quantized_positions(self, n_positions: int) -> int:
         """How many of n_positions are quantized: the full groups (the rest is the residual)."""
-        return _whole("n_positions", n_positions, 0) // self.group_size * self.group_size
+        return whole_number("n_positions", n_positions, 0) // self.group_size * self.group_size
 
     def round_trip(self, rows) -> np.ndarray:
         """What the cache holds for rows (n, w) stored from position 0: every full group
@@ -288,9 +281,10 @@ class PerChannel:
     def nbytes(self, n_positions: int, width: int, residual_bytes: int) -> int:
         """Bytes held for n_positions rows: codes and scales of the full groups, and the
         residual rows at residual_bytes a number."""
-        groups, rest = divmod(_whole("n_positions", n_positions, 0), self.group_size)
+        groups, rest = divmod(whole_number("n_positions", n_positions, 0), self.group_size)
         group_bytes = self.group_size * packed_width(width, self.bits) + width * SCALE_BYTES
-        return groups * group_bytes + rest * width * _whole("residual_bytes", residual_bytes, 1)
+        residual_bytes = whole_number("residual_bytes", residual_bytes, 1)
+        return groups * group_bytes + rest * width * residual_bytes
 
     def store(self, n_layers: int, capacity: int, width: int, dtype) -> PerChannelStore:
         return PerChannelStore(self, n_layers, capacity, width, dtype)
@@ -425,7 +419,7 @@ class QuantizedKVCache(BaseKVCache):
         self.key_grouping = _check_grouping("keys", keys)
         self.value_grouping = _check_grouping("values", values)
         capacity = config.context_length if capacity is None else capacity
-        capacity = _whole("capacity", capacity, 1)
+        capacity = whole_number("capacity", capacity, 1)
         if capacity > config.context_length:
             raise ValueError(f"capacity must be between 1 and the context length "
                              f"{config.context_length}, got {capacity}")
@@ -512,7 +506,7 @@ def bytes_per_token(n_layers: int, width: int, keys, values) -> float:
     """Bytes one position adds to a quantized cache once its groups are full (notebook 20):
     layers x (K's codes and scale share + V's), for rows of width = kv_heads x head_dim."""
     keys, values = _check_grouping("keys", keys), _check_grouping("values", values)
-    return _whole("n_layers", n_layers, 1) * (keys.bytes_per_token(width)
+    return whole_number("n_layers", n_layers, 1) * (keys.bytes_per_token(width)
                                               + values.bytes_per_token(width))
 
 
@@ -543,7 +537,7 @@ def with_outlier_key_channels(params: Params, channels, factor: float, layers=No
         raise ValueError(f"channels must be whole numbers between 0 and {config.kv_width - 1}, "
                          f"got {channels.tolist()}")
     layers = range(config.n_layers) if layers is None else layers
-    layers = {_whole("layer", layer, 0) for layer in layers}
+    layers = {whole_number("layer", layer, 0) for layer in layers}
     if max(layers, default=0) >= config.n_layers:
         raise ValueError(f"layers must be between 0 and {config.n_layers - 1}, got "
                          f"{sorted(layers)}")
@@ -578,7 +572,7 @@ def decoded_logits(params: Params, ids, cache: BaseKVCache, prompt_length: int =
     prompt_length ids prefilled, then each later id fed by kvlib.decode_step (teacher
     forcing), into the given empty cache: ids (T,) -> logits (T, V). Row t predicts id t+1."""
     ids = check_ids(ids, params)
-    prompt_length = _whole("prompt_length", prompt_length, 1)
+    prompt_length = whole_number("prompt_length", prompt_length, 1)
     if prompt_length > len(ids):
         raise ValueError(f"prompt_length {prompt_length} is longer than the {len(ids)} ids")
     if len(cache) != 0:
@@ -593,7 +587,7 @@ def greedy_tokens(params: Params, prompt, n_new: int, cache: BaseKVCache) -> lis
     """Greedy decoding of n_new tokens after prompt, on the given empty cache (notebook 20):
     kvlib.generate with a cache of one's choosing. Returns the new ids."""
     prompt = check_ids(prompt, params)
-    n_new = _whole("n_new", n_new, 1)
+    n_new = whole_number("n_new", n_new, 1)
     if len(cache) != 0:
         raise ValueError(f"greedy_tokens needs an empty cache, this one holds {len(cache)} "
                          "positions: give a fresh one")

@@ -31,23 +31,15 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 
 from ..cache import KVCache
+from ..checks import whole_number
 from ..inference import prefill
 from ..params import Params
 from .batch import attend_per_sequence, batched_decode_step
-
-
-def _whole(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
-
 
 # ------------------------------------------------------------------------------ requests
 
@@ -64,12 +56,12 @@ class Request:
     output_length: int
 
     def __post_init__(self):
-        _whole("Request.id", self.id, 0)
+        whole_number("Request.id", self.id, 0)
         if isinstance(self.arrival, bool) or not isinstance(self.arrival, Real) \
                 or not math.isfinite(self.arrival) or self.arrival < 0:
             raise ValueError(f"Request.arrival must be a time >= 0, got {self.arrival!r}")
-        _whole("Request.prompt_length", self.prompt_length, 1)
-        _whole("Request.output_length", self.output_length, 1)
+        whole_number("Request.prompt_length", self.prompt_length, 1)
+        whole_number("Request.output_length", self.output_length, 1)
 
     def arriving_at(self, arrival: float) -> Request:
         """The same request, arriving at another time."""
@@ -89,7 +81,7 @@ def arrivals_in_seconds(requests, seconds_per_step: float) -> tuple[Request, ...
 def _check_range(name: str, bounds) -> tuple[int, int]:
     if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
         raise ValueError(f"{name} must be (shortest, longest), got {bounds!r}")
-    low, high = (_whole(f"{name}'s bounds", value, 1) for value in bounds)
+    low, high = (whole_number(f"{name}'s bounds", value, 1) for value in bounds)
     if low > high:
         raise ValueError(f"{name} must be (shortest, longest) with shortest <= longest, "
                          f"got {bounds!r}")
@@ -102,8 +94,8 @@ def make_workload(n_requests: int = 12, seed: int = 0, mean_gap: float = 2.0,
     (exponential gaps of mean mean_gap, rounded down to whole steps: a Poisson stream), the
     first at step 0; prompt and output lengths uniform between their (shortest, longest).
     The same seed gives the same requests."""
-    n_requests = _whole("n_requests", n_requests, 1)
-    seed = _whole("seed", seed, 0)
+    n_requests = whole_number("n_requests", n_requests, 1)
+    seed = whole_number("seed", seed, 0)
     if isinstance(mean_gap, bool) or not isinstance(mean_gap, Real) \
             or not math.isfinite(mean_gap) or mean_gap < 0 or mean_gap > 1e6:
         raise ValueError(f"mean_gap must be a number of steps between 0 and 1e6, "
@@ -159,9 +151,9 @@ class _Policy:
     name = ""
 
     def __init__(self, max_batch: int = 4, max_batched_tokens: int | None = None):
-        self.max_batch = _whole("max_batch", max_batch, 1)
+        self.max_batch = whole_number("max_batch", max_batch, 1)
         if max_batched_tokens is not None:
-            max_batched_tokens = _whole("max_batched_tokens", max_batched_tokens, 1)
+            max_batched_tokens = whole_number("max_batched_tokens", max_batched_tokens, 1)
             if max_batched_tokens < self.max_batch:
                 raise ValueError(f"max_batched_tokens ({max_batched_tokens}) must be at least "
                                  f"max_batch ({self.max_batch}): a full batch of decodes "
@@ -400,8 +392,8 @@ def serve(requests, policy: _Policy, execute=None) -> Timeline:
 def random_prompts(requests, vocab_size: int, seed: int = 0) -> dict[int, list[int]]:
     """Seeded token ids for every request's prompt (notebook 19): {id: prompt_length ids}."""
     requests = _check_requests(requests)
-    vocab_size = _whole("vocab_size", vocab_size, 1)
-    rng = np.random.default_rng(_whole("seed", seed, 0))
+    vocab_size = whole_number("vocab_size", vocab_size, 1)
+    rng = np.random.default_rng(whole_number("seed", seed, 0))
     return {r.id: rng.integers(0, vocab_size, r.prompt_length).tolist() for r in requests}
 
 

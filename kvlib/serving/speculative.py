@@ -35,6 +35,7 @@ from numbers import Integral, Real
 import numpy as np
 
 from ..cache import BaseKVCache, make_cache
+from ..checks import whole_number
 from ..inference import check_ids, decode_step, forward, next_token_probabilities, prefill
 from ..params import Params
 
@@ -43,14 +44,6 @@ PROBABILITY_TOLERANCE = 1e-6
 
 
 # -------------------------------------------------------------------------- checks
-
-def _whole(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
-
 
 def check_speculation_length(k) -> int:
     """k, the number of tokens the draft proposes a round: a whole number of at least 1."""
@@ -118,7 +111,7 @@ def acceptance_probability(p, q, token: int) -> float:
     min(p(x), q(x)) overall.
     """
     p, q = _pair_of_distributions(p, q)
-    token = _whole("token", token, 0)
+    token = whole_number("token", token, 0)
     if token >= p.size:
         raise ValueError(f"token must be between 0 and {p.size - 1}, got {token}")
     if q[token] == 0:
@@ -210,9 +203,9 @@ class SamplingAcceptance:
             raise ValueError(f"temperature must be a positive number (for temperature 0 use "
                              f"GreedyAcceptance), got {temperature!r}")
         if top_k is not None:
-            top_k = _whole("top_k", top_k, 1)
+            top_k = whole_number("top_k", top_k, 1)
         if seed is not None:
-            seed = _whole("seed", seed, 0)
+            seed = whole_number("seed", seed, 0)
         self.temperature, self.top_k = float(temperature), top_k
         self.rng = np.random.default_rng(seed)
 
@@ -504,7 +497,7 @@ class SpeculativeDecoder:
         """Run rounds until max_new_tokens more tokens are in the sequence; return them. The
         last rounds propose fewer, so that no token past max_new_tokens is computed. (If a
         round fails, the rounds before it stay done, and the decoder is as after them.)"""
-        max_new_tokens = _whole("max_new_tokens", max_new_tokens, 1)
+        max_new_tokens = whole_number("max_new_tokens", max_new_tokens, 1)
         start = len(self.sequence)
         needed = start + max_new_tokens - 1
         limit = _room(self.target, self.target_cache)
@@ -530,7 +523,7 @@ def speculative_generate(target: Params, draft: Params, prompt, max_new_tokens: 
     if isinstance(temperature, Real) and not isinstance(temperature, bool) and \
             temperature == 0:
         if top_k is not None:
-            _whole("top_k", top_k, 1)
+            whole_number("top_k", top_k, 1)
         acceptance = GreedyAcceptance()
     else:
         acceptance = SamplingAcceptance(temperature, top_k, seed)
