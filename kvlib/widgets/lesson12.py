@@ -160,49 +160,84 @@ def reading_grid(weights, columns: int = COLUMNS) -> np.ndarray:
     ceil(S / columns)), columns), the cells after the last position masked."""
     weights = np.asarray(weights, dtype=float)
     rows = max(MIN_ROWS, -(-len(weights) // columns))
-    grid = np.ma.masked_all((rows, columns))
-    grid.flat[: len(weights)] = weights
-    return grid
+    cells = np.zeros(rows * columns)
+    cells[: len(weights)] = weights
+    hidden = np.arange(rows * columns) >= len(weights)
+    return np.ma.masked_array(cells, mask=hidden).reshape(rows, columns)
+
+
+class ReadingPicture:
+    """What the newest token reads (notebook 12), drawn into one Axes and updated in place:
+    the text token by token on a grid, each cell coloured by the newest query's attention
+    weight on that position, the newest token (the query itself, last) framed with a dashed
+    line and the position read most with a white frame.
+
+    update() reuses the image, the labels and the frames; only a new row of the grid (every
+    COLUMNS tokens) rebuilds the Axes. A click in the widget then costs a few set_text calls,
+    not a few hundred new artists.
+    """
+
+    def __init__(self, ax, columns: int = COLUMNS):
+        self.ax, self.columns = ax, columns
+        self.image, self.texts, self.frames = None, [], []
+
+    def _build(self, shape) -> None:
+        ax = self.ax
+        ax.clear()
+        cmap = plt.get_cmap(plots.COLORMAP).with_extremes(bad="white")
+        self.image = ax.imshow(np.ma.masked_array(np.zeros(shape), mask=True), cmap=cmap,
+                               vmin=0.0, vmax=1.0, aspect="auto")
+        self.texts = []
+        self.frames = [ax.add_patch(Rectangle((-0.5, -0.5), 1, 1, fill=False, edgecolor=color,
+                                              linestyle=style, linewidth=width))
+                       for color, style, width in (("black", "-", 4.5), ("white", "-", 2.0),
+                                                   ("black", "--", 1.8))]
+        ax.set_xticks(range(self.columns), [str(c) for c in range(self.columns)], fontsize=7)
+        ax.set_yticks(range(shape[0]), [str(r * self.columns) for r in range(shape[0])],
+                      fontsize=7)
+        ax.set_xlabel("position = the row's first position (left) + the column; white frame: "
+                      "read most; dashed: the newest token")
+        ax.set_ylabel("first position of the row")
+
+    def update(self, labels, weights, title: str | None = None) -> int:
+        """Show the weights (S,) of the newest query over the S tokens labelled `labels`;
+        returns the position of the largest weight."""
+        weights = np.asarray(weights, dtype=float)
+        if weights.ndim != 1 or len(weights) != len(labels) or len(weights) == 0:
+            raise ValueError(f"need one weight per token: got weights of shape "
+                             f"{weights.shape} and {len(labels)} labels")
+        grid = reading_grid(weights, self.columns)
+        if self.image is None or self.image.get_array().shape != grid.shape:
+            self._build(grid.shape)
+        top = float(weights.max())
+        self.image.set_data(grid)
+        self.image.set_clim(0.0, top if top > 0 else 1.0)
+        bright = self.image.norm(weights) > 0.55
+        labels = short_labels(labels)
+        for text in self.texts[len(labels):]:
+            text.remove()
+        del self.texts[len(labels):]
+        for position in range(len(self.texts), len(labels)):
+            row, column = divmod(position, self.columns)
+            self.texts.append(self.ax.text(column, row, "", ha="center", va="center",
+                                           fontsize=7))
+        for text, label, light in zip(self.texts, labels, bright):
+            text.set_text(label)
+            text.set_color("black" if light else "white")
+        most = int(np.argmax(weights))
+        for frame, position in zip(self.frames, (most, most, len(weights) - 1)):
+            row, column = divmod(position, self.columns)
+            frame.set_xy((column - 0.5, row - 0.5))
+        self.ax.set_title(title or "What the newest token reads")
+        return most
 
 
 def draw_reading(ax, labels, weights, title: str | None = None, columns: int = COLUMNS):
-    """What the newest token reads (notebook 12): the text token by token on a grid, each
-    cell coloured by the newest query's attention weight on that position, the newest token
-    (the query itself, last) framed with a dashed line and the position read most with a
-    white frame.
-
-    labels: the S token labels; weights: (S,) the newest query's weights over them. Returns
-    (image, most): the image and the position of the largest weight.
-    """
-    weights = np.asarray(weights, dtype=float)
-    if weights.ndim != 1 or len(weights) != len(labels) or len(weights) == 0:
-        raise ValueError(f"need one weight per token: got weights of shape {weights.shape} "
-                         f"and {len(labels)} labels")
-    ax.clear()
-    grid = reading_grid(weights, columns)
-    top = float(weights.max())
-    cmap = plt.get_cmap(plots.COLORMAP).with_extremes(bad="white")
-    image = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=top if top > 0 else 1.0, aspect="auto")
-    normalised = image.norm(grid.filled(0.0))
-    for position, label in enumerate(short_labels(labels)):
-        row, column = divmod(position, columns)
-        color = "black" if normalised[row, column] > 0.55 else "white"
-        ax.text(column, row, label, ha="center", va="center", fontsize=7, color=color)
-    most = int(np.argmax(weights))
-    frames = ((most, "black", "-", 4.5), (most, "white", "-", 2.0),
-              (len(weights) - 1, "black", "--", 1.8))
-    for position, color, style, width in frames:
-        row, column = divmod(position, columns)
-        ax.add_patch(Rectangle((column - 0.5, row - 0.5), 1, 1, fill=False, edgecolor=color,
-                               linestyle=style, linewidth=width))
-    ax.set_xticks(range(columns), [str(c) for c in range(columns)], fontsize=7)
-    ax.set_yticks(range(grid.shape[0]), [str(r * columns) for r in range(grid.shape[0])],
-                  fontsize=7)
-    ax.set_xlabel("position = the row's first position (left) + the column; white frame: "
-                  "read most; dashed: the newest token")
-    ax.set_ylabel("first position of the row")
-    ax.set_title(title or "What the newest token reads")
-    return image, most
+    """A ReadingPicture of the weights (S,) over S labelled tokens (notebook 12): the plain
+    figure before the widget. Returns (image, position of the largest weight)."""
+    picture = ReadingPicture(ax, columns)
+    most = picture.update(labels, weights, title)
+    return picture.image, most
 
 
 def reading_explorer(params, tokenizer, prompt: str, layer: int = 0, head: int = 0):
@@ -230,6 +265,7 @@ def reading_explorer(params, tokenizer, prompt: str, layer: int = 0, head: int =
                                 value=head, description="head")
     status, check, message = widgets.HTML(), widgets.HTML(), widgets.HTML()
     live = LiveFigure(figsize=(11, 5.2))
+    picture = ReadingPicture(live.ax)
     state = {}
 
     def compare(logits, what):
@@ -247,16 +283,16 @@ def reading_explorer(params, tokenizer, prompt: str, layer: int = 0, head: int =
         labels = tokenizer.tokens(sequence)
         weights = state["weights"][int(layer_box.value)][int(head_box.value), -1]
         newest = len(sequence) - 1
-        _, most = draw_reading(live.ax, labels, weights,
-                               title=f"layer {layer_box.value}, head {head_box.value}: what "
-                                     f"{labels[-1]!r} (position {newest}) reads")
+        image = picture.image
+        most = picture.update(labels, weights,
+                              title=f"layer {layer_box.value}, head {head_box.value}: what "
+                                    f"{labels[-1]!r} (position {newest}) reads")
         state["reading"] = {"weights": weights, "most": most}
         if "colorbar" not in state:
-            state["colorbar"] = live.figure.colorbar(live.ax.images[0], ax=live.ax,
-                                                     fraction=0.03, pad=0.02,
-                                                     label="attention weight")
-        else:
-            state["colorbar"].update_normal(live.ax.images[0])
+            state["colorbar"] = live.figure.colorbar(picture.image, ax=live.ax, fraction=0.03,
+                                                     pad=0.02, label="attention weight")
+        elif picture.image is not image:
+            state["colorbar"].update_normal(picture.image)
         generated = tokenizer.decode(state["generated"]) if state["generated"] else ""
         status.value = (
             f"Cache holds {plural(len(sequence), 'position')}. The newest token "
