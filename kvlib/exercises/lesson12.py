@@ -4,8 +4,9 @@ Exercise 1 is the offset bug of learned positions: a hand-written decode step th
 0 of the position table (wpe[0]) to every new token, so that each one looks like the first
 token of a text. Nothing crashes; only the comparison with a full recomputation catches it.
 Exercise 2 sizes the cache of another GPT-2 (XL) from its config, a transfer of the
-notebook's formula. Exercise 3 finds, on the trained story model, the head that copies a
-name from its earlier occurrence.
+notebook's formula. Exercise 3 finds, on the trained story model and another story of its
+grammar, the head that looks back at a name's earlier mention where the story must say it
+again.
 """
 
 from __future__ import annotations
@@ -235,6 +236,105 @@ def check_xl_cache(answer) -> Feedback:
                     "the width of a cached row x bytes a number, with GPT-2 XL's sizes.")
 
 
+# Exercise 3 ------------------------------------------------------------------------------
+
+EXERCISE_SEED = 12
+"""The seed of the exercise's story: kvlib.stories.generate_story(np.random.default_rng(12))."""
+
+
+def story_model_directory():
+    """The trained story model's folder, kvlib/models/stories."""
+    from pathlib import Path
+
+    return Path(kvlib.__file__).resolve().parent / "models" / "stories"
+
+
+@lru_cache(maxsize=1)
+def story_model():
+    """(params in float64, tokenizer, measured.json) of the trained story model, made once."""
+    import json
+
+    from kvlib import gpt2, stories
+
+    directory = story_model_directory()
+    return (gpt2.load(directory, dtype="float64"),
+            stories.StoryTokenizer.from_directory(directory),
+            json.loads((directory / "measured.json").read_text(encoding="utf-8")))
+
+
+def exercise_story() -> str:
+    from kvlib import stories
+
+    return stories.generate_story(np.random.default_rng(EXERCISE_SEED))
+
+
+@lru_cache(maxsize=1)
+def name_head_scores() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """On the exercise's story, per layer and head (L, h): the mean weight the query before
+    each forced name puts on the name's earlier mentions, on the other character's, and on
+    the previous token."""
+    from kvlib import stories
+
+    params, tokenizer, _ = story_model()
+    ids = tokenizer.encode(exercise_story())
+    recorded = []
+    kvlib.forward(params, ids, record_attention=recorded)
+    weights = np.stack(recorded)                                   # (L, h, T, T)
+    repeats = stories.repeated_names(tokenizer.tokens(ids))
+    on_name = np.mean([weights[:, :, r.position - 1, list(r.earlier)].sum(-1)
+                       for r in repeats], axis=0)
+    on_other = np.mean([weights[:, :, r.position - 1, list(r.distractor)].sum(-1)
+                        for r in repeats], axis=0)
+    T = len(ids)
+    previous = weights[..., np.arange(1, T), np.arange(T - 1)].mean(-1)
+    return on_name, on_other, previous
+
+
+def _argmax(scores: np.ndarray) -> tuple[int, int]:
+    layer, head = np.unravel_index(int(np.argmax(scores)), scores.shape)
+    return int(layer), int(head)
+
+
+@checker
+def check_name_head(answer) -> Feedback:
+    """Exercise 3: (layer, head) of the head that looks most at a forced name's earlier
+    mentions, on the exercise's story."""
+    from .base import whole_numbers
+
+    chosen = whole_numbers(answer, 2, "answer")
+    if isinstance(chosen, Feedback):
+        return chosen
+    on_name, on_other, previous = name_head_scores()
+    n_layers, n_heads = on_name.shape
+    best = _argmax(on_name)
+    layer, head = chosen
+    if chosen == best:
+        return Feedback(True, f"layer {layer}, head {head}: {on_name[best]:.2f} of its weight, "
+                        "from the word before each forced name, on that name's earlier "
+                        f"mentions, and {on_other[best]:.2f} on the other character's. "
+                        "Measured on another story than the notebook's, the same head.")
+    if (layer - 1, head - 1) == best:
+        return Feedback(False, f"({layer}, {head}) counts from 1: Python's layers and heads "
+                        f"count from 0, so the head you found is ({layer - 1}, {head - 1}).")
+    if (head, layer) == best:
+        return Feedback(False, f"layer and head swapped: you found layer {head}, head {layer}; "
+                        "write answer = (layer, head).")
+    if not (0 <= layer < n_layers and 0 <= head < n_heads):
+        return Feedback(False, f"there is no layer {layer}, head {head}: the model has layers "
+                        f"0 to {n_layers - 1} and heads 0 to {n_heads - 1}.")
+    if chosen == _argmax(previous):
+        return Feedback(False, f"layer {layer}, head {head} is the previous-token head: it reads "
+                        "the word just before, not the earlier name. Score each head by its "
+                        "weight on r.earlier from the query r.position - 1.")
+    if chosen == _argmax(on_other):
+        return Feedback(False, f"layer {layer}, head {head} puts the most weight on the OTHER "
+                        "character's name (r.distractor), not on the earlier mentions of the "
+                        "name that comes next (r.earlier).")
+    return Feedback(False, f"layer {layer}, head {head} puts {on_name[layer, head]:.2f} of its "
+                    "weight on the earlier mentions; another head puts more. Average, over the "
+                    "forced names, the weight from the query r.position - 1 on r.earlier.")
+
+
 # Solutions -------------------------------------------------------------------------------
 
 SOLUTIONS = {
@@ -254,6 +354,13 @@ answer = decode_step_fixed
     2: """
 layers, d_model, tokens, float16 = 48, 1600, 1024, 2
 answer = 2 * layers * tokens * d_model * float16     # K and V: 314,572,800 bytes, 300 MiB
+""",
+    3: """
+recorded = []
+kvlib.forward(story, exercise_ids, record_attention=recorded)   # one (h, T, T) a layer
+scores = np.mean([widgets12.weight_on(recorded, r.position - 1, r.earlier)
+                  for r in exercise_repeats], axis=0)            # (layers, heads)
+answer = widgets12.best_head(scores)
 """,
 }
 
