@@ -556,6 +556,55 @@ def test_xl_checker_accepts_the_bytes_in_every_form(answer):
 
 
 # ---------------------------------------------------------------------------------------------
+# Exercise 3: the name head, measured
+# ---------------------------------------------------------------------------------------------
+
+def name_head_cases():
+    on_name, on_other, previous = ex12.name_head_scores()
+    best = ex12._argmax(on_name)
+    return on_name, best, ex12._argmax(previous), ex12._argmax(on_other)
+
+
+def test_name_head_solution_and_other_forms(without_gpt2):
+    _, best, _, _ = name_head_cases()
+    scope = dict(without_gpt2[0])
+    exec(ex12.SOLUTIONS[3], scope)
+    assert scope["answer"] == best
+    for form in (best, list(best), np.array(best), tuple(np.int64(i) for i in best),
+                 tuple(float(i) for i in best)):
+        correct(ex12.check_name_head(form), f"layer {best[0]}, head {best[1]}")
+
+
+def test_the_exercise_finds_the_notebooks_name_head_on_another_story(without_gpt2):
+    variables, _ = without_gpt2
+    _, best, _, _ = name_head_cases()
+    assert best == variables["name_head"]
+    assert ex12.exercise_story() != variables["text"]
+
+
+def test_name_head_checker_names_each_mistake():
+    on_name, best, previous_head, distractor_head = name_head_cases()
+    layers, heads = on_name.shape
+    not_yet(ex12.check_name_head((best[0] + 1, best[1] + 1)), "counts from 1")
+    if best[0] != best[1]:
+        not_yet(ex12.check_name_head((best[1], best[0])), "swapped")
+    not_yet(ex12.check_name_head((layers, 0)), "there is no layer")
+    not_yet(ex12.check_name_head((0, heads + 5)), "there is no layer 0, head")
+    if previous_head != best:
+        not_yet(ex12.check_name_head(previous_head), "the previous-token head")
+    if distractor_head not in (best, previous_head):
+        not_yet(ex12.check_name_head(distractor_head), "OTHER character")
+    ranked = np.dstack(np.unravel_index(np.argsort(on_name, axis=None), on_name.shape))[0]
+    others = [tuple(int(i) for i in pair) for pair in ranked
+              if tuple(pair) not in (best, previous_head, distractor_head)
+              and (pair[1], pair[0]) != best and (pair[0] - 1, pair[1] - 1) != best]
+    not_yet(ex12.check_name_head(others[0]), "another head puts more")
+    not_yet(ex12.check_name_head((1, 2, 3)), "should have 2 numbers")
+    not_yet(ex12.check_name_head("2, 3"), "tuple of 2 whole numbers")
+    not_yet(ex12.check_name_head((1.5, 2)), "whole number")
+
+
+# ---------------------------------------------------------------------------------------------
 # Every checker answers anything with a Feedback, never an exception
 # ---------------------------------------------------------------------------------------------
 
@@ -570,7 +619,7 @@ ODD_ANSWERS = [
     lambda params, token, cache: cache.reset(),
     lambda params, token, cache: cache.append(0, np.zeros((1, 4)), np.zeros((1, 4))),
 ]
-CHECKERS = [ex12.check_decode_position, ex12.check_xl_cache]
+CHECKERS = [ex12.check_decode_position, ex12.check_xl_cache, ex12.check_name_head]
 
 
 @pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
@@ -705,7 +754,8 @@ def test_a_failed_download_is_one_line_too(monkeypatch, tmp_path):
     with pytest.raises(SystemExit) as stopped:
         tool.fetch(tmp_path)
     assert str(stopped.value.code) == ("GPT-2 124M not downloaded: ConnectionError: the hub "
-                                       "answered 503")
+                                       "answered 503; notebook 12 says how to download it "
+                                       "later")
 
 
 def test_a_download_is_checked_by_loading_it(monkeypatch, tmp_path):
@@ -727,7 +777,7 @@ def test_a_download_is_checked_by_loading_it(monkeypatch, tmp_path):
 def test_binder_downloads_gpt2_without_failing_the_build():
     post_build = (ROOT / "binder" / "postBuild").read_text(encoding="utf-8")
     fetch_line = next(line for line in post_build.splitlines() if "fetch_gpt2.py" in line)
-    assert fetch_line.startswith("python tools/fetch_gpt2.py || ")   # never fails the build
+    assert fetch_line == "python tools/fetch_gpt2.py || true"        # never fails the build
     pins = (ROOT / "binder" / "requirements.txt").read_text(encoding="utf-8")
     assert re.search(r"^huggingface_hub==\d+\.\d+\.\d+$", pins, re.MULTILINE)
     ranges = (ROOT / "requirements.txt").read_text(encoding="utf-8")

@@ -37,6 +37,9 @@ def hub_host() -> str:
     return urlparse(constants.ENDPOINT).hostname
 
 
+LATER = "notebook 12 says how to download it later"
+
+
 def fetch(directory=None) -> Path:
     """Download into directory (or kvlib's default folder) and check that kvlib loads it.
     Raises SystemExit with one line when the hub cannot be reached or the download fails."""
@@ -44,18 +47,18 @@ def fetch(directory=None) -> Path:
         host = hub_host()
     except ImportError:
         raise SystemExit("GPT-2 124M not downloaded: the huggingface_hub package is missing "
-                         "(pip install huggingface_hub)") from None
+                         f"(pip install huggingface_hub); {LATER}") from None
     try:   # one quick look first: no network gives a one-line answer, at once
         socket.create_connection((host, 443), timeout=5).close()
     except OSError as error:
         raise SystemExit(f"GPT-2 124M not downloaded: the model hub ({host}) cannot be "
-                         f"reached ({error})") from None
+                         f"reached ({error}); {LATER}") from None
     try:
         directory = kvlib.gpt2.download(directory)
         kvlib.gpt2.load(directory)   # memory-mapped: checks every tensor, reads almost nothing
     except Exception as error:  # a network error of any kind, a full disk, a broken file
         raise SystemExit(f"GPT-2 124M not downloaded: {type(error).__name__}: "
-                         f"{error}") from None
+                         f"{error}; {LATER}") from None
     return directory
 
 
