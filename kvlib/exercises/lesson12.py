@@ -223,7 +223,8 @@ def check_xl_cache(answer) -> Feedback:
     if value == exact:
         return Feedback(True, f"{exact:,} bytes = {exact / 2**20:.0f} MiB: 2 (K and V) x 48 "
                         f"layers x 1024 tokens x 1600 x 2 bytes, "
-                        f"{exact // 1024:,} bytes a token. Beside 3.1 GB of float16 weights.")
+                        f"{exact // 1024:,} bytes a token: about a tenth of the model's 3.1 GB "
+                        "of float16 weights, for one sequence.")
     mistakes = _xl_mistakes()
     if value in mistakes:
         return Feedback(False, f"{value:,}: {mistakes[value]}.")
