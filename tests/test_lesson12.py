@@ -290,10 +290,11 @@ def test_head_scores_read_the_right_cells():
 def test_draw_reading_colours_each_token_by_its_weight():
     fig, ax = plt.subplots()
     weights = np.array([0.1, 0.6, 0.05, 0.25])
-    image, most = w12.draw_reading(ax, ["a", "b", "c", "d"], weights)
+    image, most = w12.draw_reading(ax, ["a", "b", "c", "d"], weights, min_rows=3)
     shown = image.get_array()
     np.testing.assert_allclose(shown[0, :4], weights)
-    assert shown.mask[0, 4:].all() and shown.shape == (w12.MIN_ROWS, w12.COLUMNS)
+    assert shown.mask[0, 4:].all() and shown.shape == (3, w12.COLUMNS)
+    assert w12.draw_reading(ax, list("abcd"), weights)[0].get_array().shape == (1, w12.COLUMNS)
     assert most == 1 and [t.get_text() for t in ax.texts] == ["a", "b", "c", "d"]
     frames = [p for p in ax.patches if p.get_linestyle() == "-"]
     assert {p.get_xy() for p in frames} == {(0.5, -0.5)}           # around "b"
@@ -559,12 +560,19 @@ def test_xl_checker_accepts_the_bytes_in_every_form(answer):
 # Exercise 3: the name head, measured
 # ---------------------------------------------------------------------------------------------
 
+STORY_MODEL = ROOT / "kvlib" / "models" / "stories" / "model.safetensors"
+needs_story_model = pytest.mark.skipif(
+    not STORY_MODEL.is_file(), reason="the trained story model (kvlib/models/stories) is not in "
+    "this checkout yet: exercise 3 and the notebook's story sections need it")
+
+
 def name_head_cases():
     on_name, on_other, previous = ex12.name_head_scores()
     best = ex12._argmax(on_name)
     return on_name, best, ex12._argmax(previous), ex12._argmax(on_other)
 
 
+@needs_story_model
 def test_name_head_solution_and_other_forms(without_gpt2):
     _, best, _, _ = name_head_cases()
     scope = dict(without_gpt2[0])
@@ -575,6 +583,7 @@ def test_name_head_solution_and_other_forms(without_gpt2):
         correct(ex12.check_name_head(form), f"layer {best[0]}, head {best[1]}")
 
 
+@needs_story_model
 def test_the_exercise_finds_the_notebooks_name_head_on_another_story(without_gpt2):
     variables, _ = without_gpt2
     _, best, _, _ = name_head_cases()
@@ -582,6 +591,7 @@ def test_the_exercise_finds_the_notebooks_name_head_on_another_story(without_gpt
     assert ex12.exercise_story() != variables["text"]
 
 
+@needs_story_model
 def test_name_head_checker_names_each_mistake():
     on_name, best, previous_head, distractor_head = name_head_cases()
     layers, heads = on_name.shape
@@ -619,7 +629,8 @@ ODD_ANSWERS = [
     lambda params, token, cache: cache.reset(),
     lambda params, token, cache: cache.append(0, np.zeros((1, 4)), np.zeros((1, 4))),
 ]
-CHECKERS = [ex12.check_decode_position, ex12.check_xl_cache, ex12.check_name_head]
+CHECKERS = [ex12.check_decode_position, ex12.check_xl_cache] + (
+    [ex12.check_name_head] if STORY_MODEL.is_file() else [])
 
 
 @pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)

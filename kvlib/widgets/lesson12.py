@@ -155,11 +155,11 @@ def draw_head(ax, weights, labels, title: str, max_labels: int = 40):
 
 # ---------------------------------------------------------------------------------- reading
 
-def reading_grid(weights, columns: int = COLUMNS) -> np.ndarray:
-    """Weights over S positions laid out row by row, `columns` a row: (max(MIN_ROWS,
+def reading_grid(weights, columns: int = COLUMNS, min_rows: int = MIN_ROWS) -> np.ndarray:
+    """Weights over S positions laid out row by row, `columns` a row: (max(min_rows,
     ceil(S / columns)), columns), the cells after the last position masked."""
     weights = np.asarray(weights, dtype=float)
-    rows = max(MIN_ROWS, -(-len(weights) // columns))
+    rows = max(min_rows, -(-len(weights) // columns))
     cells = np.zeros(rows * columns)
     cells[: len(weights)] = weights
     hidden = np.arange(rows * columns) >= len(weights)
@@ -177,8 +177,8 @@ class ReadingPicture:
     not a few hundred new artists.
     """
 
-    def __init__(self, ax, columns: int = COLUMNS):
-        self.ax, self.columns = ax, columns
+    def __init__(self, ax, columns: int = COLUMNS, min_rows: int = MIN_ROWS):
+        self.ax, self.columns, self.min_rows = ax, columns, min_rows
         self.image, self.texts, self.frames = None, [], []
 
     def _build(self, shape) -> None:
@@ -206,7 +206,7 @@ class ReadingPicture:
         if weights.ndim != 1 or len(weights) != len(labels) or len(weights) == 0:
             raise ValueError(f"need one weight per token: got weights of shape "
                              f"{weights.shape} and {len(labels)} labels")
-        grid = reading_grid(weights, self.columns)
+        grid = reading_grid(weights, self.columns, self.min_rows)
         if self.image is None or self.image.get_array().shape != grid.shape:
             self._build(grid.shape)
         top = float(weights.max())
@@ -232,10 +232,12 @@ class ReadingPicture:
         return most
 
 
-def draw_reading(ax, labels, weights, title: str | None = None, columns: int = COLUMNS):
+def draw_reading(ax, labels, weights, title: str | None = None, columns: int = COLUMNS,
+                 min_rows: int = 1):
     """A ReadingPicture of the weights (S,) over S labelled tokens (notebook 12): the plain
-    figure before the widget. Returns (image, position of the largest weight)."""
-    picture = ReadingPicture(ax, columns)
+    figure before the widget, as many rows as the text needs. Returns (image, position of
+    the largest weight)."""
+    picture = ReadingPicture(ax, columns, min_rows)
     most = picture.update(labels, weights, title)
     return picture.image, most
 
