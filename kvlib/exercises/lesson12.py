@@ -305,6 +305,9 @@ def check_name_head(answer) -> Feedback:
     chosen = whole_numbers(answer, 2, "answer")
     if isinstance(chosen, Feedback):
         return chosen
+    if not (story_model_directory() / "model.safetensors").is_file():
+        return Feedback(False, f"the trained story model is not in {story_model_directory()}: "
+                        "this exercise needs it (it ships with kvlib; reinstall kvlib).")
     on_name, on_other, previous = name_head_scores()
     n_layers, n_heads = on_name.shape
     best = _argmax(on_name)
