@@ -9,7 +9,7 @@ BROWSER_READY := $(VENV)/.browser-installed
 FIRST_NOTEBOOK := notebooks/00_big_picture.ipynb
 
 .PHONY: setup lab test lint notebooks benchmark binder-check browser-test links clean \
-	test-reference gpt2
+	test-reference gpt2 lowest-check
 
 # jupyter refuses to run as root without --allow-root (containers and cloud machines often
 # run as root); LAB_OPTIONS adds options, e.g. LAB_OPTIONS="--ip=0.0.0.0 --port=8888 --no-browser"
@@ -83,6 +83,10 @@ $(REFERENCE_VENV)/.installed: requirements.txt requirements-reference.txt
 
 test-reference: $(REFERENCE_VENV)/.installed
 	$(REFERENCE_VENV)/bin/python -m pytest tests/reference tests/test_gpt2_reference.py -v
+
+# The lowest versions requirements.txt allows, tested together on Python 3.10 (about 5 min).
+lowest-check:
+	bash tools/check_lowest_versions.sh
 
 # Point the Binder badge and the nbviewer links at a repository (also how a fork does it).
 links:

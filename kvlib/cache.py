@@ -296,13 +296,18 @@ class SlidingWindowCache(BaseKVCache):
         n = self._lengths[0]
         return (f"SlidingWindowCache({_plural(n, 'position')} seen, "
                 f"{_plural(len(self._held(n)), 'row')} held: window {self.window}, "
-                f"{self.sink_tokens} sink, {self.config.n_layers} layers)")
+                f"{_plural(self.sink_tokens, 'sink')}, {_plural(self.config.n_layers, 'layer')})")
 
     def _held(self, n: int) -> np.ndarray:
         """Positions held after n positions: the sinks and the last W."""
         sinks = np.arange(min(n, self.sink_tokens))
         recent = np.arange(max(self.sink_tokens, n - self.window), n)
         return np.concatenate([sinks, recent])
+
+    def slot(self, position: int) -> int:
+        """The buffer row that holds a position (notebook 16): the position itself for a
+        sink, sinks + (position - sinks) % W after them."""
+        return int(self._slots(np.array([_whole("position", position, 0)]))[0])
 
     def _slots(self, positions: np.ndarray) -> np.ndarray:
         sink = self.sink_tokens

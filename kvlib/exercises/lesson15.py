@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 import re
+from numbers import Real
 
 import numpy as np
 
 import kvlib
 from kvlib.memory import kv_cache_bytes, latent_cache_bytes
 
-from .base import Feedback, as_number, is_missing, show_solution
+from .base import Feedback, is_missing, show_solution
 
 # Exercise 1: an imagined model with latent attention, cache in BF16
 EXERCISE1 = {"n_layers": 40, "n_heads": 32, "head_dim": 128, "latent_dim": 512,
@@ -56,15 +57,17 @@ WRONG_CHOICES = {
 
 def _number(answer) -> float | None:
     """A plain number as a float, also from a one-element list or array (np.array(46080));
-    an int too large for a float (10**400) is infinite rather than an OverflowError
-    (exercises.base.as_number lets that escape). None for anything else."""
+    nan stays nan and an int too large for a float (10**400) is infinite, so that the
+    message can say the number must be finite. None for anything else."""
     if isinstance(answer, (list, tuple)) and len(answer) == 1:
         answer = answer[0]
     if isinstance(answer, np.ndarray) and answer.size == 1 and \
             np.issubdtype(answer.dtype, np.number):
         answer = answer.reshape(()).item()
+    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
+        return None
     try:
-        return as_number(answer)
+        return float(answer)
     except OverflowError:
         return math.inf if answer > 0 else -math.inf
 

@@ -5,9 +5,25 @@ inference, never imported by them.
   counts and copy-on-write (notebook 17).
 - memory_plan (contiguous reservations against paged blocks, for a mix of requests) and
   pool_timeline.PoolTimeline (requests served step by step from one pool) (notebook 17).
+- prefix.PrefixCache and prefix.PrefixServer: prefix caching across requests, block keys
+  chained through their parents, LRU eviction (notebook 18).
+- batch: several sequences decoded in one step, ragged or padded (notebook 19);
+  scheduler: static and continuous batching of a stream of requests (notebook 19; its own
+  scheduler.Request carries an id and an arrival in steps or seconds).
 """
 
+from .batch import attend_padded, attend_per_sequence, batched_decode_step, padding_mask
 from .blocks import BlockAllocator
 from .memory_plan import ContiguousArena, Request, blocks_for, memory_table, request_mix
 from .paged import PagedKVCache
 from .pool_timeline import PoolTimeline
+from .prefix import (
+    ROOT_KEY,
+    Admission,
+    CachedBlock,
+    PrefixCache,
+    PrefixServer,
+    block_key,
+    block_keys,
+)
+from .scheduler import ContinuousBatching, ModelRunner, StaticBatching, serve

@@ -83,13 +83,24 @@ class PagedKVCache(BaseKVCache):
 
     # -------------------------------------------------------------- sharing and freeing
 
+    @classmethod
+    def on_blocks(cls, allocator: BlockAllocator, blocks, length: int) -> PagedKVCache:
+        """A sequence whose first `length` positions are already in these blocks, taking one
+        more reference to each (notebook 17: a fork; notebook 18: a cached prefix)."""
+        blocks = list(blocks)
+        if not (len(blocks) - 1) * allocator.block_size < length <= \
+                len(blocks) * allocator.block_size and (blocks or length):
+            raise ValueError(f"{length} positions do not fill {len(blocks)} blocks of "
+                             f"{allocator.block_size}: every block but the last must be full")
+        cache = cls(allocator)
+        cache._check_room(0, length)
+        cache.block_table = [allocator.share(block) for block in blocks]
+        cache._lengths = [length] * allocator.config.n_layers
+        return cache
+
     def fork(self) -> PagedKVCache:
         """A second sequence with the same positions, sharing every block (notebook 17)."""
-        length = len(self)
-        child = PagedKVCache(self.allocator)
-        child.block_table = [self.allocator.share(block) for block in self.block_table]
-        child._lengths = [length] * self.config.n_layers
-        return child
+        return PagedKVCache.on_blocks(self.allocator, self.block_table, len(self))
 
     def truncate(self, n: int) -> None:
         """Keep positions 0 .. n-1; blocks no longer needed go back to the pool."""

@@ -1,0 +1,450 @@
+"""Several sequences decoded in one step (notebook 19): a batch.
+
+Decoding B sequences one after the other multiplies every weight matrix by one row, B times:
+B matrix-vector products, each reading the whole matrix from memory. Decoding them together
+stacks their B new rows into X (B, d) and multiplies once: one matrix-matrix product per
+weight, which reads each weight once for the whole batch. The projections, the output
+projection, the MLP and the unembedding do not care which sequence a row came from, so they
+run on the batch as it is.
+
+Attention does care. Each sequence's new query must meet its own cache, and the caches have
+different lengths (a ragged batch). Two ways, both here:
+
+- attend_per_sequence: a loop over the batch for the attention alone, each query against its
+  own cache of S_b positions, as kvlib.decode_step does for one sequence;
+- attend_padded: every cache copied into one array of the longest length S_max, padded on the
+  left, with a mask that hides the padded positions (padding_mask), so that the attention of
+  the whole batch is one product. This is what a padded, "static" cache does (transformers'
+  batched generate); the padded positions cost work and memory for nothing.
+
+batched_decode_step runs the whole step with either and equals decoding each sequence alone.
+It reuses kvlib.model's step functions; only the loop over the batch is new. Below it, the
+roofline of a batched step: the weights are read once per step, each sequence's cache is read
+for itself (batched_step_bytes), so batching raises the FLOPs per byte of the weights' part,
+and not of the cache's.
+
+Shapes: B sequences, d = d_model, h heads of dh columns, kv K/V heads (kv_width = kv x dh),
+S_b positions in sequence b's cache after the new token, S_max the longest.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+
+import numpy as np
+
+from ..cache import BaseKVCache
+from ..config import ModelConfig
+from ..flops import decode_step_multiply_adds
+from ..inference import check_ids
+from ..model import (
+    attention_mask,
+    attention_scores,
+    attention_weights,
+    embed,
+    merge_heads,
+    mlp,
+    normalize,
+    output_projection,
+    project_qkv,
+    softmax,
+    split_heads,
+    unembed,
+    weighted_sum,
+)
+from ..params import Params
+from ..positions import RotaryPositions, add_positions
+from ..roofline import cache_bytes, roofline_time, weights_bytes
+
+# ------------------------------------------------------------------------------ checks
+
+
+def _config_differences(a: ModelConfig, b: ModelConfig) -> str:
+    """The fields in which two configs differ, as 'd_model 8 (not 4), n_layers 2 (not 3)'."""
+    names = [name for name in a.__dataclass_fields__ if getattr(a, name) != getattr(b, name)]
+    return ", ".join(f"{name} {getattr(a, name)!r} (not {getattr(b, name)!r})"
+                     for name in names)
+
+
+def check_batch(params: Params, token_ids, caches) -> np.ndarray:
+    """Validate a batch for one decode step (notebook 19): B token ids, B caches of the model
+    of params, each holding its prompt, none full, no cache twice. Returns the ids (B,).
+
+    A cache knows the config of the model that filled it, not the weights: a batch whose
+    caches come from models of different shapes or architectures is refused here; two models
+    of one config with different weights cannot be told apart by their caches.
+    """
+    if not isinstance(params, Params):
+        raise TypeError(f"params must be kvlib Params (from init_params), "
+                        f"got {type(params).__name__}")
+    if isinstance(caches, BaseKVCache):
+        raise TypeError("caches must be a list of caches, one per sequence; for a single "
+                        "sequence use kvlib.decode_step, or put the cache in a list")
+    if not isinstance(caches, (list, tuple)):
+        raise TypeError(f"caches must be a list of kvlib caches, one per sequence, "
+                        f"got {type(caches).__name__}")
+    if not caches:
+        raise ValueError("the batch is empty: give at least one sequence (one token id and "
+                         "its cache)")
+    config = params.config
+    if config.latent_dim is not None:
+        raise ValueError("batched decoding here runs models that cache K and V (MHA, GQA, "
+                         "MQA, sliding windows); latent attention (notebook 15) has a block of "
+                         "its own: decode its sequences with kvlib.decode_step")
+    for index, cache in enumerate(caches):
+        if not isinstance(cache, BaseKVCache):
+            raise TypeError(f"sequence {index}'s cache must be a kvlib cache, got "
+                            f"{type(cache).__name__}")
+        if cache.config != config:
+            raise ValueError(
+                f"sequence {index}'s cache comes from another model: its config differs from "
+                f"the params' in {_config_differences(cache.config, config)}. A batch runs one "
+                "model's weights over every sequence, so every cache in it must have been "
+                "filled by that model")
+        cache.check_consistent()
+        if len(cache) == 0:
+            raise ValueError(f"sequence {index}'s cache is empty: prefill its prompt first "
+                             "(kvlib.prefill), then decode it in a batch")
+        if cache.capacity is not None and len(cache) >= cache.capacity:
+            raise ValueError(f"sequence {index}'s cache is full ({len(cache)} of "
+                             f"{cache.capacity} positions): retire it from the batch")
+    seen: dict[int, int] = {}
+    for index, cache in enumerate(caches):
+        if id(cache) in seen:
+            raise ValueError(f"sequences {seen[id(cache)]} and {index} share one cache object: "
+                             "each sequence needs its own (a fork of a paged cache shares "
+                             "blocks, not the cache)")
+        seen[id(cache)] = index
+    ids = check_ids(token_ids, params, what="batch's token ids")
+    if len(ids) != len(caches):
+        raise ValueError(f"{len(ids)} token ids for {len(caches)} caches: give one new token "
+                         "per sequence")
+    return ids
+
+
+# ------------------------------------------------------------------------------ the step
+
+
+def batch_positions(caches) -> np.ndarray:
+    """The position of each sequence's new token (notebook 19): len(cache) each, (B,)."""
+    return np.array([len(cache) for cache in caches], dtype=np.intp)
+
+
+def embed_batch(params: Params, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The new tokens' rows (notebook 19): ids (B,) at positions (B,) -> X (B, d).
+
+    A lookup per row, as for a prompt; with learned positions (GPT-2) each row gets its own
+    sequence's position, not its row number in the batch.
+    """
+    X = embed(token_ids, params.embedding)
+    if params.config.positions == "learned":
+        X = add_positions(X, params.position_table, positions)
+    return X
+
+
+def sequence_masks(config: ModelConfig, caches, positions: np.ndarray) -> list:
+    """Which cached positions each new query may see (notebook 19): for sequence b a bool
+    (1, S_b), or None when it sees them all (no window). Read before any layer appends."""
+    masks = []
+    for cache, position in zip(caches, positions):
+        mask = attention_mask([position], cache.key_positions(1), config.window,
+                              config.sink_tokens)
+        masks.append(None if mask.all() else mask)
+    return masks
+
+
+def attend_per_sequence(queries: np.ndarray, keys: list, values: list, masks: list,
+                        config: ModelConfig) -> np.ndarray:
+    """Each sequence's query over its own cache, one sequence at a time (notebook 19).
+
+    queries (B, d); keys[b] and values[b] (S_b, kv_width); masks[b] (1, S_b) or None
+    -> the merged heads (B, d). Row b is kvlib.decode_step's attention for sequence b alone.
+    """
+    rows = []
+    for b, (K, V, mask) in enumerate(zip(keys, values, masks)):
+        q = split_heads(queries[b:b + 1], config.n_heads)              # (h, 1, dh)
+        weights = attention_weights(q, split_heads(K, config.kv_heads), mask)
+        rows.append(merge_heads(weighted_sum(weights, split_heads(V, config.kv_heads))))
+    return np.vstack(rows)
+
+
+def padding_mask(lengths) -> np.ndarray:
+    """The mask of a left-padded batch of caches (notebook 19): lengths (B,) -> bool
+    (B, S_max), True where row b holds one of its S_b real positions.
+
+    Padded on the left, sequence b's positions fill the last S_b columns, so every
+    sequence's newest position sits in the same, last column; the first S_max - S_b columns
+    of row b are padding, and no query may attend to them.
+    """
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or lengths.size == 0 or lengths.dtype.kind not in "iu" \
+            or lengths.min() < 1:
+        raise ValueError(f"lengths must be a flat, non-empty list of whole numbers >= 1, got "
+                         f"{lengths.tolist()!r}")
+    longest = int(lengths.max())
+    return np.arange(longest)[None, :] >= (longest - lengths)[:, None]
+
+
+def pad_left(rows: list, width: int) -> np.ndarray:
+    """Sequences of rows (S_b, n) each, copied into one zero-filled array (B, width, n),
+    every sequence in its last S_b rows (notebook 19)."""
+    padded = np.zeros((len(rows), width, rows[0].shape[1]), dtype=rows[0].dtype)
+    for b, block in enumerate(rows):
+        padded[b, width - len(block):] = block
+    return padded
+
+
+def attend_padded(queries: np.ndarray, keys: list, values: list, masks: list,
+                  config: ModelConfig) -> np.ndarray:
+    """The whole batch's attention as one product over caches padded on the left (notebook
+    19): queries (B, d), keys[b] and values[b] (S_b, kv_width), masks[b] (1, S_b) or None
+    -> the merged heads (B, d), equal to attend_per_sequence.
+
+    Every cache is copied into (B, S_max, kv_width); the padding gets score -inf (as
+    kvlib.apply_mask does), so its weight is exactly 0. The batch is folded into the head
+    axis, (B x h, 1, dh) queries against (B x kv, S_max, dh) keys, which keeps
+    kvlib.attention_scores' grouping of query heads for GQA: query head i of sequence b
+    meets K/V head b x kv + i // (h / kv), its own sequence's.
+    """
+    B, h, kv, dh = len(keys), config.n_heads, config.kv_heads, config.head_dim
+    lengths = [len(K) for K in keys]
+    longest = max(lengths)
+    visible = padding_mask(lengths)                                     # (B, S_max)
+    for b, mask in enumerate(masks):
+        if mask is not None:                  # a sliding window hides some real positions too
+            visible[b, longest - lengths[b]:] &= mask[0]
+    K = pad_left(keys, longest).reshape(B, longest, kv, dh).transpose(0, 2, 1, 3)
+    V = pad_left(values, longest).reshape(B, longest, kv, dh).transpose(0, 2, 1, 3)
+    Q = queries.reshape(B * h, 1, dh)                           # split_heads of every row
+    scores = attention_scores(Q, K.reshape(B * kv, longest, dh)).reshape(B, h, longest)
+    scores = np.where(visible[:, None, :], scores, -np.inf)
+    weights = softmax(scores).reshape(B * h, 1, longest)
+    heads = weighted_sum(weights, V.reshape(B * kv, longest, dh))        # (B x h, 1, dh)
+    return heads.reshape(B, h * dh)                             # merge_heads of every row
+
+
+def batched_decoder_block(X: np.ndarray, layer, config: ModelConfig, caches, layer_index: int,
+                          masks: list, rotary=None, attend=attend_per_sequence) -> np.ndarray:
+    """One decoder block for a batch of decode steps (notebook 19): X (B, d) -> (B, d).
+
+    The block of kvlib.model.decoder_block, with the batch as its rows: the projections, the
+    output projection and the MLP are one product each for the whole batch; row b's k and
+    v are appended to sequence b's cache, and attend (attend_per_sequence or attend_padded)
+    lets each query see its own sequence only. With rotary positions each row is turned to
+    its own sequence's position.
+    """
+    eps = config.norm_epsilon
+    Q, K, V = project_qkv(normalize(X, layer.ln_1_gain, layer.ln_1_bias, eps), layer)
+    if rotary is not None:
+        Q, K = rotary.rotate(Q), rotary.rotate(K)
+    attended = [cache.append(layer_index, K[b:b + 1], V[b:b + 1])
+                for b, cache in enumerate(caches)]
+    heads = attend(Q, [keys for keys, _ in attended], [vals for _, vals in attended], masks,
+                   config)
+    H = X + output_projection(heads, layer.Wo, layer.bo)
+    return H + mlp(normalize(H, layer.ln_2_gain, layer.ln_2_bias, eps), layer)
+
+
+def batched_decode_step(params: Params, token_ids, caches, *, attend=attend_per_sequence):
+    """One decode step for B sequences at once (notebook 19): token ids (B,), B caches ->
+    logits (B, V); each cache grows by one position.
+
+    Row b equals kvlib.decode_step(params, token_ids[b], caches[b]) run alone, whatever the
+    caches' lengths (each token sits at its own position len(caches[b])) and kinds (KVCache,
+    a paged cache, a sliding window). attend chooses how the ragged attention is done:
+    attend_per_sequence (a loop) or attend_padded (one padded product). If the step fails
+    half-way, every cache is left as it was.
+    """
+    ids = check_batch(params, token_ids, caches)
+    if not callable(attend):
+        raise TypeError("attend must be attend_per_sequence, attend_padded or a function "
+                        "like them")
+    config = params.config
+    positions = batch_positions(caches)
+    X = embed_batch(params, ids, positions)   # before any append: a bad position changes nothing
+    masks = sequence_masks(config, caches, positions)
+    rotary = None
+    if config.positions == "rotary":
+        rotary = RotaryPositions(positions, config.head_dim, config.rope_base)
+    saved = [cache.checkpoint() for cache in caches]
+    try:
+        for index, layer in enumerate(params.layers):
+            X = batched_decoder_block(X, layer, config, caches, index, masks, rotary, attend)
+    except BaseException:
+        for cache, state in zip(caches, saved):
+            cache.restore(state)
+        raise
+    X = normalize(X, params.ln_f_gain, params.ln_f_bias, config.norm_epsilon)
+    return unembed(X, params.embedding)
+
+
+def decode_each_alone(params: Params, token_ids, caches) -> np.ndarray:
+    """The reference (notebook 19): kvlib.decode_step for each sequence, one after the
+    other -> logits (B, V). B matrix-vector products per weight instead of one product."""
+    from ..inference import decode_step
+
+    ids = check_batch(params, token_ids, caches)
+    return np.vstack([decode_step(params, int(token), cache)
+                      for token, cache in zip(ids, caches)])
+
+
+# ------------------------------------------------------------------------------ left-padded prompts
+
+
+def left_pad(prompts, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Prompts of different lengths as one batch, padded on the left (notebook 19; what
+    transformers' tokenizers do with padding_side="left"): B lists of ids ->
+    (ids (B, T), real (B, T) bool, True where a column holds a prompt's token).
+
+    Each prompt's last token sits in the last column, so the next token of every prompt is
+    read from logits[:, -1], and the first new token of every sequence goes in column T.
+    """
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) \
+            or not prompts:
+        raise ValueError("prompts must be a non-empty list of prompts, each a list of ids")
+    if isinstance(pad_id, bool) or not isinstance(pad_id, Integral) or pad_id < 0:
+        raise ValueError(f"pad_id must be a token id (a whole number >= 0), got {pad_id!r}")
+    rows = []
+    for index, prompt in enumerate(prompts):
+        if isinstance(prompt, (str, bytes)):
+            raise TypeError(f"prompt {index} is text: encode it into ids first")
+        row = np.asarray(prompt)
+        if row.ndim != 1 or row.size == 0 or row.dtype.kind not in "iu":
+            raise ValueError(f"prompt {index} must be a non-empty flat list of token ids, got "
+                             f"{prompt!r}")
+        rows.append(row)
+    longest = max(len(row) for row in rows)
+    ids = np.full((len(rows), longest), pad_id, dtype=np.intp)
+    for b, row in enumerate(rows):
+        ids[b, longest - len(row):] = row
+    return ids, padding_mask([len(row) for row in rows])
+
+
+def padded_prompt_mask(real: np.ndarray) -> np.ndarray:
+    """The attention mask of a left-padded prompt batch (notebook 19): real (B, T) ->
+    bool (B, T, T), [b, i, j] True when query i of prompt b may see key j.
+
+    Causal, and no query sees a padded key (a column of padding is hidden in every row).
+    A padded query (a row of padding) would then see nothing, and a softmax over nothing
+    is 0 / 0; it is let see itself instead, and its output is never read (transformers
+    un-masks such rows for the same reason).
+    """
+    real = np.asarray(real, dtype=bool)
+    if real.ndim != 2 or real.size == 0:
+        raise ValueError(f"real must be a (B, T) array of True/False, got shape {real.shape}")
+    T = real.shape[1]
+    allowed = np.tri(T, dtype=bool)[None] & real[:, None, :]
+    return allowed | (np.eye(T, dtype=bool)[None] & ~real[:, :, None])
+
+
+def padded_prompt_positions(real: np.ndarray) -> np.ndarray:
+    """The position of every column of a left-padded prompt batch (notebook 19): real
+    (B, T) -> (B, T) ints, each prompt counting from 0 at its first real token (padding
+    gets 0). transformers computes position_ids the same way, from the attention mask."""
+    real = np.asarray(real, dtype=bool)
+    return np.maximum(np.cumsum(real, axis=1) - 1, 0)
+
+
+# ------------------------------------------------------------------------ the roofline of a batch
+
+
+def _positions(positions) -> list[int]:
+    values = np.asarray(positions)
+    if values.ndim == 0:
+        values = values.reshape(1)
+    if values.ndim != 1 or values.size == 0 or values.dtype.kind not in "iu" \
+            or values.min() < 0:
+        raise ValueError(f"positions must be a non-empty list of whole numbers >= 0 (the "
+                         f"position of each sequence's new token), got {positions!r}")
+    return [int(p) for p in values]
+
+
+def _check_number_size(bytes_per_number) -> None:
+    if bytes_per_number is not None and (isinstance(bytes_per_number, bool) or not isinstance(
+            bytes_per_number, Integral) or bytes_per_number < 1):
+        raise ValueError(f"bytes_per_number must be a whole number >= 1 (2 for BF16) or None "
+                         f"for the model's own dtype, got {bytes_per_number!r}")
+
+
+def batched_step_flops(config: ModelConfig, positions) -> int:
+    """FLOPs of one batched decode step (notebook 19): each sequence's decode step at its
+    position, summed. Batching changes how the work is done, not how much there is."""
+    return sum(decode_step_multiply_adds(config, p).flops for p in _positions(positions))
+
+
+def batched_step_bytes(config: ModelConfig, positions, bytes_per_number: int | None = None
+                       ) -> int:
+    """Bytes one batched decode step must read (notebook 19): every weight once for the
+    whole batch, and each sequence's own keys and values (position + 1 positions each).
+
+    bytes_per_number gives the bytes of a stored number (2 for BF16 on an accelerator);
+    by default the config's dtype (4 for float32).
+    """
+    _check_number_size(bytes_per_number)
+    cached = sum(cache_bytes(config, p + 1) for p in _positions(positions))
+    return _in_bytes_of(config, weights_bytes(config) + cached, bytes_per_number)
+
+
+def batched_step_seconds(config: ModelConfig, positions, compute_rate: float,
+                         bandwidth: float, bytes_per_number: int | None = None) -> float:
+    """The roofline's time of one batched decode step (notebook 19):
+    max(FLOPs / compute_rate, bytes / bandwidth), in seconds."""
+    return roofline_time(batched_step_flops(config, positions),
+                         batched_step_bytes(config, positions, bytes_per_number),
+                         compute_rate, bandwidth)
+
+
+def _check_rate(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) \
+            or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def ridge_point(compute_rate: float, bandwidth: float) -> float:
+    """FLOPs per byte at which a machine turns from memory-bound to compute-bound (notebook
+    19): compute_rate / bandwidth. An H100 SXM: 989e12 / 3.35e12, about 295."""
+    return _check_rate("compute_rate", compute_rate) / _check_rate("bandwidth", bandwidth)
+
+
+def compute_bound_batch_size(config: ModelConfig, position: int, compute_rate: float,
+                             bandwidth: float, bytes_per_number: int | None = None
+                             ) -> int | None:
+    """The smallest batch of sequences, each decoding at `position`, whose step the roofline
+    calls compute-bound (notebook 19): FLOPs / compute_rate >= bytes / bandwidth. None when
+    no batch ever is: when one sequence's cache takes longer to read than its FLOPs take
+    to compute, every sequence added brings more reading than arithmetic.
+
+    With B sequences, FLOPs = B f and bytes = W + B c (f, c: one sequence's FLOPs and cache
+    bytes, W: the weights), so B >= (W / bandwidth) / (f / compute_rate - c / bandwidth).
+    """
+    compute_rate = _check_rate("compute_rate", compute_rate)
+    bandwidth = _check_rate("bandwidth", bandwidth)
+    [position] = _positions([position])
+    flops_each = batched_step_flops(config, [position])
+    weights = _weights_bytes(config, bytes_per_number)
+    cache_each = batched_step_bytes(config, [position], bytes_per_number) - weights
+    spare = flops_each * bandwidth - cache_each * compute_rate     # per sequence, x rates
+    if spare <= 0:
+        return None
+    size = max(1, math.ceil(weights * compute_rate / spare))
+    # the division is in floats; settle the boundary with the comparison itself
+    def bound(b):
+        return b * flops_each * bandwidth >= (weights + b * cache_each) * compute_rate
+    while size > 1 and bound(size - 1):
+        size -= 1
+    while not bound(size):
+        size += 1
+    return size
+
+
+def _in_bytes_of(config: ModelConfig, n_bytes: int, bytes_per_number: int | None) -> int:
+    """n_bytes of the config's dtype, counted with bytes_per_number bytes a number."""
+    if bytes_per_number is None:
+        return n_bytes
+    return n_bytes // config.numpy_dtype.itemsize * bytes_per_number
+
+
+def _weights_bytes(config: ModelConfig, bytes_per_number: int | None) -> int:
+    return _in_bytes_of(config, weights_bytes(config), bytes_per_number)
