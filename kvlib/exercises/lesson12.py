@@ -5,8 +5,8 @@ Exercise 1 is the offset bug of learned positions: a hand-written decode step th
 token of a text. Nothing crashes; only the comparison with a full recomputation catches it.
 Exercise 2 sizes the cache of another GPT-2 (XL) from its config, a transfer of the
 notebook's formula. Exercise 3 finds, on the trained story model and another story of its
-grammar, the head that looks back at a name's earlier mention where the story must say it
-again.
+grammar, the head that decides a forced name: the one that looks at the latest name (the
+other character's), so that the model answers by elimination.
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ EXERCISE_SEED = 12
 
 
 def story_model_directory():
-    """The trained story model's folder, kvlib/models/stories."""
+    """The trained story model's folder, kvlib/models/stories (it ships with kvlib)."""
     from pathlib import Path
 
     return Path(kvlib.__file__).resolve().parent / "models" / "stories"
@@ -252,43 +252,45 @@ def story_model_directory():
 
 @lru_cache(maxsize=1)
 def story_model():
-    """(params in float64, tokenizer, measured.json) of the trained story model, made once."""
-    import json
-
+    """(params in float64, tokenizer) of the trained story model, made once."""
     from kvlib import gpt2, stories
 
     directory = story_model_directory()
     return (gpt2.load(directory, dtype="float64"),
-            stories.StoryTokenizer.from_directory(directory),
-            json.loads((directory / "measured.json").read_text(encoding="utf-8")))
+            stories.StoryTokenizer.from_directory(directory))
 
 
 def exercise_story() -> str:
+    """Another story of the grammar than the notebook's, always the same (seeded)."""
     from kvlib import stories
 
     return stories.generate_story(np.random.default_rng(EXERCISE_SEED))
 
 
-@lru_cache(maxsize=1)
-def name_head_scores() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """On the exercise's story, per layer and head (L, h): the mean weight the query before
-    each forced name puts on the name's earlier mentions, on the other character's, and on
-    the previous token."""
-    from kvlib import stories
+def name_head_scores() -> dict[str, np.ndarray]:
+    """On the exercise's story, per layer and head (L, h), from the query before each forced
+    name: the weight on the latest name of either character ("latest", what decides the
+    name), on the earlier occurrences of the name that comes next ("earlier"), on the other
+    character's ("distractor"); and the mean weight of every query on the previous token
+    ("previous"). The arrays are shared and read-only."""
+    return dict(_name_head_scores())
 
-    params, tokenizer, _ = story_model()
+
+@lru_cache(maxsize=1)
+def _name_head_scores() -> dict[str, np.ndarray]:
+    from kvlib import stories
+    from kvlib.widgets.lesson12 import forced_name_weights, previous_token_scores
+
+    params, tokenizer = story_model()
     ids = tokenizer.encode(exercise_story())
     recorded = []
     kvlib.forward(params, ids, record_attention=recorded)
-    weights = np.stack(recorded)                                   # (L, h, T, T)
-    repeats = stories.repeated_names(tokenizer.tokens(ids))
-    on_name = np.mean([weights[:, :, r.position - 1, list(r.earlier)].sum(-1)
-                       for r in repeats], axis=0)
-    on_other = np.mean([weights[:, :, r.position - 1, list(r.distractor)].sum(-1)
-                        for r in repeats], axis=0)
-    T = len(ids)
-    previous = weights[..., np.arange(1, T), np.arange(T - 1)].mean(-1)
-    return on_name, on_other, previous
+    repeats = stories.forced_repeats(tokenizer.tokens(ids), "name")
+    scores = forced_name_weights(recorded, repeats)
+    scores["previous"] = previous_token_scores(recorded)
+    for table in scores.values():
+        table.setflags(write=False)             # made once, shared by every call
+    return scores
 
 
 def _argmax(scores: np.ndarray) -> tuple[int, int]:
@@ -298,25 +300,30 @@ def _argmax(scores: np.ndarray) -> tuple[int, int]:
 
 @checker
 def check_name_head(answer) -> Feedback:
-    """Exercise 3: (layer, head) of the head that looks most at a forced name's earlier
-    mentions, on the exercise's story."""
+    """Exercise 3: (layer, head), counted from 0, of the head that decides a forced name: the
+    one with the most weight on the latest name (Repeat.latest) from the query before each
+    forced name of the exercise's story."""
     from .base import whole_numbers
 
     chosen = whole_numbers(answer, 2, "answer")
     if isinstance(chosen, Feedback):
         return chosen
-    if not (story_model_directory() / "model.safetensors").is_file():
-        return Feedback(False, f"the trained story model is not in {story_model_directory()}: "
-                        "this exercise needs it (it ships with kvlib; reinstall kvlib).")
-    on_name, on_other, previous = name_head_scores()
-    n_layers, n_heads = on_name.shape
-    best = _argmax(on_name)
+    scores = name_head_scores()
+    latest = scores["latest"]
+    n_layers, n_heads = latest.shape
+    best = _argmax(latest)
     layer, head = chosen
     if chosen == best:
-        return Feedback(True, f"layer {layer}, head {head}: {on_name[best]:.2f} of its weight, "
-                        "from the word before each forced name, on that name's earlier "
-                        f"mentions, and {on_other[best]:.2f} on the other character's. "
-                        "Measured on another story than the notebook's, the same head.")
+        message = (f"layer {layer}, head {head}: from the word before each forced name it puts "
+                   f"{latest[best]:.2f} of its weight on the latest name, and that name is the "
+                   f"other character's ({scores['distractor'][best]:.2f} on the other "
+                   f"character, {scores['earlier'][best]:.2f} on the name that comes next). The "
+                   "model writes the name this head did not see: it answers by elimination.")
+        if _argmax(scores["previous"]) == best:
+            message += (f" It is also the head with the most weight on the previous token, "
+                        f"only {scores['previous'][best]:.2f}: no head of this model is a "
+                        "previous-token head.")
+        return Feedback(True, message)
     if (layer - 1, head - 1) == best:
         return Feedback(False, f"({layer}, {head}) counts from 1: Python's layers and heads "
                         f"count from 0, so the head you found is ({layer - 1}, {head - 1}).")
@@ -326,17 +333,21 @@ def check_name_head(answer) -> Feedback:
     if not (0 <= layer < n_layers and 0 <= head < n_heads):
         return Feedback(False, f"there is no layer {layer}, head {head}: the model has layers "
                         f"0 to {n_layers - 1} and heads 0 to {n_heads - 1}.")
-    if chosen == _argmax(previous):
-        return Feedback(False, f"layer {layer}, head {head} is the previous-token head: it reads "
-                        "the word just before, not the earlier name. Score each head by its "
-                        "weight on r.earlier from the query r.position - 1.")
-    if chosen == _argmax(on_other):
-        return Feedback(False, f"layer {layer}, head {head} puts the most weight on the OTHER "
-                        "character's name (r.distractor), not on the earlier mentions of the "
-                        "name that comes next (r.earlier).")
-    return Feedback(False, f"layer {layer}, head {head} puts {on_name[layer, head]:.2f} of its "
-                    "weight on the earlier mentions; another head puts more. Average, over the "
-                    "forced names, the weight from the query r.position - 1 on r.earlier.")
+    if chosen == _argmax(scores["earlier"]):
+        return Feedback(False, f"layer {layer}, head {head} has the most weight on the earlier "
+                        "occurrences of the name that comes next (r.earlier), but only "
+                        f"{scores['earlier'][chosen]:.2f}: no head copies the right name. Score "
+                        "each head by its weight on the latest name, r.latest, instead.")
+    if chosen == _argmax(scores["previous"]):
+        return Feedback(False, f"layer {layer}, head {head} has the most weight on the previous "
+                        f"token ({scores['previous'][chosen]:.2f}), which is not what decides a "
+                        "name. Score each head by its weight on r.latest from the query "
+                        "r.position - 1.")
+    return Feedback(False, f"layer {layer}, head {head} puts {latest[chosen]:.2f} of its weight "
+                    "on the latest name, from the word before a forced name; another head puts "
+                    f"{latest[best] - latest[chosen]:.2f} more. Average, over the forced names, "
+                    "the weight from the query r.position - 1 on r.latest, for every layer and "
+                    "head, and take the largest.")
 
 
 # Solutions -------------------------------------------------------------------------------
@@ -362,9 +373,10 @@ answer = 2 * layers * tokens * d_model * float16     # K and V: 314,572,800 byte
     3: """
 recorded = []
 kvlib.forward(story, exercise_ids, record_attention=recorded)   # one (h, T, T) a layer
-scores = np.mean([widgets12.weight_on(recorded, r.position - 1, r.earlier)
-                  for r in exercise_repeats], axis=0)            # (layers, heads)
-answer = widgets12.best_head(scores)
+weights = np.stack(recorded)                                     # (layers, heads, T, T)
+scores = np.mean([weights[:, :, r.position - 1, r.latest] for r in exercise_repeats],
+                 axis=0)                                         # (layers, heads)
+answer = widgets12.best_head(scores)                             # (1, 3)
 """,
 }
 

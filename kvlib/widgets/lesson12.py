@@ -6,8 +6,9 @@
 - ``reading_explorer(params, tokenizer, prompt)`` decodes one token a click with
   ``kvlib.decode_step`` and draws, for the chosen layer and head, what the new token read;
   every step is checked against a full recomputation with ``kvlib.forward``.
-- ``previous_token_scores`` and ``weight_on`` measure heads from recorded attention weights;
-  ``draw_head`` draws one head's weights with token labels.
+- ``previous_token_scores``, ``weight_on`` and ``forced_name_weights`` measure heads from
+  recorded attention weights; ``draw_head`` draws one head's weights with token labels and
+  ``draw_head_table`` a score for every layer and head.
 - GPT-2 124M: the published prompt and continuation, and what to print when the weights are
   not on this machine (``gpt2_status``).
 """
@@ -101,6 +102,46 @@ def weight_on(recorded, query: int, keys) -> np.ndarray:
     positions `keys`, added up (notebook 12): -> (L, h)."""
     weights = np.stack([np.asarray(w) for w in recorded])          # (L, h, T, S)
     return weights[:, :, query, list(keys)].sum(axis=-1)
+
+
+def forced_name_weights(recorded, repeats) -> dict[str, np.ndarray]:
+    """Where a story forces a name (kvlib.stories.forced_repeats(words, "name")): for every
+    layer and head, the mean weight the query before the name (r.position - 1) puts on the
+    latest name of either character (r.latest), on the earlier occurrences of the name that
+    comes next (r.earlier) and on the other character's (r.distractor) (notebook 12).
+
+    recorded: one (h, T, T) array per layer (record_attention of a forward over the story);
+    -> {"latest", "earlier", "distractor"}: (L, h) each.
+    """
+    repeats = [r for r in repeats if r.latest is not None]
+    if not repeats:
+        raise ValueError("no forced name with an earlier name before it: nothing to measure")
+    weights = np.stack([np.asarray(w) for w in recorded])          # (L, h, T, T)
+    rows = [weights[:, :, r.position - 1] for r in repeats]        # (L, h, T) each
+    return {
+        "latest": np.mean([row[..., r.latest] for row, r in zip(rows, repeats)], axis=0),
+        "earlier": np.mean([row[..., list(r.earlier)].sum(-1) for row, r in zip(rows, repeats)],
+                           axis=0),
+        "distractor": np.mean([row[..., list(r.distractor)].sum(-1)
+                               for row, r in zip(rows, repeats)], axis=0),
+    }
+
+
+def draw_head_table(ax, scores, title: str, vmax: float = 1.0):
+    """An (L, h) table of head scores as a heatmap, layers down and heads across, each cell
+    labelled with its value (notebook 12); the colours run from 0 to vmax for every table, so
+    that tables side by side compare."""
+    scores = np.asarray(scores, dtype=float)
+    image = ax.imshow(scores, cmap=plots.COLORMAP, vmin=0.0, vmax=vmax)
+    n_layers, n_heads = scores.shape
+    ax.set_xticks(range(n_heads), [f"head {h}" for h in range(n_heads)], fontsize=8)
+    ax.set_yticks(range(n_layers), [f"layer {i}" for i in range(n_layers)], fontsize=8)
+    for (layer, head), value in np.ndenumerate(scores):
+        light = image.norm(value) > 0.55
+        ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=8,
+                color="black" if light else "white")
+    ax.set_title(title, fontsize=9)
+    return image
 
 
 def induction_scores(recorded, half: int) -> np.ndarray:
