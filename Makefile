@@ -9,7 +9,7 @@ BROWSER_READY := $(VENV)/.browser-installed
 FIRST_NOTEBOOK := notebooks/00_big_picture.ipynb
 
 .PHONY: setup lab test lint notebooks benchmark binder-check browser-test links clean \
-	test-reference lowest-check
+	test-reference gpt2 lowest-check
 
 # jupyter refuses to run as root without --allow-root (containers and cloud machines often
 # run as root); LAB_OPTIONS adds options, e.g. LAB_OPTIONS="--ip=0.0.0.0 --port=8888 --no-browser"
@@ -47,6 +47,11 @@ notebooks: $(READY)
 # Decode speed on this machine (GPT-2-small size, one thread): about 6 minutes; --quick < 1.
 benchmark: $(READY)
 	$(BIN)/python benchmarks/decode.py
+
+# GPT-2 124M's published weights for notebook 12 (548 MB, once; needs a network), into
+# $KVLIB_GPT2_DIR or ~/.cache/kvlib/gpt2, where kvlib.gpt2.find_weights() looks.
+gpt2: $(READY)
+	$(BIN)/python tools/fetch_gpt2.py
 
 # Binder's environment built without Docker: a fresh venv with exactly binder/requirements.txt,
 # binder/postBuild, pip check, the widgets extension enabled, every notebook executed.

@@ -49,6 +49,9 @@ repo="$work/repo"
 export JUPYTER_CONFIG_DIR="$work/jupyter/config" JUPYTER_DATA_DIR="$work/jupyter/data"
 export JUPYTER_RUNTIME_DIR="$work/jupyter/runtime" IPYTHONDIR="$work/ipython"
 export MPLCONFIGDIR="$work/matplotlib" PIP_DISABLE_PIP_VERSION_CHECK=1
+# postBuild downloads GPT-2 there (it fails at once without a network), and the notebooks
+# look there, not in this machine's ~/.cache/kvlib/gpt2: the check sees what Binder's would
+export KVLIB_GPT2_DIR="$work/gpt2"
 unset PYTHONPATH JUPYTER_PATH VIRTUAL_ENV || true
 
 step "copying the repository (as Binder clones it) to $repo"
