@@ -3,9 +3,9 @@
 Needs torch and transformers, which kvlib never needs: run it with an environment that has
 them (the tests never run it):
 
-    /work/toolsvenv/bin/python benchmarks/versus_transformers.py            # about 3 minutes
-    /work/toolsvenv/bin/python benchmarks/versus_transformers.py --quick    # under a minute
-    /work/toolsvenv/bin/python benchmarks/versus_transformers.py --checkpoint ~/.cache/kvlib/gpt2
+    .venv-reference/bin/python benchmarks/versus_transformers.py            # about a minute
+    .venv-reference/bin/python benchmarks/versus_transformers.py --quick    # under a minute
+    .venv-reference/bin/python benchmarks/versus_transformers.py --checkpoint ~/.cache/kvlib/gpt2
 
 The weights: random GPT-2 124M weights from kvlib.init_params(kvlib.gpt2.GPT2_124M), written
 as a checkpoint folder with kvlib.gpt2.save into a temporary folder (or --checkpoint DIR, for

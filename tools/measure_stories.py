@@ -2,7 +2,7 @@
 
 Run by hand after tools/train_stories.py, with the tools environment (torch, transformers):
 
-    /work/toolsvenv/bin/python tools/measure_stories.py
+    .venv-reference/bin/python tools/measure_stories.py     # any Python with torch and transformers
 
 Everything is measured on stories the models never saw (kvlib.stories.corpus.HELD_OUT_SEED),
 in float32 from the saved float16 weights, the files kvlib loads:
