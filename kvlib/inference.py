@@ -263,7 +263,9 @@ def next_token_probabilities(logits_row, temperature: float = 1.0, top_k: int | 
     if top_k is not None:
         kth_largest = np.partition(scaled, -top_k)[-top_k]
         scaled = np.where(scaled >= kth_largest, scaled, -np.inf)
-    return softmax(scaled).astype(dtype)
+    # near the largest float, scaled - max can overflow to -inf: its exp, 0, is the limit
+    with np.errstate(over="ignore"):
+        return softmax(scaled).astype(dtype)
 
 
 def choose_next_token(logits_row, temperature: float = 0.0, top_k: int | None = None,

@@ -133,3 +133,12 @@ def test_realistic_sizes_run(dtype):
     step = kvlib.decode_step(params, 3, cache)
     assert logits.shape == (40, 2000) and step.shape == (1, 2000)
     assert step.dtype == np.dtype(dtype) and cache.keys(1).shape == (41, 768)
+
+
+@pytest.mark.parametrize("temperature", [2.2250738585072014e-308, 1e-300, 5e-324])
+def test_a_temperature_near_zero_is_greedy_without_overflow_warnings(temperature):
+    # found by the fuzz on numpy 2.0: row / t near the largest float, then scaled - max
+    # overflowed inside the softmax
+    row = np.array([1.0, -1.0, 0.5, -0.75])
+    probabilities = kvlib.next_token_probabilities(row, temperature)
+    assert np.array_equal(probabilities, [1.0, 0.0, 0.0, 0.0])
