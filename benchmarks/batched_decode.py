@@ -31,12 +31,11 @@ slows all of them alike.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+import report  # benchmarks/report.py: threads, machine lines, tables
+
 H100 = {"compute_rate": 989e12, "bandwidth": 3.35e12}
 """NVIDIA H100 SXM datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity (989 dense), GPU
 memory bandwidth 3.35 TB/s."""
@@ -107,9 +106,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 
 ARGS = parse_arguments() if __name__ == "__main__" else None
 if ARGS is not None:
-    # Must happen before numpy is imported: OpenBLAS reads these once, when it loads.
-    for variable in THREAD_VARIABLES:
-        os.environ[variable] = str(ARGS.threads)
+    report.use_threads(ARGS.threads)    # before numpy is imported
 
 import numpy as np  # noqa: E402
 
@@ -117,27 +114,6 @@ import kvlib  # noqa: E402
 from kvlib import roofline  # noqa: E402
 from kvlib.gpt2 import GPT2_124M  # noqa: E402
 from kvlib.serving import batch, scheduler  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def table(headers, rows) -> str:
-    """A plain-text table whose columns fit their contents (also valid Markdown)."""
-    cells = [headers] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |" for row in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    return "\n".join(lines)
-
 
 # ----------------------------------------------------------------------------- the batch table
 
@@ -226,7 +202,7 @@ def batch_table(config, best, lengths, args, compute_rate, bandwidth):
                      f"{B / best['batched', B]:.1f}", f"{B / best['batched, padded', B]:.1f}",
                      f"{B / best['products alone', B]:.1f}", f"{B / predicted:.1f}", bound,
                      f"{B / best['batched', B] / one:.2f}x"])
-    return table(["batch", "mean cached", "one at a time tok/s", "batched tok/s",
+    return report.table(["batch", "mean cached", "one at a time tok/s", "batched tok/s",
                   "padded tok/s", "products alone tok/s", "roofline tok/s", "roofline bound",
                   "batched / one at a time"], rows)
 
@@ -261,7 +237,7 @@ def serve_table(params, args, seconds_per_step, rng):
                      f"{mean['mean_occupancy']:.2f}"])
     same = outputs["static"] == outputs["continuous"]
     steps_only = {p.name: scheduler.serve(workload, p).summary() for p in policies}
-    return table(["policy", "steps", "makespan s", "tok/s", "mean TTFT ms", "worst TTFT ms",
+    return report.table(["policy", "steps", "makespan s", "tok/s", "mean TTFT ms", "worst TTFT ms",
                   "mean TPOT ms", "slots busy"], rows), same, runs, workload, steps_only
 
 
@@ -273,17 +249,12 @@ def main(args) -> None:
     config = GPT2_124M.replace(vocab_size=args.vocab, d_model=args.d_model,
                                n_heads=args.heads, n_layers=args.layers, d_ff=d_ff,
                                context_length=context)
-    threads = roofline.blas_threads()
     print("# Batched decoding on this machine")
     print()
     print(f"model: {config.n_layers} layers, d_model {config.d_model}, {config.n_heads} heads, "
           f"d_ff {config.d_ff}, vocabulary {config.vocab_size}, GPT-2's architecture, float32, "
           f"random weights ({roofline.weights_bytes(config) / 1e6:.1f} MB)")
-    print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {platform.system()} "
-          f"{platform.machine()}; Python {platform.python_version()}, numpy {np.__version__}")
-    thread_settings = ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in THREAD_VARIABLES)
-    print(f"BLAS: {roofline.blas_name()}; threads in effect: "
-          f"{threads if threads is not None else 'unknown (not OpenBLAS)'} ({thread_settings})")
+    print(report.machine_lines())
     print(f"mode: {'quick' if args.quick else 'full'}; {args.repeats} interleaved repeat(s)")
     print()
     sys.stdout.flush()

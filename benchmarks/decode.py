@@ -36,12 +36,11 @@ generation is deterministic, so a shorter run does exactly the same first passes
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+import report  # benchmarks/report.py: threads, machine lines, tables
+
 GPT2_CONTEXT = 1024  # GPT-2's learned position table has 1024 rows
 
 
@@ -108,9 +107,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 
 ARGS = parse_arguments() if __name__ == "__main__" else None
 if ARGS is not None:
-    # Must happen before numpy is imported: OpenBLAS reads these once, when it loads.
-    for variable in THREAD_VARIABLES:
-        os.environ[variable] = str(ARGS.threads)
+    report.use_threads(ARGS.threads)    # before numpy is imported
 
 import dataclasses  # noqa: E402
 
@@ -118,18 +115,6 @@ import numpy as np  # noqa: E402
 
 import kvlib  # noqa: E402
 from kvlib import gpt2, roofline  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
 
 PARTS = ("Q, K, V projections", "attention over the cache", "output projection",
          "MLP up and down", "unembedding")
@@ -306,15 +291,6 @@ def profile_decode(params, prompt, steps: int = 64) -> str:
     return out.getvalue()
 
 
-def table(headers, rows) -> str:
-    """A plain-text table whose columns fit their contents (also valid Markdown)."""
-    cells = [headers] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |" for row in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    return "\n".join(lines)
-
-
 def make_model(args, prompt_length: int, new_tokens: int):
     """(params, what they are) for the options: random weights of the toy's or GPT-2's
     architecture at the given sizes, or a GPT-2 checkpoint folder."""
@@ -343,17 +319,12 @@ def main(args) -> None:
     N, P = max(args.lengths), args.prompt
     params, what = make_model(args, P, N)
     config = params.config
-    threads = roofline.blas_threads()
     print("# Decode speed on this machine")
     print()
     print(f"model: {config.n_layers} layers, d_model {config.d_model}, {config.n_heads} heads, "
           f"d_ff {config.d_ff}, vocabulary {config.vocab_size}, {config.dtype}; {what}; "
           f"prompt {P} tokens")
-    print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {platform.system()} "
-          f"{platform.machine()}; Python {platform.python_version()}, numpy {np.__version__}")
-    thread_settings = ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in THREAD_VARIABLES)
-    print(f"BLAS: {roofline.blas_name()}; threads in effect: "
-          f"{threads if threads is not None else 'unknown (not OpenBLAS)'} ({thread_settings})")
+    print(report.machine_lines())
     print(f"mode: {'quick (the no-cache baseline is estimated)' if args.quick else 'full'}")
     print()
 
@@ -421,7 +392,7 @@ def main(args) -> None:
     print()
     print("## Generation, tokens per second")
     print()
-    print(table(["new tokens", "cached tok/s", "no-cache tok/s", "time ratio", "FLOP ratio",
+    print(report.table(["new tokens", "cached tok/s", "no-cache tok/s", "time ratio", "FLOP ratio",
                  "roofline ratio", "floor fraction", "concatenating tok/s"], rows))
     print()
     print("- time ratio: no-cache time / cached time, both including the prompt's pass; "
@@ -477,7 +448,7 @@ def main(args) -> None:
     print(f"## One decode step against its bare matrix-vector products ({step_cache} cached "
           "positions)")
     print()
-    print(table(["part", "as kvlib holds it, ms", "fastest layout, ms", "fastest layout"],
+    print(report.table(["part", "as kvlib holds it, ms", "fastest layout, ms", "fastest layout"],
                 rows))
     table_bytes = params.embedding.nbytes
     print()
@@ -507,7 +478,7 @@ def main(args) -> None:
     print()
     print(f"## Appending one token's K and V to all {config.n_layers} layers (appends alone)")
     print()
-    print(table(["cached tokens", "preallocated us", "concatenating us", "ratio"], rows))
+    print(report.table(["cached tokens", "preallocated us", "concatenating us", "ratio"], rows))
     print()
     print("- preallocated: kvlib.KVCache writes one row in place; concatenating: "
           "kvlib.ConcatenatingKVCache copies the whole layer cache with np.concatenate")

@@ -27,6 +27,7 @@ import argparse
 import sys
 
 import numpy as np
+import report  # benchmarks/report.py: tables
 
 import kvlib
 from kvlib.memory import PRESETS, GiB, MiB
@@ -98,15 +99,6 @@ def live_sampling_blocks(prompt: int, new: int, n: int, block_size: int,
     return pool.n_used
 
 
-def markdown_table(header, rows) -> str:
-    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(header)]
-    lines = ["| " + " | ".join(str(h).rjust(w) for h, w in zip(header, widths)) + " |",
-             "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"]
-    lines += ["| " + " | ".join(str(c).rjust(w) for c, w in zip(row, widths)) + " |"
-              for row in rows]
-    return "\n".join(lines)
-
-
 def fits_at_once(lengths, block_size: int, bytes_per_position: int, budget: int) -> int:
     """How many of the requests, taken in order, a paged cache of `budget` bytes holds at
     their full length."""
@@ -148,7 +140,7 @@ def main(argv=None) -> int:
     print(f"Memory of the {len(requests)} requests at their full length "
           "(blocks counted on a live BlockAllocator, equal to the formula):")
     print()
-    print(markdown_table(["block size", "written MiB", "paged MiB", "paged waste",
+    print(report.table(["block size", "written MiB", "paged MiB", "paged waste",
                           "largest slack", "contiguous MiB", "contiguous / paged",
                           "block-table entries", f"fit in {args.budget_gib:g} GiB"], table))
     contiguous_fit = budget // (context * per_position)
@@ -172,7 +164,7 @@ def main(argv=None) -> int:
     print(f"Parallel sampling: n samples of one {prompt}-token prompt, {new} new tokens each, "
           f"blocks of {size} (counted on a live pool with fork and copy-on-write):")
     print()
-    print(markdown_table(["n", "shared blocks", "separate blocks", "shared MiB",
+    print(report.table(["n", "shared blocks", "separate blocks", "shared MiB",
                           "separate MiB", "separate / shared"], sampling))
     return 0
 

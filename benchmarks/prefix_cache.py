@@ -21,12 +21,10 @@ each way keeps its fastest time, the one least disturbed by that load.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+import report  # benchmarks/report.py: threads, machine lines, tables
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
@@ -72,36 +70,13 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 
 ARGS = parse_arguments() if __name__ == "__main__" else None
 if ARGS is not None:
-    # Must happen before numpy is imported: OpenBLAS reads these once, when it loads.
-    for variable in THREAD_VARIABLES:
-        os.environ[variable] = str(ARGS.threads)
+    report.use_threads(ARGS.threads)    # before numpy is imported
 
 import numpy as np  # noqa: E402
 
 import kvlib  # noqa: E402
-from kvlib import roofline  # noqa: E402
 from kvlib.gpt2 import GPT2_124M  # noqa: E402
 from kvlib.serving import BlockAllocator, PagedKVCache, PrefixServer  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def table(headers, rows) -> str:
-    """A plain-text table whose columns fit their contents (also valid Markdown)."""
-    cells = [headers] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |" for row in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    return "\n".join(lines)
 
 
 def without_reuse(params, pool: BlockAllocator, ids):
@@ -169,18 +144,13 @@ def main(args) -> None:
     started = time.perf_counter()
     config = GPT2_124M.replace(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
                                d_ff=4 * args.d_model, vocab_size=args.vocab)
-    threads = roofline.blas_threads()
     print("# Time to first token with and without prefix caching")
     print()
     print(f"model: GPT-2's architecture, {config.n_layers} layers, d_model {config.d_model}, "
           f"{config.n_heads} heads, vocabulary {config.vocab_size}, float32, random weights; "
           f"block size {args.block_size}; each request: a shared prefix, then "
           f"{args.question} tokens of its own")
-    print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {platform.system()} "
-          f"{platform.machine()}; Python {platform.python_version()}, numpy {np.__version__}")
-    thread_settings = ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in THREAD_VARIABLES)
-    print(f"BLAS: {roofline.blas_name()}; threads in effect: "
-          f"{threads if threads is not None else 'unknown (not OpenBLAS)'} ({thread_settings})")
+    print(report.machine_lines())
     print(f"mode: {'quick' if args.quick else 'full'}; {args.repeats} measurements each way "
           "per prefix, interleaved, the fastest reported")
     print()
@@ -188,7 +158,7 @@ def main(args) -> None:
     params = kvlib.init_params(config, seed=0)
     rng = np.random.default_rng(0)
     rows = [measure(params, length, args, rng) for length in args.prefixes]
-    print(table(["shared prefix", "own tokens", "reused", "TTFT without reuse ms",
+    print(report.table(["shared prefix", "own tokens", "reused", "TTFT without reuse ms",
                  "TTFT with reuse ms", "time ratio", "FLOP ratio", "logits difference"], rows))
     print()
     print("- TTFT: the prefill of one request up to its last token's logits (kvlib.prefill "

@@ -34,7 +34,9 @@ import os
 import sys
 import time
 
-for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+import report  # benchmarks/report.py: threads, machine lines, tables
+
+for _variable in report.THREAD_VARIABLES:
     os.environ.setdefault(_variable, "1")   # before numpy: one thread, as benchmarks/decode.py
 
 from pathlib import Path  # noqa: E402
@@ -89,14 +91,6 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     return arguments
 
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
-    lines = ["| " + " | ".join(h.rjust(w) for h, w in zip(header, widths)) + " |",
-             "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"]
-    lines += ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def setting_bytes(setting, n_layers: int, width: int) -> float:
     if setting is None:
         return 2 * 2 * n_layers * width
@@ -134,7 +128,7 @@ def bytes_table() -> str:
             rows.append([name, f"{width}", setting_name, f"{per_token:,.0f}",
                          f"{model.kv_bytes_per_token() / per_token:.2f}x",
                          f"{fit:,}" if weights < MEMORY else "weights > 80 GiB"])
-    return markdown_table(header, rows)
+    return report.table(header, rows)
 
 
 def timing_table(arguments) -> str:
@@ -178,7 +172,7 @@ def timing_table(arguments) -> str:
                        f"{read_plain / read_kivi:.2f}x faster"])
     return (f"model: {config.n_layers} layers, d_model 768, 12 heads, vocabulary 50257, "
             f"float32, random weights; {arguments.steps} steps a round, fastest of "
-            f"{arguments.rounds} rounds\n\n" + markdown_table(header, rows))
+            f"{arguments.rounds} rounds\n\n" + report.table(header, rows))
 
 
 def quality_table(arguments) -> str:
@@ -204,7 +198,7 @@ def quality_table(arguments) -> str:
               "added loss", "same greedy"]
     return (f"story model ({params.config.n_layers} layers, d_model {params.config.d_model}), "
             f"{len(sequences)} held-out sequences of {sequences.shape[1]} tokens; plain cache "
-            f"loss {plain_loss:.4f} nats a token\n\n" + markdown_table(header, rows))
+            f"loss {plain_loss:.4f} nats a token\n\n" + report.table(header, rows))
 
 
 def main(argv=None) -> int:

@@ -27,12 +27,11 @@ of them and its spikes drop out.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import time
 from pathlib import Path
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+import report  # benchmarks/report.py: threads, machine lines, tables
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "kvlib" / "models"
 
@@ -78,26 +77,15 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 
 ARGS = parse_arguments() if __name__ == "__main__" else None
 if ARGS is not None:
-    # Must happen before numpy is imported: OpenBLAS reads these once, when it loads.
-    for variable in THREAD_VARIABLES:
-        os.environ[variable] = str(ARGS.threads)
+    report.use_threads(ARGS.threads)    # before numpy is imported
 
 import numpy as np  # noqa: E402
 
 import kvlib  # noqa: E402
-from kvlib import gpt2, roofline  # noqa: E402
+from kvlib import gpt2  # noqa: E402
 from kvlib.serving import speculative  # noqa: E402
 from kvlib.stories import StoryTokenizer, generate_stories  # noqa: E402
 from kvlib.stories.corpus import HELD_OUT_SEED  # noqa: E402
-
-
-def table(headers, rows) -> str:
-    """A plain-text table whose columns fit their contents (also valid Markdown)."""
-    cells = [headers] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |" for row in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    return "\n".join(lines)
 
 
 def story_prompts(tokenizer: StoryTokenizer, n: int) -> list[list[int]]:
@@ -154,10 +142,7 @@ def main(args) -> None:
     print(f"workload: {len(prompts)} prompts (the first sentence of held-out stories, "
           f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens), {tokens} new tokens "
           f"each; k = {', '.join(map(str, args.k))}")
-    threads = roofline.blas_threads()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical "
-          f"CPUs; numpy {np.__version__}; BLAS {roofline.blas_name()}, threads in effect: "
-          f"{threads if threads is not None else 'unknown'}")
+    print(report.machine_lines())
     print(f"mode: {'quick' if args.quick else 'full'}; {args.repeats} interleaved repeats, "
           "the fastest of each")
     print()
@@ -230,7 +215,7 @@ def main(args) -> None:
     print()
     print("## Greedy speculative decoding against plain decoding")
     print()
-    print(table(["k", "accepted/judged", "acceptance", "tokens/pass", "replayed",
+    print(report.table(["k", "accepted/judged", "acceptance", "tokens/pass", "replayed",
                  "from alpha", "speed-up", "predicted (alpha, c)", "predicted (passes)",
                  "tok/s"], rows))
     print()

@@ -35,7 +35,8 @@ import time
 import warnings
 from pathlib import Path
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+import report  # benchmarks/report.py: threads, machine lines, tables
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -61,9 +62,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 
 ARGS = parse_arguments() if __name__ == "__main__" else None
 if ARGS is not None:
-    # before numpy and torch load: OpenBLAS and OpenMP read these once
-    for variable in THREAD_VARIABLES:
-        os.environ[variable] = str(ARGS.threads)
+    report.use_threads(ARGS.threads)    # before numpy and torch load: read once
     sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402

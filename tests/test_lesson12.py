@@ -776,6 +776,8 @@ def test_the_benchmark_runs_gpt2s_architecture_and_compares_layouts():
 def benchmark_parts():
     import importlib.util
 
+    if str(BENCHMARK.parent) not in sys.path:  # as for a script: its folder first (report.py)
+        sys.path.insert(0, str(BENCHMARK.parent))
     spec = importlib.util.spec_from_file_location("decode_benchmark", BENCHMARK)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,0 +1,51 @@
+"""What the benchmarks in this folder share: the BLAS thread count, set before numpy loads,
+the machine they describe, and their tables. Each script imports it as `report` (a script's
+own folder is first on sys.path). Nothing here imports numpy at module level."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def use_threads(threads: int) -> None:
+    """Must run before numpy is imported: OpenBLAS reads these once, when it loads."""
+    for variable in THREAD_VARIABLES:
+        os.environ[variable] = str(threads)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine_lines() -> str:
+    """Two lines: the CPU, Python and numpy; the BLAS and the threads it really uses."""
+    import numpy as np
+
+    from kvlib import roofline
+
+    threads = roofline.blas_threads()
+    settings = ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in THREAD_VARIABLES)
+    return (f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {platform.system()} "
+            f"{platform.machine()}; Python {platform.python_version()}, numpy {np.__version__}\n"
+            f"BLAS: {roofline.blas_name()}; threads in effect: "
+            f"{threads if threads is not None else 'unknown (not OpenBLAS)'} ({settings})")
+
+
+def table(headers, rows) -> str:
+    """A plain-text table whose columns fit their contents (also valid Markdown)."""
+    cells = [headers] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(str(row[i])) for row in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(str(c).rjust(w) for c, w in zip(row, widths)) + " |"
+             for row in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
+    return "\n".join(lines)
