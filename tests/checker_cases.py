@@ -115,3 +115,21 @@ def assert_correct(feedback: Feedback) -> None:
     assert isinstance(feedback, Feedback)
     assert feedback.passed, feedback.message
     assert repr(feedback).startswith("Correct: ")
+
+
+def not_yet(feedback, *phrases) -> None:
+    """The answer is refused, and the message contains every phrase."""
+    assert isinstance(feedback, Feedback), feedback
+    assert not feedback.passed, feedback
+    assert repr(feedback).startswith("Not yet: ")
+    for phrase in phrases:
+        assert phrase in feedback.message, feedback.message
+
+
+def correct(feedback, *phrases) -> None:
+    """The answer passes, and the message contains every phrase."""
+    assert isinstance(feedback, Feedback), feedback
+    assert feedback.passed, feedback
+    assert repr(feedback).startswith("Correct: ")
+    for phrase in phrases:
+        assert phrase in feedback.message, feedback.message

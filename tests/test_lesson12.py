@@ -23,6 +23,8 @@ import pytest  # noqa: E402
 from checker_cases import (  # noqa: E402
     assert_answers_in_words,
     assert_not_yet,
+    correct,
+    not_yet,
     odd_answers,
     student_answers,
 )
@@ -439,19 +441,8 @@ def test_updates_redraw_in_place_without_leaks():
 # Exercise 1: the position of a decode step
 # ---------------------------------------------------------------------------------------------
 
-def not_yet(feedback, *phrases):
-    assert isinstance(feedback, Feedback), feedback
-    assert not feedback.passed, feedback
-    assert repr(feedback).startswith("Not yet: ")
-    for phrase in phrases:
-        assert phrase in feedback.message, feedback.message
 
 
-def correct(feedback, *phrases):
-    assert isinstance(feedback, Feedback), feedback
-    assert feedback.passed, feedback
-    for phrase in phrases:
-        assert phrase in feedback.message, feedback.message
 
 
 def step_with(position_of, use_cache=True, final_norm=True, epsilon=None):

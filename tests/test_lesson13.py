@@ -14,7 +14,13 @@ from pathlib import Path  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from checker_cases import assert_answers_in_words, odd_answers, student_answers  # noqa: E402
+from checker_cases import (  # noqa: E402
+    assert_answers_in_words,
+    correct,
+    not_yet,
+    odd_answers,
+    student_answers,
+)
 from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from strategies import models, token_lists  # noqa: E402
@@ -48,19 +54,8 @@ def namespace():
     return variables
 
 
-def not_yet(feedback, *phrases):
-    assert isinstance(feedback, Feedback), feedback
-    assert not feedback.passed, feedback
-    assert repr(feedback).startswith("Not yet: ")
-    for phrase in phrases:
-        assert phrase in feedback.message, feedback.message
 
 
-def correct(feedback, *phrases):
-    assert isinstance(feedback, Feedback), feedback
-    assert feedback.passed, feedback
-    for phrase in phrases:
-        assert phrase in feedback.message, feedback.message
 
 
 # ---------------------------------------------------------------------------------------------

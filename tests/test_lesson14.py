@@ -14,7 +14,13 @@ from pathlib import Path  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from checker_cases import assert_answers_in_words, odd_answers, student_answers  # noqa: E402
+from checker_cases import (  # noqa: E402
+    assert_answers_in_words,
+    correct,
+    not_yet,
+    odd_answers,
+    student_answers,
+)
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from matplotlib.collections import LineCollection, PatchCollection  # noqa: E402
@@ -23,7 +29,6 @@ from strategies import models, token_lists  # noqa: E402
 import kvlib  # noqa: E402
 from kvlib import grouped, roofline  # noqa: E402
 from kvlib.exercises import lesson14 as ex14  # noqa: E402
-from kvlib.exercises.base import Feedback  # noqa: E402
 from kvlib.memory import PRESETS, GiB  # noqa: E402
 from kvlib.widgets import lesson14 as w14  # noqa: E402
 
@@ -411,16 +416,8 @@ def test_grouping_summary():
 # Exercise checkers
 # ---------------------------------------------------------------------------------------------
 
-def not_yet(feedback, *phrases):
-    assert isinstance(feedback, Feedback) and not feedback.passed, feedback
-    assert repr(feedback).startswith("Not yet: ")
-    for phrase in phrases:
-        assert phrase in feedback.message, feedback.message
 
 
-def correct(feedback):
-    assert isinstance(feedback, Feedback) and feedback.passed, feedback
-    assert repr(feedback).startswith("Correct: ")
 
 
 QWEN = ex14.qwen2_cache_bytes()

@@ -14,6 +14,7 @@ from pathlib import Path  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from checker_cases import correct, not_yet  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from strategies import models  # noqa: E402
@@ -34,16 +35,8 @@ def close_figures():
     plt.close("all")
 
 
-def not_yet(feedback, *phrases):
-    assert not feedback.passed, feedback
-    assert repr(feedback).startswith("Not yet: ")
-    for phrase in phrases:
-        assert phrase in feedback.message, feedback.message
 
 
-def correct(feedback):
-    assert feedback.passed, feedback
-    assert repr(feedback).startswith("Correct: ")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from checker_cases import (  # noqa: E402
     assert_answers_in_words,
-    assert_correct,
-    assert_not_yet,
+    correct,
+    not_yet,
     odd_answers,
     student_answers,
 )
@@ -39,12 +39,8 @@ def close_figures():
     plt.close("all")
 
 
-def not_yet(feedback, *phrases):
-    for phrase in phrases:
-        assert_not_yet(feedback, phrase)
 
 
-correct = assert_correct
 
 
 # ---------------------------------------------------------------------------------------------
