@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmark_runs import run_script
 
 from kvlib.memory import MiB
 from kvlib.serving.memory_plan import request_mix
@@ -17,10 +18,7 @@ CONTEXT = 1024
 
 
 def run(*options):
-    result = subprocess.run([sys.executable, str(SCRIPT), *options], capture_output=True,
-                            text=True, timeout=120, cwd=SCRIPT.parent.parent)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return run_script(SCRIPT, *options)
 
 
 def table(output, first_header):

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmark_runs import run_script, table_rows
 
 import kvlib
 from kvlib.gpt2 import GPT2_124M
@@ -19,22 +20,9 @@ NUMBER = r"\d+(\.\d+)?"
 
 
 def run(*options):
-    result = subprocess.run([sys.executable, str(SCRIPT), *options], capture_output=True,
-                            text=True, timeout=120, cwd=SCRIPT.parent.parent)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return run_script(SCRIPT, *options)
 
 
-def table_rows(output, first_header):
-    lines = output.splitlines()
-    start = next(i for i, line in enumerate(lines)
-                 if line.startswith("|") and line.strip("| ").startswith(first_header))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
-    return lines[start], rows
 
 
 @pytest.mark.parametrize("mode", [["--quick"], []])

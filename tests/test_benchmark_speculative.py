@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmark_runs import run_script, table_rows
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "speculative.py"
 TINY = ["--quick", "--prompts", "1", "--tokens", "12", "--k", "1", "3", "--repeats", "1",
         "--dtype", "float64"]   # float64: no near tie can make a greedy token differ
@@ -14,22 +16,9 @@ NUMBER = r"\d+(\.\d+)?"
 
 
 def run(*options):
-    result = subprocess.run([sys.executable, str(SCRIPT), *options], capture_output=True,
-                            text=True, timeout=120, cwd=SCRIPT.parent.parent)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return run_script(SCRIPT, *options)
 
 
-def table_rows(output, first_header):
-    lines = output.splitlines()
-    start = next(i for i, line in enumerate(lines)
-                 if line.startswith("|") and line.strip("| ").startswith(first_header))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
-    return lines[start], rows
 
 
 def test_the_benchmark_prints_a_complete_table():

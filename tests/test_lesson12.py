@@ -20,6 +20,7 @@ from pathlib import Path  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from benchmark_runs import run_script  # noqa: E402
 from checker_cases import (  # noqa: E402
     assert_answers_in_words,
     assert_not_yet,
@@ -732,10 +733,7 @@ TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--vocab", "64", "--
 
 
 def benchmark(*options):
-    result = subprocess.run([sys.executable, str(BENCHMARK), *options], capture_output=True,
-                            text=True, timeout=120, cwd=ROOT)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return run_script(BENCHMARK, *options)
 
 
 def layout_rows(output):

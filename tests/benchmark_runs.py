@@ -1,0 +1,30 @@
+"""Helpers for the benchmark tests: run a script of benchmarks/ at tiny sizes and read the
+tables it prints. Not a test module (pytest collects test_*.py only)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_script(script: Path, *options) -> str:
+    """The script's standard output; it must exit 0 within two minutes."""
+    result = subprocess.run([sys.executable, str(script), *options], capture_output=True,
+                            text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def table_rows(output: str, first_header: str):
+    """The header line and the rows (lists of cells) of the table whose first column is
+    first_header."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines)
+                 if line.startswith("|") and line.strip("| ").startswith(first_header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return lines[start], rows
