@@ -109,6 +109,15 @@ class BaseKVCache:
             raise ValueError(f"the cache is full: it holds {start} of {self.capacity} positions "
                              f"and cannot take {n_new} more (capacity is the context length)")
 
+    def _check_capacity(self, capacity) -> int:
+        """The positions a preallocated cache holds: the context length when None."""
+        context = self.config.context_length
+        capacity = whole_number("capacity", context if capacity is None else capacity, 1)
+        if capacity > context:
+            raise ValueError(f"capacity must be between 1 and the context length {context}, "
+                             f"got {capacity}")
+        return capacity
+
     def _check_truncate(self, n) -> int:
         n = whole_number("truncate's n", n, 0)
         if n > len(self):
@@ -154,12 +163,7 @@ class KVCache(BaseKVCache):
 
     def __init__(self, config: ModelConfig, capacity: int | None = None):
         super().__init__(config)
-        capacity = config.context_length if capacity is None else capacity
-        capacity = whole_number("capacity", capacity, 1)
-        if capacity > config.context_length:
-            raise ValueError(f"capacity must be between 1 and the context length "
-                             f"{config.context_length}, got {capacity}")
-        self.capacity = capacity
+        self.capacity = capacity = self._check_capacity(capacity)
         self.width = config.kv_width
         shape = (config.n_layers, capacity, self.width)
         self._keys = np.zeros(shape, dtype=config.numpy_dtype)
@@ -217,12 +221,7 @@ class ConcatenatingKVCache(BaseKVCache):
 
     def __init__(self, config: ModelConfig, capacity: int | None = None):
         super().__init__(config)
-        capacity = config.context_length if capacity is None else capacity
-        capacity = whole_number("capacity", capacity, 1)
-        if capacity > config.context_length:
-            raise ValueError(f"capacity must be between 1 and the context length "
-                             f"{config.context_length}, got {capacity}")
-        self.capacity = capacity
+        self.capacity = capacity = self._check_capacity(capacity)
         self.width = config.kv_width
         empty = np.zeros((0, self.width), dtype=config.numpy_dtype)
         self._key_list = [empty] * config.n_layers
@@ -380,12 +379,7 @@ class LatentKVCache(BaseKVCache):
         if config.latent_dim is None:
             raise ValueError("a LatentKVCache needs a config with latent_dim "
                              "(latent attention); for K and V use KVCache")
-        capacity = config.context_length if capacity is None else capacity
-        capacity = whole_number("capacity", capacity, 1)
-        if capacity > config.context_length:
-            raise ValueError(f"capacity must be between 1 and the context length "
-                             f"{config.context_length}, got {capacity}")
-        self.capacity = capacity
+        self.capacity = capacity = self._check_capacity(capacity)
         self.latent_dim, self.rope_dim = config.latent_dim, config.rope_head_dim
         self.width = self.latent_dim + self.rope_dim
         self._rows = np.zeros((config.n_layers, capacity, self.width), dtype=config.numpy_dtype)

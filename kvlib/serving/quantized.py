@@ -418,12 +418,7 @@ class QuantizedKVCache(BaseKVCache):
                              "config without a latent or a window")
         self.key_grouping = _check_grouping("keys", keys)
         self.value_grouping = _check_grouping("values", values)
-        capacity = config.context_length if capacity is None else capacity
-        capacity = whole_number("capacity", capacity, 1)
-        if capacity > config.context_length:
-            raise ValueError(f"capacity must be between 1 and the context length "
-                             f"{config.context_length}, got {capacity}")
-        self.capacity = capacity
+        self.capacity = capacity = self._check_capacity(capacity)
         self.width = config.kv_width
         shape = (config.n_layers, capacity, self.width, config.numpy_dtype)
         self.key_store = keys.store(*shape)
