@@ -27,6 +27,7 @@ from .inference import (
     decode_step,
     forward,
     generate,
+    next_token_losses,
     next_token_probabilities,
     prefill,
 )

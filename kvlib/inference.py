@@ -268,6 +268,20 @@ def next_token_probabilities(logits_row, temperature: float = 1.0, top_k: int | 
         return softmax(scaled).astype(dtype)
 
 
+def next_token_losses(logits, ids) -> np.ndarray:
+    """The loss of each next-token prediction, in nats (notebook 12): logits (T, V) of a
+    sequence of ids (T,) -> (T - 1,), -log p(ids[t + 1]) under row t (the last row predicts
+    nothing). Its mean is the loss a model is trained and measured on."""
+    logits = np.asarray(logits, dtype=np.float64)
+    ids = np.asarray(ids)
+    if logits.ndim != 2 or ids.ndim != 1 or len(logits) != len(ids) or len(ids) < 2:
+        raise ValueError(f"need logits (T, V) for T >= 2 ids, got {logits.shape} for ids of "
+                         f"shape {ids.shape}")
+    shifted = logits[:-1] - logits[:-1].max(axis=1, keepdims=True)
+    log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return -log_probabilities[np.arange(len(ids) - 1), ids[1:]]
+
+
 def choose_next_token(logits_row, temperature: float = 0.0, top_k: int | None = None,
                       rng: np.random.Generator | None = None) -> int:
     """Greedy (temperature 0: the argmax) or seeded sampling: logits (V,) -> one token id."""

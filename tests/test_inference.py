@@ -142,3 +142,14 @@ def test_a_temperature_near_zero_is_greedy_without_overflow_warnings(temperature
     row = np.array([1.0, -1.0, 0.5, -0.75])
     probabilities = kvlib.next_token_probabilities(row, temperature)
     assert np.array_equal(probabilities, [1.0, 0.0, 0.0, 0.0])
+
+
+def test_next_token_losses_are_minus_the_log_probability_of_each_next_id():
+    rng = np.random.default_rng(0)
+    logits, ids = rng.normal(size=(6, 9)) * 5, rng.integers(0, 9, size=6)
+    probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    expected = [-np.log(probabilities[t, ids[t + 1]]) for t in range(5)]
+    assert np.allclose(kvlib.next_token_losses(logits, ids), expected, atol=1e-12)
+    for bad_logits, bad_ids in ((logits[0], ids), (logits, ids[:3]), (logits[:1], ids[:1])):
+        with pytest.raises(ValueError, match="need logits"):
+            kvlib.next_token_losses(bad_logits, bad_ids)

@@ -57,9 +57,7 @@ class Run:
         for sequence in sequences:
             weights = []
             logits = kvlib.forward(self.params, sequence, record_attention=weights)
-            shifted = logits - logits.max(axis=1, keepdims=True)
-            log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-            self.losses.append(-log_p[np.arange(len(sequence) - 1), sequence[1:]])
+            self.losses.append(kvlib.next_token_losses(logits, sequence))
             self.attention.append(np.stack(weights))  # (L, h, T, T)
         self.losses = np.array(self.losses)
 

@@ -31,7 +31,7 @@ import numpy as np
 from ..cache import BaseKVCache
 from ..checks import whole_number
 from ..config import ModelConfig
-from ..inference import check_ids, decode_step, prefill
+from ..inference import check_ids, decode_step, next_token_losses, prefill
 from ..params import Params
 
 SUPPORTED_BITS = (2, 4, 8)
@@ -595,15 +595,8 @@ def greedy_tokens(params: Params, prompt, n_new: int, cache: BaseKVCache) -> lis
 
 def next_token_loss(logits: np.ndarray, ids) -> float:
     """Mean cross-entropy, in nats, of logits (T, V) predicting ids[1:] (row t predicts id
-    t+1; the last row predicts nothing)."""
-    logits = np.asarray(logits, dtype=np.float64)
-    ids = np.asarray(ids)
-    if logits.ndim != 2 or len(logits) != len(ids) or len(ids) < 2:
-        raise ValueError(f"need logits (T, V) for T >= 2 ids, got {logits.shape} for "
-                         f"{len(ids)} ids")
-    shifted = logits[:-1] - logits[:-1].max(axis=1, keepdims=True)
-    log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    return float(-log_probabilities[np.arange(len(ids) - 1), ids[1:]].mean())
+    t+1; the last row predicts nothing): the mean of kvlib.next_token_losses."""
+    return float(next_token_losses(logits, ids).mean())
 
 
 def greedy_agreement(logits, reference_logits) -> float:
