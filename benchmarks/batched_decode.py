@@ -1,5 +1,5 @@
 """Batched decoding on this machine: tokens per second against the batch size, beside the
-roofline's prediction, and static against continuous batching in seconds (notebook 19).
+roofline's prediction, and static against continuous batching in seconds (notebook 21).
 
 Runs kvlib.serving on a model of GPT-2 small's shapes and architecture (kvlib.gpt2.GPT2_124M:
 12 layers, d_model 768, 12 heads, vocabulary 50257, learned positions, layer norms, biases;

@@ -1,4 +1,4 @@
-"""Paged against contiguous KV cache memory, for a generated mix of requests (notebook 17).
+"""Paged against contiguous KV cache memory, for a generated mix of requests (notebook 19).
 
 A contiguous cache reserves the model's whole context (vLLM's --max-model-len) for every
 request, because nobody knows how long the answer will be. A paged cache takes a block of

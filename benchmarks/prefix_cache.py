@@ -1,4 +1,4 @@
-"""Time to first token with and without prefix caching, on this machine (notebook 18).
+"""Time to first token with and without prefix caching, on this machine (notebook 20).
 
 Requests share a long prefix (a system prompt, a document) and end with a question of their
 own. Without prefix caching every request prefills all its tokens into a paged cache;

@@ -1,4 +1,4 @@
-"""The quantized KV cache (notebook 20): bytes per token, what fits, what it costs in time in
+"""The quantized KV cache (notebook 22): bytes per token, what fits, what it costs in time in
 numpy, and what it costs the trained story model.
 
 Prints three tables:

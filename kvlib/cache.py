@@ -16,8 +16,8 @@ on any of them:
 
 The kinds: KVCache (contiguous, preallocated; K and V of every K/V head), ConcatenatingKVCache
 (the naive one that copies on every append, notebook 10), SlidingWindowCache (a ring buffer
-of the last W positions plus attention sinks, notebook 16) and LatentKVCache (one latent per
-token instead of K and V, notebook 15). The serving layer adds paged and quantized caches.
+of the last W positions plus attention sinks, notebook 17) and LatentKVCache (one latent per
+token instead of K and V, notebook 16). The serving layer adds paged and quantized caches.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class KVCache(BaseKVCache):
     length), so appending a token writes one row in place and never copies what is cached.
     ``keys(layer)`` and ``values(layer)`` are views of the filled rows, shape (T, kv_width),
     where kv_width = n_kv_heads x head_dim: d_model for multi-head attention (notebooks
-    07-08), less with grouped-query attention (notebook 14).
+    07-08), less with grouped-query attention (notebook 15).
     """
 
     def __init__(self, config: ModelConfig, capacity: int | None = None):
@@ -201,7 +201,7 @@ class KVCache(BaseKVCache):
         return self.keys(layer), self.values(layer)
 
     def truncate(self, n: int) -> None:
-        """Keep positions 0 .. n-1 and forget the rest (notebook 21): the rows stay in the
+        """Keep positions 0 .. n-1 and forget the rest (notebook 23): the rows stay in the
         buffer and are overwritten by the next appends."""
         n = self._check_truncate(n)
         self._lengths = [n] * self.config.n_layers
@@ -262,7 +262,7 @@ class ConcatenatingKVCache(BaseKVCache):
 
 
 class SlidingWindowCache(BaseKVCache):
-    """The cache of a sliding-window model (notebook 16): a ring buffer of the last W
+    """The cache of a sliding-window model (notebook 17): a ring buffer of the last W
     positions, plus the first sink_tokens positions kept for good (StreamingLLM).
 
     Its memory never grows past (sink_tokens + W) rows a layer, however long the generation:
@@ -297,7 +297,7 @@ class SlidingWindowCache(BaseKVCache):
         return np.concatenate([sinks, recent])
 
     def slot(self, position: int) -> int:
-        """The buffer row that holds a position (notebook 16): the position itself for a
+        """The buffer row that holds a position (notebook 17): the position itself for a
         sink, sinks + (position - sinks) % W after them."""
         return int(self._slots(np.array([whole_number("position", position, 0)]))[0])
 
@@ -364,7 +364,7 @@ class SlidingWindowCache(BaseKVCache):
 
 
 class LatentKVCache(BaseKVCache):
-    """The cache of multi-head latent attention (notebook 15): per token and layer one
+    """The cache of multi-head latent attention (notebook 16): per token and layer one
     latent of latent_dim numbers and one shared rotary key of rope_head_dim, instead of K
     and V for every head.
 

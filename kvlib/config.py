@@ -3,8 +3,8 @@ reads.
 
 The defaults are the article's toy. The other options add, one at a time, what real models
 have: what GPT-2 adds (notebook 12: learned positions, layer norms, biases), rotary positions
-(notebook 13), fewer K/V heads (notebook 14), a latent K/V (notebook 15) and a sliding window
-with attention sinks (notebook 16). Impossible combinations are refused with the rule they
+(notebook 14), fewer K/V heads (notebook 15), a latent K/V (notebook 16) and a sliding window
+with attention sinks (notebook 17). Impossible combinations are refused with the rule they
 break.
 """
 
@@ -136,7 +136,7 @@ class ModelConfig:
         if self.positions == "rotary" and self.rope_head_dim == 0:
             raise ValueError("with rotary positions, latent attention needs rope_head_dim > 0: "
                              "the rotation cannot be applied to keys rebuilt from the latent "
-                             "(notebook 15), so the keys get a small decoupled rotary part")
+                             "(notebook 16), so the keys get a small decoupled rotary part")
         if self.positions != "rotary" and self.rope_head_dim:
             raise ValueError("rope_head_dim > 0 needs positions='rotary'")
         if self.rope_head_dim % 2:
@@ -185,7 +185,7 @@ class ModelConfig:
         return "MQA" if self.kv_heads == 1 else "GQA"
 
     def held_positions(self, n_positions: int) -> int:
-        """How many of n_positions the cache of this model holds (notebook 16): all of
+        """How many of n_positions the cache of this model holds (notebook 17): all of
         them, or with a sliding window the first sink_tokens and the last W."""
         if self.window is None:
             return n_positions

@@ -12,10 +12,10 @@ new tokens attending over S positions, each layer does:
 and the unembedding does R d V for the R rows it turns into logits. Without a cache, S = T
 grows with every new token and the attention terms grow with its square; with a cache T = 1.
 
-The variants of part 2 change the terms: fewer K/V heads (notebook 14) shrink the K and V
+The variants of part 2 change the terms: fewer K/V heads (notebook 15) shrink the K and V
 projections to 2 T d kv_width but leave the attention terms (the queries are unchanged);
-latent attention (notebook 15) has its own projections and scores against the latents; a
-sliding window (notebook 16) caps S at the positions the cache holds.
+latent attention (notebook 16) has its own projections and scores against the latents; a
+sliding window (notebook 17) caps S at the positions the cache holds.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ _PART_OF_FUNCTION = {
     "weighted_sum": "attention_sums",
     "mlp": "mlp",
     "unembed": "unembedding",
-    # latent attention (kvlib.latent, notebook 15)
+    # latent attention (kvlib.latent, notebook 16)
     "latent_queries": "projections",
     "compress_kv": "projections",
     "rope_keys": "projections",

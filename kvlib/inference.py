@@ -1,7 +1,7 @@
 """Running the model (notebooks 00, 06-08): full recomputation, prefill, cached decode, generate.
 
 One loop serves every architecture kvlib has: the toy, GPT-2 (notebook 12), rotary
-positions, fewer K/V heads, latent attention and sliding windows (notebooks 13-16). What
+positions, fewer K/V heads, latent attention and sliding windows (notebooks 14-17). What
 differs is chosen from the config: the position scheme, the block (decoder_block or
 latent_decoder_block), the mask (causal, or banded with sinks), and the cache kind
 (kvlib.make_cache).
@@ -164,7 +164,7 @@ def prefill(params: Params, ids, cache: BaseKVCache | None = None, *, last_only:
     chunk of a long prompt, or the next turn of a chat): the T new queries see all P cached
     positions and, among the new ones, only the earlier ones: the causal mask is (T, P + T),
     aligned to the end. Prefilling in chunks gives the same logits as prefilling at once.
-    With positions (notebooks 12-13) the chunk's tokens sit at P .. P+T-1. Without a cache,
+    With positions (notebooks 12-14) the chunk's tokens sit at P .. P+T-1. Without a cache,
     one of the kind the model needs is made (kvlib.make_cache). If the call fails, the
     cache is left as it was.
     """
@@ -187,7 +187,7 @@ def decode_step(params: Params, token_id, cache: BaseKVCache, *,
 
     Only the new token's q, k, v (1, d) are computed; its k and v are appended, so every
     layer's cache grows by one row. No mask: every cached position is in the past (a
-    sliding window, notebook 16, is the exception). The token sits at position len(cache).
+    sliding window, notebook 17, is the exception). The token sits at position len(cache).
     If the call fails, the cache is left as it was.
     """
     ids = check_ids(token_id, params, what="token")

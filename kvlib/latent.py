@@ -1,4 +1,4 @@
-"""Multi-head latent attention (notebook 15; DeepSeek-V2, 2024, and V3).
+"""Multi-head latent attention (notebook 16; DeepSeek-V2, 2024, and V3).
 
 Instead of K and V (2 x d numbers a token and layer), each token's input is compressed into
 one latent of dc numbers, and that latent is what is cached. Every head's keys and values
@@ -42,19 +42,19 @@ from .model import (
 
 
 def compress_kv(X: np.ndarray, layer) -> np.ndarray:
-    """The latent that is cached (notebook 15): X (T, d) @ W_down_kv (d, dc) -> (T, dc)."""
+    """The latent that is cached (notebook 16): X (T, d) @ W_down_kv (d, dc) -> (T, dc)."""
     return X @ layer.W_down_kv
 
 
 def rebuild_kv(latent: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray]:
-    """Every head's keys and values from the latents (notebook 15): (S, dc) -> K, V (S, d).
+    """Every head's keys and values from the latents (notebook 16): (S, dc) -> K, V (S, d).
 
     What the absorbed form never does: it costs 2 x S x dc x d multiply-adds a step."""
     return latent @ layer.W_up_k, latent @ layer.W_up_v
 
 
 def latent_queries(X: np.ndarray, layer, rotary=None):
-    """Queries (notebook 15): X (T, d) -> the content part (T, d) and, with rotary
+    """Queries (notebook 16): X (T, d) -> the content part (T, d) and, with rotary
     positions, the rotated rotary part (T, h x dr); None without."""
     content = X @ layer.Wq
     if rotary is None:
@@ -63,7 +63,7 @@ def latent_queries(X: np.ndarray, layer, rotary=None):
 
 
 def rope_keys(X: np.ndarray, layer, rotary=None):
-    """The decoupled rotary key (notebook 15): X (T, d) @ Wk_rope (d, dr), rotated ->
+    """The decoupled rotary key (notebook 16): X (T, d) @ Wk_rope (d, dr), rotated ->
     (T, dr), one for all heads; None without rotary positions."""
     if rotary is None:
         return None
@@ -71,20 +71,20 @@ def rope_keys(X: np.ndarray, layer, rotary=None):
 
 
 def per_head(matrix: np.ndarray, n_heads: int) -> np.ndarray:
-    """An up-projection (dc, h x dh) seen as one (dc, dh) matrix per head (notebook 15):
+    """An up-projection (dc, h x dh) seen as one (dc, dh) matrix per head (notebook 16):
     (h, dc, dh)."""
     dc, width = matrix.shape
     return matrix.reshape(dc, n_heads, width // n_heads).transpose(1, 0, 2)
 
 
 def absorb_queries(queries: np.ndarray, layer, n_heads: int) -> np.ndarray:
-    """Move each head's content query into the latent's space (notebook 15):
+    """Move each head's content query into the latent's space (notebook 16):
     (h, T, dh) @ W_up_k_h^T (h, dh, dc) -> (h, T, dc). Then q . k_h = q_absorbed . latent."""
     return queries @ per_head(layer.W_up_k, n_heads).swapaxes(-1, -2)
 
 
 def latent_attention_scores(absorbed, latent, query_rope=None, key_rope=None, scale=1.0):
-    """Scores against the cached latents (notebook 15): absorbed (h, T, dc) @ latent^T
+    """Scores against the cached latents (notebook 16): absorbed (h, T, dc) @ latent^T
     (dc, S), plus the rotary parts (h, T, dr) @ (dr, S), times scale -> (h, T, S)."""
     scores = absorbed @ latent.T
     if query_rope is not None:
@@ -93,12 +93,12 @@ def latent_attention_scores(absorbed, latent, query_rope=None, key_rope=None, sc
 
 
 def latent_weighted_sum(weights: np.ndarray, latent: np.ndarray) -> np.ndarray:
-    """Mix the cached latents (notebook 15): weights (h, T, S) @ latent (S, dc) -> (h, T, dc)."""
+    """Mix the cached latents (notebook 16): weights (h, T, S) @ latent (S, dc) -> (h, T, dc)."""
     return weights @ latent
 
 
 def expand_values(mixed: np.ndarray, layer, n_heads: int) -> np.ndarray:
-    """The values' up-projection after the sum (notebook 15): (h, T, dc) @ W_up_v_h
+    """The values' up-projection after the sum (notebook 16): (h, T, dc) @ W_up_v_h
     (h, dc, dh) -> (h, T, dh), equal to the weighted sum of the rebuilt values."""
     return mixed @ per_head(layer.W_up_v, n_heads)
 
@@ -115,7 +115,7 @@ def _rope_heads(query_rope, n_heads: int):
 
 def latent_attention(X, layer, n_heads: int, mask=None, cache=None, layer_index: int = 0,
                      record_attention: list | None = None, *, rotary=None) -> np.ndarray:
-    """The absorbed form, as a decode step runs it (notebook 15): X (T, d) -> (T, d),
+    """The absorbed form, as a decode step runs it (notebook 16): X (T, d) -> (T, d),
     before the output projection. Only the latents and rotary keys are cached."""
     content, query_rope = latent_queries(X, layer, rotary)
     latent, key_rope = compress_kv(X, layer), rope_keys(X, layer, rotary)
@@ -132,7 +132,7 @@ def latent_attention(X, layer, n_heads: int, mask=None, cache=None, layer_index:
 
 def latent_attention_rebuilt(X, layer, n_heads: int, mask=None, *, rotary=None,
                              past_latent=None, past_key_rope=None) -> np.ndarray:
-    """The same attention with K and V rebuilt for every position (notebook 15, and the
+    """The same attention with K and V rebuilt for every position (notebook 16, and the
     tests' reference): X (T, d) -> (T, d), before the output projection. past_latent
     (P, dc) and past_key_rope (P, dr) continue earlier positions.
 
@@ -161,7 +161,7 @@ def latent_attention_rebuilt(X, layer, n_heads: int, mask=None, *, rotary=None,
 def latent_decoder_block(X, layer, n_heads: int, mask=None, cache=None, layer_index: int = 0,
                          record_attention: list | None = None, *, rotary=None,
                          norm_epsilon: float = 1e-5) -> np.ndarray:
-    """A decoder block with latent attention (notebook 15): X (T, d) -> (T, d).
+    """A decoder block with latent attention (notebook 16): X (T, d) -> (T, d).
 
     The same residual stream and MLP as kvlib.decoder_block; only the attention differs.
     """

@@ -44,7 +44,7 @@ def kv_cache_bytes(n_layers: int, d_model: int | None, seq_len: int, batch_size:
 
 def latent_cache_bytes(n_layers: int, latent_dim: int, rope_head_dim: int, seq_len: int,
                        batch_size: int = 1, dtype_bytes: int = 2) -> int:
-    """Bytes of a multi-head latent attention cache (notebook 15): batch x seq_len x
+    """Bytes of a multi-head latent attention cache (notebook 16): batch x seq_len x
     (latent_dim + rope_head_dim) x dtype_bytes x n_layers. No factor 2: the one latent
     serves as keys and as values.
 
@@ -58,7 +58,7 @@ def latent_cache_bytes(n_layers: int, latent_dim: int, rope_head_dim: int, seq_l
 
 def config_cache_bytes(config, seq_len: int, batch_size: int = 1,
                        dtype_bytes: int | None = None) -> int:
-    """Bytes of the cache a kvlib model holds after seq_len positions (notebooks 11-16):
+    """Bytes of the cache a kvlib model holds after seq_len positions (notebooks 11-17):
     kv_cache_bytes or latent_cache_bytes for its shapes, over the positions it holds (with
     a sliding window, the sinks and the last W). dtype_bytes defaults to the model's own.
     Equal to ``cache.nbytes`` of a live cache of that config."""
@@ -98,7 +98,7 @@ class ModelPreset:
     weight, so that the weights can be set beside the cache. `source` names where the
     numbers come from.
 
-    Two more kinds of cache (notebooks 15-16): latent_dim (with rope_head_dim) for
+    Two more kinds of cache (notebooks 16-17): latent_dim (with rope_head_dim) for
     multi-head latent attention, which caches latent_dim + rope_head_dim numbers a token and
     layer (n_kv_heads x head_dim then describe the heads it rebuilds, for comparison); and
     window for a sliding window, whose cache never holds more than window positions.

@@ -3,7 +3,7 @@
 Shapes use T for the number of tokens in the chunk being processed, S for the number of
 positions attended over (S = T without a cache), d for d_model, h for n_heads,
 dh = d / h for the head size, f for d_ff and V for the vocabulary size. Models with fewer K/V
-heads (notebook 14) have kv of them: K and V are (T, kv x dh), split into (kv, T, dh).
+heads (notebook 15) have kv of them: K and V are (T, kv x dh), split into (kv, T, dh).
 
 Every function keeps its input's dtype: constants are Python floats, because under numpy 2
 a numpy float64 scalar would silently turn float32 activations into float64.
@@ -41,7 +41,7 @@ def project_qkv(X: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
     GPT-2 adds a bias to each (notebook 12) and stores the three matrices side by side as
     one (d, 3d) matrix, c_attn: X @ c_attn is the three products next to each other. With
-    fewer K/V heads (notebook 14) Wk and Wv are (d, kv x dh), and so are K and V.
+    fewer K/V heads (notebook 15) Wk and Wv are (d, kv x dh), and so are K and V.
     """
     _require_matrix("X", X, layer.Wq.shape[0])
     return (_plus_bias(X @ layer.Wq, layer.bq), _plus_bias(X @ layer.Wk, layer.bk),
@@ -94,7 +94,7 @@ def causal_mask(n_queries: int, n_keys: int | None = None) -> np.ndarray:
 
 def attention_mask(query_positions, key_positions, window: int | None = None,
                    sink_tokens: int = 0) -> np.ndarray:
-    """Which key each query may see, by their positions (notebooks 03, 16): bool (T, S).
+    """Which key each query may see, by their positions (notebooks 03, 17): bool (T, S).
 
     Causal: a query sees the keys at its own position and before. With a sliding window of
     W (Mistral), only the last W of those, itself included, unless the key is one of the
@@ -110,7 +110,7 @@ def attention_mask(query_positions, key_positions, window: int | None = None,
 
 
 def _is_grouped(queries: np.ndarray, keys: np.ndarray) -> bool:
-    """True when several query heads share each K/V head (notebook 14)."""
+    """True when several query heads share each K/V head (notebook 15)."""
     if queries.ndim != 3 or keys.ndim != 3 or queries.shape[0] == keys.shape[0]:
         return False
     if queries.shape[0] % keys.shape[0]:
@@ -123,7 +123,7 @@ def attention_scores(Q: np.ndarray, K: np.ndarray) -> np.ndarray:
     """Scaled dot products (notebook 02): Q (h, T, dh) @ K^T (h, dh, S) / sqrt(dh) -> (h, T, S).
 
     Dividing by sqrt(dh) keeps the scores' spread near 1 whatever the head size, so the
-    softmax does not saturate into a one-hot row. With fewer K/V heads (notebook 14), K is
+    softmax does not saturate into a one-hot row. With fewer K/V heads (notebook 15), K is
     (kv, S, dh) and query head i is scored against K/V head i // (h / kv): the queries are
     viewed as kv groups of h / kv heads, and each group meets its one K/V head by
     broadcasting, without copying K.
@@ -168,7 +168,7 @@ def attention_weights(Q: np.ndarray, K: np.ndarray, mask: np.ndarray | None = No
 def weighted_sum(weights: np.ndarray, V: np.ndarray) -> np.ndarray:
     """Mix the values (notebook 02): weights (h, T, S) @ V (h, S, dh) -> (h, T, dh).
 
-    With fewer K/V heads (notebook 14), V is (kv, S, dh), shared by groups of h / kv heads.
+    With fewer K/V heads (notebook 15), V is (kv, S, dh), shared by groups of h / kv heads.
     """
     if _is_grouped(weights, V):
         h, T, S = weights.shape
@@ -244,8 +244,8 @@ def decoder_block(
 
     What real models add changes a line each: GPT-2 normalizes the block's input before
     attention and before the MLP (notebook 12; the toy has no norms and skips it); with
-    rotary positions (notebook 13, a kvlib.positions.RotaryPositions) q and k are turned
-    before K is cached; with fewer K/V heads (notebook 14) K and V are narrower and split
+    rotary positions (notebook 14, a kvlib.positions.RotaryPositions) q and k are turned
+    before K is cached; with fewer K/V heads (notebook 15) K and V are narrower and split
     into fewer heads than Q.
     """
     Q, K, V = project_qkv(normalize(X, layer.ln_1_gain, layer.ln_1_bias, norm_epsilon), layer)

@@ -4,7 +4,7 @@ The toy has six matrices a block (Wq, Wk, Wv, Wo, W_up, W_down) and the lookup t
 config adds brings its own arrays (notebook 12 for GPT-2's): biases (bq ... b_down), layer
 norms (ln_1 before attention, ln_2 before the MLP, ln_f before the unembedding; a gain and a
 bias each) and a learned position table. Grouped-query attention narrows Wk and Wv (notebook
-14); latent attention has blocks of another kind, LatentLayerParams (notebook 15).
+14); latent attention has blocks of another kind, LatentLayerParams (notebook 16).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class LayerParams:
 
 @dataclass(frozen=True)
 class LatentLayerParams:
-    """One block of multi-head latent attention (notebook 15; DeepSeek-V2's MLA).
+    """One block of multi-head latent attention (notebook 16; DeepSeek-V2's MLA).
 
     Queries: Wq (d, d), and with rotary positions Wq_rope (d, h x dr). Keys and values are
     compressed into one latent per token, W_down_kv (d, dc), and rebuilt per head from it,
@@ -168,7 +168,7 @@ class Params:
 
     def with_config(self, **changes) -> Params:
         """The same weights under a config with some fields changed, for example a sliding
-        window on a model trained without one (notebook 16). Changes that would need other
+        window on a model trained without one (notebook 17). Changes that would need other
         weights (sizes, heads, positions) are refused by the shape checks."""
         return Params(self.config.replace(**changes), self.embedding, self.layers,
                       self.position_table, self.ln_f_gain, self.ln_f_bias)

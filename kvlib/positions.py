@@ -1,4 +1,4 @@
-"""Where a token sits (notebooks 12-13): learned absolute positions (GPT-2) and rotary
+"""Where a token sits (notebooks 12-14): learned absolute positions (GPT-2) and rotary
 positions (RoPE: Su et al. 2021, used by Llama, Mistral, Qwen, DeepSeek).
 
 Attention by itself does not know the order of its keys: permute the cached rows and every
@@ -49,7 +49,7 @@ def add_positions(X: np.ndarray, table: np.ndarray, positions) -> np.ndarray:
 
 
 def rotary_angles(positions, dim: int, base: float = 10000.0) -> np.ndarray:
-    """The angle of every pair of columns at every position (notebook 13): (T, dim / 2).
+    """The angle of every pair of columns at every position (notebook 14): (T, dim / 2).
 
     Pair i turns at the frequency base^(-2i / dim): pair 0 once per position (radian), the
     last pair slowest, so that near and far distances both leave a mark on the scores.
@@ -62,7 +62,7 @@ def rotary_angles(positions, dim: int, base: float = 10000.0) -> np.ndarray:
 
 
 def rotate_pairs(X: np.ndarray, angles: np.ndarray) -> np.ndarray:
-    """Turn each pair of columns (2i, 2i+1) of each head by its angle (notebook 13).
+    """Turn each pair of columns (2i, 2i+1) of each head by its angle (notebook 14).
 
     X (T, n x dim) for n heads of dim columns, angles (T, dim / 2) -> (T, n x dim), the same
     dtype. Every head turns by the same angles: the position, not the head, sets them.
@@ -84,7 +84,7 @@ def rotate_pairs(X: np.ndarray, angles: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RotaryPositions:
-    """The rotation of one chunk of tokens (notebook 13): made once per pass, used by every
+    """The rotation of one chunk of tokens (notebook 14): made once per pass, used by every
     layer on q and k. positions (T,), dim = the rotated columns per head."""
 
     positions: np.ndarray

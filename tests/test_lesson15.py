@@ -1,7 +1,6 @@
-"""Notebook 15 (multi-head latent attention): the claims it makes, proven on random models
-(absorbed equals rebuilt, with and without a cache; the decode step is MQA with one wide K/V
-head; what each path costs), the published numbers it shows, its widget driven headless, and
-its exercise checkers with tables of wrong and valid answers and a fuzz."""
+"""Notebook 15 (grouped-query attention): kvlib.grouped against plain references (hypothesis,
+float64, 1e-10), the grouping explorer driven headless as a student would drive it, and the
+exercise checkers with tables of wrong answers, valid answers in other forms and a fuzz."""
 
 import matplotlib
 
@@ -9,24 +8,33 @@ matplotlib.use("Agg")
 
 import json  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from checker_cases import correct, not_yet  # noqa: E402
+from checker_cases import (  # noqa: E402
+    assert_answers_in_words,
+    correct,
+    not_yet,
+    odd_answers,
+    student_answers,
+)
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from strategies import models  # noqa: E402
+from matplotlib.collections import LineCollection, PatchCollection  # noqa: E402
+from strategies import models, token_lists  # noqa: E402
 
 import kvlib  # noqa: E402
-from kvlib import latent, memory  # noqa: E402
+from kvlib import grouped, roofline  # noqa: E402
 from kvlib.exercises import lesson15 as ex15  # noqa: E402
+from kvlib.memory import PRESETS, GiB  # noqa: E402
 from kvlib.widgets import lesson15 as w15  # noqa: E402
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-NOTEBOOK = "15_latent_attention"
 TOLERANCE = 1e-10
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / \
+    "15_grouped_query_attention.ipynb"
 
 
 @pytest.fixture(autouse=True)
@@ -35,543 +43,630 @@ def close_figures():
     plt.close("all")
 
 
-
-
+def text_of(html):
+    """An HTML string as the words a reader sees."""
+    return re.sub(r"<[^>]+>", "", html).replace("&lt;", "<").replace("&gt;", ">")
 
 
 # ---------------------------------------------------------------------------------------------
-# The lesson's claims on random latent-attention models (float64, 1e-10)
+# kvlib.grouped against plain references
 # ---------------------------------------------------------------------------------------------
 
-def rotary_for(config, positions):
-    if config.positions != "rotary":
-        return None
-    return kvlib.RotaryPositions(np.asarray(positions), config.rope_head_dim, config.rope_base)
+@st.composite
+def grouped_shapes(draw):
+    """(n_heads, n_kv_heads, T, S, head_dim) with n_kv_heads a divisor of n_heads."""
+    n_heads = draw(st.integers(1, 12))
+    n_kv_heads = draw(st.sampled_from(w15.divisors(n_heads)))
+    T = draw(st.integers(1, 6))
+    return n_heads, n_kv_heads, T, T + draw(st.integers(0, 6)), draw(st.integers(1, 5))
+
+
+@given(grouped_shapes(), st.integers(0, 2**32 - 1), st.booleans())
+@settings(max_examples=80, deadline=None)
+def test_broadcast_attention_equals_attention_on_repeated_kv_heads(shapes, seed, masked):
+    n_heads, n_kv_heads, T, S, head_dim = shapes
+    rng = np.random.default_rng(seed)
+    Q = rng.standard_normal((n_heads, T, head_dim))
+    K = rng.standard_normal((n_kv_heads, S, head_dim))
+    V = rng.standard_normal((n_kv_heads, S, head_dim))
+    mask = kvlib.causal_mask(T, S) if masked else None
+    K_all, V_all = grouped.repeat_kv_heads(K, n_heads), grouped.repeat_kv_heads(V, n_heads)
+    np.testing.assert_allclose(kvlib.attention_scores(Q, K),
+                               Q @ K_all.swapaxes(-1, -2) / math.sqrt(head_dim),
+                               rtol=0, atol=TOLERANCE)
+    reference = kvlib.attention(Q, K_all, V_all, mask)     # ordinary multi-head attention
+    np.testing.assert_allclose(kvlib.attention(Q, K, V, mask), reference, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(grouped.repeated_attention(Q, K, V, mask), reference, rtol=0,
+                               atol=TOLERANCE)
+
+
+@given(grouped_shapes(), st.integers(0, 2**32 - 1))
+@settings(max_examples=40, deadline=None)
+def test_query_head_i_reads_kv_head_i_div_group(shapes, seed):
+    n_heads, n_kv_heads, _, S, head_dim = shapes
+    K = np.random.default_rng(seed).standard_normal((n_kv_heads, S, head_dim))
+    repeated = grouped.repeat_kv_heads(K, n_heads)
+    groups = grouped.query_groups(n_heads, n_kv_heads)
+    assert repeated.shape == (n_heads, S, head_dim)
+    group = grouped.group_size(n_heads, n_kv_heads)
+    for head in range(n_heads):
+        assert groups[head] == head // group
+        np.testing.assert_array_equal(repeated[head], K[head // group])
+    # consecutive heads share: every K/V head serves one block of `group` query heads
+    assert [list(groups).count(kv) for kv in range(n_kv_heads)] == [group] * n_kv_heads
+    assert list(groups) == sorted(groups)
+
+
+def test_the_tile_order_is_a_different_pairing():
+    K = np.arange(2)[:, None, None] * np.ones((2, 3, 2))      # K/V head j holds j everywhere
+    assert grouped.repeat_kv_heads(K, 8)[:, 0, 0].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert np.tile(K, (4, 1, 1))[:, 0, 0].tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
 
 
 @st.composite
-def layer_inputs(draw):
-    """A random latent-attention layer, the inputs of P cached and T new positions."""
-    params, config = draw(models(latent=True))
-    past = draw(st.integers(0, 10))
-    new = draw(st.integers(1, 6))
-    rng = np.random.default_rng(draw(st.integers(0, 10_000)))
-    X = rng.standard_normal((past + new, config.d_model))
-    return params.layers[draw(st.integers(0, config.n_layers - 1))], config, X, past
+def grouped_models(draw, **options):
+    """(params, config) of a random non-latent model with n_kv_heads a divisor of n_heads,
+    below n_heads whenever n_heads > 1."""
+    _, config = draw(models(latent=False, **options))
+    fewer = [k for k in w15.divisors(config.n_heads) if k < config.n_heads] or [1]
+    config = config.replace(n_kv_heads=draw(st.sampled_from(fewer)))
+    return kvlib.init_params(config, seed=draw(st.integers(0, 10_000))), config
 
 
-@given(layer_inputs())
-@settings(max_examples=120, deadline=None)
-def test_absorbed_attention_over_a_latent_cache_equals_rebuilt_keys_and_values(case):
-    layer, config, X, past = case
-    h, n = config.n_heads, len(X)
-    everything = rotary_for(config, np.arange(n))
-    X_past, X_new = X[:past], X[past:]
-    cache = kvlib.LatentKVCache(config.replace(n_layers=1))
-    if past:
-        cache.append(0, latent.compress_kv(X_past, layer),
-                     latent.rope_keys(X_past, layer, rotary_for(config, np.arange(past))))
-    new_positions = rotary_for(config, np.arange(past, n))
-    mask = kvlib.causal_mask(n - past, n)
-    absorbed = latent.latent_attention(X_new, layer, h, mask, cache=cache, rotary=new_positions)
-    rebuilt = latent.latent_attention_rebuilt(
-        X_new, layer, h, mask, rotary=new_positions,
-        past_latent=latent.compress_kv(X_past, layer) if past else None,
-        past_key_rope=(latent.rope_keys(X_past, layer, rotary_for(config, np.arange(past)))
-                       if past else None))
-    np.testing.assert_allclose(absorbed, rebuilt, rtol=0, atol=TOLERANCE)
-    # and both equal the last rows of the whole sequence at once, without a cache
-    whole = latent.latent_attention_rebuilt(X, layer, h, kvlib.causal_mask(n), rotary=everything)
-    np.testing.assert_allclose(absorbed, whole[past:], rtol=0, atol=TOLERANCE)
-    assert cache.nbytes == kvlib.latent_cache_bytes(1, config.latent_dim, config.rope_head_dim,
-                                                    n, dtype_bytes=8)
+@given(models(latent=False), st.data())
+@settings(max_examples=30, deadline=None)
+def test_as_many_kv_heads_as_query_heads_is_multi_head_attention_exactly(model, data):
+    _, config = model
+    mha = kvlib.init_params(config.replace(n_kv_heads=None), seed=data.draw(st.integers(0, 99)))
+    named = mha.with_config(n_kv_heads=config.n_heads)
+    ids = token_lists(data.draw, config, 1, 12)
+    np.testing.assert_array_equal(kvlib.forward(named, ids), kvlib.forward(mha, ids))
+    # the conversions leave a multi-head model as it is
+    for same in (grouped.duplicate_kv_heads(mha), grouped.mean_pool_kv_heads(mha, config.n_heads)):
+        assert same.config == mha.config
+        for layer, original in zip(same.layers, mha.layers):
+            np.testing.assert_array_equal(layer.Wk, original.Wk)
+            np.testing.assert_array_equal(layer.Wv, original.Wv)
 
 
-def rebuilt_by_hand(X, layer, config, rotary, mask):
-    """Notebook 15's reference written from scratch: every head's keys and values rebuilt
-    from the latents, the rotary columns appended, plain softmax attention."""
-    h, dh, dr = config.n_heads, config.head_dim, config.rope_head_dim
-    latents = X @ layer.W_down_kv
-    K, V, Q = latents @ layer.W_up_k, latents @ layer.W_up_v, X @ layer.Wq
-    outputs = []
-    for head in range(h):
-        columns = slice(head * dh, (head + 1) * dh)
-        q, k = Q[:, columns], K[:, columns]
-        if dr:
-            q = np.hstack([q, rotary.rotate(X @ layer.Wq_rope)[:, head * dr:(head + 1) * dr]])
-            k = np.hstack([k, rotary.rotate(X @ layer.Wk_rope)])
-        scores = np.where(mask, q @ k.T / math.sqrt(dh + dr), -np.inf)
-        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
-        outputs.append(weights / weights.sum(axis=1, keepdims=True) @ V[:, columns])
-    return np.hstack(outputs)
-
-
-@given(layer_inputs())
-@settings(max_examples=60, deadline=None)
-def test_kvlibs_reference_equals_attention_written_from_scratch(case):
-    layer, config, X, _ = case
-    n = len(X)
-    rotary, mask = rotary_for(config, np.arange(n)), kvlib.causal_mask(n)
-    np.testing.assert_allclose(
-        latent.latent_attention_rebuilt(X, layer, config.n_heads, mask, rotary=rotary),
-        rebuilt_by_hand(X, layer, config, rotary, mask), rtol=0, atol=TOLERANCE)
-
-
-@given(layer_inputs())
-@settings(max_examples=60, deadline=None)
-def test_a_latent_decode_is_mqa_with_one_kv_head_of_dc_plus_dr(case):
-    layer, config, X, _ = case
-    h, dh, dc, dr = config.n_heads, config.head_dim, config.latent_dim, config.rope_head_dim
-    n = len(X)
-    rotary, mask = rotary_for(config, np.arange(n)), kvlib.causal_mask(n)
-    content, q_rope = latent.latent_queries(X, layer, rotary)
-    queries = latent.absorb_queries(kvlib.split_heads(content, h), layer, h)
-    keys = latent.compress_kv(X, layer)
-    if dr:
-        queries = np.concatenate([queries, kvlib.split_heads(q_rope, h)], axis=-1)
-        keys = np.hstack([keys, latent.rope_keys(X, layer, rotary)])
-    queries = queries * math.sqrt((dc + dr) / (dh + dr))
-    mixed = kvlib.attention(queries, keys[None], keys[None, :, :dc], mask)
-    np.testing.assert_allclose(kvlib.merge_heads(latent.expand_values(mixed, layer, h)),
-                               latent.latent_attention(X, layer, h, mask, rotary=rotary),
-                               rtol=0, atol=TOLERANCE)
-
-
-@given(layer_inputs(), st.data())
-@settings(max_examples=60, deadline=None)
-def test_one_heads_absorbed_scores_are_the_exercises_formula(case, data):
-    layer, config, X, _ = case
-    if not config.rope_head_dim:
-        return       # the exercise's function takes a rotary part
-    h, dh, dr = config.n_heads, config.head_dim, config.rope_head_dim
-    n = len(X)
-    rotary = rotary_for(config, np.arange(n))
-    content, q_rope = latent.latent_queries(X, layer, rotary)
-    latents, rope_keys = latent.compress_kv(X, layer), latent.rope_keys(X, layer, rotary)
-    scores = latent.latent_attention_scores(
-        latent.absorb_queries(kvlib.split_heads(content, h), layer, h), latents,
-        kvlib.split_heads(q_rope, h), rope_keys, 1 / math.sqrt(dh + dr))
-    head, row = data.draw(st.integers(0, h - 1)), data.draw(st.integers(0, n - 1))
-    mine = ex15.expected_head_scores(layer, head, content[row, head * dh:(head + 1) * dh],
-                                     q_rope[row, head * dr:(head + 1) * dr], latents, rope_keys)
-    np.testing.assert_allclose(mine, scores[head, row], rtol=0, atol=TOLERANCE)
-
-
-@given(models(latent=True), st.data())
+@given(grouped_models(), st.data())
 @settings(max_examples=40, deadline=None)
-def test_each_paths_count_is_its_formula(model, data):
+def test_grouped_model_equals_its_multi_head_twin_with_copied_kv_heads(model, data):
     params, config = model
-    h, dh, dc, dr, d = (config.n_heads, config.head_dim, config.latent_dim,
-                        config.rope_head_dim, config.d_model)
-    past = data.draw(st.integers(1, 12))
-    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
-    X_past, x = rng.standard_normal((past, d)), rng.standard_normal((1, d))
-    layer = params.layers[0]
-    past_latents = latent.compress_kv(X_past, layer)
-    past_rope = latent.rope_keys(X_past, layer, rotary_for(config, np.arange(past)))
-    position = rotary_for(config, [past])
-
-    def absorbed_path(p, x):
-        one_layer = kvlib.LatentKVCache(p.config.replace(n_layers=1))
-        one_layer.append(0, past_latents, past_rope)
-        return latent.latent_attention(x, p.layers[0], h, cache=one_layer, rotary=position)
-
-    def rebuilt_path(p, x):
-        return latent.latent_attention_rebuilt(x, p.layers[0], h, rotary=position,
-                                               past_latent=past_latents,
-                                               past_key_rope=past_rope)
-
-    out_a, absorbed = kvlib.count_multiply_adds(absorbed_path, params, x)
-    out_r, rebuilt = kvlib.count_multiply_adds(rebuilt_path, params, x)
-    np.testing.assert_allclose(out_a, out_r, rtol=0, atol=TOLERANCE)
-    S = past + 1
-    shared = d * d + d * h * dr + d * dc + d * dr          # Wq, Wq_rope, W_down_kv, Wk_rope
-    assert absorbed.as_dict() == {"projections": shared + 2 * d * dc,
-                                  "attention_scores": h * S * (dc + dr),
-                                  "attention_sums": h * S * dc, "mlp": 0, "unembedding": 0}
-    assert rebuilt.as_dict() == {"projections": shared + 2 * S * dc * d,
-                                 "attention_scores": h * S * (dh + dr),
-                                 "attention_sums": h * S * dh, "mlp": 0, "unembedding": 0}
-    step = kvlib.decode_step_multiply_adds(config, past)
-    assert step.projections == config.n_layers * (absorbed.projections + d * d)
+    twin = grouped.duplicate_kv_heads(params)
+    assert twin.config == config.replace(n_kv_heads=None)
+    ids = token_lists(data.draw, config, 1, 16)
+    np.testing.assert_allclose(kvlib.forward(params, ids), kvlib.forward(twin, ids), rtol=0,
+                               atol=TOLERANCE)
+    _, cache = kvlib.prefill(params, ids)
+    _, twin_cache = kvlib.prefill(twin, ids)
+    assert twin_cache.nbytes == config.n_heads // config.kv_heads * cache.nbytes
+    # pooling heads that are equal in each group gives the grouped model back
+    back = grouped.mean_pool_kv_heads(twin, config.kv_heads)
+    assert back.config == config or config.kv_heads == config.n_heads
+    np.testing.assert_allclose(kvlib.forward(back, ids), kvlib.forward(params, ids), rtol=0,
+                               atol=TOLERANCE)
 
 
-def test_rope_on_rebuilt_keys_needs_a_different_absorbed_query_per_position():
-    """The notebook's argument, checked: turning the query by m - n is what each key needs."""
-    config = ex15.LESSON_CONFIG.replace(positions="none", rope_head_dim=0)
-    layer = kvlib.init_params(config).layers[0]
-    rng = np.random.default_rng(3)
-    latents, q = rng.standard_normal((6, config.latent_dim)), rng.standard_normal(4)
-    block = layer.W_up_k[:, 4:8]
-    angles = kvlib.rotary_angles(np.arange(6), 4)
-    q_turned = kvlib.rotate_pairs(q[None], angles[[5]])
-    scores = kvlib.rotate_pairs(latents @ block, angles) @ q_turned[0]
-    needed = np.vstack([kvlib.rotate_pairs(q_turned, -angles[[n]]) @ block.T for n in range(6)])
-    np.testing.assert_allclose(np.einsum("nc,nc->n", latents, needed), scores, atol=1e-12)
-    for n in range(5):   # no one absorbed query serves two positions
-        assert not np.allclose(latents @ needed[n], scores)
-
-
-def test_rotary_latent_attention_without_a_rotary_key_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="rope_head_dim > 0"):
-        kvlib.ModelConfig(d_model=32, n_heads=8, d_ff=64, latent_dim=8, positions="rotary")
-
-
-# ---------------------------------------------------------------------------------------------
-# The numbers the notebook shows
-# ---------------------------------------------------------------------------------------------
-
-def test_lesson_model_cache_and_its_mha_twin():
-    params = kvlib.init_params(ex15.LESSON_CONFIG)
-    ids = kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT)
+@given(grouped_models(window=False), st.data())
+@settings(max_examples=40, deadline=None)
+def test_cached_decoding_of_grouped_models_equals_recomputation(model, data):
+    params, config = model
+    ids = token_lists(data.draw, config, 1, 8)
+    n_new = data.draw(st.integers(1, 10))
     logits, cache = kvlib.prefill(params, ids)
-    assert isinstance(cache, kvlib.LatentKVCache) and cache.keys(0).shape == (5, 10)
-    assert np.shares_memory(cache.values(0), cache.keys(0))
-    assert cache.nbytes == kvlib.latent_cache_bytes(3, 8, 2, 5, dtype_bytes=8) == 1200
-    sequence, token = list(ids), int(np.argmax(logits[-1]))
-    for _ in range(8):
+    sequence = list(ids)
+    for _ in range(n_new):
+        token = data.draw(st.integers(0, config.vocab_size - 1))
         sequence.append(token)
-        step = kvlib.decode_step(params, token, cache)
-        np.testing.assert_allclose(step, kvlib.forward(params, sequence, last_only=True),
-                                   rtol=0, atol=TOLERANCE)
-        token = int(np.argmax(step[-1]))
-    mha = ex15.LESSON_CONFIG.replace(latent_dim=None, rope_head_dim=0)
-    _, mha_cache = kvlib.prefill(kvlib.init_params(mha), sequence)
-    assert mha_cache.nbytes / cache.nbytes == 6.4
+        logits = kvlib.decode_step(params, token, cache)
+        np.testing.assert_allclose(logits[-1], kvlib.forward(params, sequence)[-1], rtol=0,
+                                   atol=TOLERANCE)
+        # the live cache's bytes are the formula's, for the K/V heads only
+        assert cache.keys(0).shape == (len(sequence), config.kv_heads * config.head_dim)
+        assert cache.nbytes == kvlib.kv_cache_bytes(
+            config.n_layers, None, len(sequence), dtype_bytes=8, n_kv_heads=config.kv_heads,
+            head_dim=config.head_dim) == kvlib.config_cache_bytes(config, len(sequence))
 
 
-def test_deepseek_numbers():
-    v2, v3 = memory.PRESETS["DeepSeek-V2"], memory.PRESETS["DeepSeek-V3"]
-    assert v2.kv_bytes_per_token() == 69_120 and v3.kv_bytes_per_token() == 70_272
-    assert v2.mha_bytes_per_token() == 3_932_160 and v3.mha_bytes_per_token() == 3_997_696
-    for model in (v2, v3):
-        assert model.attention == "MLA" and "config.json of deepseek-ai" in model.source
-        assert round(model.mha_bytes_per_token() / model.kv_bytes_per_token(), 1) == 56.9
-    assert (v2.latent_dim + v2.rope_head_dim) / (2 * v2.head_dim) == 2.25
-    assert v3.kv_bytes_per_token() < memory.PRESETS["Llama-3-8B"].kv_bytes_per_token()
-    # per cached position and layer at V3's shapes: absorbed, rebuilt each step, K/V cache
-    H, DH, DC, DR = 128, 128, 512, 64
-    assert H * (DC + DR) + H * DC == 139_264
-    assert 2 * DC * H * DH + H * (DH + DR) + H * DH == 16_818_176
-    assert H * (DH + DR) + H * DH == 40_960
-    assert H * (2 * DH + DR) * 2 // ((DC + DR) * 2) == 71
+@given(grouped_models())
+@settings(max_examples=30, deadline=None)
+def test_mean_pooling_averages_the_kv_projections_of_each_group(model):
+    _, config = model
+    mha = kvlib.init_params(config.replace(n_kv_heads=None))
+    n_kv_heads = config.kv_heads
+    pooled = grouped.mean_pool_kv_heads(mha, n_kv_heads)
+    dh, group = config.head_dim, config.n_heads // n_kv_heads
+    assert pooled.config.kv_heads == n_kv_heads
+    for layer, original in zip(pooled.layers, mha.layers):
+        assert layer.Wk.shape == layer.Wv.shape == (config.d_model, n_kv_heads * dh)
+        for kv in range(n_kv_heads):
+            members = [original.Wk[:, h * dh:(h + 1) * dh]
+                       for h in range(kv * group, (kv + 1) * group)]
+            np.testing.assert_allclose(layer.Wk[:, kv * dh:(kv + 1) * dh],
+                                       np.mean(members, axis=0), rtol=0, atol=1e-14)
+        np.testing.assert_array_equal(layer.Wq, original.Wq)
+        if original.bk is not None:
+            assert layer.bk.shape == layer.bv.shape == (n_kv_heads * dh,)
 
 
-def test_bytes_per_token_rows_and_gqa_heads():
-    assert w15.bytes_per_token(60, 128, 128, 512, 64) == {
-        "MHA": 3_932_160, "GQA": 245_760, "MQA": 30_720, "MLA": 69_120}
-    assert list(w15.bytes_per_token(32, 71, 64, 256, 32)) == ["MHA", "MQA", "MLA"]   # Falcon
-    assert [w15.grouped_kv_heads(n) for n in (128, 32, 8, 12, 71, 1, 2)] == \
-        [8, 8, 4, 6, None, None, None]
-    with pytest.raises(ValueError, match="must be even"):
-        w15.bytes_per_token(60, 128, 128, 512, 63)
-    with pytest.raises(ValueError, match="latent size dc must be a whole number of at least 1"):
-        w15.bytes_per_token(60, 128, 128, 0, 64)
-    with pytest.raises(ValueError, match="whole number"):
-        w15.bytes_per_token(60, 128, 128, 2.5, 64)
+def test_pooling_a_random_multi_head_model_changes_its_output():
+    config = ex15.LESSON_CONFIG.replace(n_kv_heads=None)
+    mha = kvlib.init_params(config)
+    ids = kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT)
+    for n_kv_heads in (4, 2, 1):
+        pooled = grouped.mean_pool_kv_heads(mha, n_kv_heads)
+        assert np.abs(kvlib.forward(pooled, ids) - kvlib.forward(mha, ids)).max() > 1.0
 
 
-def test_draw_bytes_per_token_labels_and_refusals():
-    fig, ax = plt.subplots()
-    w15.draw_bytes_per_token(ax, ["MHA", "MLA"], [1000, 100], ["MHA", "MLA"], title="t")
-    texts = [t.get_text() for t in ax.texts]
-    assert texts == [" 1,000", " 100  (10.0x less)"]
-    assert ax.get_xscale() == "log" and ax.get_title() == "t"
-    assert [tick.get_text() for tick in ax.get_yticklabels()] == ["MHA", "MLA"]
-    with pytest.raises(ValueError, match="positive"):
-        w15.draw_bytes_per_token(ax, ["a"], [0], ["MHA"])
-    with pytest.raises(ValueError, match="as many labels"):
-        w15.draw_bytes_per_token(ax, ["a", "b"], [1], ["MHA"])
-    with pytest.raises(ValueError, match="kinds must be among"):
-        w15.draw_bytes_per_token(ax, ["a"], [1], ["XYZ"])
+def test_float32_models_stay_float32():
+    config = ex15.LESSON_CONFIG.replace(dtype="float32")
+    params = kvlib.init_params(config)
+    for converted in (grouped.duplicate_kv_heads(params),
+                      grouped.mean_pool_kv_heads(grouped.duplicate_kv_heads(params), 1)):
+        assert all(layer.Wk.dtype == np.float32 for layer in converted.layers)
 
 
-# ---------------------------------------------------------------------------------------------
-# The widget, headless
-# ---------------------------------------------------------------------------------------------
-
-def bars(box):
-    return [patch.get_width() for patch in box.figure.axes[0].patches]
-
-
-def test_calculator_starts_on_deepseek_v2():
-    box = w15.latent_cache_calculator()
-    assert box.controls["latent_dim"].value == 512 and box.controls["rope_head_dim"].value == 64
-    assert bars(box) == [3_932_160, 245_760, 30_720, 69_120]
-    assert "69,120 bytes a token" in box.status.value
-    assert "56.9 times less than MHA" in box.status.value
-    assert "2.25 K/V heads" in box.status.value and "DeepSeek-V2" in box.status.value
-    assert box.message.value == ""
-    labels = [t.get_text() for t in box.figure.axes[0].get_yticklabels()]
-    assert labels == ["MHA, 128 K/V heads", "GQA, 8 K/V heads", "MQA, 1 K/V head",
-                      "MLA, latent 512 + rotary 64"]
+@given(grouped_models(window=False), st.integers(0, 30))
+@settings(max_examples=30, deadline=None)
+def test_fewer_kv_heads_shrink_the_projections_and_the_cache_reads_not_the_attention(model,
+                                                                                      position):
+    params, config = model
+    mha = config.replace(n_kv_heads=None)
+    group = config.n_heads // config.kv_heads
+    gqa_work = kvlib.decode_step_multiply_adds(config, position)
+    mha_work = kvlib.decode_step_multiply_adds(mha, position)
+    assert gqa_work.attention_scores == mha_work.attention_scores
+    assert gqa_work.attention_sums == mha_work.attention_sums
+    assert mha_work.projections - gqa_work.projections == \
+        config.n_layers * 2 * config.d_model * (config.d_model - config.kv_width)
+    assert roofline.cache_bytes(mha, position + 1) == group * roofline.cache_bytes(
+        config, position + 1)
 
 
-def test_choosing_presets_brings_their_latent_or_keeps_the_typed_one():
-    box = w15.latent_cache_calculator("DeepSeek-V2")
-    box.controls["latent_dim"].value = 1024
-    assert box.state["sizes"]["MLA"] == 60 * (1024 + 64) * 2
-    box.controls["preset"].value = "Llama-3-8B"          # no latent of its own: keeps 1024
-    assert box.controls["latent_dim"].value == 1024
-    assert box.state["sizes"] == w15.bytes_per_token(32, 32, 128, 1024, 64)
-    assert "Llama-3-8B itself uses GQA" in box.status.value
-    box.controls["preset"].value = "DeepSeek-V3"         # has one: brings 512 and 64
-    assert (box.controls["latent_dim"].value, box.controls["rope_head_dim"].value) == (512, 64)
-    assert box.state["sizes"]["MLA"] == memory.PRESETS["DeepSeek-V3"].kv_bytes_per_token()
-    box.controls["preset"].value = "Falcon-7B"           # 71 heads: no GQA bar
-    assert list(box.state["sizes"]) == ["MHA", "MQA", "MLA"] and len(bars(box)) == 3
+def test_the_flop_count_of_a_grouped_decode_step_is_the_formula():
+    params = kvlib.init_params(ex15.LESSON_CONFIG)
+    _, cache = kvlib.prefill(params, [0, 3, 7, 1, 9])
+    _, counted = kvlib.count_multiply_adds(kvlib.decode_step, params, 5, cache)
+    assert counted == kvlib.decode_step_multiply_adds(ex15.LESSON_CONFIG, 5)
 
 
-def test_calculator_starts_from_deepseek_proportions_for_other_models():
-    box = w15.latent_cache_calculator("Llama-3-8B")
-    assert (box.controls["latent_dim"].value, box.controls["rope_head_dim"].value) == (512, 64)
-    box = w15.latent_cache_calculator("GPT-2 small", latent_dim=96, rope_head_dim=0)
-    assert box.state["sizes"]["MLA"] == 12 * 96 * 2
-    with pytest.raises(ValueError, match="preset must be one of"):
-        w15.latent_cache_calculator("GPT-5")
-
-
-@pytest.mark.parametrize("field, value, phrase", [
-    ("rope_head_dim", 3, "must be even"),
-    ("rope_head_dim", -2, "at least 0"),
-    ("latent_dim", 0, "at least 1"),
-    ("latent_dim", -512, "at least 1"),
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: grouped.query_groups(8, 3), ValueError, "multiple of n_kv_heads"),
+    (lambda: grouped.query_groups(8, 0), ValueError, "at least 1"),
+    (lambda: grouped.query_groups(8, True), TypeError, "whole number"),
+    (lambda: grouped.query_groups(8.0, 2), TypeError, "whole number"),
+    (lambda: grouped.repeat_kv_heads(np.zeros((3, 4)), 6), ValueError, "3-D array"),
+    (lambda: grouped.repeat_kv_heads([[[1.0]]], 2), ValueError, "3-D array"),
+    (lambda: grouped.repeat_kv_heads(np.zeros((3, 4, 2)), 8), ValueError, "multiple"),
+    (lambda: grouped.repeated_attention(np.zeros((4, 2)), np.zeros((2, 3, 2)),
+                                        np.zeros((2, 3, 2))), ValueError, "Q must be"),
+    (lambda: grouped.repeated_attention(np.zeros((4, 1, 2)), np.zeros((2, 3, 3)),
+                                        np.zeros((2, 3, 3))), ValueError, "one head size"),
+    (lambda: grouped.repeat_kv_heads(np.zeros((1, 2, 2)), 10**400), ValueError, "at most"),
+    (lambda: grouped.repeated_attention(np.zeros((4, 1, 2)), np.zeros((2, 3, 2)),
+                                        np.zeros((2, 3, 2)), np.ones((2, 3), dtype=bool)),
+     ValueError, "mask must be"),
+    (lambda: grouped.mean_pool_kv_heads(kvlib.init_params(ex15.LESSON_CONFIG), 4), ValueError,
+     "must divide 2"),
+    (lambda: grouped.mean_pool_kv_heads("params", 1), TypeError, "kvlib Params"),
+    (lambda: grouped.duplicate_kv_heads(kvlib.init_params(kvlib.ModelConfig(latent_dim=2))),
+     ValueError, "latent"),
 ])
-def test_bad_sizes_land_in_the_message_line_and_change_nothing(field, value, phrase):
-    box = w15.latent_cache_calculator()
-    before, status = dict(box.state["sizes"]), box.status.value
-    box.controls[field].value = value
-    assert "Cannot show this" in box.message.value and phrase in box.message.value
-    assert box.state["sizes"] == before and box.status.value == status
-    box.controls[field].value = 512 if field == "latent_dim" else 64
-    assert box.message.value == "" and box.state["sizes"] == before
+def test_bad_input_is_refused_in_words(call, error, words):
+    with pytest.raises(error, match=words):
+        call()
 
 
-def test_a_huge_latent_is_drawn_not_refused():
-    box = w15.latent_cache_calculator()
-    box.controls["latent_dim"].value = 10**9
-    assert box.message.value == "" and box.state["sizes"]["MLA"] == 60 * (10**9 + 64) * 2
+# ---------------------------------------------------------------------------------------------
+# The grouping explorer
+# ---------------------------------------------------------------------------------------------
+
+def collections_of(ax):
+    patches = [c for c in ax.collections if isinstance(c, PatchCollection)]
+    lines = [c for c in ax.collections if isinstance(c, LineCollection)]
+    return patches, lines
 
 
-def test_updates_redraw_in_place_without_leaking_figures():
-    box = w15.latent_cache_calculator()
-    figures = plt.get_fignums()
-    for dc in range(16, 2048, 64):
-        box.controls["latent_dim"].value = dc
-    ax = box.figure.axes[0]
-    assert len(box.figure.axes) == 1
-    assert len(ax.patches) == 4 and len(ax.texts) == 4    # redrawn, not piled up
-    assert plt.get_fignums() == figures
+def assert_grouping_drawn(ax, n_heads, n_kv_heads):
+    (query_boxes, kv_boxes), (links,) = collections_of(ax)
+    assert len(query_boxes.get_paths()) == n_heads and len(kv_boxes.get_paths()) == n_kv_heads
+    group = n_heads // n_kv_heads
+    query_colors, kv_colors = query_boxes.get_facecolors(), kv_boxes.get_facecolors()
+    for head, segment in enumerate(links.get_segments()):
+        kv = head // group
+        np.testing.assert_allclose(segment[-1], [(kv + 0.5) * group, 0.8])   # ends under it
+        np.testing.assert_allclose(query_colors[head], kv_colors[kv])         # its colour
+    assert len({tuple(c) for c in kv_colors}) == n_kv_heads                   # told apart
+
+
+def test_explorer_starts_on_llama_3_8b():
+    widget = w15.grouping_explorer()
+    assert widget.preset.value == "Llama-3-8B" and widget.kv_heads.value == 8
+    assert widget.kv_heads.options == (1, 2, 4, 8, 16, 32)
+    status = text_of(widget.status.value)
+    assert "GQA: 32 query heads share 8 K/V heads, 4 to a group" in status
+    assert "query head 5 reads K/V head 1, shared by query heads 4-7" in status
+    assert "= 131,072 bytes, 4 times less than the 524,288 of multi-head attention" in status
+    assert "In 16 GiB of cache: 131,072 cached tokens, against 32,768" in status
+    assert "Meta Llama 3 model card" in widget.source.value
+    assert "You chose" not in widget.source.value
+    assert widget.message.value == ""
+    assert_grouping_drawn(widget.axes[0], 32, 8)
+    bars = widget.axes[1].patches
+    assert [b.get_height() for b in bars] == [PRESETS["Llama-3-8B"].kv_cache_bytes(1) * k / 8 / 1024
+                                             for k in (1, 2, 4, 8, 16, 32)]
+    chosen = [i for i, b in enumerate(bars) if matplotlib.colors.to_hex(b.get_facecolor())
+              == w15.CHOSEN_COLOR]
+    assert chosen == [3]
+    assert widget.summary()["tokens_that_fit"] == 131_072
+
+
+def test_choosing_kv_heads_redraws_the_grouping_and_the_numbers():
+    widget = w15.grouping_explorer()
+    widget.kv_heads.value = 1
+    assert "MQA: 32 query heads share 1 K/V head, 32 to a group" in text_of(widget.status.value)
+    assert "= 16,384 bytes, 32 times less" in text_of(widget.status.value)
+    assert_grouping_drawn(widget.axes[0], 32, 1)
+    widget.kv_heads.value = 32
+    assert "MHA" in widget.status.value and "shared by query head 2 alone" in widget.status.value
+    assert_grouping_drawn(widget.axes[0], 32, 32)
+    assert "You chose 32 K/V heads; the published model has 8" in widget.source.value
+    assert widget.preset.value == "Llama-3-8B"           # still the model, other K/V heads
+
+
+def test_presets_load_their_shapes():
+    widget = w15.grouping_explorer("Llama-2-7B")
+    widget.preset.value = "Falcon-7B"
+    assert widget.kv_heads.options == (1, 71) and widget.kv_heads.value == 1
+    assert "71 query heads share 1 K/V head, 71 to a group" in text_of(widget.status.value)
+    assert "581,632" in widget.status.value               # 71 x 8,192 for MHA
+    assert_grouping_drawn(widget.axes[0], 71, 1)
+    widget.preset.value = "Mistral-7B"
+    assert "sliding window keeps at most 4,096 positions" in widget.source.value
+    widget.preset.value = "Llama-2-70B"
+    assert (widget.n_heads.value, widget.kv_heads.value, widget.layers.value) == (64, 8, 80)
+    assert_grouping_drawn(widget.axes[0], 64, 8)
+    assert not any("DeepSeek" in name for name in widget.preset.options)   # latent: notebook 16
+
+
+def test_a_custom_model_gets_the_divisors_of_its_query_heads():
+    widget = w15.grouping_explorer()
+    widget.n_heads.value = 12
+    assert widget.preset.value == w15.CUSTOM
+    assert widget.kv_heads.options == (1, 2, 3, 4, 6, 12)
+    assert widget.kv_heads.value == 6                      # 8 no longer divides: the next below
+    assert widget.source.value == "" and widget.message.value == ""
+    widget.kv_heads.value = 3
+    widget.head_dim.value, widget.layers.value = 64, 10
+    assert widget.summary()["bytes_per_token"] == kvlib.kv_cache_bytes(10, None, 1, n_kv_heads=3,
+                                                                       head_dim=64)
+    assert_grouping_drawn(widget.axes[0], 12, 3)
+    widget.dtype.value = 4
+    widget.budget_gib.value = 1.0
+    assert widget.summary()["tokens_that_fit"] == GiB // (2 * 10 * 3 * 64 * 4)
+    widget.preset.value = "Llama-3-8B"                     # back to a published model
+    assert widget.kv_heads.options == (1, 2, 4, 8, 16, 32) and widget.kv_heads.value == 8
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("n_heads", 0, "query heads must be at least 1 and at most 256"),
+    ("n_heads", -3, "query heads must be at least 1"),
+    ("n_heads", 1000, "at most 256"),
+    ("head_dim", 0, "head size must be at least 1"),
+    ("layers", -1, "layers must be at least 1"),
+    ("budget_gib", -1.0, "cache budget must be a number of GiB above 0"),
+    ("budget_gib", 0.0, "above 0"),
+    ("budget_gib", float("nan"), "above 0"),
+    ("budget_gib", float("inf"), "above 0"),
+    ("budget_gib", 1e300, "at most 1,000,000,000"),
+])
+def test_bad_values_land_in_the_message_line(field, value, words):
+    widget = w15.grouping_explorer()
+    before = widget.status.value
+    getattr(widget, field).value = value
+    assert words in text_of(widget.message.value)
+    assert widget.status.value == before                   # nothing half-drawn
+    getattr(widget, field).value = {"n_heads": 32, "head_dim": 128, "layers": 32,
+                                    "budget_gib": 16.0}[field]
+    assert widget.message.value == ""
+
+
+def test_the_drawing_stays_small_and_leaks_no_figure():
+    widget = w15.grouping_explorer()
+    widget.n_heads.value = 256
+    for kv in (1, 2, 16, 256, 4):
+        widget.kv_heads.value = kv
+        ax = widget.axes[0]
+        assert len(ax.collections) == 3                    # one collection a row, any size
+        assert len(ax.texts) <= 2 * (w15.MAX_LABELLED_HEADS + 1)   # some numbers, not 256
+        assert len(widget.axes[1].patches) == len(w15.divisors(256))
+    for name in w15.GROUPABLE_PRESETS:
+        widget.preset.value = name
+    assert plt.get_fignums() == []
+    assert widget.figure is widget.live.figure
+
+
+def test_explorer_and_drawings_check_their_arguments():
+    with pytest.raises(ValueError, match="preset must be one of"):
+        w15.grouping_explorer("DeepSeek-V3")
+    with pytest.raises(ValueError, match="dtype_bytes"):
+        w15.grouping_explorer(dtype_bytes=3)
+    _, ax = plt.subplots()
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        w15.draw_query_groups(ax, 8, 3)
+    with pytest.raises(ValueError, match="choose one of"):
+        w15.draw_bytes_per_choice(ax, 32, 32, 128, 5)
+    with pytest.raises(ValueError, match="at most 256"):
+        w15.draw_query_groups(ax, 512, 1)
+
+
+def test_grouping_summary():
+    summary = w15.grouping_summary(32, 32, 8, 128, 2, 16 * GiB)
+    assert summary["group"] == 4 and summary["kind"] == "GQA"
+    assert summary["shared_by"][1] == [4, 5, 6, 7]
+    assert summary["kv_head_of"].tolist() == (np.arange(32) // 4).tolist()
+    assert summary["bytes_per_token"] == PRESETS["Llama-3-8B"].kv_bytes_per_token()
+    assert summary["mha_bytes_per_token"] == PRESETS["Llama-2-7B"].kv_bytes_per_token()
+    assert summary["mha_tokens_that_fit"] * 4 == summary["tokens_that_fit"]
+    assert w15.divisors(71) == [1, 71] and w15.divisors(12) == [1, 2, 3, 4, 6, 12]
 
 
 # ---------------------------------------------------------------------------------------------
 # Exercise checkers
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("answer, phrase", [
-    (92_160, "no factor 2"),
-    (40_960, "rotary key is missing"),
-    (204_800, "one for all heads"),
-    (1_152, "one layer"),
-    (655_360, "multi-head attention"),
-    (819_200, "rebuilt keys"),
-    (368_640, "bits"),
-    (23_040, "counts numbers"),
-    (1_474_560, "latent for every head"),
-    (45.0, "KiB"),
-    (46_081, "not 46,081"),
-    ("46080", "expected a number"),
-    (np.array(["46080"]), "expected a number"),
-    (True, "expected a number"),
-    (float("nan"), "finite"),
-    (10**400, "finite"),
-])
-def test_bytes_per_token_checker_wrong_answers(answer, phrase):
-    not_yet(ex15.check_latent_bytes_per_token(answer), phrase)
 
 
-@pytest.mark.parametrize("answer", [46_080, 46_080.0, np.int64(46_080), np.float32(46_080),
-                                    np.array(46_080), [46_080], np.array([46_080.0]),
-                                    40 * (512 + 64) * 2])
-def test_bytes_per_token_checker_valid_forms(answer):
-    correct(ex15.check_latent_bytes_per_token(answer))
 
 
-def make_head_scores(*, block_of="W_up_k", transpose=True, rope=True, scale="dh+dr",
-                     head_shift=0, softmax=False, rebuild=False, as_list=False, shape=None):
-    """A student's head_scores with one chosen slip (or none)."""
-    def head_scores(layer, head, q_head, q_rope_head, latents, rope_keys):
-        dh, dr = len(q_head), len(q_rope_head)
-        other = (head + head_shift) % (getattr(layer, block_of).shape[1] // dh)
-        block = getattr(layer, block_of)[:, other * dh:(other + 1) * dh]
-        if rebuild:
-            content = (latents @ block) @ q_head
-        else:
-            content = latents @ (q_head @ (block.T if transpose else block))
-        rotary = rope_keys @ q_rope_head if rope else 0.0
-        width = {"dh+dr": dh + dr, "dh": dh, "dc+dr": latents.shape[1] + dr, "none": 1}[scale]
-        scores = (content + rotary) / math.sqrt(width)
-        if softmax:
-            scores = kvlib.softmax(scores)
-        if shape is not None:
-            scores = scores.reshape(shape)
-        return scores.tolist() if as_list else scores
-    return head_scores
+QWEN = ex15.qwen2_cache_bytes()
 
 
-@pytest.mark.parametrize("slip, phrase", [
-    (dict(transpose=False), "transpose of W_up_k's block is missing"),
-    (dict(block_of="W_up_v"), "uses W_up_v"),
-    (dict(rope=False), "rotary part is missing"),
-    (dict(scale="none"), "not scaled"),
-    (dict(scale="dh"), "1 / sqrt(dh) only"),
-    (dict(scale="dc+dr"), "sqrt(dc + dr), the width of the absorbed query"),
-    (dict(softmax=True), "attention weights"),
-    (dict(head_shift=1), "head 2's scores"),
-    (dict(head_shift=-1), "head 0's scores"),
-    (dict(shape=(2, 3)), "shape (6,)"),
-])
-def test_head_scores_checker_diagnoses_each_slip(slip, phrase):
-    not_yet(ex15.check_head_scores(make_head_scores(**slip)), phrase)
-
-
-def test_head_scores_checker_catches_every_kind_of_failure():
-    def each_part_scaled(layer, head, q_head, q_rope_head, latents, rope_keys):
-        dh, dr = len(q_head), len(q_rope_head)
-        block = layer.W_up_k[:, head * dh:(head + 1) * dh]
-        return latents @ (q_head @ block.T) / math.sqrt(dh) + rope_keys @ q_rope_head / \
-            math.sqrt(dr)
-
-    def only_content_scaled(layer, head, q_head, q_rope_head, latents, rope_keys):
-        dh, dr = len(q_head), len(q_rope_head)
-        block = layer.W_up_k[:, head * dh:(head + 1) * dh]
-        return latents @ (q_head @ block.T) / math.sqrt(dh + dr) + rope_keys @ q_rope_head
-
-    not_yet(ex15.check_head_scores(each_part_scaled), "each part scaled on its own")
-    not_yet(ex15.check_head_scores(only_content_scaled), "only the content part")
-    not_yet(ex15.check_head_scores(lambda *args: 1 / 0), "raised ZeroDivisionError")
-    not_yet(ex15.check_head_scores(lambda layer, head: 0), "six arguments", "head_scores(")
-    not_yet(ex15.check_head_scores(lambda *args: None), "returned None")
-    not_yet(ex15.check_head_scores(lambda *args: "scores"), "should return numbers")
-    not_yet(ex15.check_head_scores(lambda *args: np.full(6, np.nan)), "NaN")
-    not_yet(ex15.check_head_scores(lambda *args: [1, [2, 3]]), "should return numbers")
-    not_yet(ex15.check_head_scores(lambda *args: np.zeros(6)), "head 1's scores are not right")
-    not_yet(ex15.check_head_scores(lambda *args: np.zeros(5)), "shape (6,)")
-    not_yet(ex15.check_head_scores("head_scores"), "should be a function")
-    not_yet(ex15.check_head_scores(np.zeros(6)), "should be a function")
-
-    def shapes_wrong(layer, head, q_head, q_rope_head, latents, rope_keys):
-        return latents @ layer.W_up_k       # (S, d): a matmul that cannot go on to (S,)
-
-    not_yet(ex15.check_head_scores(lambda l, h, q, qr, c, kr: c @ q), "Check the shapes")
-    not_yet(ex15.check_head_scores(shapes_wrong), "shape (6,)")
-
-
-@pytest.mark.parametrize("form", [dict(), dict(rebuild=True), dict(as_list=True),
-                                  dict(shape=(1, 6)), dict(shape=(6, 1))])
-def test_head_scores_checker_valid_forms(form):
-    correct(ex15.check_head_scores(make_head_scores(**form)))
-
-
-def test_head_scores_checker_accepts_kvlibs_own_functions():
-    def with_kvlib(layer, head, q_head, q_rope_head, latents, rope_keys):
-        dh, dr = len(q_head), len(q_rope_head)
-        n_heads = layer.W_up_k.shape[1] // dh
-        queries = np.zeros((n_heads, 1, dh))
-        queries[head, 0] = q_head
-        absorbed = latent.absorb_queries(queries, layer, n_heads)[head]      # (1, dc)
-        return latent.latent_attention_scores(absorbed, latents, q_rope_head[None], rope_keys,
-                                              1 / math.sqrt(dh + dr))[0]
-
-    correct(ex15.check_head_scores(with_kvlib))
+def test_qwen2_answer_is_the_formula():
+    assert QWEN == 2 * 28 * 4 * 128 * 2 * 32768 == 1_879_048_192 == 1.75 * GiB
 
 
 @pytest.mark.parametrize("answer, phrase", [
-    ("a", "A rotation is linear"), ("c", "keeps the width"), ("D", "do not cancel"),
-    ("e", "no choice 'e'"), ("ab", "one letter"), ("", "one letter"), (2, "one letter"),
-    (["a", "b"], "one letter"),
+    (QWEN * 7, "7 times too much"),
+    (2 * 28 * 3584 * 2 * 32768, "7 times too much"),              # d_model wide, as for MHA
+    (QWEN // 2, "K or V alone"),
+    (QWEN // 28, "one layer"),
+    (QWEN * 2, "4 bytes a number"),
+    (QWEN * 8, "bits"),
+    (57_344, "one token"),
+    (57_344 * 32_000, "not 32,000"),
+    (QWEN / 1e9, "GB or MB"),
+    (QWEN / 1e6, "GB or MB"),
+    (QWEN + 1, "Multiply 2 (K and V)"),
+    (12.25, "Multiply 2 (K and V)"),                              # MHA's GiB
+    (-QWEN, "Multiply"),
+    ("1879048192", "got text"),
+    ([QWEN], "got list"),
+    (np.array([QWEN, QWEN]), "got ndarray"),
+    (10**400, "a finite number"),
+    (float("nan"), "a finite number"),
+    (1e308 * 10, "a finite number"),
+    (True, "got bool"),
+    (None, "not filled in yet"),
+    (..., "not filled in yet"),
 ])
-def test_choice_checker_wrong_answers(answer, phrase):
-    not_yet(ex15.check_why_rope_is_not_absorbed(answer), phrase)
+def test_config_bytes_checker_wrong_answers(answer, phrase):
+    not_yet(ex15.check_cache_bytes_from_config(answer), phrase)
 
 
-@pytest.mark.parametrize("answer", ["b", "B", " b ", "(b)", "b)", "b.", ["b"], ("B",)])
-def test_choice_checker_valid_forms(answer):
-    correct(ex15.check_why_rope_is_not_absorbed(answer))
+@pytest.mark.parametrize("answer", [
+    QWEN, float(QWEN), np.int64(QWEN), np.float64(QWEN), np.array(QWEN), 1.75, np.float32(1.75),
+    1792, 1792.0, kvlib.kv_cache_bytes(28, None, 32768, n_kv_heads=4, head_dim=128),
+    QWEN / GiB,
+])
+def test_config_bytes_checker_accepts_every_form(answer):
+    correct(ex15.check_cache_bytes_from_config(answer))
 
 
-@pytest.mark.parametrize("checker", [ex15.check_latent_bytes_per_token, ex15.check_head_scores,
-                                     ex15.check_why_rope_is_not_absorbed])
-def test_unfilled_answers_say_so(checker):
-    not_yet(checker(...), "not filled in yet")
-    not_yet(checker(None), "not filled in yet")
+@pytest.fixture(scope="module")
+def decode_case():
+    return ex15.decode_inputs()
 
 
-ODD = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 10**6), st.sampled_from([10**400, -(10**400)]),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5), st.binary(max_size=3),
-    st.sampled_from([np.int32(3), np.float64(np.nan), [1, [2, 3]], [[1, 2], [3]], {}, (1.5,),
-                     object(), [], [[]], np.array(["a", "b"]), np.array([1, None], dtype=object),
-                     np.zeros((2, 3)), np.zeros(6), np.array(3), Ellipsis, 1j, np.zeros(0)]),
-)
+def output_with(options, case):
+    return ex15._decode_output(*case, **options)
 
 
-@given(ODD)
-@settings(max_examples=150, deadline=None)
-def test_every_checker_answers_odd_input_with_feedback(answer):
-    for checker in (ex15.check_latent_bytes_per_token, ex15.check_head_scores,
-                    ex15.check_why_rope_is_not_absorbed):
-        feedback = checker(answer)
-        assert isinstance(feedback, ex15.Feedback) and isinstance(feedback.message, str)
+def test_every_wrong_decode_is_far_from_the_right_one(decode_case):
+    """The tolerance that lets rounded answers pass cannot let a wrong one pass."""
+    right = output_with({}, decode_case)
+    for name, options, _ in ex15.WRONG_DECODES:
+        assert np.abs(output_with(options, decode_case) - right).max() > 20 * ex15.ROUNDING, name
 
 
-@given(ODD)
-@settings(max_examples=100, deadline=None)
-def test_head_scores_checker_answers_functions_returning_odd_values(value):
-    feedback = ex15.check_head_scores(lambda *args: value)
-    assert isinstance(feedback, ex15.Feedback) and not feedback.passed
+@pytest.mark.parametrize("name, options, phrase", [
+    (name, options, diagnosis[:40]) for name, options, diagnosis in ex15.WRONG_DECODES])
+def test_grouped_decode_checker_names_each_wrong_array(decode_case, name, options, phrase):
+    not_yet(ex15.check_grouped_decode(output_with(options, decode_case)), phrase)
+
+
+def function_with(k_order="repeat", v_order="repeat", scaled=True, softmax_axis=-1):
+    def decode(q, K_rows, V_rows):
+        return ex15._decode_output(q, K_rows, V_rows, k_order, v_order, scaled, softmax_axis)
+    return decode
+
+
+@pytest.mark.parametrize("function, phrases", [
+    (function_with("tile", "tile"), ("with 8 query heads and 2 K/V heads", "np.tile",
+                                     "i // group")),
+    (function_with("columns", "columns"), ("single columns",)),
+    (function_with(scaled=False), ("not scaled",)),
+    (function_with(v_order="tile"), ("values are tiled",)),
+    (function_with(softmax_axis=0), ("heads axis",)),
+    (lambda q, K, V: kvlib.softmax(q @ grouped.repeat_kv_heads(
+        kvlib.split_heads(K, K.shape[1] // q.shape[-1]), q.shape[0]).swapaxes(-1, -2)),
+     ("attention weights",)),
+    (lambda q, K, V: 1 / 0, ("raised ZeroDivisionError",)),
+    (lambda q, K, V: "output", ("should be an array", "got str")),
+    (lambda q, K, V: None, ("got None instead of the output",)),
+    (lambda q, K, V: 3.0, ("got a single number",)),
+    (lambda q, K, V: [[1, 2], [3]], ("rows have different lengths",)),
+    (lambda: None, ("raised TypeError",)),
+])
+def test_grouped_decode_checker_runs_a_function_and_names_its_bug(function, phrases):
+    not_yet(ex15.check_grouped_decode(function), *phrases)
+
+
+def test_a_bug_that_only_shows_on_other_sizes_is_caught():
+    """Repeating single columns is right on no case here; a function that only handles
+    the notebook's 8/2 heads right must fail on the other sizes."""
+    lesson = ex15.decode_inputs()
+
+    def only_the_notebooks_case(q, K_rows, V_rows):
+        if q.shape[0] == 8:
+            return ex15._decode_output(q, K_rows, V_rows)
+        return ex15._decode_output(q, K_rows, V_rows, "columns", "columns")
+
+    correct(ex15.check_grouped_decode(only_the_notebooks_case(*lesson)))
+    not_yet(ex15.check_grouped_decode(only_the_notebooks_case), "with 6 query heads and 3 K/V")
+
+
+@pytest.mark.parametrize("transform", [
+    lambda out: out,
+    lambda out: out.round(3),                      # copied from a printout at 3 decimals
+    lambda out: out.tolist(),
+    lambda out: out.astype(np.float32),
+    lambda out: out[:, 0, :],                      # (8, 2)
+    lambda out: kvlib.merge_heads(out),            # (1, 16)
+    lambda out: kvlib.merge_heads(out)[0],         # (16,)
+    lambda out: kvlib.merge_heads(out).round(3).tolist(),
+])
+def test_grouped_decode_checker_accepts_every_form(decode_case, transform):
+    correct(ex15.check_grouped_decode(transform(output_with({}, decode_case))))
+
+
+def test_grouped_decode_checker_accepts_functions_written_any_way():
+    def with_kvlib(q, K_rows, V_rows):
+        kv = K_rows.shape[1] // q.shape[-1]
+        return kvlib.attention(q, kvlib.split_heads(K_rows, kv), kvlib.split_heads(V_rows, kv))
+
+    def with_a_loop(q, K_rows, V_rows):
+        n_heads, _, dh = q.shape
+        kv = K_rows.shape[1] // dh
+        out = []
+        for head in range(n_heads):
+            j = head // (n_heads // kv)
+            k, v = K_rows[:, j * dh:(j + 1) * dh], V_rows[:, j * dh:(j + 1) * dh]
+            out.append(kvlib.softmax(q[head] @ k.T / np.sqrt(dh)) @ v)
+        return np.array(out).tolist()
+
+    correct(ex15.check_grouped_decode(with_kvlib))
+    correct(ex15.check_grouped_decode(with_a_loop))
+    correct(ex15.check_grouped_decode(lambda q, K, V: grouped.repeated_attention(
+        q, kvlib.split_heads(K, K.shape[1] // q.shape[-1]),
+        kvlib.split_heads(V, V.shape[1] // q.shape[-1]))))
+
+
+def test_the_checker_does_not_let_a_function_change_its_inputs(decode_case):
+    def scribbles(q, K_rows, V_rows):
+        K_rows[:] = 0
+        return ex15._decode_output(q, K_rows, V_rows)
+
+    not_yet(ex15.check_grouped_decode(scribbles))
+    assert np.array_equal(ex15.decode_inputs()[1], decode_case[1])
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (2, "42 % 8, the np.tile order"),
+    (5.25, "round down"),
+    (6, "one too many"),
+    (42, "no K/V head of its own"),
+    (10, "only 8 K/V heads"),
+    (21, "only 8 K/V heads"),
+    (0, "serves query heads 0-7"),
+    (3, "serves query heads 24-31"),
+    (-1, "numbered from 0"),
+    (4.5, "whole number"),
+    (5.1, "close (0.1 from the answer)"),
+    ("5", "not text"),
+    ([5], "got list"),
+    (np.array([5]), "an array of shape (1,)"),
+    (True, "a bool"),
+    (10**400, "more than 30 digits"),
+    (float("-inf"), "got -inf"),
+    (None, "not filled in yet"),
+])
+def test_query_group_checker_wrong_answers(answer, phrase):
+    not_yet(ex15.check_query_group(answer), phrase)
+
+
+@pytest.mark.parametrize("answer", [5, 5.0, np.int64(5), np.int8(5), np.array(5),
+                                    int(grouped.query_groups(64, 8)[42])])
+def test_query_group_checker_accepts_every_form(answer):
+    correct(ex15.check_query_group(answer))
+
+
+CHECKERS = [ex15.check_cache_bytes_from_config, ex15.check_grouped_decode,
+            ex15.check_query_group]
+STRANGE_ANSWERS = [
+    b"bytes", np.array([10**400] * 16, dtype=object), np.full((8, 1, 2), np.nan),
+    np.full((8, 1, 2), np.inf), np.zeros((8, 1, 2), dtype=bool), np.zeros((0, 16)),
+    np.ones((8, 1, 2, 1)), lambda *args: None, lambda *args: np.full((8, 1, 2), 1e308), type,
+    lambda q, K, V: (_ for _ in ()).throw(KeyError("x")),
+]
+
+
+@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
+@pytest.mark.parametrize("answer", STRANGE_ANSWERS, ids=lambda a: re.sub(r"\W", "_", repr(a))[:30])
+def test_every_checker_answers_odd_input_in_words(checker, answer):
+    feedback = assert_answers_in_words(checker, answer)
+    assert not feedback.passed
+
+
+@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
+@pytest.mark.parametrize("label, answer", odd_answers((8, 1, 2)))
+def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
+    feedback = assert_answers_in_words(checker, answer)
+    assert not feedback.passed, label
+
+
+@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
+@settings(max_examples=60, deadline=None)
+@given(answer=student_answers)
+def test_every_checker_answers_anything_in_words(checker, answer):
+    assert_answers_in_words(checker, answer)
 
 
 # ---------------------------------------------------------------------------------------------
-# The notebook: its exercises stay open, the solutions pass in its own variables
+# The notebook: solutions pass in its own variables, its broken function fails
 # ---------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def namespace():
-    notebook = json.loads((NOTEBOOKS / f"{NOTEBOOK}.ipynb").read_text(encoding="utf-8"))
-    scope = {"__name__": "__notebook__"}
+def notebook_namespace():
+    """Run the notebook's code cells (headless) and return its variables."""
+    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    namespace = {"__name__": "__notebook__"}
     for cell in notebook["cells"]:
         if cell["cell_type"] == "code":
-            exec(compile("".join(cell["source"]), NOTEBOOK, "exec"), scope)
+            exec(compile("".join(cell["source"]), NOTEBOOK.name, "exec"), namespace)
     plt.close("all")
-    return scope
+    return namespace
 
 
-CHECKERS = {1: "check_latent_bytes_per_token", 2: "check_head_scores",
-            3: "check_why_rope_is_not_absorbed"}
+@pytest.mark.parametrize("number", [1, 2, 3])
+def test_solutions_pass_in_the_notebooks_namespace(notebook_namespace, number):
+    assert sorted(ex15.SOLUTIONS) == [1, 2, 3]
+    assert notebook_namespace["answer"] is ...          # the notebook leaves the exercises open
+    scope = dict(notebook_namespace)
+    exec(ex15.SOLUTIONS[number], scope)
+    correct(CHECKERS[number - 1](scope["answer"]))
 
 
-def test_solutions_pass_in_the_notebooks_namespace(namespace):
-    assert namespace["answer"] is ...           # the notebook leaves the exercises open
-    assert sorted(ex15.SOLUTIONS) == sorted(CHECKERS)
-    for number, checker in CHECKERS.items():
-        scope = dict(namespace)
-        exec(ex15.SOLUTIONS[number], scope)
-        feedback = getattr(ex15, checker)(scope["answer"])
-        assert feedback.passed, f"solution {number}: {feedback}"
-
-
-def test_the_notebooks_suggested_self_check_holds(namespace):
-    scope = dict(namespace)
-    exec(ex15.SOLUTIONS[2], scope)
-    mine = scope["head_scores"](scope["rope_layer"], 1, scope["q_head"], scope["q_rope_head"],
-                                scope["latents"], scope["k_rope"])
-    np.testing.assert_allclose(mine, scope["scores_head"], atol=1e-12)
-    assert scope["rope_config"] == ex15.LESSON_CONFIG
+def test_the_notebooks_broken_function_fails_with_the_tile_diagnosis(notebook_namespace):
+    broken = notebook_namespace["grouped_decode_attention_broken"]
+    not_yet(ex15.check_grouped_decode(broken), "np.tile")
+    q, K_rows, V_rows = (notebook_namespace[name] for name in ("q", "K_rows", "V_rows"))
+    not_yet(ex15.check_grouped_decode(broken(q, K_rows, V_rows)), "np.tile")
 
 
 def test_solution_display():
     shown = ex15.solution(2)
-    assert "Solution to exercise 2" in shown.data and "head_scores" in shown.data
+    assert "Solution to exercise 2" in shown.data and "np.repeat" in shown.data
     with pytest.raises(ValueError, match="no exercise 9"):
         ex15.solution(9)

@@ -1,20 +1,14 @@
-"""The quantized cache (kvlib.serving.quantized, notebook 20) against plain references:
-round trips within half a quantization step; packed codes read back exactly; with exact
-values the cache equals a contiguous one bit for bit; over random models, interleavings of
-prefills, decode steps and truncations give the logits of a reference written from scratch
-(float64, 1e-10); nbytes equals the formula on live caches; truncate restores the state the
-cache had; a failing call changes nothing."""
-
-import contextlib
-import copy
-import io
-import json
-import re
-from pathlib import Path
+"""Notebook 20 (prefix caching across requests): kvlib.serving.prefix proven against plain
+prefills over random request streams (the longest cached prefix's exact K and V, logits with
+reuse equal to logits without, no leaked block, no block a running request holds ever
+evicted), its eviction rules, its errors; the widget driven headless; the exercise checkers
+with tables of wrong answers, valid answers in other forms and a fuzz of odd inputs."""
 
 import matplotlib
 
 matplotlib.use("Agg")
+
+import re  # noqa: E402
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
@@ -26,764 +20,29 @@ from checker_cases import (  # noqa: E402
     odd_answers,
     student_answers,
 )
-from hypothesis import assume, given, settings  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from strategies import models  # noqa: E402
 
 import kvlib  # noqa: E402
 from kvlib.exercises import lesson20 as ex20  # noqa: E402
-from kvlib.serving import quantized as q  # noqa: E402
-from kvlib.serving.quantized import PerChannel, PerToken, QuantizedKVCache  # noqa: E402
+from kvlib.exercises.base import Feedback  # noqa: E402
+from kvlib.serving import (  # noqa: E402
+    ROOT_KEY,
+    BlockAllocator,
+    CachedBlock,
+    PagedKVCache,
+    PrefixCache,
+    PrefixServer,
+    block_key,
+    block_keys,
+)
 from kvlib.widgets import lesson20 as w20  # noqa: E402
 
 TOLERANCE = 1e-10
+PROPERTY = settings(max_examples=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
-bits = st.sampled_from(q.SUPPORTED_BITS)
-
-
-@st.composite
-def groupings(draw, max_group=6):
-    if draw(st.booleans()):
-        return PerToken(draw(bits))
-    return PerChannel(draw(bits), draw(st.integers(1, max_group)))
-
-
-@st.composite
-def arrays(draw, max_rows=12, max_width=9):
-    """Rows of numbers of very different sizes, some rows or columns all zero."""
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    shape = (draw(st.integers(1, max_rows)), draw(st.integers(1, max_width)))
-    x = rng.standard_normal(shape) * 10.0 ** draw(st.integers(-6, 2))
-    if draw(st.booleans()):
-        x[rng.integers(shape[0])] = 0.0
-    if draw(st.booleans()):
-        x[:, rng.integers(shape[1])] = 0.0
-    if draw(st.booleans()):                     # an outlier channel
-        x[:, rng.integers(shape[1])] *= 50
-    return x
-
-
-# ------------------------------------------------------------------------------------------
-# Numbers: scales, codes, round trips, packing
-# ------------------------------------------------------------------------------------------
-
-@given(arrays(), bits, st.sampled_from([0, 1]))
-@settings(max_examples=300, deadline=None)
-def test_round_trip_error_is_at_most_half_a_step_per_number(x, b, axis):
-    scales = q.symmetric_scales(x, b, axis)
-    assert scales.dtype == np.float16
-    assert scales.shape == ((1, x.shape[1]) if axis == 0 else (x.shape[0], 1))
-    exact = np.max(np.abs(x), axis=axis, keepdims=True) / q.max_code(b)
-    assert (scales.astype(np.float64) >= exact).all()            # rounded up, never down
-    assert (scales.astype(np.float64) <= exact * (1 + 2**-10) + 2**-24).all()   # by one step
-    codes = q.quantize(x, scales, b)
-    assert codes.dtype == np.int8 and np.abs(codes).max() <= q.max_code(b)
-    error = np.abs(q.round_trip(x, b, axis) - x)
-    step = q.quantization_step(x, b, axis)
-    assert (error <= step / 2 * (1 + 1e-9)).all()
-    assert np.array_equal(q.round_trip(x, b, axis), q.dequantize(codes, scales))
-
-
-@given(arrays(), bits, st.sampled_from([0, 1]))
-@settings(max_examples=100, deadline=None)
-def test_the_largest_number_of_every_group_is_stored_at_the_largest_code(x, b, axis):
-    """... as long as the scale is a normal float16 (above 6.1e-5): below, float16 keeps
-    fewer digits and rounding the scale up may cost the largest number a code."""
-    codes = q.quantize(x, q.symmetric_scales(x, b, axis), b)
-    largest = np.abs(x).max(axis=axis)
-    reached = np.abs(codes).max(axis=axis)
-    normal = largest / q.max_code(b) >= np.finfo(np.float16).tiny
-    assert (reached[normal] == q.max_code(b)).all()
-    assert (reached[largest == 0] == 0).all()
-
-
-@given(st.data(), bits, st.integers(1, 13))
-@settings(max_examples=200, deadline=None)
-def test_packed_codes_read_back_exactly_in_the_bytes_they_should_take(data, b, width):
-    rows = data.draw(st.integers(0, 5))
-    seed = data.draw(st.integers(0, 2**32 - 1))
-    codes = np.random.default_rng(seed).integers(-q.max_code(b), q.max_code(b) + 1,
-                                                 (rows, width))
-    packed = q.pack_codes(codes, b)
-    assert packed.dtype == np.uint8
-    assert packed.shape == (rows, -(-width * b // 8)) == (rows, q.packed_width(width, b))
-    assert np.array_equal(q.unpack_codes(packed, b, width), codes)
-
-
-def test_packing_puts_the_first_code_in_the_lowest_bits():
-    assert q.pack_codes(np.array([[1, -7]]), 4).tolist() == [[(1 + 8) | (-7 + 8) << 4]]
-    assert q.pack_codes(np.array([[-1, 0, 1, 1]]), 2).tolist() == [[1 | 2 << 2 | 3 << 4 | 3 << 6]]
-    assert q.pack_codes(np.array([[-127, 127]]), 8).tolist() == [[1, 255]]
-    assert q.packed_width(5, 4) == 3 and q.packed_width(5, 2) == 2 and q.packed_width(5, 8) == 5
-
-
-def test_max_codes_and_zero_groups():
-    assert [q.max_code(b) for b in (2, 4, 8)] == [1, 7, 127]
-    x = np.zeros((3, 4))
-    assert np.array_equal(q.round_trip(x, 4, 1), x)
-    assert np.array_equal(q.symmetric_scales(x, 4, 0), np.zeros((1, 4), dtype=np.float16))
-
-
-@pytest.mark.parametrize("call, error, phrase", [
-    (lambda: q.max_code(3), ValueError, "one of (2, 4, 8)"),
-    (lambda: q.max_code(8.0), TypeError, "whole number"),
-    (lambda: q.max_code(True), TypeError, "whole number"),
-    (lambda: q.symmetric_scales([[1.0, np.nan]], 8, 1), ValueError, "NaN or infinite"),
-    (lambda: q.symmetric_scales([[1e9]], 8, 1), ValueError, "float16"),
-    (lambda: q.symmetric_scales("text", 8, 1), TypeError, "array of numbers"),
-    (lambda: q.symmetric_scales(np.zeros((0, 3)), 8, 1), ValueError, "non-empty"),
-    (lambda: q.pack_codes(np.array([[8]]), 4), ValueError, "between -7 and 7"),
-    (lambda: q.pack_codes(np.array([[0.5]]), 4), TypeError, "whole numbers"),
-    (lambda: q.unpack_codes(np.zeros((1, 2), dtype=np.uint8), 4, 5), ValueError,
-     "uint8 bytes (..., 3)"),
-    (lambda: q.unpack_codes(np.zeros((1, 3), dtype=np.int8), 4, 5), ValueError, "uint8"),
-    (lambda: PerToken(3), ValueError, "one of (2, 4, 8)"),
-    (lambda: PerChannel(8, 0), ValueError, "group_size must be at least 1"),
-    (lambda: PerChannel(8, 2.0), TypeError, "group_size must be a whole number"),
-])
-def test_bad_numbers_are_refused_in_words(call, error, phrase):
-    with pytest.raises(error, match=re_escape(phrase)):
-        call()
-
-
-def re_escape(text):
-    return re.escape(text)
-
-
-# ------------------------------------------------------------------------------------------
-# A reference written from scratch: what the cache must hold
-# ------------------------------------------------------------------------------------------
-
-def reference_scale(largest: float, b: int) -> float:
-    """max|x| / q_max stored in float16, rounded up."""
-    exact = largest / (2 ** (b - 1) - 1)
-    stored = np.float16(exact)
-    if float(stored) < exact:
-        stored = np.nextafter(stored, np.float16(np.inf))
-    return float(stored)
-
-
-def reference_group(numbers: np.ndarray, b: int) -> np.ndarray:
-    limit = 2 ** (b - 1) - 1
-    scale = reference_scale(float(np.max(np.abs(numbers))), b)
-    if scale == 0:
-        return np.zeros_like(numbers)
-    return np.clip(np.rint(numbers / scale), -limit, limit) * scale
-
-
-def reference_held(rows: np.ndarray, grouping) -> np.ndarray:
-    """Every row by itself (per token); every column of every full group by itself, the
-    incomplete last group as it is (per channel)."""
-    held = np.array(rows, dtype=np.float64)
-    if isinstance(grouping, PerToken):
-        for i in range(len(rows)):
-            held[i] = reference_group(rows[i], grouping.bits)
-        return held
-    size = grouping.group_size
-    for start in range(0, len(rows) // size * size, size):
-        for column in range(rows.shape[1]):
-            held[start:start + size, column] = reference_group(
-                rows[start:start + size, column], grouping.bits)
-    return held
-
-
-class ReferenceCache(kvlib.KVCache):
-    """A contiguous cache of the exact rows that hands attention the reference's rows."""
-
-    def __init__(self, config, keys, values):
-        super().__init__(config)
-        self.key_grouping, self.value_grouping = keys, values
-
-    def keys(self, layer):
-        return reference_held(super().keys(layer), self.key_grouping)
-
-    def values(self, layer):
-        return reference_held(super().values(layer), self.value_grouping)
-
-
-def assert_same_rows(cache, reference):
-    assert cache.lengths == reference.lengths
-    for layer in range(cache.config.n_layers):
-        np.testing.assert_allclose(cache.keys(layer), reference.keys(layer), rtol=0,
-                                   atol=TOLERANCE)
-        np.testing.assert_allclose(cache.values(layer), reference.values(layer), rtol=0,
-                                   atol=TOLERANCE)
-
-
-def valid_truncations(cache):
-    """Lengths the cache can go back to: any with per-token groupings; with per-channel
-    ones, multiples of the group size and lengths within the full-precision residual."""
-    n = len(cache)
-    allowed = set(range(n + 1))
-    for grouping in (cache.key_grouping, cache.value_grouping):
-        if isinstance(grouping, PerChannel):
-            allowed &= {m for m in range(n + 1)
-                        if m % grouping.group_size == 0 or m >= grouping.quantized_positions(n)}
-    return sorted(allowed)
-
-
-# ------------------------------------------------------------------------------------------
-# The cache against the references
-# ------------------------------------------------------------------------------------------
-
-@given(models(latent=False, window=False), groupings(), groupings(), st.data())
-@settings(max_examples=80, deadline=None)
-def test_prefills_decodes_and_truncations_equal_the_reference(model, keys, values, data):
-    params, config = model
-    cache = QuantizedKVCache(config, keys, values)
-    reference = ReferenceCache(config, keys, values)
-    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=8))
-    a, _ = kvlib.prefill(params, ids, cache)
-    b, _ = kvlib.prefill(params, ids, reference)
-    np.testing.assert_allclose(a, b, rtol=0, atol=TOLERANCE)
-    for _ in range(data.draw(st.integers(1, 14))):
-        action = data.draw(st.sampled_from(["decode", "decode", "chunk", "truncate"]))
-        room = config.context_length - len(cache)
-        if action == "truncate" and len(cache) > 1:
-            n = data.draw(st.sampled_from(valid_truncations(cache)[1:]))
-            cache.truncate(n), reference.truncate(n)
-        elif action == "chunk" and room > 1:
-            chunk = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1,
-                                       max_size=min(room, 7)))
-            a, _ = kvlib.prefill(params, chunk, cache)
-            b, _ = kvlib.prefill(params, chunk, reference)
-            np.testing.assert_allclose(a, b, rtol=0, atol=TOLERANCE)
-        elif room > 0:
-            token = data.draw(st.integers(0, config.vocab_size - 1))
-            np.testing.assert_allclose(kvlib.decode_step(params, token, cache),
-                                       kvlib.decode_step(params, token, reference),
-                                       rtol=0, atol=TOLERANCE)
-        assert_same_rows(cache, reference)
-        assert cache.nbytes == q.quantized_cache_bytes(config, len(cache), keys, values)
-
-
-def exact_rows(rng, grouping, n_rows, width):
-    """Rows that quantize without any error: whole-number codes times a power of two, and
-    in every group a number at the largest code, so that the scale is that power exactly."""
-    limit = 2 ** (grouping.bits - 1) - 1
-    codes = rng.integers(-limit, limit + 1, (n_rows, width)).astype(np.float64)
-    if isinstance(grouping, PerToken):
-        codes[np.arange(n_rows), rng.integers(0, width, n_rows)] = limit
-        return codes * 2.0 ** rng.integers(-8, 4, (n_rows, 1))
-    size = grouping.group_size
-    for start in range(0, n_rows, size):
-        group = slice(start, min(start + size, n_rows))
-        codes[start + rng.integers(0, group.stop - start, width), np.arange(width)] = -limit
-        codes[group] *= 2.0 ** rng.integers(-8, 4, (1, width))
-    return codes
-
-
-@given(st.data(), groupings(), groupings(), st.integers(1, 3), st.integers(1, 9))
-@settings(max_examples=150, deadline=None)
-def test_with_exact_values_the_cache_equals_a_contiguous_one_bit_for_bit(
-        data, keys, values, n_layers, width):
-    config = kvlib.ModelConfig(d_model=width, n_heads=1, n_layers=n_layers, context_length=30)
-    cache, plain = QuantizedKVCache(config, keys, values), kvlib.KVCache(config)
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    K, V = exact_rows(rng, keys, 30, width), exact_rows(rng, values, 30, width)
-    position = 0
-    while position < 30:
-        n = min(data.draw(st.integers(1, 8)), 30 - position)
-        for layer in range(n_layers):
-            got = cache.append(layer, K[position:position + n], V[position:position + n])
-            want = plain.append(layer, K[position:position + n], V[position:position + n])
-            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
-        position += n
-        for layer in range(n_layers):
-            assert np.array_equal(cache.keys(layer), plain.keys(layer))
-            assert np.array_equal(cache.values(layer), plain.values(layer))
-
-
-@given(models(latent=False, window=False), bits, bits, st.data())
-@settings(max_examples=60, deadline=None)
-def test_per_token_prefill_at_once_in_chunks_and_decoding_agree(model, key_bits, value_bits,
-                                                               data):
-    """Each row is quantized by itself, so how the positions arrive changes nothing."""
-    params, config = model
-    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=2, max_size=12))
-    make = lambda: QuantizedKVCache(config, PerToken(key_bits), PerToken(value_bits))  # noqa: E731
-    at_once, _ = kvlib.prefill(params, ids, make())
-    decoded = q.decoded_logits(params, ids, make())
-    np.testing.assert_allclose(decoded, at_once, rtol=0, atol=TOLERANCE)
-    split = data.draw(st.integers(1, len(ids) - 1))
-    cache = make()
-    first, _ = kvlib.prefill(params, ids[:split], cache)
-    second, _ = kvlib.prefill(params, ids[split:], cache)
-    np.testing.assert_allclose(np.vstack([first, second]), at_once, rtol=0, atol=TOLERANCE)
-
-
-@given(st.integers(1, 3), st.integers(1, 9), groupings(), groupings(), st.integers(0, 40),
-       st.sampled_from(["float32", "float64"]))
-@settings(max_examples=200, deadline=None)
-def test_nbytes_of_a_live_cache_equals_the_formula(n_layers, width, keys, values, n, dtype):
-    config = kvlib.ModelConfig(d_model=width, n_heads=1, n_layers=n_layers, context_length=40,
-                               dtype=dtype)
-    cache = QuantizedKVCache(config, keys, values)
-    rows = np.random.default_rng(n).standard_normal((n, width)).astype(dtype)
-    if n:
-        for layer in range(n_layers):
-            cache.append(layer, rows, rows)
-    itemsize = np.dtype(dtype).itemsize
-    assert cache.nbytes == q.quantized_cache_bytes(config, n, keys, values)
-    by_hand = 0
-    for grouping in (keys, values):
-        row_bytes = -(-width * grouping.bits // 8)
-        if isinstance(grouping, PerToken):
-            by_hand += n * (row_bytes + 2)
-        else:
-            groups, rest = divmod(n, grouping.group_size)
-            by_hand += groups * (grouping.group_size * row_bytes + 2 * width) + \
-                rest * width * itemsize
-    assert cache.nbytes == n_layers * by_hand
-    full = n - n % np.lcm(getattr(keys, "group_size", 1), getattr(values, "group_size", 1))
-    assert q.quantized_cache_bytes(config, full, keys, values) == pytest.approx(
-        full * q.bytes_per_token(n_layers, width, keys, values))
-
-
-def test_bytes_per_token_against_float16_for_a_published_model():
-    llama = kvlib.memory.PRESETS["Llama-3-8B"]
-    width = llama.n_kv_heads * llama.head_dim                          # 1024
-    int8 = q.bytes_per_token(llama.n_layers, width, PerToken(8), PerToken(8))
-    assert int8 == 32 * 2 * (1024 + 2) == 65_664
-    assert llama.kv_bytes_per_token() / int8 == pytest.approx(1.996, abs=1e-3)
-    kivi4 = q.bytes_per_token(llama.n_layers, width, PerChannel(4, 32), PerToken(4))
-    assert kivi4 == 32 * ((512 + 2 * 1024 / 32) + (512 + 2)) == 34_880
-
-
-# ------------------------------------------------------------------------------------------
-# truncate, checkpoints, failing calls
-# ------------------------------------------------------------------------------------------
-
-def filled(config, keys, values, rows_k, rows_v, n):
-    cache = QuantizedKVCache(config, keys, values)
-    if n:
-        for layer in range(config.n_layers):
-            cache.append(layer, rows_k[:n], rows_v[:n])
-    return cache
-
-
-def same_state(a, b):
-    assert a.lengths == b.lengths and a.nbytes == b.nbytes
-    for layer in range(a.config.n_layers):
-        assert np.array_equal(a.keys(layer), b.keys(layer))
-        assert np.array_equal(a.values(layer), b.values(layer))
-
-
-@given(groupings(), groupings(), st.integers(1, 30), st.data())
-@settings(max_examples=200, deadline=None)
-def test_truncate_gives_exactly_the_state_the_cache_had_or_refuses(keys, values, length,
-                                                                   data):
-    config = kvlib.ModelConfig(d_model=4, n_heads=2, n_layers=2, context_length=40)
-    rng = np.random.default_rng(length)
-    K, V = rng.standard_normal((40, 4)), rng.standard_normal((40, 4))
-    cache = filled(config, keys, values, K, V, length)
-    n = data.draw(st.integers(0, length))
-    if n in valid_truncations(cache):
-        cache.truncate(n)
-        same_state(cache, filled(config, keys, values, K, V, n))
-        more = data.draw(st.integers(1, 10))          # and it goes on as if never cut
-        for layer in range(2):
-            cache.append(layer, K[n:n + more], V[n:n + more])
-        same_state(cache, filled(config, keys, values, K, V, n + more))
-    else:
-        before = filled(config, keys, values, K, V, length)
-        with pytest.raises(ValueError, match="already quantized per channel"):
-            cache.truncate(n)
-        same_state(cache, before)
-
-
-def test_truncate_refusal_names_the_group_and_the_way_out():
-    config = kvlib.ModelConfig()
-    cache = QuantizedKVCache(config, PerChannel(8, 4), PerToken(8))
-    _, cache = kvlib.prefill(kvlib.init_params(), [0, 3, 7, 1, 9, 5, 2, 4, 1, 3], cache)
-    with pytest.raises(ValueError) as error:
-        cache.truncate(6)
-    message = str(error.value)
-    assert "positions 4-7 is already quantized" in message and "rows 4-5" in message
-    assert "multiple of 4" in message and "checkpoint()" in message
-    cache.truncate(9)                    # within the residual (positions 8, 9)
-    cache.truncate(4)                    # a group boundary
-    assert len(cache) == 4
-    cache.reset()
-    assert len(cache) == 0 and cache.nbytes == 0
-
-
-@given(models(latent=False, window=False), groupings(), groupings(), st.data())
-@settings(max_examples=60, deadline=None)
-def test_a_pass_that_fails_half_way_leaves_the_cache_as_it_was(model, keys, values, data):
-    params, config = model
-    assume(config.n_layers >= 2)
-    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=9))
-    _, cache = kvlib.prefill(params, ids, QuantizedKVCache(config, keys, values))
-    before = copy.deepcopy(cache)
-    broken = copy.deepcopy(params)
-    broken.layers[-1].Wv[...] = np.nan                 # the last layer's V cannot be stored
-    chunk = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1,
-                               max_size=min(9, config.context_length - len(ids))))
-    with pytest.raises(ValueError, match="NaN or infinite"):
-        kvlib.prefill(broken, chunk, cache)
-    same_state(cache, before)
-    a, _ = kvlib.prefill(params, chunk, cache)            # and it goes on as if nothing failed
-    b, _ = kvlib.prefill(params, chunk, before)
-    np.testing.assert_allclose(a, b, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("K, V, phrase", [
-    (np.full((2, 4), np.nan), np.zeros((2, 4)), "K holds NaN"),
-    (np.zeros((2, 4)), np.full((2, 4), np.inf), "V holds NaN"),
-    (np.zeros((2, 4)), np.full((2, 4), 1e9), "too large for float16 scales"),
-    (np.zeros((2, 3)), np.zeros((2, 3)), "(n_new, 4)"),
-    (np.zeros((2, 4)), np.zeros((3, 4)), "must have 2 rows"),
-    (np.zeros((0, 4)), np.zeros((0, 4)), "no rows"),
-    (np.zeros((40, 4)), np.zeros((40, 4)), "cache is full"),
-    ([[0.0] * 4], [[0.0] * 4], "2-D array"),
-])
-def test_appends_that_fail_change_nothing(K, V, phrase):
-    config = kvlib.ModelConfig()
-    cache = QuantizedKVCache(config, PerChannel(4, 4), PerToken(4))
-    _, cache = kvlib.prefill(kvlib.init_params(), [0, 3, 7, 1, 9, 5], cache)
-    before = copy.deepcopy(cache)
-    with pytest.raises((ValueError, TypeError), match=re_escape(phrase)):
-        cache.append(0, K, V)
-    same_state(cache, before)
-
-
-@pytest.mark.parametrize("make, error, phrase", [
-    (lambda: QuantizedKVCache(kvlib.ModelConfig(latent_dim=2)), ValueError, "latent"),
-    (lambda: QuantizedKVCache(kvlib.ModelConfig(window=4)), ValueError, "window"),
-    (lambda: QuantizedKVCache(kvlib.ModelConfig(), keys=8), TypeError, "keys must be a grouping"),
-    (lambda: QuantizedKVCache(kvlib.ModelConfig(), values="per token"), TypeError,
-     "values must be a grouping"),
-    (lambda: QuantizedKVCache(kvlib.ModelConfig(), capacity=33), ValueError, "capacity"),
-    (lambda: QuantizedKVCache("config"), TypeError, "needs a ModelConfig"),
-    (lambda: q.quantized_cache_bytes(kvlib.ModelConfig(), 3, PerToken(), "x"), TypeError,
-     "values must be a grouping"),
-    (lambda: q.quantized_cache_bytes(kvlib.ModelConfig(), -1, PerToken(), PerToken()),
-     ValueError, "n_positions"),
-])
-def test_bad_caches_are_refused_in_words(make, error, phrase):
-    with pytest.raises(error, match=re_escape(phrase)):
-        make()
-
-
-def test_the_cache_describes_itself_and_holds_bytes_and_halves():
-    params = kvlib.init_params()
-    cache = QuantizedKVCache(params.config, PerChannel(8, 4), PerToken(4))
-    kvlib.prefill(params, [0, 3, 7, 1, 9], cache)
-    assert repr(cache) == ("QuantizedKVCache(5 of 32 positions, 3 layers; K int8 per channel "
-                           "(groups of 4), V int4 per token; 228 bytes)")
-    store = cache.key_store
-    assert store.codes.dtype == np.uint8 and store.scales.dtype == np.float16
-    assert cache.value_store.codes.shape == (3, 32, 2)      # 4 int4 codes in 2 bytes
-    assert cache.keys(0).dtype == np.float64
-    # K: one group of 4 rows (4 x 4 bytes + 4 float16 scales) and 1 float64 row of 4;
-    # V: 5 rows of 2 bytes + a float16 scale; all times 3 layers
-    assert cache.nbytes == 3 * ((16 + 8 + 32) + 5 * (2 + 2)) == 228
-    assert cache.nbytes == q.quantized_cache_bytes(params.config, 5, PerChannel(8, 4),
-                                                   PerToken(4))
-
-
-# ------------------------------------------------------------------------------------------
-# Measuring
-# ------------------------------------------------------------------------------------------
-
-def test_decoded_logits_equal_prefill_with_a_plain_cache_and_check_their_input():
-    params = kvlib.init_params()
-    ids = [0, 3, 7, 1, 9, 5, 2]
-    plain, _ = kvlib.prefill(params, ids)
-    for prompt in (1, 3, 7):
-        np.testing.assert_allclose(q.decoded_logits(params, ids, kvlib.KVCache(params.config),
-                                                    prompt), plain, atol=TOLERANCE)
-    with pytest.raises(ValueError, match="empty cache"):
-        _, used = kvlib.prefill(params, [0])
-        q.decoded_logits(params, ids, used)
-    with pytest.raises(ValueError, match="longer than the 7 ids"):
-        q.decoded_logits(params, ids, kvlib.KVCache(params.config), 8)
-
-
-def test_loss_and_agreement():
-    logits = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [1 / 3, 1 / 3, 1 / 3]]))
-    assert q.next_token_loss(logits, [0, 0, 1]) == pytest.approx(-(np.log(0.5) + np.log(0.8))
-                                                                 / 2)
-    other = logits.copy()
-    other[1] = [0, 0, 1]
-    assert q.greedy_agreement(logits, other) == pytest.approx(2 / 3)
-    with pytest.raises(ValueError, match="T >= 2"):
-        q.next_token_loss(logits[:1], [0])
-    with pytest.raises(ValueError, match="one shape"):
-        q.greedy_agreement(logits, logits[:2])
-
-
-@given(models(latent=False, window=False), groupings(), groupings(), st.data())
-@settings(max_examples=30, deadline=None)
-def test_quality_is_measured_against_the_plain_cache(model, keys, values, data):
-    params, config = model
-    sequences = [data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=2,
-                                    max_size=10)) for _ in range(data.draw(st.integers(1, 3)))]
-    quality = q.measure_quality(params, sequences, keys, values)
-    reference = q.plain_logits(params, sequences)
-    assert quality == q.measure_quality(params, sequences, keys, values, reference)
-    logits = [kvlib.prefill(params, ids, QuantizedKVCache(config, keys, values))[0]
-              for ids in sequences]
-    predictions = sum(len(ids) - 1 for ids in sequences)
-    loss = sum(q.next_token_loss(lg, ids) * (len(ids) - 1)
-               for lg, ids in zip(logits, sequences)) / predictions
-    assert quality.loss == pytest.approx(loss, rel=1e-12)
-    same = sum(int((lg.argmax(1) == ref.argmax(1)).sum()) for lg, ref in zip(logits, reference))
-    assert quality.agreement == pytest.approx(same / sum(map(len, sequences)), rel=1e-12)
-    assert quality.max_logit_error == pytest.approx(
-        max(np.abs(lg - ref).max() for lg, ref in zip(logits, reference)), rel=1e-12)
-    assert quality.added_loss == pytest.approx(quality.loss - quality.plain_loss)
-    assert quality.name == f"K {keys.name}, V {values.name}"
-
-
-def test_greedy_tokens_equal_kvlib_generate_with_a_plain_cache():
-    params = kvlib.init_params()
-    prompt = [0, 3, 7, 1, 9]
-    assert q.greedy_tokens(params, prompt, 8, kvlib.KVCache(params.config)) == \
-        kvlib.generate(params, prompt, 8)
-    with pytest.raises(ValueError, match="empty cache"):
-        q.greedy_tokens(params, prompt, 2, kvlib.prefill(params, prompt)[1])
-    with pytest.raises(ValueError, match="n_new must be at least 1"):
-        q.greedy_tokens(params, prompt, 0, kvlib.KVCache(params.config))
-
-
-# ------------------------------------------------------------------------------------------
-# Exercise checkers: tables of wrong answers, valid answers in other forms, a fuzz
-# ------------------------------------------------------------------------------------------
-
-ROW, NEXT_ROW, SCALE = ex20.ROW, ex20.NEXT_ROW, ex20.row_scale()
-RATIO, NEXT_RATIO = ROW / SCALE, NEXT_ROW / SCALE
-CODES = np.array([25, -127, 51, 17, -39, 100, -3, 6])
-NEXT_CODES = np.array([15, 127, -23, -127, 1, 62, -25, 38])
-
-
-def test_the_exercise_rows_and_kvlibs_float16_scale_give_the_same_codes():
-    assert SCALE == pytest.approx(0.02)
-    assert np.array_equal(ex20.row_codes(ROW, SCALE), CODES)
-    assert np.array_equal(ex20.row_codes(NEXT_ROW, SCALE), NEXT_CODES)
-    stored = q.symmetric_scales(ROW[None], 8, axis=1)
-    assert np.array_equal(q.quantize(ROW[None], stored, 8)[0], CODES)
-
-
-@pytest.mark.parametrize("answer, phrase", [
-    (np.trunc(RATIO), "cut the fraction off"),
-    (RATIO.astype(int), "cut the fraction off"),
-    (np.floor(RATIO), "np.floor rounds down"),
-    (np.rint(ROW / (2.54 / 128)), "divides max|x| by 128"),
-    (np.clip(np.rint(ROW / (2.54 / 128)), -127, 127), "by 128 (and clips)"),
-    (np.rint(ROW / (2.54 / 255)), "divides by 255"),
-    (np.clip(np.rint(ROW / (2.54 / 255)), -127, 127), "divides by 255 and clips"),
-    (np.rint(ROW / (2.54 / 255)).astype(np.int8), "wrapped the codes beyond 127"),
-    (np.rint((ROW - ROW.min()) / (ROW.max() - ROW.min()) * 255), "asymmetric"),
-    (np.rint(ROW / (2.0 / 127)), "max(x) is 2.0"),
-    (np.clip(np.rint(ROW / (2.0 / 127)), -127, 127), "max(x) = 2.0"),
-    (np.rint(ROW / 2.54), "divides by max|x| itself"),
-    (CODES * SCALE, "numbers read back"),
-    (RATIO, "not yet rounded"),
-    (SCALE, "got one number"),
-    (CODES[:7], "8 codes"),
-    (np.append(CODES, 0), "8 codes"),
-    (CODES + 0.4, "whole numbers"),
-    (np.where(np.arange(8) == 3, 18, CODES), "the code of number 3 (0.333) is 18"),
-    (np.full(8, np.nan), "NaN or infinite"),
-    (CODES > 0, "True/False"),
-    ("25, -127", "numeric"),
-    (..., "not filled in"),
-])
-def test_codes_checker_names_each_mistake(answer, phrase):
-    if phrase == "numeric":
-        feedback = ex20.check_codes(answer)
-        assert not feedback.passed
-        return
-    assert_not_yet(ex20.check_codes(answer), phrase)
-
-
-@pytest.mark.parametrize("answer", [CODES, CODES.tolist(), tuple(CODES.tolist()),
-                                    CODES.astype(np.int8), CODES.astype(float),
-                                    np.rint(RATIO), np.round(RATIO), CODES[None, :],
-                                    [float(c) for c in CODES], CODES.astype(np.int16),
-                                    q.quantize(ROW[None], q.symmetric_scales(ROW[None], 8, 1), 8)])
-def test_codes_checker_passes_valid_forms(answer):
-    assert_correct(ex20.check_codes(answer))
-
-
-@pytest.mark.parametrize("answer, phrase", [
-    (np.rint(NEXT_RATIO), "lie outside -127 .. 127"),
-    (np.rint(NEXT_RATIO).astype(np.int8), "wrapped 145 and -155 around to -111 and 101"),
-    (np.clip(np.rint(NEXT_RATIO), -128, 127), "whole range, -128 .. 127"),
-    (np.clip(np.rint(NEXT_ROW / (3.1 / 127)), -127, 127), "its own scale"),
-    (CODES, "codes of the first row"),
-    (np.trunc(NEXT_RATIO), "not clipped either"),
-    (np.clip(np.trunc(NEXT_RATIO), -127, 127), "-22.80 becomes -22, not -23"),
-    (np.clip(np.floor(NEXT_RATIO), -127, 127), "61.70 becomes 61, not 62"),
-    (NEXT_CODES * SCALE, "numbers read back"),
-    (NEXT_RATIO, "not yet rounded"),
-    (np.where(np.arange(8) == 0, 16, NEXT_CODES), "clipped to -127 .. 127."),
-])
-def test_fixed_scale_checker_names_each_mistake(answer, phrase):
-    assert_not_yet(ex20.check_codes_with_fixed_scale(answer), phrase)
-
-
-@pytest.mark.parametrize("answer", [NEXT_CODES, NEXT_CODES.tolist(), NEXT_CODES.astype(np.int8),
-                                    np.clip(np.rint(NEXT_RATIO), -127, 127),
-                                    np.clip(np.round(NEXT_RATIO), -127, 127).astype(int)])
-def test_fixed_scale_checker_passes_valid_forms(answer):
-    assert_correct(ex20.check_codes_with_fixed_scale(answer))
-
-
-@pytest.mark.parametrize("answer, phrase", [
-    (32_768, "leaves the scales out"),
-    (32_896, "one scale per row"),
-    (98_368, "1024 key scales for every token"),
-    (131_072, "without quantization"),
-    (67_648, "one byte per int4 code"),
-    (1_090, "one layer"),
-    (18_432, "keys only"),
-    (16_448, "values only"),
-    (279_040, "counts bits"),
-    (36_992, "float32"),
-    (139_328, "all 32 query heads"),
-    (34.0625, "KiB"),
-    (35_328, "one scale per head"),
-    (34_881, "Per layer"),
-    ("34880", "one number of bytes"),
-    (np.array(["34880"]), "one number of bytes"),
-    (True, "one number of bytes"),
-    (float("nan"), "finite"),
-    (10**400, "finite"),
-    (None, "not filled in"),
-])
-def test_bytes_per_token_checker_names_each_mistake(answer, phrase):
-    assert_not_yet(ex20.check_bytes_per_token(answer), phrase)
-
-
-@pytest.mark.parametrize("answer", [34_880, 34_880.0, np.int64(34_880), np.float32(34_880),
-                                    np.array(34_880), [34_880], np.array([34_880.0]),
-                                    32 * ((1024 // 2 + 2 * 1024 / 32) + (1024 // 2 + 2))])
-def test_bytes_per_token_checker_passes_valid_forms(answer):
-    assert_correct(ex20.check_bytes_per_token(answer))
-
-
-def test_the_bytes_exercise_is_kvlibs_formula_on_a_live_cache():
-    layers, width = ex20.exercise2_shapes()
-    config = kvlib.ModelConfig(d_model=width, n_heads=8, n_layers=layers, context_length=64,
-                               dtype="float32")
-    cache = QuantizedKVCache(config, ex20.EXERCISE2_KEYS, ex20.EXERCISE2_VALUES)
-    rows = np.random.default_rng(0).standard_normal((64, width)).astype(np.float32)
-    for layer in range(layers):
-        cache.append(layer, rows, rows)
-    assert cache.nbytes == 64 * ex20.expected_bytes_per_token() == 64 * 34_880
-
-
-@pytest.mark.parametrize("answer, phrase", [
-    ("a", "30 times too coarse"), ("C", "not their spacing"), ("d", "the grouping decides"),
-    ("e", "no choice 'e'"), ("ab", "one letter"), ("", "one letter"), (2, "one letter"),
-    (["a", "b"], "one letter"), (..., "not filled in"),
-])
-def test_prediction_checker_wrong_answers(answer, phrase):
-    assert_not_yet(ex20.check_huge_channel_prediction(answer), phrase)
-
-
-@pytest.mark.parametrize("answer", ["b", "B", " b ", "(b)", "b)", ["b"], ("B",)])
-def test_prediction_checker_valid_forms(answer):
-    feedback = ex20.check_huge_channel_prediction(answer)
-    assert_correct(feedback)
-    assert "9 times less" in feedback.message
-
-
-def test_the_prediction_is_measured():
-    errors = ex20.outlier_errors()
-    assert errors["per token"] > 8 * errors["per channel"]
-    assert ex20.outlier_keys()[:, ex20.OUTLIER_CHANNEL].mean() > 25
-
-
-def buggy(axis=1, largest=None, keepdims=True, rounding=np.rint, clip=True, times=True):
-    def round_trip_per_token(rows, bits):
-        n = 2 ** (bits - 1) - 1 if largest is None else largest(bits)
-        scales = np.abs(rows).max(axis=axis, keepdims=keepdims) / n
-        codes = rounding(rows / scales)
-        if clip:
-            codes = np.clip(codes, -n, n)
-        return codes * scales if times else codes
-    return round_trip_per_token
-
-
-@pytest.mark.parametrize("function, phrase", [
-    (ex20.round_trip_per_token_buggy, "still one scale per column"),
-    (buggy(axis=0), "still one scale per column"),
-    (buggy(largest=lambda b: 2 ** b - 1), "not 2**bits - 1"),
-    (buggy(largest=lambda b: 2 ** (b - 1)), "not 2**(bits - 1)."),
-    (buggy(rounding=np.trunc), "np.trunc"),
-    (buggy(times=False), "returns the codes"),
-    (lambda rows, bits: rows, "unchanged"),
-    (buggy(keepdims=False), "keepdims=True"),
-    (lambda rows, bits: 1 / 0, "raised ZeroDivisionError"),
-    (lambda rows: rows, "raised TypeError"),
-    (lambda rows, bits: None, "returned None"),
-    (lambda rows, bits: "rows", "array of numbers"),
-    (lambda rows, bits: rows[:2], "shape (6, 4)"),
-    (lambda rows, bits: np.zeros_like(rows), "not right"),
-    ("round_trip_per_token", "should be a function"),
-    (np.zeros((6, 4)), "should be a function"),
-    (..., "not filled in"),
-])
-def test_round_trip_checker_names_each_bug(function, phrase):
-    assert_not_yet(ex20.check_round_trip_per_token(function), phrase)
-
-
-def test_a_square_block_catches_scales_that_line_up_with_the_columns():
-    def square_only(rows, bits):
-        n = 2 ** (bits - 1) - 1
-        if rows.shape[0] != rows.shape[1]:
-            return ex20.round_trip_per_token(rows, bits)
-        scales = np.abs(rows).max(axis=1) / n
-        return np.clip(np.rint(rows / scales), -n, n) * scales
-
-    assert_not_yet(ex20.check_round_trip_per_token(square_only), "line up with the columns")
-
-
-@pytest.mark.parametrize("function", [
-    ex20.round_trip_per_token,
-    lambda rows, bits: PerToken(bits).round_trip(rows),
-    lambda rows, bits: q.round_trip(rows, bits, axis=1),
-    lambda rows, bits: ex20.round_trip_per_token(rows, bits).tolist(),
-    buggy(clip=False),                   # with a scale from max|row| nothing needs the clip
-])
-def test_round_trip_checker_passes_valid_forms(function):
-    assert_correct(ex20.check_round_trip_per_token(function))
-
-
-CHECKERS = [ex20.check_codes, ex20.check_codes_with_fixed_scale, ex20.check_bytes_per_token,
-            ex20.check_huge_channel_prediction, ex20.check_round_trip_per_token]
-
-
-@pytest.mark.parametrize("checker", CHECKERS)
-@pytest.mark.parametrize("answer", [a for _, a in odd_answers((8,))],
-                         ids=[label for label, _ in odd_answers((8,))])
-def test_every_checker_answers_odd_input_in_words(checker, answer):
-    feedback = assert_answers_in_words(checker, answer)
-    assert not feedback.passed or checker is ex20.check_huge_channel_prediction
-    assert len(feedback.message) < 600
-
-
-@pytest.mark.parametrize("checker", CHECKERS)
-@given(answer=student_answers)
-@settings(max_examples=150, deadline=None)
-def test_every_checker_answers_generated_answers_in_words(checker, answer):
-    assert_answers_in_words(checker, answer)
-
-
-def test_a_round_trip_that_returns_odd_things_is_answered_in_words():
-    for _, odd in odd_answers((6, 4)):
-        feedback = assert_answers_in_words(ex20.check_round_trip_per_token,
-                                           lambda rows, bits, odd=odd: odd)
-        assert not feedback.passed
-
-
-# ------------------------------------------------------------------------------------------
-# The widget and the plots, headless
-# ------------------------------------------------------------------------------------------
 
 @pytest.fixture(autouse=True)
 def close_figures():
@@ -791,352 +50,845 @@ def close_figures():
     plt.close("all")
 
 
-WIDGET_CONFIG = kvlib.ModelConfig(vocab_size=12, d_model=16, n_heads=2, n_layers=2, d_ff=32,
-                                  context_length=96, positions="learned", norm="layer",
-                                  bias=True, dtype="float32")
-
-
 @pytest.fixture(scope="module")
-def widget_model():
-    params = kvlib.init_params(WIDGET_CONFIG, seed=3)
-    story = [0] + np.random.default_rng(5).integers(1, 12, 70).tolist()
-    return params, kvlib.ToyTokenizer(), story
+def toy():
+    return w20.example_model()
 
 
-@pytest.fixture
-def explorer(widget_model):
-    params, tokenizer, story = widget_model
-    return w20.quantized_cache_explorer(params, tokenizer, story, prompt_length=20, n_new=12,
-                                        group_size=16)
+def tokens(text):
+    return kvlib.ToyTokenizer().encode(text)
 
 
-def test_the_explorer_shows_the_default_setting_measured_live(explorer, widget_model):
-    params, _, story = widget_model
-    result = explorer.state["result"]
-    assert result["keys"] == PerChannel(8, 16) and result["values"] == PerToken(8)
-    cache = QuantizedKVCache(params.config, PerChannel(8, 16), PerToken(8))
-    logits, _ = kvlib.prefill(params, story, cache)
-    plain, reference = kvlib.prefill(params, story)
-    assert result["nbytes"] == cache.nbytes == q.quantized_cache_bytes(
-        params.config, len(story), PerChannel(8, 16), PerToken(8))
-    assert result["agreement"] == q.greedy_agreement(logits, plain)
-    np.testing.assert_array_equal(result["key_error"][0],
-                                  np.abs(cache.keys(0) - reference.keys(0)))
-    shown = explorer.figure.axes[0].images[0].get_array()
-    np.testing.assert_array_equal(shown.filled(0), result["key_error"][0])
-    assert shown.mask[len(story) // 16 * 16:].all()          # the residual: held exactly
-    assert not shown.mask[:len(story) // 16 * 16].all()
-    status = explorer.status.value
-    assert "K int8 per channel (groups of 16), V int8 per token" in status
-    assert f"{result['nbytes']:,} bytes for {len(story)} positions" in status
-    assert explorer.message.value == ""
-    assert result["tokens"] == q.greedy_tokens(params, story[:20], 12, QuantizedKVCache(
-        params.config, PerChannel(8, 16), PerToken(8)))
-    assert explorer.plain_tokens == kvlib.generate(params, story[:20], 12)
+def prompts(data, config, n_stems=3, max_stem=10, max_own=6):
+    """A drawer of requests that often share a beginning: one of a few stems, then tokens
+    of their own (possibly none)."""
+    vocabulary = st.integers(0, config.vocab_size - 1)
+    stems = data.draw(st.lists(st.lists(vocabulary, min_size=0, max_size=max_stem),
+                               min_size=1, max_size=n_stems))
+
+    def draw():
+        stem = data.draw(st.sampled_from(stems))
+        own = data.draw(st.lists(vocabulary, min_size=1 if not stem else 0, max_size=max_own))
+        return (stem + own)[: config.context_length]
+
+    return draw
 
 
-def test_fewer_bits_cost_fewer_bytes_and_more_error(explorer):
-    seen = []
-    for key_bits in (8, 4, 2):
-        explorer.controls["key_bits"].value = key_bits
-        explorer.controls["value_bits"].value = key_bits
-        result = explorer.state["result"]
-        seen.append((result["bytes_per_token"], result["key_rms"], result["logit_error"]))
-        bar = explorer.figure.axes[1].patches[2]
-        assert bar.get_width() == result["bytes_per_token"]
-        assert explorer.figure.axes[1].texts[2].get_text() == \
-            f" {result['bytes_per_token']:,.0f}"
-    assert seen[0][0] > seen[1][0] > seen[2][0]
-    assert seen[0][1] < seen[1][1] < seen[2][1]
-    assert seen[0][2] < seen[2][2]
+def cached_rows(pool, entries, layer):
+    """K and V of a chain of cached blocks, gathered from the pool: (n x B, width) each."""
+    if not entries:
+        width = pool.width
+        return np.zeros((0, width)), np.zeros((0, width))
+    return (np.concatenate([pool.keys[layer, e.block] for e in entries]),
+            np.concatenate([pool.values[layer, e.block] for e in entries]))
 
 
-def test_groupings_change_what_is_shown_and_results_are_kept(explorer):
-    explorer.controls["key_grouping"].value = "per token"
-    per_token = explorer.state["result"]
-    assert per_token["keys"] == PerToken(8)
-    assert "K int8 per token" in explorer.status.value
-    assert not explorer.figure.axes[0].images[0].get_array().mask.any()   # nothing exact
-    explorer.controls["key_grouping"].value = "per channel"
-    explorer.controls["key_grouping"].value = "per token"
-    assert explorer.state["result"] is per_token                  # measured once
-    assert len(explorer.state["results"]) == 2
-    explorer.controls["layer"].value = 1
-    np.testing.assert_array_equal(
-        explorer.figure.axes[0].images[0].get_array().filled(0), per_token["key_error"][1])
-    assert "layer 1's keys" in explorer.figure.axes[0].get_title()
+def check_accounting(server: PrefixServer):
+    """Every reference is accounted for: a block's count is the running requests that list
+    it plus one if the prefix cache keeps it; the pool and the prefix cache are consistent."""
+    server.allocator.check_invariants()
+    server.prefix_cache.check_invariants()
+    expected = np.zeros(server.allocator.n_blocks, dtype=np.int64)
+    for running in server.running.values():
+        for block in running.cache.block_table:
+            expected[block] += 1
+    for entry in server.prefix_cache.entries:
+        expected[entry.block] += 1
+    np.testing.assert_array_equal(server.allocator.ref_counts, expected)
 
 
-def test_changed_tokens_are_marked_without_colour():
-    assert w20._tokens_html(["a", "<b>", "c"], ["a", "x", "c"]) == "a <b><u>&lt;b&gt;</u></b> c"
+# ---------------------------------------------------------------------------------------------
+# Properties: the prefix cache against plain prefills
+# ---------------------------------------------------------------------------------------------
+
+@given(models(latent=False, window=False), st.integers(1, 5), st.data())
+@PROPERTY
+def test_match_returns_exactly_the_kv_of_the_longest_stored_prefix(model, block_size, data):
+    params, config = model
+    server = PrefixServer(params, n_blocks=200, block_size=block_size)
+    draw = prompts(data, config)
+    stored = set()                      # every full-block prefix of a finished request
+    for _ in range(data.draw(st.integers(1, 6))):
+        ids = draw()
+        admission = server.admit(ids)
+        server.finish(admission.request)
+        stored |= {tuple(ids[:end]) for end in range(block_size, len(ids) + 1, block_size)}
+    check_accounting(server)
+    query = draw()
+    found = server.prefix_cache.match(query)
+    longest = max((end for end in range(block_size, len(query) + 1, block_size)
+                   if tuple(query[:end]) in stored), default=0)
+    assert len(found) * block_size == longest
+    assert [e.depth for e in found] == list(range(len(found)))
+    if longest:
+        _, alone = kvlib.prefill(params, query[:longest])
+        for layer in range(config.n_layers):
+            keys, values = cached_rows(server.allocator, found, layer)
+            np.testing.assert_allclose(keys, alone.keys(layer), rtol=0, atol=TOLERANCE)
+            np.testing.assert_allclose(values, alone.values(layer), rtol=0, atol=TOLERANCE)
+    reusable = server.prefix_cache.reusable(query)
+    assert len(reusable) * block_size == max(
+        (end for end in range(block_size, len(query), block_size)
+         if tuple(query[:end]) in stored), default=0)
 
 
-def test_updates_redraw_in_place_without_leaking_figures(explorer):
-    figures = plt.get_fignums()
-    artists = [len(ax.get_children()) for ax in explorer.figure.axes]
-    for bits in (4, 2, 8, 4):
-        for grouping in ("per token", "per channel"):
-            explorer.controls["value_bits"].value = bits
-            explorer.controls["value_grouping"].value = grouping
-    assert [len(ax.get_children()) for ax in explorer.figure.axes] == artists
-    assert plt.get_fignums() == figures
+@given(models(latent=False, window=False), st.integers(1, 4), st.data())
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def test_random_request_streams_with_evictions(model, block_size, data):
+    """Admissions, decode steps and finishes in any order, on a pool small enough to evict:
+    logits equal full recomputation, a running request's K and V never change under it (no
+    block it holds is evicted or overwritten), and no block leaks."""
+    params, config = model
+    longest = -(-18 // block_size)                    # blocks of the longest request drawn
+    n_blocks = data.draw(st.integers(longest + 1, 3 * longest + 4))
+    server = PrefixServer(params, n_blocks=n_blocks, block_size=block_size)
+    draw = prompts(data, config, max_stem=12)
+    texts = {}
+    evictions = 0
+    for _ in range(data.draw(st.integers(5, 30))):
+        action = data.draw(st.sampled_from(["admit", "admit", "decode", "finish"]))
+        held = server.held_blocks()
+        if action == "admit" or not server.running:
+            ids = draw()
+            before = server.allocator.ref_counts.copy(), len(server.prefix_cache)
+            try:
+                admission = server.admit(ids)
+            except MemoryError:
+                # nothing is held and nothing evicted when a request does not fit
+                np.testing.assert_array_equal(server.allocator.ref_counts, before[0])
+                assert len(server.prefix_cache) == before[1]
+                continue
+            assert not set(admission.evicted_blocks) & held
+            evictions += len(admission.evicted_blocks)
+            np.testing.assert_allclose(admission.logits, kvlib.forward(params, ids)[-1:],
+                                       rtol=0, atol=TOLERANCE)
+            assert admission.reused_tokens <= len(ids) - 1
+            assert admission.reused_tokens + admission.prefilled_tokens == len(ids)
+            texts[admission.request] = list(ids)
+        elif action == "decode":
+            request = data.draw(st.sampled_from(sorted(server.running)))
+            if len(texts[request]) >= config.context_length:
+                continue
+            token = data.draw(st.integers(0, config.vocab_size - 1))
+            try:
+                logits = server.decode(request, token)
+            except MemoryError:
+                assert len(server.running[request].cache) == len(texts[request])
+                continue
+            texts[request].append(token)
+            np.testing.assert_allclose(logits, kvlib.forward(params, texts[request])[-1:],
+                                       rtol=0, atol=TOLERANCE)
+        else:
+            request = data.draw(st.sampled_from(sorted(server.running)))
+            server.finish(request)
+            del texts[request]
+        check_accounting(server)
+        for request, running in server.running.items():
+            assert running.ids == texts[request]
+            _, reference = kvlib.prefill(params, texts[request])
+            for layer in range(config.n_layers):
+                np.testing.assert_allclose(running.cache.keys(layer), reference.keys(layer),
+                                           rtol=0, atol=TOLERANCE)
+                np.testing.assert_allclose(running.cache.values(layer), reference.values(layer),
+                                           rtol=0, atol=TOLERANCE)
+    event(f"blocks evicted: {'none' if not server.prefix_cache.n_evicted else 'some'}")
+    for request in list(server.running):
+        server.finish(request)
+    check_accounting(server)
+    assert server.allocator.n_used == len(server.prefix_cache)     # only the cache holds any
+    assert server.prefix_cache.n_evicted >= evictions              # decode steps evict too
+    server.prefix_cache.make_room(n_blocks)                        # everything can go now
+    assert len(server.prefix_cache) == 0 and server.allocator.n_free == n_blocks
+    check_accounting(server)
 
 
-@pytest.mark.parametrize("make, phrase", [
-    (lambda p, t, s: w20.quantized_cache_explorer(p, t, s * 3), "context holds 96"),
-    (lambda p, t, s: w20.quantized_cache_explorer(p, t, s, prompt_length=0), "prompt_length"),
-    (lambda p, t, s: w20.quantized_cache_explorer(p, t, s, prompt_length=60, n_new=40),
-     "exceeds the context length"),
-    (lambda p, t, s: w20.quantized_cache_explorer(p, t, [99]), "outside the vocabulary"),
-])
-def test_bad_explorers_are_refused_in_words(widget_model, make, phrase):
-    with pytest.raises(ValueError, match=re_escape(phrase)):
-        make(*widget_model)
+@given(models(latent=False, window=False), st.integers(1, 4), st.data())
+@PROPERTY
+def test_eviction_never_takes_a_held_block_and_goes_leaves_first(model, block_size, data):
+    params, config = model
+    server = PrefixServer(params, n_blocks=120, block_size=block_size)
+    draw = prompts(data, config)
+    for _ in range(data.draw(st.integers(1, 8))):
+        admission = server.admit(draw())
+        if data.draw(st.booleans()):
+            server.finish(admission.request)
+    held = server.held_blocks()
+    cache = server.prefix_cache
+    order = cache.eviction_order()
+    assert not {e.block for e in order} & held
+    gone = set()
+    for entry in order:                 # a block goes only after all its cached children
+        assert all(child.key in gone for child in cache.entries if child.parent == entry.key)
+        gone.add(entry.key)
+    # everything that is neither held nor above a held block can go, nothing else
+    pinned = {e.key for e in cache.entries if cache.is_held(e)}
+    changed = True
+    while changed:
+        parents = {e.parent for e in cache.entries if e.key in pinned} - {ROOT_KEY} - pinned
+        changed = bool(parents)
+        pinned |= parents
+    assert {e.key for e in order} == {e.key for e in cache.entries} - pinned
+    evicted = [cache.evict().block for _ in order]
+    assert evicted == [e.block for e in order]
+    with pytest.raises(MemoryError, match="no cached block can be evicted"):
+        cache.evict()
+    check_accounting(server)
+    for running in server.running.values():
+        _, reference = kvlib.prefill(params, running.ids)
+        np.testing.assert_allclose(running.cache.keys(0), reference.keys(0), rtol=0,
+                                   atol=TOLERANCE)
 
 
-def test_a_setting_that_cannot_be_shown_lands_in_the_message_line(widget_model):
-    params, tokenizer, story = widget_model
-    huge = copy.deepcopy(params)
-    huge.layers[0].bk[...] = 1e8              # keys far beyond what float16 scales hold
-    box = w20.quantized_cache_explorer(huge, tokenizer, story, prompt_length=20, n_new=4)
-    assert "Cannot show this" in box.message.value and "float16 scales" in box.message.value
-    assert box.controls and "result" not in box.state
+@given(models(latent=False, window=False), st.integers(1, 4), st.data())
+@PROPERTY
+def test_prefix_cache_bytes_equal_their_formula(model, block_size, data):
+    params, config = model
+    server = PrefixServer(params, n_blocks=100, block_size=block_size)
+    draw = prompts(data, config)
+    for _ in range(data.draw(st.integers(1, 5))):
+        server.finish(server.admit(draw()).request)
+    itemsize = np.dtype(config.dtype).itemsize
+    per_block = 2 * config.n_layers * block_size * config.kv_width * itemsize
+    assert server.prefix_cache.nbytes == len(server.prefix_cache) * per_block
+    assert server.allocator.nbytes_in_use == server.prefix_cache.nbytes
 
 
-def test_make_grouping_and_channel_sizes():
-    assert w20.make_grouping("per token", 4) == PerToken(4)
-    assert w20.make_grouping("per channel", 2, 8) == PerChannel(2, 8)
-    with pytest.raises(ValueError, match="grouping must be one of"):
-        w20.make_grouping("per head", 4)
-    rows = np.array([[1.0, -5.0], [-3.0, 2.0]])
-    assert w20.channel_sizes(rows).tolist() == [3.0, 5.0]
-    with pytest.raises(ValueError, match="rows"):
-        w20.channel_sizes(np.zeros(3))
+# ---------------------------------------------------------------------------------------------
+# Keys, positions, full blocks, the last token
+# ---------------------------------------------------------------------------------------------
+
+def test_block_keys_chain_through_the_parent():
+    a = block_keys([1, 2, 3, 4, 5, 6, 7], 2)
+    b = block_keys([1, 2, 3, 4, 9, 9], 2)
+    assert len(a) == 3 and len(b) == 3 and a[:2] == b[:2] and a[2] != b[2]
+    assert a[0] == block_key(ROOT_KEY, [1, 2]) and a[1] == block_key(a[0], [3, 4])
+    # the same tokens after another beginning, or at another place: another key
+    assert block_keys([5, 5, 3, 4], 2)[1] != a[1]
+    assert block_keys([3, 4], 2)[0] != a[1]
+    assert block_keys(np.array([1, 2, 3]), 2) == a[:1]          # arrays work; no partial key
+    assert block_keys([1], 2) == []
+    assert all(len(key) == 32 for key in a)
 
 
-def test_the_plots_label_what_they_draw():
-    fig, ax = plt.subplots()
+def test_rotary_keys_depend_on_the_position_and_the_earlier_tokens(toy):
+    block = tokens("How are you ?")[1:]
+
+    def rows(beginning, layer):
+        _, cache = kvlib.prefill(toy, beginning + block)
+        return cache.keys(layer)[len(beginning):]
+
+    here, other_start, elsewhere = tokens("I am good"), tokens("you are good"), tokens("I am")
+    assert np.allclose(rows(here, 0), rows(other_start, 0))      # same place, same tokens
+    assert not np.allclose(rows(here, 1), rows(other_start, 1))  # but other earlier tokens
+    assert not np.allclose(rows(here, 0), rows(elsewhere, 0))    # another place
+
+
+def test_only_full_blocks_are_shared_and_the_last_token_always_runs(toy):
+    server = PrefixServer(toy, n_blocks=16, block_size=4)
+    ids = tokens("I am good . How are you ?")                      # 9 tokens: 2 full blocks
+    first = server.admit(ids)
+    assert [e.depth for e in server.finish(first.request)] == [0, 1]
+    assert len(server.prefix_cache) == 2                           # the 9th token's block: no
+    same = server.admit(ids)
+    assert same.reused_tokens == 8 and same.prefilled_tokens == 1
+    server.finish(same.request)
+    eight = server.admit(ids[:8])                                  # exactly 2 cached blocks
+    assert eight.reused_tokens == 4                                # the last block runs again
+    np.testing.assert_allclose(eight.logits, kvlib.forward(toy, ids[:8])[-1:], atol=TOLERANCE)
+    server.finish(eight.request)
+    partial = server.admit(ids[:6] + [3, 3, 3])                    # shares 6 tokens
+    assert partial.reused_tokens == 4
+
+
+def test_a_reused_block_is_never_written_into(toy):
+    """Appending after a reused prefix starts a new block; truncating into a cached block and
+    writing there copies it first (copy-on-write), so the cached rows never change."""
+    server = PrefixServer(toy, n_blocks=16, block_size=4)
+    ids = tokens("I am good . How are you ?")
+    server.finish(server.admit(ids).request)
+    cached = [e.block for e in server.prefix_cache.entries]
+    before = server.allocator.keys[:, cached].copy()
+    admission = server.admit(ids[:8] + [2, 2])
+    running = server.running[admission.request]
+    running.cache.truncate(6)                                      # back into cached block 1
+    kvlib.decode_step(toy, 10, running.cache)
+    np.testing.assert_array_equal(server.allocator.keys[:, cached], before)
+    assert running.cache.block_table[0] == cached[0] and running.cache.block_table[1] != cached[1]
+    check_accounting(server)
+
+
+def test_insert_keeps_one_copy_of_a_prefix_computed_twice(toy):
+    server = PrefixServer(toy, n_blocks=16, block_size=4)
+    ids = tokens("I am good . How are you ?")
+    a, b = server.admit(ids), server.admit(ids)       # both computed it: nothing was cached
+    assert b.reused_tokens == 0
+    assert len(server.finish(a.request)) == 2
+    assert server.finish(b.request) == []             # already cached: b's blocks are freed
+    assert len(server.prefix_cache) == 2 and server.allocator.n_used == 2
+    check_accounting(server)
+
+
+def test_hits_and_the_clock():
+    params = w20.example_model()
+    server = PrefixServer(params, n_blocks=16, block_size=4)
+    ids = tokens("I am good . How are you ?")
+    server.finish(server.admit(ids).request)                 # tick 1 (admit), 2 (insert)
+    assert [e.hits for e in server.prefix_cache.entries] == [0, 0]
+    assert [e.last_used for e in server.prefix_cache.entries] == [2, 2]
+    admission = server.admit(ids)                            # tick 3: a hit on both
+    assert [e.hits for e in server.prefix_cache.entries] == [1, 1]
+    assert [e.last_used for e in server.prefix_cache.entries] == [3, 3]
+    assert "CachedBlock(block 0, positions 0-3" in repr(server.prefix_cache.entries[0])
+    assert "1 hits, last used at 3" in repr(server.prefix_cache.entries[0])
+    assert "2 of them held by running requests" in repr(server.prefix_cache)
+    assert "1 running" in repr(server)
+    server.finish(admission.request)
+
+
+def test_eviction_order_rules_by_hand():
+    """LRU among leaves nobody holds; the deeper first at the same tick; a parent joins when
+    its last child goes; make_room evicts exactly what is missing, or nothing."""
+    server = ex20.lru_scenario()
+    cache = server.prefix_cache
+    order = [e.block for e in cache.eviction_order()]
+    assert order[:4] == ex20.lru_expected() == [2, 6, 9, 1]
+    before = cache.eviction_order(4)
+    evicted = cache.make_room(ex20.LRU_NEEDED)
+    assert evicted == before and [e.block for e in evicted] == [2, 6, 9, 1]
+    assert server.allocator.n_free == ex20.LRU_NEEDED
+    assert cache.make_room(ex20.LRU_NEEDED) == []
+    ref_counts, cached = server.allocator.ref_counts.copy(), len(cache)
+    with pytest.raises(MemoryError, match="held by running requests"):
+        cache.make_room(server.allocator.n_blocks)
+    np.testing.assert_array_equal(server.allocator.ref_counts, ref_counts)
+    assert len(cache) == cached
+    check_accounting(server)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: clear errors, nothing changed
+# ---------------------------------------------------------------------------------------------
+
+def test_bad_input_gets_clear_errors(toy):
+    with pytest.raises(TypeError, match="needs a BlockAllocator"):
+        PrefixCache(toy.config)
+    with pytest.raises(TypeError, match="needs kvlib Params"):
+        PrefixServer(toy.config, 8)
+    with pytest.raises(TypeError, match="parent_key must be"):
+        block_key((), [1, 2])
+    with pytest.raises(ValueError, match="at least one token"):
+        block_key(ROOT_KEY, [])
+    with pytest.raises(TypeError, match="the text"):
+        block_keys("How are you", 2)
+    with pytest.raises(TypeError, match="whole numbers"):
+        block_keys([1.5, 2], 2)
+    with pytest.raises(ValueError, match="block_size must be"):
+        block_keys([1, 2], 0)
+    server = PrefixServer(toy, n_blocks=4, block_size=4)
+    with pytest.raises(ValueError, match="context length"):
+        server.admit([0] * 65)
+    with pytest.raises(MemoryError, match="the pool has 4 in all"):
+        server.admit([0] * 20)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        server.admit([0, 99])
+    with pytest.raises(ValueError, match="running request"):
+        server.finish(3)
+    with pytest.raises(ValueError, match="running request"):
+        server.decode(True, 1)
+    with pytest.raises(ValueError, match="n_blocks must be"):
+        server.prefix_cache.make_room(-1)
+    assert server.allocator.n_free == 4 and not server.running
+
+
+def test_a_request_that_does_not_fit_holds_nothing(toy):
+    server = PrefixServer(toy, n_blocks=6, block_size=4)
+    ids = tokens("I am good . How are you ? I am fine . thanks")     # 14 tokens: 4 blocks
+    running = server.admit(ids)
+    before = server.allocator.ref_counts.copy()
+    with pytest.raises(MemoryError, match="held by running requests"):
+        server.admit(ids[:8] + tokens("you are good . thanks")[1:])  # reuses 2, needs 2 more
+    np.testing.assert_array_equal(server.allocator.ref_counts, before)
+    assert list(server.running) == [running.request]
+    check_accounting(server)
+
+
+def test_insert_and_attach_refuse_what_does_not_match(toy):
+    server = PrefixServer(toy, n_blocks=12, block_size=4)
+    ids = tokens("I am good . How are you ?")
+    admission = server.admit(ids)
+    cache = server.running[admission.request].cache
+    with pytest.raises(ValueError, match="the cache holds 9"):
+        server.prefix_cache.insert(ids[:5], cache)
+    other_pool = BlockAllocator(toy.config, 4, 4)
+    with pytest.raises(TypeError, match="this prefix cache's allocator"):
+        server.prefix_cache.insert(ids[:1], PagedKVCache(other_pool))
+    server.finish(admission.request)
+    second = server.admit(ids)
+    with pytest.raises(ValueError, match="cached for other tokens"):
+        server.prefix_cache.insert([1] * 9, server.running[second.request].cache)
+    server.finish(second.request)
+    entries = server.prefix_cache.match(ids)
+    with pytest.raises(ValueError, match="a cached prefix, from the first block"):
+        server.prefix_cache.attach(entries[1:])
+    server.prefix_cache.make_room(12)
+    with pytest.raises(ValueError, match="evicted since it was looked up"):
+        server.prefix_cache.attach(entries)
+    check_accounting(server)
+
+
+def test_check_invariants_notices_a_broken_tree(toy):
+    server = PrefixServer(toy, n_blocks=12, block_size=4)
+    server.finish(server.admit(tokens("I am good . How are you ?")).request)
+    entry = server.prefix_cache.entries[0]
+    entry.children += 1
+    with pytest.raises(AssertionError, match="counts 2 children, has 1"):
+        server.prefix_cache.check_invariants()
+    entry.children -= 1
+    server.allocator.release(entry.block)           # a bug: the cache's reference dropped
+    with pytest.raises(AssertionError, match="free in the pool"):
+        server.prefix_cache.check_invariants()
+
+
+def test_cached_block_fields():
+    entry = CachedBlock(b"k", ROOT_KEY, (1, 2, 3, 4), block=7, depth=2)
+    assert entry.positions == range(8, 12)
+
+
+# ---------------------------------------------------------------------------------------------
+# The widget and its drawings
+# ---------------------------------------------------------------------------------------------
+
+def status_text(widget):
+    return re.sub(r"<[^>]+>", "", widget.status.value)
+
+
+def test_widget_starts_empty_and_serves_a_request_per_click(toy):
+    widget = w20.prefix_stream_explorer(toy)
+    assert widget.arrive.description == "Next request" and widget.reset.description == "Reset"
+    assert "No request yet" in widget.status.value
+    assert widget.message.value == ""
+    tree_ax = widget.figure.axes[0]
+    assert "the prefix cache is empty" in [t.get_text() for t in tree_ax.texts]
+    stream = widget.run().stream
+    for click in range(6):
+        widget.arrive.click()
+        run = widget.run()
+        admission = run.admissions[-1]
+        assert admission.ids == stream[click].ids and admission.request == click
+        status = status_text(widget)
+        assert f"Request {click}" in status
+        assert f"reused {admission.reused_tokens} tokens" in status
+        assert f"prefilled {admission.prefilled_tokens}" in status
+        assert (f"So far: {run.reused_tokens} of {run.prompt_tokens} prompt tokens reused"
+                in status)
+        assert "equal a full recomputation" in widget.check.value
+        # one box per cached block; the reused ones drawn yellow
+        tree_ax = widget.figure.axes[0]
+        boxes = [t for t in tree_ax.texts if t.get_bbox_patch() is not None]
+        assert len(boxes) == len(run.server.prefix_cache)
+        yellow = {int(re.match(r"b(\d+)", t.get_text()).group(1)) for t in boxes
+                  if np.allclose(t.get_bbox_patch().get_facecolor(), w20.REUSED_COLOR)}
+        assert yellow == set(admission.reused_blocks)
+        # the request strip: reused cells first
+        strip = np.asarray(widget.figure.axes[1].images[0].get_array())[0]
+        assert strip.sum() == admission.reused_tokens and (np.diff(strip) <= 0).all()
+        # the pool: one cell per block, states as the server says
+        pool = np.asarray(widget.figure.axes[2].images[0].get_array())[0]
+        np.testing.assert_array_equal(pool, w20.pool_states(run.server))
+    assert widget.run().reused_tokens > 0
+
+
+def test_widget_evicts_in_a_small_pool_and_says_so(toy):
+    widget = w20.prefix_stream_explorer(toy)
+    widget.pool.value = 12
+    assert widget.message.value == ""
+    for _ in range(25):
+        widget.arrive.click()
+    run = widget.run()
+    assert run.evicted > 0 and run.server.prefix_cache.n_evicted == run.evicted
+    assert f"{run.evicted} blocks evicted" in status_text(widget)
+    assert all(len(a.logits) for a in run.admissions)
+    check_accounting(run.server)
+
+
+def test_widget_controls_start_a_new_stream(toy):
+    widget = w20.prefix_stream_explorer(toy)
+    widget.arrive.click()
+    first = widget.run()
+    widget.block.value = 8
+    assert widget.run() is not first and widget.run().server.block_size == 8
+    assert "No request yet" in widget.status.value
+    widget.seed.value = 5
+    assert widget.run().stream == w20.request_stream(40, 5)
+    widget.arrive.click()
+    widget.reset.click()
+    assert widget.run().position == 0
+
+
+def test_widget_refuses_a_pool_too_small_in_the_message_line(toy):
+    widget = w20.prefix_stream_explorer(toy)
+    run = widget.run()
+    widget.block.value = 2
+    widget.pool.value = 8
+    assert "too small for this stream" in widget.message.value
+    assert "take at least" in widget.message.value
+    widget.pool.value = 40
+    assert widget.message.value == "" and widget.run() is not run
+
+
+def test_widget_check_line_is_computed(toy, monkeypatch):
+    widget = w20.prefix_stream_explorer(toy)
+    real_forward = kvlib.forward
+    monkeypatch.setattr(kvlib, "forward", lambda *a, **k: real_forward(*a, **k) + 1.0)
+    widget.arrive.click()
+    assert "differ from a full recomputation" in widget.check.value
+    monkeypatch.setattr(kvlib, "forward", real_forward)
+    widget.arrive.click()
+    assert "equal a full recomputation" in widget.check.value
+
+
+def test_widget_stream_end_disables_the_button_and_nothing_leaks(toy):
+    before = plt.get_fignums()
+    widget = w20.prefix_stream_explorer(toy, n_requests=5)
+    for _ in range(8):
+        widget.arrive.click()
+    assert widget.arrive.disabled and widget.run().position == 5
+    assert widget.message.value == ""
+    widget.reset.click()
+    assert not widget.arrive.disabled
+    assert plt.get_fignums() == before
+
+
+def test_a_request_that_does_not_fit_waits(toy):
+    stream = [w20.StreamRequest("", tuple(tokens("I am good . How are you ? and you")), 2)] * 3
+    run = w20.StreamRun(PrefixServer(toy, n_blocks=5, block_size=4), stream)
+    assert run.arrive() is not None
+    assert run.arrive() is None and run.waited and run.position == 1
+    assert run.arrive() is not None and not run.waited       # the first one finished
+
+
+def test_drawings_check_their_input_and_stay_small(toy):
+    figure = plt.figure()
+    ax = figure.add_subplot()
+    with pytest.raises(ValueError, match="reused_tokens must be between"):
+        w20.draw_request(ax, ["a", "b"], 3, 2)
+    run = w20.StreamRun(PrefixServer(toy, 48, 2), w20.request_stream(30, 0))
+    for _ in range(30):
+        run.arrive()
+    tree_ax, _, _ = w20.draw_prefix_state(figure, run.server, run.admissions[-1],
+                                          kvlib.ToyTokenizer().tokens)
+    # a redraw is a handful of artists per block, not per token or per cell
+    assert len(tree_ax.texts) == len(run.server.prefix_cache)
+    assert len(tree_ax.collections) == 1 and len(tree_ax.patches) == 0
+    assert "\n" not in tree_ax.texts[0].get_text()            # many rows: one-line boxes
+
+
+def test_tree_layout_puts_children_right_of_their_parent(toy):
+    server = PrefixServer(toy, n_blocks=30, block_size=4)
+    for text in ("I am good . How are you ?", "I am good . thanks . and", "you are good ."):
+        server.finish(server.admit(tokens(text)).request)
+    place = w20.tree_layout(server.prefix_cache.entries)
+    for entry in server.prefix_cache.entries:
+        x, y = place[entry.key]
+        assert x == entry.depth
+        if entry.parent != ROOT_KEY:
+            assert place[entry.parent][0] == x - 1
+    ys = [y for _, y in place.values()]
+    assert len(set(place.values())) == len(place) and min(ys) == 0
+
+
+def test_cache_table_lists_every_block():
+    server = ex20.lru_scenario()
+    table = w20.cache_table(server.prefix_cache, kvlib.ToyTokenizer().tokens)
+    lines = table.splitlines()
+    assert len(lines) == 1 + len(server.prefix_cache)
+    assert "last used" in lines[0] and "held" in lines[0]
+    assert re.search(r"^\s+5\s+4-7\s+\. How are you\s+1\s+5\s+yes\s+1$", table, re.M)
+
+
+def test_request_stream_is_seeded_and_shares_system_prompts():
+    stream = w20.request_stream(40, seed=0)
+    assert stream == w20.request_stream(40, seed=0) != w20.request_stream(40, seed=1)
+    systems = [item.system for item in stream]
+    assert {"A", "B", ""} == set(systems) and systems.count("") < 15
+    for item in stream:
+        if item.system:
+            prompt = tokens(w20.SYSTEM_PROMPTS[item.system])
+            assert list(item.ids[:len(prompt)]) == prompt
+        assert item.lifetime in (1, 2) and item.ids[0] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1: how many tokens can a request reuse?
+# ---------------------------------------------------------------------------------------------
+
+def test_exercise1_expected_matches_a_real_prefix_cache():
+    config = kvlib.ModelConfig(vocab_size=50, context_length=80)
+    params = kvlib.init_params(config, seed=1)
     rng = np.random.default_rng(0)
-    keys, values = rng.standard_normal((20, 8)), rng.standard_normal((20, 8))
-    keys[:, 6] *= 40
-    w20.draw_channel_sizes(ax, keys, values, title="t", head_dim=4, n_marked=1)
-    assert [t.get_text() for t in ax.texts] == ["6"]
-    assert ax.get_yscale() == "log" and ax.get_title() == "t" and ax.get_ylabel()
-    assert len(ax.lines) == 3                   # keys, values, one line between the 2 heads
-    fig, ax = plt.subplots()
-    error = np.abs(rng.standard_normal((6, 4))) * 0.01
-    error[4:] = 0
-    image = w20.draw_error_heatmap(ax, error, w20.error_norm(1.0), title="e")
-    assert image.get_array().mask[4:].all() and ax.get_xlabel() == "channel"
-    assert isinstance(image.norm, matplotlib.colors.LogNorm)
-    assert len(fig.axes) == 2                   # and its colour bar
+    system = rng.integers(1, 50, ex20.SYSTEM_TOKENS).tolist()
+    first = system + rng.integers(1, 50, ex20.FIRST_QUESTION).tolist()
+    second = system + rng.integers(1, 50, ex20.SECOND_QUESTION).tolist()
+    assert second[ex20.SYSTEM_TOKENS] != first[ex20.SYSTEM_TOKENS]
+    got = []
+    for size in ex20.BLOCK_SIZES:
+        server = PrefixServer(params, n_blocks=40, block_size=size)
+        server.finish(server.admit(first).request)
+        got.append(len(server.prefix_cache.reusable(second)) * size)
+    server = PrefixServer(params, n_blocks=40, block_size=16)
+    server.finish(server.admit(first).request)
+    got.append(server.admit(first).reused_tokens)
+    assert tuple(got) == ex20.exercise1_expected() == (32, 40, 0, 48)
 
 
-def test_the_quality_plot_draws_a_bar_per_setting():
-    params = kvlib.init_params()
-    settings_ = [(PerToken(8), PerToken(8)), (PerChannel(4, 4), PerToken(4)),
-                 (PerToken(4), PerToken(4))]
-    sequences = [[0, 3, 7, 1, 9, 5, 2, 4]]
-    qualities = [q.measure_quality(params, sequences, k, v) for k, v in settings_]
-    fig, axes = plt.subplots(1, 2)
-    w20.draw_quality(axes, qualities)
-    for ax in axes:
-        assert len(ax.patches) == 3
-        assert [t.get_text() for t in ax.get_xticklabels()] == [
-            "K per token,\nV per token", "K per channel,\nV per token"]
-    heights = sorted(patch.get_height() for patch in axes[0].patches)
-    assert heights == sorted(100 * quality.agreement for quality in qualities)
-    assert axes[1].get_yscale() == "symlog"
-    assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["int8", "int4"]
-    assert w20.pairing_name(qualities[1]) == "K per channel, V per token"
-    with pytest.raises(ValueError, match="two axes"):
-        w20.draw_quality(axes[:1], qualities)
+@pytest.mark.parametrize("answer, words", [
+    ((45, 45, 45, 48), "only full blocks are"),
+    ((48, 40, 0, 48), "that rounds up"),
+    ((32, 48, 0, 48), "that rounds up"),
+    ((32, 40, 64, 48), "that rounds up"),
+    ((32, 40, 45, 48), "only full blocks are"),
+    ((32, 40, 0, 64), "never reuses its last token"),
+    ((32, 40, 0, 63), "reuse comes in full blocks"),
+    ((32, 40, 0, 32), "request 1 again"),
+    ((40, 32, 0, 48), "another order"),
+    ((75, 40, 0, 48), "shares only its first 45 tokens"),
+    ((30, 40, 0, 48), "not a multiple"),
+    ((16, 40, 0, 48), "Count the full blocks"),
+    ((32, 40, 0), "should have 4 numbers"),
+    (32, "tuple of 4 whole numbers"),
+    ((32.5, 40, 0, 48), "fractional part"),
+    ((32, 40, 0, "48"), "not text"),
+    ("32, 40, 0, 48", "tuple of 4 whole numbers"),
+    (..., "not filled in"),
+])
+def test_exercise1_wrong_answers_get_their_diagnosis(answer, words):
+    assert_not_yet(ex20.check_reusable_tokens(answer), words)
 
 
-# ------------------------------------------------------------------------------------------
-# The notebook: its exercises stay open, the solutions pass in its own variables
-# ------------------------------------------------------------------------------------------
-
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "20_quantized_cache.ipynb"
-STORIES = Path(kvlib.__file__).resolve().parent / "models" / "stories"
-
-
-@pytest.fixture(scope="module")
-def notebook():
-    """The notebook's variables, every code cell run twice in a row (the timing and widget
-    cells, tagged nbval-ignore-output, once); what each run printed is kept in
-    namespace["__printed__"] to compare."""
-    pytest.importorskip("kvlib.stories", reason="the notebook needs kvlib.stories (the "
-                        "stories branch)")
-    if not (STORIES / "model.safetensors").is_file():
-        pytest.skip(f"the notebook needs the trained story model in {STORIES} (the stories "
-                    "branch)")
-    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-    namespace = {"__name__": "__notebook__", "__printed__": []}
-    for cell in cells:
-        if cell["cell_type"] != "code":
-            continue
-        source = "".join(cell["source"])
-        ignored = "nbval-ignore-output" in cell["metadata"].get("tags", [])
-        printed = []
-        for _ in range(1 if ignored else 2):
-            output = io.StringIO()
-            with contextlib.redirect_stdout(output):
-                exec(compile(source, NOTEBOOK.name, "exec"), namespace)
-            printed.append(output.getvalue())
-        if not ignored:
-            namespace["__printed__"].append((source, printed))
-        plt.close("all")
-    return namespace
+@pytest.mark.parametrize("answer", [
+    (32, 40, 0, 48), [32, 40, 0, 48], np.array([32, 40, 0, 48]), (32.0, 40.0, 0.0, 48.0),
+    (np.int64(32), 40, 0, 48), (45 // 16 * 16, 45 // 8 * 8, 45 // 64 * 64, 63 // 16 * 16),
+])
+def test_exercise1_valid_answers_in_other_forms(answer):
+    assert_correct(ex20.check_reusable_tokens(answer))
 
 
-def test_every_cell_can_run_twice(notebook):
-    """Cells that touch caches work on fresh ones: a second run prints the same and passes
-    its asserts again."""
-    for source, (first, second) in notebook["__printed__"]:
-        assert first == second, source[:80]
+# ---------------------------------------------------------------------------------------------
+# Exercise 2: the key without its parent
+# ---------------------------------------------------------------------------------------------
+
+def test_exercise2_the_broken_key_shows_wrong_logits(toy):
+    stream = ex20.stream_ids(ex20.SHUFFLED_EXAMPLES)
+    results = ex20.serve_with_block_key(lambda parent, t: tuple(t), stream, toy)
+    errors = [np.abs(logits - kvlib.forward(toy, ids)[-1]).max()
+              for (_, logits), ids in zip(results, stream)]
+    assert [reused for reused, _ in results] == [0, 12, 12]
+    assert errors[0] < TOLERANCE and errors[1] > 0.1 and errors[2] < TOLERANCE
+    right = ex20.serve_with_block_key(ex20.right_block_key, stream, toy)
+    assert [reused for reused, _ in right] == [0, 4, 12]
+    for (_, logits), ids in zip(right, stream):
+        np.testing.assert_allclose(logits, kvlib.forward(toy, ids)[-1], atol=TOLERANCE)
 
 
-def test_the_exercises_are_left_open(notebook):
-    assert notebook["codes"] is ... and notebook["codes_next"] is ... and \
-        notebook["answer"] is ...
-    assert np.array_equal(notebook["row"], ex20.ROW)
+def raises(parent, tokens):
+    raise KeyError("parent")
 
 
-def test_solutions_pass_in_the_notebooks_namespace(notebook):
-    assert sorted(ex20.SOLUTIONS) == [1, 2, 3, 4]
-    scope = dict(notebook)
-    exec(ex20.SOLUTIONS[1], scope)
-    assert_correct(ex20.check_codes(scope["codes"]))
-    assert_correct(ex20.check_codes_with_fixed_scale(scope["codes_next"]))
-    for number, checker in ((2, ex20.check_bytes_per_token),
-                            (3, ex20.check_huge_channel_prediction),
-                            (4, ex20.check_round_trip_per_token)):
-        scope = dict(notebook)
-        exec(ex20.SOLUTIONS[number], scope)
-        assert_correct(checker(scope["answer"]))
+class Unhashable(tuple):
+    __hash__ = None
 
 
-def test_the_notebooks_buggy_function_fails_its_checker(notebook):
-    assert_not_yet(ex20.check_round_trip_per_token(notebook["round_trip_per_token_buggy"]),
-                   "still one scale per column")
+class BadEquality:
+    def __hash__(self):
+        return 1
+
+    def __eq__(self, other):
+        raise RuntimeError("no comparing")
+
+
+def make_counter():
+    count = iter(range(10**6))
+    return lambda parent, tokens: next(count)
+
+
+@pytest.mark.parametrize("block_key_function, words", [
+    (lambda parent, tokens: tuple(tokens), "without its parent"),
+    (lambda parent, tokens: tokens, "without its parent"),
+    (lambda parent, tokens: (len(parent), tuple(tokens)), "without its parent"),
+    (lambda parent, tokens: ((parent[0] + 1) if parent else 0, tuple(tokens)),
+     "tells positions apart but not what came before"),
+    (lambda parent, tokens: parent, "does your key use the block's tokens"),
+    (lambda parent, tokens: 7, "does your key use the block's tokens"),
+    (lambda parent, tokens: None, "is a `return` missing"),
+    (lambda parent, tokens: list(tokens), "must be hashable"),
+    (lambda parent, tokens: np.array(tokens), "must be hashable"),
+    (lambda parent, tokens: Unhashable(tokens), "must be hashable"),
+    (lambda parent, tokens: (parent, [1]), "must be hashable"),
+    (raises, "raised KeyError"),
+    (lambda tokens: tokens, "raised TypeError"),
+    (lambda parent, tokens: BadEquality(), "raised RuntimeError"),
+    (lambda parent, tokens: object(), "Equal prefixes must get equal keys"),
+    (lambda parent, tokens: np.random.default_rng().random(), "random"),
+])
+def test_exercise2_wrong_keys_get_their_diagnosis(block_key_function, words):
+    assert_not_yet(ex20.check_block_key(block_key_function), words)
+
+
+def test_exercise2_a_counter_key_is_caught():
+    assert_not_yet(ex20.check_block_key(make_counter()), "a counter")
+
+
+def test_exercise2_wrong_logits_are_shown_in_the_message():
+    feedback = ex20.check_block_key(lambda parent, tokens: tuple(tokens))
+    assert re.search(r"Request 2 .* reused 12 tokens, and its logits differ from a full "
+                     r"recomputation by up to 0\.\d+", feedback.message), feedback.message
+
+
+@pytest.mark.parametrize("answer, words", [
+    (..., "not filled in"), (None, "not filled in"), ("block_key_fixed", "should be a function"),
+    ((1, 2), "should be a function"),
+])
+def test_exercise2_not_a_function(answer, words):
+    assert_not_yet(ex20.check_block_key(answer), words)
+
+
+@pytest.mark.parametrize("block_key_function", [
+    lambda parent, tokens: (parent, tuple(tokens)),
+    lambda parent, tokens: (parent, tokens),
+    lambda parent, tokens: parent + tuple(tokens),
+    lambda parent, tokens: hash((parent, tuple(tokens))),
+    lambda parent, tokens: str((parent, list(tokens))),
+    lambda parent, tokens: kvlib.serving.block_key(parent or ROOT_KEY, tokens),
+    lambda parent, tokens: (tuple(tokens), parent),
+])
+def test_exercise2_valid_keys_in_other_forms(block_key_function):
+    assert_correct(ex20.check_block_key(block_key_function))
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 3: which blocks go?
+# ---------------------------------------------------------------------------------------------
+
+def test_exercise3_scenario_is_what_the_notebook_says():
+    server = ex20.lru_scenario()
+    assert server.allocator.n_free == 3 and ex20.lru_to_evict(server) == 4
+    assert list(server.running) == [2]
+    held = {e.block for e in server.prefix_cache.entries if server.prefix_cache.is_held(e)}
+    assert held == {4, 5}
+    # what admitting a request of 7 new blocks really evicts
+    evicted = server.prefix_cache.make_room(ex20.LRU_NEEDED)
+    assert [e.block for e in evicted] == ex20.lru_expected()
+
+
+@pytest.mark.parametrize("answer, words", [
+    ([2, 6, 9, 10], "fewest hits first (LFU)"),
+    ([2, 6, 9, 10], "it became a candidate when its last cached child went"),
+    ([2, 6, 0, 1], "block 0 still has a cached child"),
+    ([2, 6, 1, 9], "block 1 still has a cached child (block 9)"),
+    ([2, 6, 5, 4], "block 5 is held by request 2"),
+    ([4, 2, 6, 9], "block 4 is held"),
+    ([10, 9, 6, 2], "block 2 was last used at tick 2, before block 10"),
+    ([6, 2, 9, 1], "the right blocks, in another order"),
+    ([2, 9, 6, 1], "block 6 was last used at tick 4, before block 9"),
+    ([2, 6, 9, 3], "block 3 holds no cached prefix"),
+    ([2, 2, 6, 9], "evicted once"),
+    ([2, 6, 9], "should have 4 numbers"),
+    ({2, 6, 9, 1}, "a set has no order"),
+    ("2 6 9 1", "tuple of 4 whole numbers"),
+    ([2, 6, 9, 1.25], "close (0.25 from the answer)"),
+    ([2, 6, 9, 10**40], "more than 30 digits"),
+    (..., "not filled in"),
+])
+def test_exercise3_wrong_answers_get_their_diagnosis(answer, words):
+    assert_not_yet(ex20.check_eviction_order(answer), words)
+
+
+@pytest.mark.parametrize("answer", [
+    [2, 6, 9, 1], (2, 6, 9, 1), np.array([2, 6, 9, 1]), [2.0, 6.0, 9.0, 1.0],
+    [np.int64(2), 6, 9, 1],
+])
+def test_exercise3_valid_answers_in_other_forms(answer):
+    assert_correct(ex20.check_eviction_order(answer))
+
+
+# ---------------------------------------------------------------------------------------------
+# Solutions and the fuzz
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("number, checker", [(1, ex20.check_reusable_tokens),
+                                             (2, ex20.check_block_key),
+                                             (3, ex20.check_eviction_order)])
+def test_solutions_pass(number, checker):
+    scope = {"lesson20": ex20, "kvlib": kvlib, "np": np}
+    exec(ex20.SOLUTIONS[number], scope)
+    assert_correct(checker(scope["answer"]))
 
 
 def test_solution_display():
-    shown = ex20.solution(4)
-    assert "Solution to exercise 4" in shown.data and "axis=1" in shown.data
+    shown = ex20.solution(2)
+    assert "Solution to exercise 2" in shown.data and "block_key_fixed" in shown.data
     with pytest.raises(ValueError, match="no exercise 9"):
         ex20.solution(9)
 
 
-# ------------------------------------------------------------------------------------------
-# Outlier key channels: the same model, wilder keys
-# ------------------------------------------------------------------------------------------
+CHECKERS = [ex20.check_reusable_tokens, ex20.check_block_key, ex20.check_eviction_order]
 
-@given(models(latent=False, window=False, positions="learned"), st.data())
+
+@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
+@pytest.mark.parametrize("label, answer", odd_answers((4,)))
+def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
+    feedback = assert_answers_in_words(checker, answer)
+    assert not feedback.passed, label
+
+
+@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
 @settings(max_examples=60, deadline=None)
-def test_outlier_key_channels_change_the_keys_but_not_the_logits(model, data):
-    params, config = model
-    channels = data.draw(st.lists(st.integers(0, config.kv_width - 1), min_size=1, max_size=3))
-    layers = data.draw(st.sets(st.integers(0, config.n_layers - 1), min_size=1))
-    factor = data.draw(st.sampled_from([0.25, 3.0, 16.0, 100.0]))
-    changed = q.with_outlier_key_channels(params, channels, factor, layers)
-    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=10))
-    a, cache_a = kvlib.prefill(params, ids)
-    b, cache_b = kvlib.prefill(changed, ids)
-    np.testing.assert_allclose(b, a, rtol=1e-9, atol=TOLERANCE)
-    for layer in range(config.n_layers):
-        expected = cache_a.keys(layer).copy()
-        if layer in layers:
-            expected[:, sorted(set(channels))] *= factor
-        np.testing.assert_allclose(cache_b.keys(layer), expected, rtol=1e-9, atol=TOLERANCE)
-        np.testing.assert_allclose(cache_b.values(layer), cache_a.values(layer), rtol=1e-9,
-                                   atol=TOLERANCE)
-    for layer in set(range(config.n_layers)) - layers:     # untouched layers share weights
-        assert changed.layers[layer] is params.layers[layer]
+@given(answer=student_answers)
+def test_every_checker_answers_anything_in_words(checker, answer):
+    feedback = assert_answers_in_words(checker, answer)
+    assert isinstance(feedback, Feedback)
 
 
-def test_per_channel_scales_absorb_outlier_channels_exactly():
-    """Scaling a channel by a power of two scales its per-channel scale exactly: the codes
-    and the error relative to the channel stay the same, while per-token scales suffer."""
-    config = kvlib.ModelConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8, context_length=64,
-                               positions="learned", norm="layer", bias=True)
-    params = kvlib.init_params(config, seed=1)
-    ids = np.random.default_rng(0).integers(0, 12, 64)
-    wild = q.with_outlier_key_channels(params, [1, 6], 16.0)
-    _, tame_cache = kvlib.prefill(params, ids)
-    _, wild_cache = kvlib.prefill(wild, ids)
-    tame, wild_keys = tame_cache.keys(0), wild_cache.keys(0)
-    per_channel = PerChannel(4, 32)
-    held_tame, held_wild = per_channel.round_trip(tame), per_channel.round_trip(wild_keys)
-    np.testing.assert_allclose(held_wild[:, [1, 6]], 16 * held_tame[:, [1, 6]], rtol=1e-12)
-    np.testing.assert_allclose(np.delete(held_wild, [1, 6], 1), np.delete(held_tame, [1, 6], 1),
-                               rtol=1e-12)
-    others = np.delete(np.arange(8), [1, 6])
-    per_token_tame = np.abs(PerToken(4).round_trip(tame) - tame)[:, others].mean()
-    per_token_wild = np.abs(PerToken(4).round_trip(wild_keys) - wild_keys)[:, others].mean()
-    assert per_token_wild > 4 * per_token_tame
+# ---------------------------------------------------------------------------------------------
+# A fuzz of the prefix-caching API: odd input gets a clear error and changes nothing
+# ---------------------------------------------------------------------------------------------
+
+FUZZ_MODEL = w20.example_model()
 
 
-@pytest.mark.parametrize("change, phrase", [
-    (dict(params=kvlib.init_params(kvlib.ModelConfig(positions="rotary"))), "rotary"),
-    (dict(params=kvlib.init_params(kvlib.ModelConfig(latent_dim=2))), "latent"),
-    (dict(channels=[4]), "between 0 and 3"),
-    (dict(channels=[]), "between 0 and 3"),
-    (dict(channels=[0.5]), "whole numbers"),
-    (dict(factor=0), "positive number"),
-    (dict(factor=float("nan")), "positive number"),
-    (dict(factor="16"), "positive number"),
-    (dict(layers=[3]), "between 0 and 2"),
-    (dict(layers=[-1]), "at least 0"),
-])
-def test_outlier_key_channels_refuse_what_they_cannot_do(change, phrase):
-    arguments = dict(params=kvlib.init_params(), channels=[1], factor=16.0, layers=None) | change
-    with pytest.raises((ValueError, TypeError), match=re_escape(phrase)):
-        q.with_outlier_key_channels(**arguments)
+def server_state(server):
+    return (server.allocator.ref_counts.tolist(), len(server.prefix_cache),
+            sorted(server.running), server.prefix_cache.clock,
+            {r: list(run.ids) for r, run in server.running.items()})
 
 
-def test_the_explorer_compares_the_model_with_its_outlier_version(widget_model):
-    params, tokenizer, story = widget_model
-    wild = q.with_outlier_key_channels(params, [3, 12], 16.0)
-    box = w20.quantized_cache_explorer(params, tokenizer, story, prompt_length=20, n_new=8,
-                                       group_size=16, outlier_params=wild)
-    for name in ("key_bits", "value_bits"):
-        box.controls[name].value = 4
-    box.controls["key_grouping"].value = "per token"
-    tame_per_token = box.state["result"]
-    box.controls["model"].value = "outlier keys"
-    wild_per_token = box.state["result"]
-    assert wild_per_token["model"] == "outlier keys" and "(outlier keys)" in \
-        box.figure.axes[0].get_title()
-    assert wild_per_token["logit_error"] > 2 * tame_per_token["logit_error"]
-    assert np.abs(wild_per_token["key_error"][0]).max() > \
-        4 * np.abs(tame_per_token["key_error"][0]).max()
-    box.controls["key_grouping"].value = "per channel"
-    wild_per_channel = box.state["result"]
-    box.controls["model"].value = "as trained"
-    tame_per_channel = box.state["result"]
-    # per channel, the outliers only scale their own columns' scales: nothing else changes
-    assert wild_per_channel["logit_error"] == pytest.approx(tame_per_channel["logit_error"],
-                                                            rel=1e-6)
-    assert wild_per_channel["agreement"] == tame_per_channel["agreement"]
-    np.testing.assert_allclose(wild_per_channel["key_error"][1][:, [3, 12]],
-                               16 * tame_per_channel["key_error"][1][:, [3, 12]], rtol=1e-6)
-    other = kvlib.init_params(WIDGET_CONFIG.replace(n_layers=1))
-    with pytest.raises(ValueError, match="same model"):
-        w20.quantized_cache_explorer(params, tokenizer, story, outlier_params=other)
-
-
-@pytest.mark.parametrize("call, error, phrase", [
-    (lambda: q.quantize(np.ones((2, 3)), "s", 8), TypeError, "scales must be numbers"),
-    (lambda: q.quantize(np.ones((2, 3)), np.ones((3, 1)), 8), ValueError, "do not match"),
-    (lambda: q.quantize(np.ones((2, 3)), -np.ones((2, 1)), 8), ValueError, ">= 0"),
-    (lambda: q.quantize(np.ones((2, 3)), np.ones((2, 1)), 5), ValueError, "one of (2, 4, 8)"),
-    (lambda: q.dequantize("codes", 1.0), TypeError, "whole numbers"),
-    (lambda: q.dequantize(np.ones((2, 3)), 1.0), TypeError, "whole numbers"),
-    (lambda: q.dequantize(np.ones((2, 3), dtype=int), [[1.0, np.nan]]), ValueError, "finite"),
-    (lambda: q.round_trip([[1.0, 2.0]], 8, 2), ValueError, "axis"),
-])
-def test_quantize_and_dequantize_refuse_bad_input_in_words(call, error, phrase):
-    with pytest.raises(error, match=re_escape(phrase)):
-        call()
+@given(value=st.one_of(student_answers, st.integers(-3, 70)))
+@settings(max_examples=120, deadline=None)
+def test_the_prefix_api_answers_odd_input_with_clear_errors(value):
+    server = PrefixServer(FUZZ_MODEL, n_blocks=12, block_size=4)
+    server.finish(server.admit(tokens("I am good . How are you ?")).request)
+    running = server.admit(tokens("I am good . thanks"))
+    cache = server.running[running.request].cache
+    calls = {
+        "admit": lambda: server.admit(value),
+        "decode request": lambda: server.decode(value, 1),
+        "decode token": lambda: server.decode(running.request, value),
+        "finish": lambda: server.finish(value),
+        "match": lambda: server.prefix_cache.match(value),
+        "reusable": lambda: server.prefix_cache.reusable(value),
+        "make_room": lambda: server.prefix_cache.make_room(value),
+        "insert": lambda: server.prefix_cache.insert(value, cache),
+        "attach": lambda: server.prefix_cache.attach(value),
+        "block_key": lambda: block_key(ROOT_KEY, value),
+        "block_keys": lambda: block_keys(value, 4),
+        "block size": lambda: block_keys([1, 2, 3], value),
+    }
+    for name, call in calls.items():
+        before = server_state(server)
+        try:
+            call()
+        except (ValueError, TypeError, MemoryError) as error:
+            assert str(error), name
+            assert server_state(server) == before, name
+        check_accounting(server)

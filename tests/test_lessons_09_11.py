@@ -484,7 +484,7 @@ def test_kv_cache_calculator_presets_and_custom_shapes():
     assert calculator.budget()["weights"] == 120 * GiB
     assert set(widgets11.PRESETS) == {name for name, preset in memory.PRESETS.items()
                                       if preset.latent_dim is None and preset.window is None}
-    assert "DeepSeek-V2" not in calculator.preset.options      # a latent cache: notebook 15
+    assert "DeepSeek-V2" not in calculator.preset.options      # a latent cache: notebook 16
     for name, preset in widgets11.PRESETS.items():
         calculator.preset.value = name
         assert calculator.context.value == preset.context_length    # its own context

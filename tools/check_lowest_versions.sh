@@ -22,5 +22,5 @@ VIRTUAL_ENV="$work/venv" "$work/tools/bin/uv" pip freeze | grep -iE "^($(sed -n 
 # Every notebook cell runs and every assert must hold, but printed text is not compared
 # (--nbval-lax): the committed outputs come from the current versions, and float32 results
 # can differ in their last printed digit at the lowest ones (numpy 2.0 against 2.4 in
-# notebook 20's quality table: 0.0087 against 0.0088).
+# notebook 22's quality table: 0.0087 against 0.0088).
 cd "$root" && "$work/venv/bin/python" -m pytest -q -x -p no:cacheprovider --nbval-lax

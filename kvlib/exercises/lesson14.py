@@ -1,353 +1,497 @@
-"""Exercises of notebook 14 (grouped-query attention): checkers and solutions.
+"""Exercises of notebook 14 (positions and the cache): checkers and solutions.
 
-1. The cache of a published model from its config.json (a transfer: Qwen2-7B, whose config
-   gives no head size and names its K/V heads num_key_value_heads).
-2. Find the bug: a grouped decode step written with np.tile instead of np.repeat (the
-   classic slip: right shapes, wrong pairs of query and K/V heads), fixed with np.repeat.
-3. Predict which K/V head a query head of Llama-2-70B reads.
+Exercise 1 is the classic offset bug of rotary models: a hand-written continuation whose
+chunk positions restart at 0, so that every decode step turns its query and key as if the
+token were the first. It works on an empty cache and nowhere else; equality with a full
+recomputation catches it. Exercise 2 computes the angle of one pair at one position for
+Llama 3's head (a transfer of the notebook's formula to another size and base). Exercise 3
+asks for predictions: which changes of the positions keep the scores?
 """
 
 from __future__ import annotations
 
 import math
-from numbers import Real
+from functools import lru_cache
+from numbers import Integral, Real
 
 import numpy as np
 
 import kvlib
-from kvlib.memory import GiB, MiB, kv_cache_bytes
 
-from .base import (
-    Feedback,
-    as_number,
-    checker,
-    is_missing,
-    not_filled_in,
-    numeric_array,
-    show_solution,
-    whole_number,
-)
-
-LESSON_CONFIG = kvlib.ModelConfig(d_model=16, n_heads=8, n_kv_heads=2, d_ff=32)
-"""The notebook's grouped model: the toy's vocabulary, 8 query heads of 2, 2 K/V heads."""
-EXERCISE_TOKEN = 5   # "I", decoded after "How are you?"
-
-# Exercise 1: config.json of Qwen/Qwen2-7B-Instruct (Qwen2.5-7B has the same shapes)
-QWEN2_CONFIG = {"hidden_size": 3584, "num_attention_heads": 28, "num_hidden_layers": 28,
-                "num_key_value_heads": 4, "max_position_embeddings": 32768,
-                "torch_dtype": "bfloat16"}
-# Exercise 3: Llama-2-70B (kvlib.memory.PRESETS) and one of its query heads
-EXERCISE3_HEADS, EXERCISE3_KV_HEADS, EXERCISE3_QUERY_HEAD = 64, 8, 42
-ROUNDING = 6e-4      # the notebook prints 3 decimals: a copied value is off by up to 5e-4
-
-
-def _number_or_feedback(answer, what: str):
-    """(value, None) for a finite number (Python or numpy, not a bool), else (None, Feedback)."""
-    if is_missing(answer):
-        return None, not_filled_in("answer", what)
-    if isinstance(answer, np.ndarray) and answer.ndim == 0:
-        answer = answer.item()
-    if isinstance(answer, (str, bytes)):
-        return None, Feedback(False, f"expected {what}, got text ({answer!r:.40}): write the "
-                              "number itself, without quotes.")
-    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
-        return None, Feedback(False, f"expected {what}, got {type(answer).__name__}.")
-    value = as_number(answer)
-    if value is None:
-        return None, Feedback(False, f"expected {what}, a finite number of reasonable size.")
-    return value, None
-
+from .base import Feedback, checker, is_missing, not_filled_in, show_solution
 
 # Exercise 1 ------------------------------------------------------------------------------
 
-def qwen2_cache_bytes() -> int:
-    """Exercise 1's answer: the BF16 cache of one full-length sequence of Qwen2-7B."""
-    c = QWEN2_CONFIG
-    return kv_cache_bytes(c["num_hidden_layers"], None, c["max_position_embeddings"],
-                          n_kv_heads=c["num_key_value_heads"],
-                          head_dim=c["hidden_size"] // c["num_attention_heads"])
+ROTARY_CONFIG = kvlib.ModelConfig(positions="rotary")
+"""The toy with rotary positions: 2 heads of size 2, one pair each, turning 1 rad a position."""
+CONTINUE_CASES = (  # (text already in the cache, new tokens); BOS is added to the first text
+    ("", "How are you?"),
+    ("How are you?", "I"),
+    ("How are you?", "I am fine"),
+    ("How are you? I", "am"),
+    ("How", "are you? I am fine."),
+)
+GENERATION_PROMPT, GENERATION_STEPS = "How are you?", 8
+
+
+@lru_cache(maxsize=1)
+def rotary_example() -> kvlib.Params:
+    """The rotary toy's seeded weights, made once; callers must not modify the arrays."""
+    return kvlib.init_params(ROTARY_CONFIG)
+
+
+def continue_with_positions(params, ids, cache, positions):
+    """Reference continuation of `cache` with ids (T,), the chunk's tokens turned to the
+    given positions (T,), or not turned at all when positions is None: logits (T, V)."""
+    config = params.config
+    T, S = len(ids), len(cache) + len(ids)
+    rotary = None if positions is None else kvlib.RotaryPositions(
+        np.asarray(positions), config.head_dim, config.rope_base)
+    X = kvlib.embed(np.asarray(ids), params.embedding)
+    for index, layer in enumerate(params.layers):
+        X = kvlib.decoder_block(X, layer, config.n_heads, kvlib.causal_mask(T, S), cache,
+                                index, rotary=rotary)
+    return kvlib.unembed(X, params.embedding)
+
+
+def _wrong_positions(P: int, T: int) -> list[tuple[object, str]]:
+    """The usual wrong positions for a chunk of T tokens after P cached ones, each with what
+    to say; the first that reproduces a student's logits is the diagnosis."""
+    where = (f"position len(cache) = {P}" if T == 1 else
+             f"positions len(cache) .. len(cache) + len(ids) - 1 = {P} .. {P + T - 1}")
+    # a shift of every position, the cached ones too, would keep every score (exercise 3):
+    # a student whose own loop shifts consistently is only caught by a cache filled elsewhere
+    shifted_note = (" (Shifting every position, the cached ones too, would keep the scores; "
+                    "but this cache was filled by kvlib.prefill, at 0 .. "
+                    f"{P - 1}.)" if P else "")
+    cases = [
+        (np.arange(T), (f"the new token was turned to position 0, as if it were the first "
+                        f"token: the positions restart at 0 for every call. After {P} cached "
+                        f"positions it sits at {where}." if T == 1 else
+                        f"the new tokens were turned as if the sequence started with them: "
+                        f"their positions restart at 0. After {P} cached positions they sit "
+                        f"at {where}.")),
+        (np.zeros(T, dtype=int), f"every new token was turned by angle 0: to position 0, or "
+                                 f"not turned at all (rotary=None), which is the same. "
+                                 f"{'It sits' if T == 1 else 'They sit'} at {where}."),
+        (np.arange(P + 1, P + T + 1), f"off by one: positions count from 0, so a cache of {P} "
+                                      f"positions holds 0 .. {P - 1} and the first new token "
+                                      f"sits at {P}, not {P + 1}" + (
+                                          " (len(cache) + len(ids) is where the NEXT token "
+                                          "goes)." if T == 1 else ".") + shifted_note),
+    ]
+    if T > 1:
+        cases.append((np.arange(P + T, P + 2 * T),
+                       f"the positions start at len(cache) + len(ids) = {P + T}: that is where "
+                       f"the NEXT chunk starts. This one starts at len(cache) = {P}."
+                       + shifted_note))
+    if P >= 1:
+        cases.append((np.arange(P - 1, P + T - 1),
+                       f"off by one: the first new token sits at position len(cache) = {P}, "
+                       f"one after the last cached position {P - 1}."))
+    return cases
+
+
+def _continue_cases():
+    tokenizer = kvlib.ToyTokenizer()
+    for before, chunk in CONTINUE_CASES:
+        cached = tokenizer.encode(before) if before else []
+        yield cached, tokenizer.encode(chunk, add_bos=not before)
+
+
+def _prefilled(params, cached_ids) -> kvlib.KVCache:
+    cache = kvlib.KVCache(params.config)
+    if cached_ids:
+        kvlib.prefill(params, cached_ids, cache)
+    return cache
+
+
+def _call(function, params, ids, cache, where: str):
+    """Run a student's function; (logits, None) or (None, Feedback saying what went wrong)."""
+    try:
+        return function(params, list(ids), cache), None
+    except ValueError as error:
+        if "layers of this cache hold different numbers" in str(error):
+            return None, Feedback(False, f"{where}, len(cache) was read after the first layer "
+                                  "had appended its rows (inside the loop over layers?): the "
+                                  "layers then disagree. Read the position of the chunk once, "
+                                  "before the loop: P = len(cache).")
+        if "positions must be >= 0" in str(error):
+            return None, Feedback(False, f"{where}, your function asked for a negative "
+                                  f"position ({error}). The first new token sits at "
+                                  "len(cache).")
+        return None, Feedback(False, f"{where}, your function raised ValueError: {error}")
+    except Exception as error:  # a student's code may fail in any way; report it in words
+        return None, Feedback(False, f"{where}, your function raised "
+                              f"{type(error).__name__}: {error}")
+
+
+def _as_logits(logits, expected_shape, where: str):
+    try:
+        with np.errstate(all="ignore"):
+            array = np.asarray(logits, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        return None, Feedback(False, f"{where}: expected logits, an array of numbers of shape "
+                              f"{expected_shape}, got {type(logits).__name__}.")
+    if array.shape != expected_shape:
+        return None, Feedback(False, f"{where}: expected logits of shape {expected_shape} (one "
+                              f"row per new token), got {array.shape}.")
+    return array, None
+
+
+def _diagnose(params, cached_ids, ids, logits, where: str) -> Feedback:
+    P, T = len(cached_ids), len(ids)
+    for positions, explanation in _wrong_positions(P, T):
+        wrong = continue_with_positions(params, ids, _prefilled(params, cached_ids), positions)
+        if np.allclose(logits, wrong, atol=1e-10):
+            return Feedback(False, f"{where}, the logits differ from kvlib.forward on the whole "
+                            f"text: {explanation}")
+    return Feedback(False, f"{where}, the logits differ from kvlib.forward on the whole text. "
+                    f"Print the positions your function gives the new tokens: they should be "
+                    f"{list(range(P, P + T))}; and the mask should be kvlib.causal_mask({T}, "
+                    f"{P + T}).")
 
 
 @checker
-def check_cache_bytes_from_config(answer) -> Feedback:
-    """Exercise 1: bytes of Qwen2-7B's cache for one sequence of 32,768 tokens in BF16
-    (bytes, or the same size in MiB or GiB)."""
-    value, feedback = _number_or_feedback(answer, "a number of bytes")
-    if feedback is not None:
-        return feedback
-    c = QWEN2_CONFIG
-    expected = qwen2_cache_bytes()
-    tokens, layers = c["max_position_embeddings"], c["num_hidden_layers"]
-    group = c["num_attention_heads"] // c["num_key_value_heads"]
+def check_continue(continue_fixed) -> Feedback:
+    """Exercise 1: a fixed `continue_fixed(params, ids, cache) -> logits (T, V)` for the
+    rotary toy. Runs it on several splits of a text into (already cached, new tokens),
+    including a first chunk on an empty cache and single decode steps, and as a greedy
+    decode loop, comparing each with kvlib.forward on the whole text."""
+    if is_missing(continue_fixed):
+        return Feedback(False, "your fixed function is not filled in yet: write it, then set "
+                        "answer = your function (without calling it).")
+    if not callable(continue_fixed):
+        return Feedback(False, f"answer should be a function like continue_broken, not "
+                        f"{type(continue_fixed).__name__}: write answer = continue_fixed.")
+    params = rotary_example()
+    tokenizer = kvlib.ToyTokenizer()
+    for cached_ids, ids in _continue_cases():
+        P, T = len(cached_ids), len(ids)
+        where = (f"continuing a cache of {P} positions ({tokenizer.decode(cached_ids)!r}) with "
+                 f"{T} new token{'s' if T > 1 else ''} ({tokenizer.decode(ids)!r})" if P else
+                 f"on an empty cache with {T} tokens ({tokenizer.decode(ids)!r})")
+        cache = _prefilled(params, cached_ids)
+        logits, failure = _call(continue_fixed, params, ids, cache, where)
+        if failure is not None:
+            return failure
+        expected = kvlib.forward(params, cached_ids + ids)[P:]
+        logits, failure = _as_logits(logits, expected.shape, where)
+        if failure is not None:
+            return failure
+        if len(cache) != P + T:
+            return Feedback(False, f"{where}: afterwards the cache should hold {P + T} "
+                            f"positions, it holds {len(cache)}. Pass the cache to every "
+                            "decoder_block so that the new K and V are appended.")
+        if not np.allclose(logits, expected, atol=1e-10):
+            return _diagnose(params, cached_ids, ids, logits, where)
+    return _check_decode_loop(continue_fixed, params, tokenizer)
 
-    def equals(target: float) -> bool:       # bytes are whole: to the byte
-        return abs(value - target) < 0.5
 
-    if equals(expected) or math.isclose(value, expected / MiB, abs_tol=0.5) or \
-            math.isclose(value, expected / GiB, abs_tol=0.005):
-        return Feedback(True, f"{expected:,} bytes = {expected / GiB:g} GiB: 57,344 bytes a "
-                        f"token, {group} times less than with 28 K/V heads.")
-    if math.isclose(value, expected / 1e9, abs_tol=0.005) or \
-            math.isclose(value, expected / 1e6, abs_tol=0.5):
-        return Feedback(False, "that is in GB or MB (powers of 10). Give bytes, or GiB "
-                        "(2^30 bytes) as the series does.")
-    if equals(expected * group):
-        return Feedback(False, f"{group} times too much: that caches a K/V head for each of "
-                        "the 28 query heads (or takes the head size as hidden_size / 4). Only "
-                        "num_key_value_heads = 4 heads are cached, each of head size "
-                        "hidden_size / num_attention_heads = 3584 / 28 = 128.")
-    if equals(expected / 2):
-        return Feedback(False, "that is K or V alone: the cache keeps both, a factor 2.")
-    if equals(expected / layers):
-        return Feedback(False, "that is one layer; each of the 28 layers has its own cache.")
-    if equals(expected * 2):
-        return Feedback(False, "that is 4 bytes a number; torch_dtype bfloat16 takes 2.")
-    if equals(expected * 8):
-        return Feedback(False, "that counts bits, not bytes: BF16 is 2 bytes a number.")
-    if equals(expected / tokens):
-        return Feedback(False, "that is one token (57,344 bytes): the sequence has "
-                        f"{tokens:,} of them.")
-    if equals(expected / tokens * 32000):
-        return Feedback(False, f"max_position_embeddings is {tokens:,} (2^15), not 32,000.")
-    return Feedback(False, f"not {value:,.12g}. Multiply 2 (K and V) x num_hidden_layers x "
-                    "num_key_value_heads x head size x 2 bytes x tokens; the head size is "
-                    "hidden_size / num_attention_heads.")
+def _check_decode_loop(continue_fixed, params, tokenizer) -> Feedback:
+    ids = tokenizer.encode(GENERATION_PROMPT)
+    expected = kvlib.generate(params, ids, GENERATION_STEPS, use_cache=False)
+    cache = kvlib.KVCache(params.config)
+    logits, failure = _call(continue_fixed, params, ids, cache, "prefilling the prompt")
+    if failure is not None:
+        return failure
+    generated = []
+    for step in range(GENERATION_STEPS):
+        logits, failure = _as_logits(logits, (len(ids) if step == 0 else 1,
+                                              params.config.vocab_size),
+                                     f"decode step {step}")
+        if failure is not None:
+            return failure
+        generated.append(int(np.argmax(logits[-1])))
+        if step + 1 < GENERATION_STEPS:
+            logits, failure = _call(continue_fixed, params, [generated[-1]], cache,
+                                    f"at decode step {step + 1}")
+            if failure is not None:
+                return failure
+    if generated != expected:
+        return Feedback(False, f"as a decode loop after {GENERATION_PROMPT!r}, your function "
+                        f"generates {tokenizer.decode(generated)!r}; recomputing everything "
+                        f"gives {tokenizer.decode(expected)!r}.")
+    return Feedback(True, f"all {len(CONTINUE_CASES)} splits give the logits of kvlib.forward "
+                    f"on the whole text, and as a decode loop your function generates "
+                    f"{tokenizer.decode(generated)!r}, as full recomputation does: every chunk "
+                    "starts at position len(cache).")
 
 
 # Exercise 2 ------------------------------------------------------------------------------
 
-def lesson_model() -> kvlib.Params:
-    """The notebook's grouped model (LESSON_CONFIG, the default seed)."""
-    return kvlib.init_params(LESSON_CONFIG)
+ANGLE_QUESTION = {"pair": 20, "position": 8000, "dim": 128, "base": 500000.0,
+                  "d_model": 4096}
+"""Llama 3 8B: heads of 128 columns (d_model 4096 / 32 heads), rope_base 500000."""
+ANGLE_TOLERANCE = 0.005      # the notebook prints 3 decimals
 
 
-def decode_inputs(params: kvlib.Params | None = None):
-    """What exercise 2 works on, as the notebook builds it: after the prefill of "How are
-    you?", the new token "I" in layer 0. Returns q (h, 1, dh), the query heads of the new
-    token, and K_rows, V_rows (6, kv x dh), layer 0's cached rows with its own appended."""
-    params = lesson_model() if params is None else params
-    ids = kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT)
-    _, cache = kvlib.prefill(params, ids)
-    x = kvlib.embed(np.array([EXERCISE_TOKEN]), params.embedding)
-    q, k, v = kvlib.project_qkv(x, params.layers[0])
-    return (kvlib.split_heads(q, params.config.n_heads), np.vstack([cache.keys(0), k]),
-            np.vstack([cache.values(0), v]))
+def pair_angle(pair: int, position: int, dim: int, base: float) -> float:
+    """The angle (radians) by which pair `pair` of a head of `dim` columns is turned at
+    `position`: position x base^(-2 pair / dim), computed by kvlib.rotary_angles."""
+    return float(kvlib.rotary_angles(np.array([position]), dim, base)[0, pair])
 
 
-def _kv_heads_in_order(order: str, rows: np.ndarray, n_heads: int, head_dim: int):
-    """rows (S, kv x dh) as (h, S, dh), each query head's K/V head, in one of the ways a
-    student may write it: the right one and the classic wrong ones."""
-    kv = rows.shape[1] // head_dim
-    heads = kvlib.split_heads(rows, kv)
-    if order == "repeat":
-        return np.repeat(heads, n_heads // kv, axis=0)
-    if order == "tile":
-        return np.tile(heads, (n_heads // kv, 1, 1))
-    if order == "columns":       # single columns repeated, then split into h heads
-        return kvlib.split_heads(np.repeat(rows, n_heads // kv, axis=1), n_heads)
-    raise ValueError(order)
-
-
-def _decode_output(q, K_rows, V_rows, k_order="repeat", v_order="repeat", scaled=True,
-                   softmax_axis=-1):
-    n_heads, _, head_dim = q.shape
-    K = _kv_heads_in_order(k_order, K_rows, n_heads, head_dim)
-    V = _kv_heads_in_order(v_order, V_rows, n_heads, head_dim)
-    scores = q @ K.swapaxes(-1, -2)
-    if scaled:
-        scores = scores / math.sqrt(head_dim)
-    return kvlib.softmax(scores, axis=softmax_axis) @ V
-
-
-WRONG_DECODES = (   # (what the student did, options of _decode_output, the diagnosis)
-    ("np.tile", dict(k_order="tile", v_order="tile"),
-     "np.tile lays the K/V heads out in the order 0, 1, 0, 1, ...: query head 1 got K/V head "
-     "1 instead of 0. Query head i must read K/V head i // group: np.repeat(..., group, "
-     "axis=0) gives 0, 0, 0, 0, 1, 1, 1, 1, the order of transformers' repeat_kv."),
-    ("repeated columns", dict(k_order="columns", v_order="columns"),
-     "that repeats single columns of the (S, kv x dh) rows, so a head is made of copies of "
-     "one column. Repeat whole heads: split the rows into the K/V heads first, (kv, S, dh), "
-     "then np.repeat along axis 0."),
-    ("no scale", dict(scaled=False),
-     "the heads are paired right, but the scores are not scaled: divide them by "
-     "sqrt(head size) before the softmax."),
-    ("np.tile, no scale", dict(k_order="tile", v_order="tile", scaled=False),
-     "two slips: np.tile pairs the wrong heads (query head i must read K/V head i // group: "
-     "use np.repeat along axis 0), and the scores are not divided by sqrt(head size)."),
-    ("repeated columns, no scale", dict(k_order="columns", v_order="columns", scaled=False),
-     "two slips: whole heads must be repeated, not single columns (split the rows into K/V "
-     "heads first), and the scores are not divided by sqrt(head size)."),
-    ("K right, V tiled", dict(v_order="tile"),
-     "the keys are repeated right but the values are tiled: V must be repeated exactly like "
-     "K, with np.repeat along axis 0, so that each query head mixes its own K/V head's values."),
-    ("K tiled, V right", dict(k_order="tile"),
-     "the values are repeated right but the keys are tiled: K must be repeated exactly like "
-     "V, with np.repeat along axis 0."),
-    ("softmax over heads", dict(softmax_axis=0),
-     "the softmax ran along the heads axis. Take it along the last axis (the positions), so "
-     "that each head's row of weights adds up to 1."),
-    ("softmax over the one query", dict(softmax_axis=1),
-     "every weight is 1: the softmax ran along the axis of the single query. Take it along "
-     "the last axis (the positions)."),
-)
-
-
-def _as_output(answer, n_heads: int, head_dim: int):
-    """The answer as (h, 1, dh) if it is an array of numbers in an accepted form: per head
-    (h, 1, dh) or (h, dh), or merged (1, h x dh) or (h x dh,). Else a Feedback."""
-    if is_missing(answer):
-        return Feedback(False, "got None instead of the output: return (or assign) the array "
-                        "of the attention output.")
-    array = numeric_array(answer, "the output")
-    if isinstance(array, Feedback):
-        return array
-    array = array.astype(float)
-    if array.size == n_heads * head_dim and array.shape in {
-            (n_heads, 1, head_dim), (n_heads, head_dim), (1, n_heads * head_dim),
-            (n_heads * head_dim,)}:
-        per_head = array.reshape(1, n_heads, head_dim) if array.shape[-1] == n_heads * head_dim \
-            else array.reshape(n_heads, 1, head_dim)
-        return per_head.transpose(1, 0, 2) if per_head.shape[0] == 1 else per_head
-    return array
-
-
-def _diagnose(answer, q, K_rows, V_rows, where: str = "") -> Feedback | None:
-    """None when the answer is this decode step's grouped attention output; else why not."""
-    n_heads, _, head_dim = q.shape
-    S = K_rows.shape[0]
-    expected = _decode_output(q, K_rows, V_rows)
-    output = _as_output(answer, n_heads, head_dim)
-    if isinstance(output, Feedback):
-        return output
-    if output.shape != expected.shape:
-        if output.shape in {(n_heads, 1, S), (n_heads, S)}:
-            return Feedback(False, f"{where}those are the attention weights, one row of {S} "
-                            "per head: multiply them by the values, repeated like the keys.")
-        got = "a single number" if output.ndim == 0 else f"shape {output.shape}"
-        return Feedback(False, f"{where}expected the output per query head, an array of "
-                        f"shape {expected.shape}, got {got}.")
-    if not np.isfinite(output).all():
-        return Feedback(False, f"{where}the output has NaN or infinite values: the softmax "
-                        "of finite scores is always finite.")
-    if np.allclose(output, expected, rtol=0, atol=ROUNDING):
+def _one_number(answer) -> float | None:
+    """A finite float from a number, a 0-d array or a one-element list or array; else None."""
+    if isinstance(answer, (list, tuple)) and len(answer) == 1:
+        answer = answer[0]
+    if isinstance(answer, np.ndarray) and answer.size == 1 and answer.dtype.kind in "iuf":
+        answer = answer.reshape(()).item()
+    if isinstance(answer, bool) or not isinstance(answer, Real):
         return None
-    for _, options, diagnosis in WRONG_DECODES:
-        if np.allclose(output, _decode_output(q, K_rows, V_rows, **options), rtol=0,
-                       atol=ROUNDING):
-            return Feedback(False, where + diagnosis)
-    return Feedback(False, f"{where}the shape is right but not the values. Split the rows "
-                    "into K/V heads, np.repeat them to one per query head along axis 0, then "
-                    "scaled scores, softmax over the positions, and the weighted sum of V.")
+    try:
+        value = float(answer)
+    except (OverflowError, ValueError):
+        return math.inf
+    return value
 
 
-SMALLER_CASES = ((6, 3, 2, 7), (8, 4, 4, 3), (4, 1, 2, 5), (4, 4, 2, 4))
-"""Other decode steps a fixed function must get right: (h, kv, dh, S) with random numbers."""
+def _turns_apart(a: float, b: float) -> float:
+    """How far apart two angles are on the circle (radians, 0 .. pi)."""
+    return abs((a - b + math.pi) % (2 * math.pi) - math.pi)
 
 
-def _random_case(n_heads, n_kv_heads, head_dim, S, seed):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal((n_heads, 1, head_dim)),
-            rng.standard_normal((S, n_kv_heads * head_dim)),
-            rng.standard_normal((S, n_kv_heads * head_dim)))
+def _angle_mistakes() -> list[tuple[float, str]]:
+    q = ANGLE_QUESTION
+    pair, position, dim, base = q["pair"], q["position"], q["dim"], q["base"]
+    frequency = pair_angle(pair, 1, dim, base)
+    exact = position * frequency
+    return [
+        (pair_angle(pair, position, dim, 10000.0),
+         "that is the angle with rope_base 10000 (the RoPE paper, Llama 2). Llama 3 uses "
+         "rope_base 500000."),
+        (position * base ** (-pair / dim),
+         f"the exponent is -2i / dim, not -i / dim: pair i holds columns 2i and 2i + 1, so "
+         f"pair {pair} starts at column {2 * pair}."),
+        (pair_angle(pair + 1, position, dim, base),
+         f"that is pair {pair + 1}: pairs count from 0, and pair i's exponent is -2i / dim."),
+        (pair_angle(pair - 1, position, dim, base),
+         f"that is pair {pair - 1}: pair i's exponent is -2i / dim with i = {pair}."),
+        (math.degrees(exact), "that is the angle in degrees: give it in radians."),
+        (pair_angle(pair, position, q["d_model"], base),
+         f"dim is the size of one head, {dim} columns, not d_model = {q['d_model']}: the "
+         f"rotation turns the pairs inside each head."),
+        (position * base ** (2 * pair / dim),
+         "the exponent is negative: the pairs turn more SLOWLY as i grows, "
+         "frequency = base^(-2i / dim)."),
+        (frequency, "that is the angle per position (the frequency): multiply by the position."),
+        (2 * math.pi / frequency,
+         "that is the wavelength, the positions a full turn takes: the angle is position x "
+         "frequency."),
+        (1 / frequency, "that is 1 / frequency: the angle is position x frequency."),
+        ((position - 1) * frequency, f"that is position {position - 1}: the token sits at "
+                                     f"position {position}."),
+        ((position + 1) * frequency, f"that is position {position + 1}: the token sits at "
+                                     f"position {position}."),
+        (-exact, "the angle is positive: position x base^(-2i / dim), both factors positive."),
+    ]
 
 
 @checker
-def check_grouped_decode(answer) -> Feedback:
-    """Exercise 2: the fixed grouped attention of one decode step, either as its output on
-    the notebook's q, K_rows, V_rows ((8, 1, 2), or merged (1, 16)), or as the fixed
-    function itself, f(q, K_rows, V_rows) -> (h, 1, dh), which is also run on other sizes."""
+def check_pair_angle(answer) -> Feedback:
+    """Exercise 2: the angle (radians) of pair 20 of a Llama 3 head (dim 128, rope_base
+    500000) at position 8000. Any angle a whole number of turns away is the same rotation."""
     if is_missing(answer):
-        return not_filled_in("answer", "your fixed function, or its output on q, K_rows, "
-                             "V_rows")
-    lesson_case = decode_inputs()
-    if not callable(answer):
-        feedback = _diagnose(answer, *lesson_case)
-        if feedback is not None:   # a Feedback that did not pass is falsy: test for None
-            return feedback
-        return Feedback(True, "each of the 8 query heads read its own group's K/V head: the "
-                        "output of kvlib.attention(q, K/V heads), which does the same by "
-                        "broadcasting, without the copies.")
-    cases = [lesson_case] + [_random_case(*sizes, seed) for seed, sizes
-                             in enumerate(SMALLER_CASES)]
-    for q, K_rows, V_rows in cases:
-        h, kv = q.shape[0], K_rows.shape[1] // q.shape[-1]
-        where = f"with {h} query heads and {kv} K/V heads, "
-        try:
-            output = answer(q.copy(), K_rows.copy(), V_rows.copy())
-        except Exception as error:  # a student's code may fail in any way; say it in words
-            return Feedback(False, f"{where}your function raised {type(error).__name__}: "
-                            f"{error}")
-        feedback = _diagnose(output, q, K_rows, V_rows, where)
-        if feedback is not None:
-            return feedback
-    return Feedback(True, f"right on the notebook's decode step and on {len(SMALLER_CASES)} "
-                    "other sizes: query head i reads K/V head i // group.")
+        return not_filled_in("answer", "your number")
+    value = _one_number(answer)
+    if value is None:
+        return Feedback(False, f"answer should be one number (an angle in radians), got "
+                        f"{type(answer).__name__} {answer!r:.60}.")
+    if not math.isfinite(value):
+        return Feedback(False, f"answer should be a finite angle in radians, got {value}.")
+    q = ANGLE_QUESTION
+    exact = pair_angle(q["pair"], q["position"], q["dim"], q["base"])
+    if abs(value - exact) <= ANGLE_TOLERANCE:
+        return Feedback(True, f"{exact:.3f} rad: {q['position']} positions x "
+                        f"{exact / q['position']:.6f} rad per position. Pair {q['pair']} "
+                        f"makes a full turn every {2 * math.pi * q['position'] / exact:,.0f} "
+                        f"positions; the slowest pair, 63, every "
+                        f"{2 * math.pi / pair_angle(63, 1, q['dim'], q['base']):,.0f}.")
+    if _turns_apart(value, exact) <= ANGLE_TOLERANCE:
+        return Feedback(True, f"{value:.3f} rad is the same rotation as {exact:.3f} rad, a "
+                        f"whole number of turns apart: {q['position']} x base^(-2 x "
+                        f"{q['pair']} / {q['dim']}).")
+    if any(abs(value - round(exact, digits)) < 1e-9 for digits in (0, 1)):
+        return Feedback(False, f"{value} is the angle rounded too far: give it to 3 decimals "
+                        f"(a turn of 0.05 rad is already a visible difference in a score).")
+    for wrong, explanation in _angle_mistakes():
+        if abs(value - wrong) <= max(ANGLE_TOLERANCE, 1e-6 * abs(wrong)):
+            return Feedback(False, f"{value:.6g} is not it: {explanation}")
+    if abs(value - exact) <= 0.1:
+        return Feedback(False, f"{value} is close but not within {ANGLE_TOLERANCE}: give the "
+                        "angle to 3 decimals.")
+    return Feedback(False, f"{value:.6g} is not it. The angle of pair i at position p is "
+                    "p x base^(-2i / dim): which dim and which base does a Llama 3 head use?")
 
 
 # Exercise 3 ------------------------------------------------------------------------------
 
+STATEMENTS = (
+    "Shift every position, of the query and of all the keys, by 100.",
+    "Shift only the new query's position by 100; the cached keys stay as they are.",
+    "Double every position (query and keys).",
+    "Store the cached rows of K and V in another order (a paged cache may put them anywhere).",
+    "With learned positions (GPT-2) instead of RoPE: shift every position by 100.",
+)
+"""Exercise 3: does the query's score for each key token stay the same after this change?"""
+
+REASONS = (
+    "Shifting every position by the same amount keeps every distance m - n, and a rotary "
+    "score depends on m - n only.",
+    "Only the query moves: every distance m - n grows by 100, and the scores change. This is "
+    "the offset bug of exercise 1 seen from the scores.",
+    "Doubling the positions doubles every distance m - n, so the angles between q and k, and "
+    "the scores, change. (Position interpolation does the opposite, dividing positions to fit "
+    "a longer text in the trained range, and needs a little fine-tuning for that reason.)",
+    "Each cached key was turned to its own position before it was stored: the position "
+    "travels inside the row, so each token's score is the same wherever its row sits.",
+    "A learned table adds a different row to each position: shifted by 100, every token gets "
+    "another vector, and nothing makes the scores depend on the distance only.",
+)
+YES = {"true", "yes", "y", "keeps", "keep", "kept", "same", "stays", "stay", "unchanged"}
+NO = {"false", "no", "n", "changes", "change", "changed", "different", "differs"}
+
+
+def _scores_rotary(query_position: int, key_positions, dim: int = 8, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((1, dim)), rng.standard_normal((len(key_positions), dim))
+    turned_q = kvlib.RotaryPositions(np.array([query_position]), dim).rotate(q)
+    turned_k = kvlib.RotaryPositions(np.asarray(key_positions), dim).rotate(k)
+    return (turned_q @ turned_k.T)[0] / math.sqrt(dim)
+
+
+def _scores_learned(positions, seed: int = 0):
+    """Layer 0, head 0 scores of the newest token of a fixed text over all its tokens, the
+    text placed at `positions`, in a learned-position toy."""
+    config = kvlib.ModelConfig(positions="learned", context_length=128)
+    params = kvlib.init_params(config, seed=seed)
+    ids = np.array([0, 3, 7, 1, 9, 5])
+    X = kvlib.add_positions(kvlib.embed(ids, params.embedding), params.position_table,
+                            positions)
+    Q, K, _ = kvlib.project_qkv(X, params.layers[0])
+    Qh, Kh = kvlib.split_heads(Q, 2)[0], kvlib.split_heads(K, 2)[0]
+    return kvlib.attention_scores(Qh, Kh)[-1]
+
+
+def _cached_scores_in_another_order():
+    """The newest query's scores per key token, with the rotary toy's cached rows read in
+    position order and in a shuffled order (then put back by token)."""
+    params = rotary_example()
+    ids = [0, 3, 7, 1, 9, 5]
+    _, cache = kvlib.prefill(params, ids[:-1])
+    X = kvlib.embed(np.array(ids[-1:]), params.embedding)
+    q, k, _ = kvlib.project_qkv(X, params.layers[0])
+    rotary = kvlib.RotaryPositions(np.array([len(cache)]), ROTARY_CONFIG.head_dim)
+    q = kvlib.split_heads(rotary.rotate(q), 2)
+    keys = cache.keys(0).copy()
+    order = np.random.default_rng(1).permutation(len(keys))
+    in_order = kvlib.attention_scores(q, kvlib.split_heads(keys, 2))
+    shuffled = kvlib.attention_scores(q, kvlib.split_heads(keys[order], 2))
+    by_token = np.empty_like(shuffled)
+    by_token[..., order] = shuffled
+    return in_order, by_token
+
+
+def statement_truths() -> tuple[bool, ...]:
+    """Whether each of STATEMENTS keeps every key token's score, computed, not written."""
+    keys = np.arange(8)
+    base = _scores_rotary(7, keys)
+    in_order, by_token = _cached_scores_in_another_order()
+    return (
+        bool(np.allclose(_scores_rotary(107, keys + 100), base, atol=1e-10)),
+        bool(np.allclose(_scores_rotary(107, keys), base, atol=1e-10)),
+        bool(np.allclose(_scores_rotary(14, 2 * keys), base, atol=1e-10)),
+        bool(np.allclose(by_token, in_order, atol=1e-12)),
+        bool(np.allclose(_scores_learned(np.arange(100, 106)), _scores_learned(np.arange(6)),
+                         atol=1e-10)),
+    )
+
+
+def _prediction(item) -> bool | None:
+    if isinstance(item, (bool, np.bool_)):
+        return bool(item)
+    if isinstance(item, (Integral, np.integer, float, np.floating)) and item in (0, 1):
+        return bool(item)      # 0 / 1, also as floats (np.array([1, 0, ...], dtype=float))
+    if isinstance(item, str):
+        word = item.strip().lower()
+        return True if word in YES else False if word in NO else None
+    return None
+
+
+def _predictions(answer):
+    """A list of len(STATEMENTS) booleans, or a Feedback saying why the answer is not one."""
+    n = len(STATEMENTS)
+    form = (f"a list of {n} predictions, True (keeps every score) or False (changes some), "
+            f"in the order of the statements")
+    if isinstance(answer, dict):
+        try:
+            answer = [answer[i] for i in range(1, n + 1)]
+        except (KeyError, TypeError):
+            return Feedback(False, f"a dict answer needs the keys 1 to {n} (the statements' "
+                            f"numbers); or give {form}.")
+    if isinstance(answer, np.ndarray):
+        if answer.ndim != 1:
+            return Feedback(False, f"answer should be {form}, got an array of shape "
+                            f"{answer.shape}.")
+        answer = answer.tolist()
+    if isinstance(answer, (str, bytes)) or not isinstance(answer, (list, tuple)):
+        return Feedback(False, f"answer should be {form}, got {type(answer).__name__}.")
+    if len(answer) != n:
+        return Feedback(False, f"answer should have {n} predictions, one per statement, got "
+                        f"{len(answer)}.")
+    predictions = [_prediction(item) for item in answer]
+    unreadable = [i + 1 for i, p in enumerate(predictions) if p is None]
+    if unreadable:
+        return Feedback(False, f"prediction(s) {unreadable} are not True or False (nor 'keeps' "
+                        f"/ 'changes'): got {[answer[i - 1] for i in unreadable]!r:.80}.")
+    return predictions
+
+
 @checker
-def check_query_group(answer) -> Feedback:
-    """Exercise 3: the K/V head that query head 42 of Llama-2-70B (64 query heads, 8 K/V
-    heads) reads."""
-    h, kv, head = EXERCISE3_HEADS, EXERCISE3_KV_HEADS, EXERCISE3_QUERY_HEAD
-    group = h // kv
-    expected = head // group
-    if isinstance(answer, Real) and not isinstance(answer, (bool, np.bool_)) and \
-            as_number(answer) is not None and math.isclose(float(answer), head / group):
-        return Feedback(False, f"{head} / {group} = {head / group:g}: a head number is whole, "
-                        f"round down (integer division, {head} // {group}).")
-    value = whole_number(answer, "answer", expected)
-    if isinstance(value, Feedback):
-        return value
-    if value == expected:
-        return Feedback(True, f"K/V head {expected}: groups of {group}, so query heads "
-                        f"{expected * group}-{expected * group + group - 1} all read it.")
-    if value < 0:
-        return Feedback(False, "heads are numbered from 0 up.")
-    if value == head % kv:
-        return Feedback(False, f"that is {head} % {kv}, the np.tile order 0, 1, ..., 7, 0, 1, "
-                        f"...: in a grouped model consecutive query heads share a K/V head, "
-                        f"so query head i reads K/V head i // {group}.")
-    if value == expected + 1:
-        return Feedback(False, "one too many: heads are numbered from 0, and the division "
-                        "rounds down.")
-    if value == head:
-        return Feedback(False, f"query head {head} has no K/V head of its own: {group} query "
-                        "heads share each K/V head.")
-    if value >= kv:
-        return Feedback(False, f"Llama-2-70B has only {kv} K/V heads, numbered 0 to {kv - 1}: "
-                        f"each serves {h} / {kv} = {group} query heads.")
-    v = int(value)
-    return Feedback(False, f"K/V head {v} serves query heads {v * group}-{v * group + group - 1}"
-                    f", not {head}. Query head i reads K/V head i // (64 / 8).")
+def check_keeps_scores(answer) -> Feedback:
+    """Exercise 3: for each of STATEMENTS, True if every key token's score stays the same."""
+    if is_missing(answer):
+        return not_filled_in("answer", f"your {len(STATEMENTS)} predictions")
+    predictions = _predictions(answer)
+    if isinstance(predictions, Feedback):
+        return predictions
+    truths = statement_truths()
+    wrong = [i for i, (p, t) in enumerate(zip(predictions, truths)) if p != t]
+    if not wrong:
+        return Feedback(True, "all " + str(len(STATEMENTS)) + " right. " + " ".join(
+            f"({i + 1}) {reason}" for i, reason in enumerate(REASONS)))
+    said = " ".join(f"({i + 1}) you said it {'keeps' if predictions[i] else 'changes'} the "
+                    f"scores, but it {'keeps' if truths[i] else 'changes'} them: {REASONS[i]}"
+                    for i in wrong)
+    return Feedback(False, f"{len(wrong)} of {len(STATEMENTS)} predictions are off. {said}")
 
 
 SOLUTIONS = {
     1: """
-c = qwen2_config
-head_dim = c["hidden_size"] // c["num_attention_heads"]          # 128
-answer = (2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * 2
-          * c["max_position_embeddings"])                        # 1,879,048,192 = 1.75 GiB
+def continue_fixed(params, ids, cache):
+    config = params.config
+    P, T = len(cache), len(ids)              # read before any layer appends
+    rotary = kvlib.RotaryPositions(np.arange(P, P + T), config.head_dim, config.rope_base)
+    X = kvlib.embed(np.asarray(ids), params.embedding)
+    for index, layer in enumerate(params.layers):
+        X = kvlib.decoder_block(X, layer, config.n_heads, kvlib.causal_mask(T, P + T),
+                                cache, index, rotary=rotary)
+    return kvlib.unembed(X, params.embedding)
+
+answer = continue_fixed
 """,
     2: """
-def grouped_decode_attention(q, K_rows, V_rows):
-    n_heads, _, head_dim = q.shape
-    n_kv_heads = K_rows.shape[1] // head_dim
-    group = n_heads // n_kv_heads
-    K = np.repeat(kvlib.split_heads(K_rows, n_kv_heads), group, axis=0)   # 0,0,..,1,1,..
-    V = np.repeat(kvlib.split_heads(V_rows, n_kv_heads), group, axis=0)
-    weights = kvlib.softmax(q @ K.swapaxes(-1, -2) / np.sqrt(head_dim))
-    return weights @ V
-
-answer = grouped_decode_attention
+pair, position, dim, base = 20, 8000, 128, 500000.0
+answer = position * base ** (-2 * pair / dim)          # 132.484 rad
+# or: kvlib.rotary_angles(np.array([position]), dim, base)[0, pair]
 """,
     3: """
-answer = 42 // (64 // 8)     # groups of 8: query heads 40-47 read K/V head 5
+answer = [True, False, False, True, False]
 """,
 }
 
 
 def solution(number: int):
-    """Show exercise `number`'s solution (for the instructor, after students have tried)."""
+    """Show the solution to exercise `number` (for the instructor, after students try)."""
     return show_solution(SOLUTIONS, number)

@@ -1,323 +1,349 @@
-"""Exercises of notebook 15 (multi-head latent attention): checkers and solutions.
+"""Exercises of notebook 15 (grouped-query attention): checkers and solutions.
 
-1. Bytes per token of a latent-attention model described in words (a transfer of the
-   DeepSeek numbers to other shapes).
-2. One head's absorbed scores against the cached latents, written as a function. The checker
-   runs it on the lesson's shapes (latent wider than a head) and on a model whose latent is
-   exactly one head wide, where a forgotten transpose still runs and can be told apart.
-3. Why the rotary key cannot be absorbed (a choice).
+1. The cache of a published model from its config.json (a transfer: Qwen2-7B, whose config
+   gives no head size and names its K/V heads num_key_value_heads).
+2. Find the bug: a grouped decode step written with np.tile instead of np.repeat (the
+   classic slip: right shapes, wrong pairs of query and K/V heads), fixed with np.repeat.
+3. Predict which K/V head a query head of Llama-2-70B reads.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from numbers import Real
 
 import numpy as np
 
 import kvlib
-from kvlib.memory import kv_cache_bytes, latent_cache_bytes
+from kvlib.memory import GiB, MiB, kv_cache_bytes
 
-from .base import Feedback, is_missing, show_solution
+from .base import (
+    Feedback,
+    as_number,
+    checker,
+    is_missing,
+    not_filled_in,
+    numeric_array,
+    show_solution,
+    whole_number,
+)
 
-# Exercise 1: an imagined model with latent attention, cache in BF16
-EXERCISE1 = {"n_layers": 40, "n_heads": 32, "head_dim": 128, "latent_dim": 512,
-             "rope_head_dim": 64, "dtype_bytes": 2}
+LESSON_CONFIG = kvlib.ModelConfig(d_model=16, n_heads=8, n_kv_heads=2, d_ff=32)
+"""The notebook's grouped model: the toy's vocabulary, 8 query heads of 2, 2 K/V heads."""
+EXERCISE_TOKEN = 5   # "I", decoded after "How are you?"
 
-# Exercise 2: the lesson's model (notebook 15), and one whose latent is exactly one head wide
-LESSON_CONFIG = kvlib.ModelConfig(d_model=32, n_heads=8, d_ff=64, latent_dim=8,
-                                  rope_head_dim=2, positions="rotary")
-SQUARE_CONFIG = kvlib.ModelConfig(d_model=8, n_heads=2, d_ff=16, latent_dim=4,
-                                  rope_head_dim=2, positions="rotary")
-SIGNATURE = "head_scores(layer, head, q_head, q_rope_head, latents, rope_keys)"
+# Exercise 1: config.json of Qwen/Qwen2-7B-Instruct (Qwen2.5-7B has the same shapes)
+QWEN2_CONFIG = {"hidden_size": 3584, "num_attention_heads": 28, "num_hidden_layers": 28,
+                "num_key_value_heads": 4, "max_position_embeddings": 32768,
+                "torch_dtype": "bfloat16"}
+# Exercise 3: Llama-2-70B (kvlib.memory.PRESETS) and one of its query heads
+EXERCISE3_HEADS, EXERCISE3_KV_HEADS, EXERCISE3_QUERY_HEAD = 64, 8, 42
+ROUNDING = 6e-4      # the notebook prints 3 decimals: a copied value is off by up to 5e-4
 
-# Exercise 3: the choices
-CHOICES = {
-    "a": "The rotation is not a linear map, so it cannot be folded into a matrix.",
-    "b": "The rotation that sits between q and W_up_k depends on the key's position, so the "
-         "matrix to absorb would be different for every cached token.",
-    "c": "A rotated key would be wider than the latent, so the cache would grow.",
-    "d": "The query is rotated too, and the two rotations cancel, so the positions would be "
-         "lost.",
-}
-RIGHT_CHOICE = "b"
-WRONG_CHOICES = {
-    "a": "A rotation is linear: it is a matrix (notebook 13 turns pairs of columns with cos "
-         "and sin). The trouble is which matrix: it is a different one at every position.",
-    "c": "A rotation keeps the width (and the length) of what it turns. Nothing would get "
-         "wider; the trouble is that the rotation depends on the key's position.",
-    "d": "The two rotations do not cancel: they combine into one rotation by the distance "
-         "between the two positions (that is how RoPE encodes it). That rotation depends on "
-         "the key's position, so it cannot be folded into one matrix for every key.",
-}
+
+def _number_or_feedback(answer, what: str):
+    """(value, None) for a finite number (Python or numpy, not a bool), else (None, Feedback)."""
+    if is_missing(answer):
+        return None, not_filled_in("answer", what)
+    if isinstance(answer, np.ndarray) and answer.ndim == 0:
+        answer = answer.item()
+    if isinstance(answer, (str, bytes)):
+        return None, Feedback(False, f"expected {what}, got text ({answer!r:.40}): write the "
+                              "number itself, without quotes.")
+    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
+        return None, Feedback(False, f"expected {what}, got {type(answer).__name__}.")
+    value = as_number(answer)
+    if value is None:
+        return None, Feedback(False, f"expected {what}, a finite number of reasonable size.")
+    return value, None
 
 
 # Exercise 1 ------------------------------------------------------------------------------
 
-def _number(answer) -> float | None:
-    """A plain number as a float, also from a one-element list or array (np.array(46080));
-    nan stays nan and an int too large for a float (10**400) is infinite, so that the
-    message can say the number must be finite. None for anything else."""
-    if isinstance(answer, (list, tuple)) and len(answer) == 1:
-        answer = answer[0]
-    if isinstance(answer, np.ndarray) and answer.size == 1 and \
-            np.issubdtype(answer.dtype, np.number):
-        answer = answer.reshape(()).item()
-    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
-        return None
-    try:
-        return float(answer)
-    except OverflowError:
-        return math.inf if answer > 0 else -math.inf
+def qwen2_cache_bytes() -> int:
+    """Exercise 1's answer: the BF16 cache of one full-length sequence of Qwen2-7B."""
+    c = QWEN2_CONFIG
+    return kv_cache_bytes(c["num_hidden_layers"], None, c["max_position_embeddings"],
+                          n_kv_heads=c["num_key_value_heads"],
+                          head_dim=c["hidden_size"] // c["num_attention_heads"])
 
 
-def check_latent_bytes_per_token(answer) -> Feedback:
-    """Exercise 1: bytes one token adds to the cache of a 40-layer latent-attention model
-    (32 heads of 128, latent 512, rotary key 64), in BF16."""
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    value = _number(answer)
-    if value is None:
-        return Feedback(False, f"expected a number of bytes, got {type(answer).__name__}.")
-    if not math.isfinite(value):
-        return Feedback(False, f"expected a finite number of bytes, got {value}.")
-    e = EXERCISE1
-    layers, dc, dr, h, dtype_bytes = (e["n_layers"], e["latent_dim"], e["rope_head_dim"],
-                                      e["n_heads"], e["dtype_bytes"])
-    expected = latent_cache_bytes(layers, dc, dr, 1, dtype_bytes=dtype_bytes)
-    mha = kv_cache_bytes(layers, None, 1, dtype_bytes=dtype_bytes, n_kv_heads=h,
-                         head_dim=e["head_dim"])
-    if value == expected:
-        return Feedback(True, f"{expected:,} bytes a token: 40 layers x (512 + 64) numbers x 2 "
-                        f"bytes, {mha / expected:.1f} times less than the {mha:,} bytes of "
-                        "K and V for all 32 heads.")
-    diagnoses = [
-        (expected * 2, "twice the answer. One latent serves as keys and as values: there is "
-                       "no factor 2 for K and V (and BF16 takes 2 bytes a number, not 4)."),
-        (layers * dc * dtype_bytes, "the rotary key is missing: its 64 numbers are cached "
-                                    "beside the 512 of the latent."),
-        (layers * (dc + h * dr) * dtype_bytes, "that caches a rotary key per head. The "
-                                               "cached rotary key is one for all heads; the "
-                                               "per-head rotary parts are on the query side, "
-                                               "computed fresh at every step."),
-        (expected // layers, "that is one layer; every one of the 40 layers has its own "
-                             "latent."),
-        (mha, "that is multi-head attention: K and V for each of the 32 heads. Latent "
-              "attention caches one latent and one rotary key a token and layer."),
-        (layers * h * (2 * e["head_dim"] + dr) * dtype_bytes,
-         "that caches the rebuilt keys (with their rotary part) and values of all 32 heads, "
-         "as an engine that rebuilds K and V and then caches them would. Latent attention "
-         "caches the latent they are rebuilt from."),
-        (expected * 8, "that counts bits, not bytes: BF16 is 2 bytes a number."),
-        (expected // dtype_bytes, "that counts numbers; each takes 2 bytes in BF16."),
-        (expected * h, "that caches a latent for every head. The latent is one per token and "
-                       "layer, shared by all 32 heads: that is where the saving comes from."),
-        (expected / 1024, "that is in KiB; the exercise asks for bytes."),
-    ]
-    for wrong, message in diagnoses:
-        if math.isclose(value, wrong):
-            return Feedback(False, message)
-    return Feedback(False, f"not {value:,.0f}. Multiply layers x (latent size + rotary key "
-                    "size) x bytes a number: there is no factor 2 and no head count.")
+@checker
+def check_cache_bytes_from_config(answer) -> Feedback:
+    """Exercise 1: bytes of Qwen2-7B's cache for one sequence of 32,768 tokens in BF16
+    (bytes, or the same size in MiB or GiB)."""
+    value, feedback = _number_or_feedback(answer, "a number of bytes")
+    if feedback is not None:
+        return feedback
+    c = QWEN2_CONFIG
+    expected = qwen2_cache_bytes()
+    tokens, layers = c["max_position_embeddings"], c["num_hidden_layers"]
+    group = c["num_attention_heads"] // c["num_key_value_heads"]
+
+    def equals(target: float) -> bool:       # bytes are whole: to the byte
+        return abs(value - target) < 0.5
+
+    if equals(expected) or math.isclose(value, expected / MiB, abs_tol=0.5) or \
+            math.isclose(value, expected / GiB, abs_tol=0.005):
+        return Feedback(True, f"{expected:,} bytes = {expected / GiB:g} GiB: 57,344 bytes a "
+                        f"token, {group} times less than with 28 K/V heads.")
+    if math.isclose(value, expected / 1e9, abs_tol=0.005) or \
+            math.isclose(value, expected / 1e6, abs_tol=0.5):
+        return Feedback(False, "that is in GB or MB (powers of 10). Give bytes, or GiB "
+                        "(2^30 bytes) as the series does.")
+    if equals(expected * group):
+        return Feedback(False, f"{group} times too much: that caches a K/V head for each of "
+                        "the 28 query heads (or takes the head size as hidden_size / 4). Only "
+                        "num_key_value_heads = 4 heads are cached, each of head size "
+                        "hidden_size / num_attention_heads = 3584 / 28 = 128.")
+    if equals(expected / 2):
+        return Feedback(False, "that is K or V alone: the cache keeps both, a factor 2.")
+    if equals(expected / layers):
+        return Feedback(False, "that is one layer; each of the 28 layers has its own cache.")
+    if equals(expected * 2):
+        return Feedback(False, "that is 4 bytes a number; torch_dtype bfloat16 takes 2.")
+    if equals(expected * 8):
+        return Feedback(False, "that counts bits, not bytes: BF16 is 2 bytes a number.")
+    if equals(expected / tokens):
+        return Feedback(False, "that is one token (57,344 bytes): the sequence has "
+                        f"{tokens:,} of them.")
+    if equals(expected / tokens * 32000):
+        return Feedback(False, f"max_position_embeddings is {tokens:,} (2^15), not 32,000.")
+    return Feedback(False, f"not {value:,.12g}. Multiply 2 (K and V) x num_hidden_layers x "
+                    "num_key_value_heads x head size x 2 bytes x tokens; the head size is "
+                    "hidden_size / num_attention_heads.")
 
 
 # Exercise 2 ------------------------------------------------------------------------------
 
-def expected_head_scores(layer, head, q_head, q_rope_head, latents, rope_keys) -> np.ndarray:
-    """The scores the exercise asks for: one head's query moved into the latent's space,
-    scored against every cached latent, plus the rotary part, scaled: (S,)."""
-    dh, dr = len(q_head), len(q_rope_head)
-    block = layer.W_up_k[:, head * dh:(head + 1) * dh]            # (dc, dh)
-    absorbed = q_head @ block.T                                    # (dc,)
-    return (latents @ absorbed + rope_keys @ q_rope_head) / math.sqrt(dh + dr)
+def lesson_model() -> kvlib.Params:
+    """The notebook's grouped model (LESSON_CONFIG, the default seed)."""
+    return kvlib.init_params(LESSON_CONFIG)
 
 
-def _case(config: kvlib.ModelConfig, seed: int, n_positions: int = 6):
-    """A layer of the config and seeded inputs for one head: what the checker passes."""
-    params = kvlib.init_params(config, seed=seed)
-    rng = np.random.default_rng(seed)
-    dh, dc, dr = config.head_dim, config.latent_dim, config.rope_head_dim
-    return (params.layers[0], rng.standard_normal(dh), rng.standard_normal(dr),
-            rng.standard_normal((n_positions, dc)), rng.standard_normal((n_positions, dr)))
+def decode_inputs(params: kvlib.Params | None = None):
+    """What exercise 2 works on, as the notebook builds it: after the prefill of "How are
+    you?", the new token "I" in layer 0. Returns q (h, 1, dh), the query heads of the new
+    token, and K_rows, V_rows (6, kv x dh), layer 0's cached rows with its own appended."""
+    params = lesson_model() if params is None else params
+    ids = kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT)
+    _, cache = kvlib.prefill(params, ids)
+    x = kvlib.embed(np.array([EXERCISE_TOKEN]), params.embedding)
+    q, k, v = kvlib.project_qkv(x, params.layers[0])
+    return (kvlib.split_heads(q, params.config.n_heads), np.vstack([cache.keys(0), k]),
+            np.vstack([cache.values(0), v]))
 
 
-def _wrong_variants(layer, head, q_head, q_rope_head, latents, rope_keys, n_heads):
-    """Typical slips, each with what to say: (scores, diagnosis)."""
-    dh, dr, dc = len(q_head), len(q_rope_head), latents.shape[1]
-    right = expected_head_scores(layer, head, q_head, q_rope_head, latents, rope_keys)
-    content = latents @ (q_head @ layer.W_up_k[:, head * dh:(head + 1) * dh].T)
-    rope = rope_keys @ q_rope_head
-    variants = []
-    if dc == dh:   # only here does a forgotten transpose give numbers instead of an error
-        forgot = latents @ (q_head @ layer.W_up_k[:, head * dh:(head + 1) * dh])
-        variants.append(((forgot + rope) / math.sqrt(dh + dr),
-                         "the transpose of W_up_k's block is missing. A head's keys are "
-                         "latents @ block, with block (dc, dh); so q . k = (q @ block.T) . "
-                         "latent: the absorbed query is q_head @ block.T, of dc numbers."))
-    values = expected_head_scores(kvlib.LatentLayerParams(
-        **(layer.arrays() | {"W_up_k": layer.W_up_v})), head, q_head, q_rope_head, latents,
-        rope_keys)
-    variants += [
-        (values, "that uses W_up_v, the values' up-projection. Scores compare queries with "
-                 "keys: absorb the query through W_up_k. W_up_v comes after the weighted sum."),
-        (content / math.sqrt(dh + dr), "the rotary part is missing: add rope_keys @ "
-                                       "q_rope_head, the score of the positions."),
-        (content + rope, "not scaled: divide by sqrt(dh + dr), the width of a whole query "
-                         "(content and rotary part)."),
-        ((content + rope) / math.sqrt(dh), "scaled by 1 / sqrt(dh) only: a query is dh + dr "
-                                           "numbers wide (content and rotary part), so divide "
-                                           "by sqrt(dh + dr)."),
-        (content / math.sqrt(dh) + rope / math.sqrt(dr), "each part scaled on its own: the "
-                                                         "two parts are one query of dh + dr "
-                                                         "numbers; divide their sum by "
-                                                         "sqrt(dh + dr)."),
-        (content / math.sqrt(dh + dr) + rope, "only the content part is scaled: divide the "
-                                              "whole sum by sqrt(dh + dr)."),
-        (kvlib.softmax(right), "those are attention weights (after the softmax); the exercise "
-                               "asks for the scores before it."),
-    ]
-    if dc != dh:
-        variants.append(((content + rope) / math.sqrt(dc + dr),
-                         "scaled by 1 / sqrt(dc + dr), the width of the absorbed query. The "
-                         "scores must equal those of the rebuilt keys, which are dh + dr wide: "
-                         "divide by sqrt(dh + dr)."))
-    for other in {0, (head + 1) % n_heads, head - 1} - {head}:
-        if 0 <= other < n_heads:
-            variants.append((expected_head_scores(layer, other, q_head, q_rope_head, latents,
-                                                  rope_keys),
-                             f"those are head {other}'s scores. Head {head} owns columns "
-                             f"{head} x dh to ({head} + 1) x dh - 1 of W_up_k."))
-    return variants
+def _kv_heads_in_order(order: str, rows: np.ndarray, n_heads: int, head_dim: int):
+    """rows (S, kv x dh) as (h, S, dh), each query head's K/V head, in one of the ways a
+    student may write it: the right one and the classic wrong ones."""
+    kv = rows.shape[1] // head_dim
+    heads = kvlib.split_heads(rows, kv)
+    if order == "repeat":
+        return np.repeat(heads, n_heads // kv, axis=0)
+    if order == "tile":
+        return np.tile(heads, (n_heads // kv, 1, 1))
+    if order == "columns":       # single columns repeated, then split into h heads
+        return kvlib.split_heads(np.repeat(rows, n_heads // kv, axis=1), n_heads)
+    raise ValueError(order)
 
 
-def _call(function, layer, head, q_head, q_rope_head, latents, rope_keys):
-    """(scores as a flat float array, None) or (None, Feedback) for a failed call."""
-    inputs = (q_head.copy(), q_rope_head.copy(), latents.copy(), rope_keys.copy())
-    try:
-        result = function(layer, head, *inputs)
-    except Exception as error:   # noqa: BLE001 - whatever a student's code raises is reported
-        message = f"your function raised {type(error).__name__}: {error}"
-        if isinstance(error, TypeError) and "argument" in str(error):
-            message += f". It should take six arguments: {SIGNATURE}."
-        return None, Feedback(False, message)
-    if result is None:
-        return None, Feedback(False, "your function returned None: fill in its body and "
-                              "return the scores.")
-    try:
-        scores = np.asarray(result, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError):
-        return None, Feedback(False, f"your function should return numbers (one score per "
-                              f"cached position), got {type(result).__name__}.")
-    n = latents.shape[0]
-    if scores.shape in {(1, n), (n, 1)}:
-        scores = scores.reshape(n)
-    if scores.shape != (n,):
-        return None, Feedback(False, f"your function should return {n} scores, one per cached "
-                              f"position, shape ({n},); got shape {scores.shape}.")
-    if not np.isfinite(scores).all():
-        return None, Feedback(False, "your function returned NaN or infinite scores.")
-    return scores, None
+def _decode_output(q, K_rows, V_rows, k_order="repeat", v_order="repeat", scaled=True,
+                   softmax_axis=-1):
+    n_heads, _, head_dim = q.shape
+    K = _kv_heads_in_order(k_order, K_rows, n_heads, head_dim)
+    V = _kv_heads_in_order(v_order, V_rows, n_heads, head_dim)
+    scores = q @ K.swapaxes(-1, -2)
+    if scaled:
+        scores = scores / math.sqrt(head_dim)
+    return kvlib.softmax(scores, axis=softmax_axis) @ V
 
 
-def _diagnose(function, config: kvlib.ModelConfig, heads, seed: int):
-    """How the function does on every head of one case: ("right", None), or ("raised",
-    "wrong output", "known slip" or "wrong values", Feedback)."""
-    layer, q_head, q_rope_head, latents, rope_keys = _case(config, seed)
-    for head in heads:
-        scores, failed = _call(function, layer, head, q_head, q_rope_head, latents, rope_keys)
-        if failed is not None:
-            raised = failed.message.startswith("your function raised")
-            return ("raised" if raised else "wrong output"), failed
-        args = (layer, head, q_head, q_rope_head, latents, rope_keys)
-        if np.allclose(scores, expected_head_scores(*args), rtol=1e-6, atol=1e-9):
-            continue
-        for wrong, message in _wrong_variants(*args, config.n_heads):
-            if np.allclose(scores, wrong, rtol=1e-6, atol=1e-9):
-                return "known slip", Feedback(False, message)
-        return "wrong values", Feedback(
-            False, f"head {head}'s scores are not right. Take head {head}'s block of W_up_k "
-            "(dc, dh), absorb the query (q_head @ block.T, dc numbers), score it against "
-            "every latent, add rope_keys @ q_rope_head, divide by sqrt(dh + dr).")
-    return "right", None
+WRONG_DECODES = (   # (what the student did, options of _decode_output, the diagnosis)
+    ("np.tile", dict(k_order="tile", v_order="tile"),
+     "np.tile lays the K/V heads out in the order 0, 1, 0, 1, ...: query head 1 got K/V head "
+     "1 instead of 0. Query head i must read K/V head i // group: np.repeat(..., group, "
+     "axis=0) gives 0, 0, 0, 0, 1, 1, 1, 1, the order of transformers' repeat_kv."),
+    ("repeated columns", dict(k_order="columns", v_order="columns"),
+     "that repeats single columns of the (S, kv x dh) rows, so a head is made of copies of "
+     "one column. Repeat whole heads: split the rows into the K/V heads first, (kv, S, dh), "
+     "then np.repeat along axis 0."),
+    ("no scale", dict(scaled=False),
+     "the heads are paired right, but the scores are not scaled: divide them by "
+     "sqrt(head size) before the softmax."),
+    ("np.tile, no scale", dict(k_order="tile", v_order="tile", scaled=False),
+     "two slips: np.tile pairs the wrong heads (query head i must read K/V head i // group: "
+     "use np.repeat along axis 0), and the scores are not divided by sqrt(head size)."),
+    ("repeated columns, no scale", dict(k_order="columns", v_order="columns", scaled=False),
+     "two slips: whole heads must be repeated, not single columns (split the rows into K/V "
+     "heads first), and the scores are not divided by sqrt(head size)."),
+    ("K right, V tiled", dict(v_order="tile"),
+     "the keys are repeated right but the values are tiled: V must be repeated exactly like "
+     "K, with np.repeat along axis 0, so that each query head mixes its own K/V head's values."),
+    ("K tiled, V right", dict(k_order="tile"),
+     "the values are repeated right but the keys are tiled: K must be repeated exactly like "
+     "V, with np.repeat along axis 0."),
+    ("softmax over heads", dict(softmax_axis=0),
+     "the softmax ran along the heads axis. Take it along the last axis (the positions), so "
+     "that each head's row of weights adds up to 1."),
+    ("softmax over the one query", dict(softmax_axis=1),
+     "every weight is 1: the softmax ran along the axis of the single query. Take it along "
+     "the last axis (the positions)."),
+)
 
 
-def check_head_scores(answer) -> Feedback:
-    """Exercise 2: a function head_scores(layer, head, q_head, q_rope_head, latents,
-    rope_keys) -> (S,): one head's absorbed scores against the cached latents."""
+def _as_output(answer, n_heads: int, head_dim: int):
+    """The answer as (h, 1, dh) if it is an array of numbers in an accepted form: per head
+    (h, 1, dh) or (h, dh), or merged (1, h x dh) or (h x dh,). Else a Feedback."""
     if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: write head_scores, then set "
-                        "answer = head_scores.")
+        return Feedback(False, "got None instead of the output: return (or assign) the array "
+                        "of the attention output.")
+    array = numeric_array(answer, "the output")
+    if isinstance(array, Feedback):
+        return array
+    array = array.astype(float)
+    if array.size == n_heads * head_dim and array.shape in {
+            (n_heads, 1, head_dim), (n_heads, head_dim), (1, n_heads * head_dim),
+            (n_heads * head_dim,)}:
+        per_head = array.reshape(1, n_heads, head_dim) if array.shape[-1] == n_heads * head_dim \
+            else array.reshape(n_heads, 1, head_dim)
+        return per_head.transpose(1, 0, 2) if per_head.shape[0] == 1 else per_head
+    return array
+
+
+def _diagnose(answer, q, K_rows, V_rows, where: str = "") -> Feedback | None:
+    """None when the answer is this decode step's grouped attention output; else why not."""
+    n_heads, _, head_dim = q.shape
+    S = K_rows.shape[0]
+    expected = _decode_output(q, K_rows, V_rows)
+    output = _as_output(answer, n_heads, head_dim)
+    if isinstance(output, Feedback):
+        return output
+    if output.shape != expected.shape:
+        if output.shape in {(n_heads, 1, S), (n_heads, S)}:
+            return Feedback(False, f"{where}those are the attention weights, one row of {S} "
+                            "per head: multiply them by the values, repeated like the keys.")
+        got = "a single number" if output.ndim == 0 else f"shape {output.shape}"
+        return Feedback(False, f"{where}expected the output per query head, an array of "
+                        f"shape {expected.shape}, got {got}.")
+    if not np.isfinite(output).all():
+        return Feedback(False, f"{where}the output has NaN or infinite values: the softmax "
+                        "of finite scores is always finite.")
+    if np.allclose(output, expected, rtol=0, atol=ROUNDING):
+        return None
+    for _, options, diagnosis in WRONG_DECODES:
+        if np.allclose(output, _decode_output(q, K_rows, V_rows, **options), rtol=0,
+                       atol=ROUNDING):
+            return Feedback(False, where + diagnosis)
+    return Feedback(False, f"{where}the shape is right but not the values. Split the rows "
+                    "into K/V heads, np.repeat them to one per query head along axis 0, then "
+                    "scaled scores, softmax over the positions, and the weighted sum of V.")
+
+
+SMALLER_CASES = ((6, 3, 2, 7), (8, 4, 4, 3), (4, 1, 2, 5), (4, 4, 2, 4))
+"""Other decode steps a fixed function must get right: (h, kv, dh, S) with random numbers."""
+
+
+def _random_case(n_heads, n_kv_heads, head_dim, S, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((n_heads, 1, head_dim)),
+            rng.standard_normal((S, n_kv_heads * head_dim)),
+            rng.standard_normal((S, n_kv_heads * head_dim)))
+
+
+@checker
+def check_grouped_decode(answer) -> Feedback:
+    """Exercise 2: the fixed grouped attention of one decode step, either as its output on
+    the notebook's q, K_rows, V_rows ((8, 1, 2), or merged (1, 16)), or as the fixed
+    function itself, f(q, K_rows, V_rows) -> (h, 1, dh), which is also run on other sizes."""
+    if is_missing(answer):
+        return not_filled_in("answer", "your fixed function, or its output on q, K_rows, "
+                             "V_rows")
+    lesson_case = decode_inputs()
     if not callable(answer):
-        return Feedback(False, f"answer should be a function, {SIGNATURE}; got "
-                        f"{type(answer).__name__}. Set answer = head_scores (no brackets).")
-    outcome, feedback = _diagnose(answer, LESSON_CONFIG, heads=(1, 6), seed=15)
-    square_outcome, square_feedback = _diagnose(answer, SQUARE_CONFIG, heads=(1,), seed=16)
-    if outcome == "right":
-        if square_outcome == "right":
-            return Feedback(True, "right for every head tried, on the lesson's shapes (latent "
-                            "of 8, heads of 4) and on a latent one head wide. A decode step "
-                            "does this for every head without ever rebuilding a key.")
-        return square_feedback
-    # A latent exactly one head wide lets a forgotten transpose run: its diagnosis is the
-    # most precise one when the lesson's shapes made the function fail.
-    if outcome == "raised" and square_outcome == "known slip":
-        return square_feedback
-    if outcome == "raised" and re.search(r"mismatch|shapes|aligned|broadcast",
-                                         feedback.message):
-        return Feedback(False, f"{feedback.message}. Check the shapes: q_head is (dh,), the "
-                        "head's block of W_up_k is (dc, dh), so the absorbed query is q_head @ "
-                        "block.T, (dc,), and latents (S, dc) @ it gives (S,).")
-    return feedback
+        feedback = _diagnose(answer, *lesson_case)
+        if feedback is not None:   # a Feedback that did not pass is falsy: test for None
+            return feedback
+        return Feedback(True, "each of the 8 query heads read its own group's K/V head: the "
+                        "output of kvlib.attention(q, K/V heads), which does the same by "
+                        "broadcasting, without the copies.")
+    cases = [lesson_case] + [_random_case(*sizes, seed) for seed, sizes
+                             in enumerate(SMALLER_CASES)]
+    for q, K_rows, V_rows in cases:
+        h, kv = q.shape[0], K_rows.shape[1] // q.shape[-1]
+        where = f"with {h} query heads and {kv} K/V heads, "
+        try:
+            output = answer(q.copy(), K_rows.copy(), V_rows.copy())
+        except Exception as error:  # a student's code may fail in any way; say it in words
+            return Feedback(False, f"{where}your function raised {type(error).__name__}: "
+                            f"{error}")
+        feedback = _diagnose(output, q, K_rows, V_rows, where)
+        if feedback is not None:
+            return feedback
+    return Feedback(True, f"right on the notebook's decode step and on {len(SMALLER_CASES)} "
+                    "other sizes: query head i reads K/V head i // group.")
 
 
 # Exercise 3 ------------------------------------------------------------------------------
 
-def _as_choice(answer) -> str | None:
-    if isinstance(answer, (list, tuple)) and len(answer) == 1:
-        answer = answer[0]
-    if not isinstance(answer, str):
-        return None
-    letters = re.sub(r"[^a-z]", "", answer.strip().lower())
-    return letters if len(letters) == 1 else None
-
-
-def check_why_rope_is_not_absorbed(answer) -> Feedback:
-    """Exercise 3: why can the rotary part not be absorbed into the query? One letter."""
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a letter, "
-                        "for example \"a\".")
-    choice = _as_choice(answer)
-    if choice is None:
-        return Feedback(False, f"expected one letter among {', '.join(CHOICES)} (as a string, "
-                        f"\"b\"), got {answer!r}."[:300])
-    if choice not in CHOICES:
-        return Feedback(False, f"there is no choice {choice!r}: pick one of "
-                        f"{', '.join(CHOICES)}.")
-    if choice == RIGHT_CHOICE:
-        return Feedback(True, "b. The query at position m is turned by m's angles, the key at "
-                        "n by n's; in their dot product q meets the latent through W_up_k and "
-                        "a rotation by n - m, a different matrix for every cached position n. "
-                        "So DeepSeek leaves the content part unrotated (it absorbs) and adds a "
-                        "small rotated key, cached as it is.")
-    return Feedback(False, f"not {choice}. {WRONG_CHOICES[choice]}")
+@checker
+def check_query_group(answer) -> Feedback:
+    """Exercise 3: the K/V head that query head 42 of Llama-2-70B (64 query heads, 8 K/V
+    heads) reads."""
+    h, kv, head = EXERCISE3_HEADS, EXERCISE3_KV_HEADS, EXERCISE3_QUERY_HEAD
+    group = h // kv
+    expected = head // group
+    if isinstance(answer, Real) and not isinstance(answer, (bool, np.bool_)) and \
+            as_number(answer) is not None and math.isclose(float(answer), head / group):
+        return Feedback(False, f"{head} / {group} = {head / group:g}: a head number is whole, "
+                        f"round down (integer division, {head} // {group}).")
+    value = whole_number(answer, "answer", expected)
+    if isinstance(value, Feedback):
+        return value
+    if value == expected:
+        return Feedback(True, f"K/V head {expected}: groups of {group}, so query heads "
+                        f"{expected * group}-{expected * group + group - 1} all read it.")
+    if value < 0:
+        return Feedback(False, "heads are numbered from 0 up.")
+    if value == head % kv:
+        return Feedback(False, f"that is {head} % {kv}, the np.tile order 0, 1, ..., 7, 0, 1, "
+                        f"...: in a grouped model consecutive query heads share a K/V head, "
+                        f"so query head i reads K/V head i // {group}.")
+    if value == expected + 1:
+        return Feedback(False, "one too many: heads are numbered from 0, and the division "
+                        "rounds down.")
+    if value == head:
+        return Feedback(False, f"query head {head} has no K/V head of its own: {group} query "
+                        "heads share each K/V head.")
+    if value >= kv:
+        return Feedback(False, f"Llama-2-70B has only {kv} K/V heads, numbered 0 to {kv - 1}: "
+                        f"each serves {h} / {kv} = {group} query heads.")
+    v = int(value)
+    return Feedback(False, f"K/V head {v} serves query heads {v * group}-{v * group + group - 1}"
+                    f", not {head}. Query head i reads K/V head i // (64 / 8).")
 
 
 SOLUTIONS = {
     1: """
-answer = 40 * (512 + 64) * 2   # layers x (latent + rotary key) x BF16 bytes: no factor 2
+c = qwen2_config
+head_dim = c["hidden_size"] // c["num_attention_heads"]          # 128
+answer = (2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * 2
+          * c["max_position_embeddings"])                        # 1,879,048,192 = 1.75 GiB
 """,
     2: """
-def head_scores(layer, head, q_head, q_rope_head, latents, rope_keys):
-    dh, dr = len(q_head), len(q_rope_head)
-    block = layer.W_up_k[:, head * dh:(head + 1) * dh]   # (dc, dh): this head's keys
-    absorbed = q_head @ block.T                          # (dc,): the query in latent space
-    return (latents @ absorbed + rope_keys @ q_rope_head) / math.sqrt(dh + dr)
+def grouped_decode_attention(q, K_rows, V_rows):
+    n_heads, _, head_dim = q.shape
+    n_kv_heads = K_rows.shape[1] // head_dim
+    group = n_heads // n_kv_heads
+    K = np.repeat(kvlib.split_heads(K_rows, n_kv_heads), group, axis=0)   # 0,0,..,1,1,..
+    V = np.repeat(kvlib.split_heads(V_rows, n_kv_heads), group, axis=0)
+    weights = kvlib.softmax(q @ K.swapaxes(-1, -2) / np.sqrt(head_dim))
+    return weights @ V
 
-answer = head_scores
+answer = grouped_decode_attention
 """,
     3: """
-answer = "b"
+answer = 42 // (64 // 8)     # groups of 8: query heads 40-47 read K/V head 5
 """,
 }
 
@@ -325,4 +351,3 @@ answer = "b"
 def solution(number: int):
     """Show exercise `number`'s solution (for the instructor, after students have tried)."""
     return show_solution(SOLUTIONS, number)
-

@@ -1,317 +1,328 @@
-"""Exercises of notebook 16 (sliding windows and attention sinks): checkers and solutions.
+"""Exercises of notebook 16 (multi-head latent attention): checkers and solutions.
 
-1. Transfer: which positions does one query of Mistral-7B see, with a window of 4096 and
-   4 attention sinks added? The usual slips are off by one at the window's edge and
-   forgetting the sinks (or counting them inside the window).
-2. Find the bug: a ring buffer that writes position p to slot p % W overwrites the sinks.
-   The fixed ring_slot(position, window, sink_tokens) is run on a table of cases.
-3. Prediction: the bytes of that Mistral-7B cache after 10,000 tokens, in BF16.
+1. Bytes per token of a latent-attention model described in words (a transfer of the
+   DeepSeek numbers to other shapes).
+2. One head's absorbed scores against the cached latents, written as a function. The checker
+   runs it on the lesson's shapes (latent wider than a head) and on a model whose latent is
+   exactly one head wide, where a forgotten transpose still runs and can be told apart.
+3. Why the rotary key cannot be absorbed (a choice).
 """
 
 from __future__ import annotations
 
 import math
+import re
+from numbers import Real
 
 import numpy as np
 
 import kvlib
+from kvlib.memory import kv_cache_bytes, latent_cache_bytes
 
-from .base import (
-    Feedback,
-    as_number,
-    checker,
-    is_missing,
-    not_filled_in,
-    show_solution,
-    whole_number,
-)
+from .base import Feedback, is_missing, show_solution
 
-# Exercise 1 and 3: Mistral-7B (kvlib.memory.PRESETS) with StreamingLLM's 4 sinks added
-WINDOW, SINK_TOKENS, QUERY = 4096, 4, 5000
-MISTRAL = kvlib.memory.PRESETS["Mistral-7B"]
-N_TOKENS, DTYPE_BYTES = 10_000, 2
+# Exercise 1: an imagined model with latent attention, cache in BF16
+EXERCISE1 = {"n_layers": 40, "n_heads": 32, "head_dim": 128, "latent_dim": 512,
+             "rope_head_dim": 64, "dtype_bytes": 2}
 
-# Exercise 2: (position, window, sink_tokens); sinks, the first wrap, and later laps
-SLOT_CASES = (
-    (0, 4, 0), (3, 4, 0), (4, 4, 0), (9, 4, 0),
-    (0, 4, 2), (1, 4, 2), (2, 4, 2), (5, 4, 2), (6, 4, 2), (13, 4, 2),
-    (2, 3, 4), (4, 3, 4), (7, 3, 4), (30, 3, 4), (100, 7, 1), (4099, 4096, 4),
-)
+# Exercise 2: the lesson's model (notebook 16), and one whose latent is exactly one head wide
+LESSON_CONFIG = kvlib.ModelConfig(d_model=32, n_heads=8, d_ff=64, latent_dim=8,
+                                  rope_head_dim=2, positions="rotary")
+SQUARE_CONFIG = kvlib.ModelConfig(d_model=8, n_heads=2, d_ff=16, latent_dim=4,
+                                  rope_head_dim=2, positions="rotary")
+SIGNATURE = "head_scores(layer, head, q_head, q_rope_head, latents, rope_keys)"
 
-
-def _expected_slot(position: int, window: int, sink_tokens: int) -> int:
-    return position if position < sink_tokens else \
-        sink_tokens + (position - sink_tokens) % window
+# Exercise 3: the choices
+CHOICES = {
+    "a": "The rotation is not a linear map, so it cannot be folded into a matrix.",
+    "b": "The rotation that sits between q and W_up_k depends on the key's position, so the "
+         "matrix to absorb would be different for every cached token.",
+    "c": "A rotated key would be wider than the latent, so the cache would grow.",
+    "d": "The query is rotated too, and the two rotations cancel, so the positions would be "
+         "lost.",
+}
+RIGHT_CHOICE = "b"
+WRONG_CHOICES = {
+    "a": "A rotation is linear: it is a matrix (notebook 14 turns pairs of columns with cos "
+         "and sin). The trouble is which matrix: it is a different one at every position.",
+    "c": "A rotation keeps the width (and the length) of what it turns. Nothing would get "
+         "wider; the trouble is that the rotation depends on the key's position.",
+    "d": "The two rotations do not cancel: they combine into one rotation by the distance "
+         "between the two positions (that is how RoPE encodes it). That rotation depends on "
+         "the key's position, so it cannot be folded into one matrix for every key.",
+}
 
 
 # Exercise 1 ------------------------------------------------------------------------------
 
-def visible_positions(query: int = QUERY, window: int = WINDOW,
-                      sink_tokens: int = SINK_TOKENS) -> list[int]:
-    """The positions query sees: kvlib.attention_mask's row for it, as a list."""
-    keys = np.arange(query + 1)
-    return np.flatnonzero(kvlib.attention_mask([query], keys, window, sink_tokens)[0]).tolist()
+def _number(answer) -> float | None:
+    """A plain number as a float, also from a one-element list or array (np.array(46080));
+    nan stays nan and an int too large for a float (10**400) is infinite, so that the
+    message can say the number must be finite. None for anything else."""
+    if isinstance(answer, (list, tuple)) and len(answer) == 1:
+        answer = answer[0]
+    if isinstance(answer, np.ndarray) and answer.size == 1 and \
+            np.issubdtype(answer.dtype, np.number):
+        answer = answer.reshape(()).item()
+    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
+        return None
+    try:
+        return float(answer)
+    except OverflowError:
+        return math.inf if answer > 0 else -math.inf
 
 
-def _as_positions(answer) -> list[int] | Feedback:
-    """A collection of whole numbers (a list, tuple, array, set, range) -> its sorted list,
-    or a Feedback that says what is wrong. Each element follows exercises.base.whole_number."""
-    if isinstance(answer, (str, bytes)):
-        return Feedback(False, "positions are numbers, not text: give a list such as "
-                        "[0, 1, 2, 3].")
-    if not isinstance(answer, (list, tuple, np.ndarray)) and hasattr(answer, "__iter__"):
-        try:            # a set, a range, a generator: its elements, in any order
-            answer = list(answer)
-        except Exception as error:  # an iterable of a student's own may fail in any way
-            return Feedback(False, f"could not read the positions: {type(error).__name__}: "
-                            f"{error}")
-    if isinstance(answer, np.ndarray) and answer.ndim >= 1:
-        answer = answer.tolist()
-    if not isinstance(answer, (list, tuple)):
-        return Feedback(False, "give every position the query sees, as a list (one number is "
-                        "not enough; list(range(a, b)) builds a run).")
-    positions = []
-    for item in answer:
-        if isinstance(item, (list, tuple, np.ndarray)):
-            return Feedback(False, "give one flat list of positions, not a list of lists: join "
-                            "the runs with + (list(range(a, b)) + list(range(c, d))).")
-        if is_missing(item):
-            return Feedback(False, f"{item!r} is not a position: every position is a whole "
-                            "number.")
-        value = whole_number(item, "every position")
-        if isinstance(value, Feedback):
-            return value
-        positions.append(value)
-    if len(set(positions)) != len(positions):
-        return Feedback(False, "some positions appear twice: list each position once.")
-    return sorted(positions)
-
-
-def _runs(positions: list[int]) -> str:
-    runs: list[list[int]] = []
-    for position in positions:
-        if runs and position == runs[-1][1] + 1:
-            runs[-1][1] = position
-        else:
-            runs.append([position, position])
-    shown = ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs[:4])
-    return shown + (", ..." if len(runs) > 4 else "")
-
-
-def _typical_slips() -> list[tuple[list[int], str]]:
-    """Wrong answers a student is likely to give, each with what went wrong."""
-    p, W, s = QUERY, WINDOW, SINK_TOKENS
-    sinks = list(range(s))
-    return [
-        (list(range(p - W + 1, p + 1)), "the first 4 positions are missing: the sinks stay "
-         "visible to every query, beside the window."),
-        (sinks + list(range(p - W, p + 1)), f"one position too many: the window is W = {W} "
-         f"positions counting the query itself, so it starts at {p} - {W} + 1."),
-        (sinks + list(range(p - W, p)), f"the window ends at the query itself: it is the "
-         f"{W} positions {p - W + 1} to {p}, not {p - W} to {p - 1}."),
-        (sinks + list(range(p - W + 1, p)), f"the query itself is missing: {p} is the last "
-         "position of its own window."),
-        (sinks + list(range(p - W + s + 1, p + 1)), "the sinks come on top of the window, "
-         f"not out of it: {s} sinks plus the last {W} positions."),
-        (list(range(s + 1)) + list(range(p - W + 1, p + 1)), f"one sink too many: "
-         f"sink_tokens = {s} keeps positions 0 to {s - 1}."),
-        (list(range(p + 1)), "that is every earlier position: full attention. The window "
-         f"keeps only the last {W}, plus the sinks."),
-        ([q + 1 for q in sinks] + list(range(p - W + 2, p + 2)), "positions count from 0: "
-         "the first token is position 0, and the query is at 5000."),
-    ]
-
-
-@checker
-def check_visible_positions(answer) -> Feedback:
-    """Exercise 1: every position query 5000 sees in Mistral-7B (W = 4096) with 4 sinks."""
+def check_latent_bytes_per_token(answer) -> Feedback:
+    """Exercise 1: bytes one token adds to the cache of a 40-layer latent-attention model
+    (32 heads of 128, latent 512, rotary key 64), in BF16."""
     if is_missing(answer):
-        return not_filled_in("answer", "a list of positions")
-    positions = _as_positions(answer)
-    if isinstance(positions, Feedback):
-        return positions
-    expected = visible_positions()
-    if positions == expected:
-        return Feedback(True, f"query {QUERY} sees {len(expected)} positions: the {SINK_TOKENS} "
-                        f"sinks 0..{SINK_TOKENS - 1} and the window {QUERY - WINDOW + 1}.."
-                        f"{QUERY}. Its cache holds exactly these rows.")
-    for slip, diagnosis in _typical_slips():
-        if positions == slip:
-            return Feedback(False, diagnosis)
-    if positions and positions[-1] > QUERY:
-        return Feedback(False, f"position {positions[-1]} comes after the query: causal "
-                        f"attention never looks ahead of {QUERY}.")
-    missing = sorted(set(expected) - set(positions))
-    extra = sorted(set(positions) - set(expected))
-    parts = []
-    if missing:
-        parts.append(f"missing {len(missing)} (such as {_runs(missing)})")
-    if extra:
-        parts.append(f"{len(extra)} too many (such as {_runs(extra)})")
-    return Feedback(False, f"not these positions: {' and '.join(parts)}. The query sees the "
-                    "sinks and the last W positions, itself included.")
+        return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
+    value = _number(answer)
+    if value is None:
+        return Feedback(False, f"expected a number of bytes, got {type(answer).__name__}.")
+    if not math.isfinite(value):
+        return Feedback(False, f"expected a finite number of bytes, got {value}.")
+    e = EXERCISE1
+    layers, dc, dr, h, dtype_bytes = (e["n_layers"], e["latent_dim"], e["rope_head_dim"],
+                                      e["n_heads"], e["dtype_bytes"])
+    expected = latent_cache_bytes(layers, dc, dr, 1, dtype_bytes=dtype_bytes)
+    mha = kv_cache_bytes(layers, None, 1, dtype_bytes=dtype_bytes, n_kv_heads=h,
+                         head_dim=e["head_dim"])
+    if value == expected:
+        return Feedback(True, f"{expected:,} bytes a token: 40 layers x (512 + 64) numbers x 2 "
+                        f"bytes, {mha / expected:.1f} times less than the {mha:,} bytes of "
+                        "K and V for all 32 heads.")
+    diagnoses = [
+        (expected * 2, "twice the answer. One latent serves as keys and as values: there is "
+                       "no factor 2 for K and V (and BF16 takes 2 bytes a number, not 4)."),
+        (layers * dc * dtype_bytes, "the rotary key is missing: its 64 numbers are cached "
+                                    "beside the 512 of the latent."),
+        (layers * (dc + h * dr) * dtype_bytes, "that caches a rotary key per head. The "
+                                               "cached rotary key is one for all heads; the "
+                                               "per-head rotary parts are on the query side, "
+                                               "computed fresh at every step."),
+        (expected // layers, "that is one layer; every one of the 40 layers has its own "
+                             "latent."),
+        (mha, "that is multi-head attention: K and V for each of the 32 heads. Latent "
+              "attention caches one latent and one rotary key a token and layer."),
+        (layers * h * (2 * e["head_dim"] + dr) * dtype_bytes,
+         "that caches the rebuilt keys (with their rotary part) and values of all 32 heads, "
+         "as an engine that rebuilds K and V and then caches them would. Latent attention "
+         "caches the latent they are rebuilt from."),
+        (expected * 8, "that counts bits, not bytes: BF16 is 2 bytes a number."),
+        (expected // dtype_bytes, "that counts numbers; each takes 2 bytes in BF16."),
+        (expected * h, "that caches a latent for every head. The latent is one per token and "
+                       "layer, shared by all 32 heads: that is where the saving comes from."),
+        (expected / 1024, "that is in KiB; the exercise asks for bytes."),
+    ]
+    for wrong, message in diagnoses:
+        if math.isclose(value, wrong):
+            return Feedback(False, message)
+    return Feedback(False, f"not {value:,.0f}. Multiply layers x (latent size + rotary key "
+                    "size) x bytes a number: there is no factor 2 and no head count.")
 
 
 # Exercise 2 ------------------------------------------------------------------------------
 
-SLOT_SLIPS = (
-    (lambda p, W, s: p % W, "this is p % W: it ignores the sinks, so the window's positions "
-     "land in the sinks' slots and overwrite them. Count the window's slots after the sinks: "
-     "s + (p - s) % W."),
-    (lambda p, W, s: p % (W + s), "p % (W + s) cycles through the sinks' slots too: the "
-     "sinks are written once and never again. Only positions from s on go round the ring."),
-    (lambda p, W, s: (p - s) % W if p >= s else p, "the window's slots start after the "
-     "sinks: add s to (p - s) % W."),
-    (lambda p, W, s: s + p % W if p >= s else p, "subtract the sinks first: position s is "
-     "the first of the window and goes to slot s, so the window slot is s + (p - s) % W."),
-    (lambda p, W, s: s + (p - s) % W, "a sink position (p < s) keeps its own slot p; only "
-     "the positions after the sinks go round the ring."),
-    (lambda p, W, s: s + (p - s + 1) % W if p >= s else p, "off by one: position s goes "
-     "to slot s, the first window slot, so use (p - s) % W without adding 1."),
-    (lambda p, W, s: s + (p - s - 1) % W if p >= s else p, "off by one: position s goes "
-     "to slot s, the first window slot, so use (p - s) % W without subtracting 1."),
-)
+def expected_head_scores(layer, head, q_head, q_rope_head, latents, rope_keys) -> np.ndarray:
+    """The scores the exercise asks for: one head's query moved into the latent's space,
+    scored against every cached latent, plus the rotary part, scaled: (S,)."""
+    dh, dr = len(q_head), len(q_rope_head)
+    block = layer.W_up_k[:, head * dh:(head + 1) * dh]            # (dc, dh)
+    absorbed = q_head @ block.T                                    # (dc,)
+    return (latents @ absorbed + rope_keys @ q_rope_head) / math.sqrt(dh + dr)
 
 
-def _run_slot_function(ring_slot) -> list[int] | Feedback:
-    """The slot for every case, or a Feedback on the first case that fails."""
-    slots = []
-    for position, window, sinks in SLOT_CASES:
-        where = f"ring_slot({position}, window={window}, sink_tokens={sinks})"
-        try:
-            value = ring_slot(position, window, sinks)
-        except Exception as error:  # a student's code may fail in any way; report it in words
-            return Feedback(False, f"{where} raised {type(error).__name__}: {error}")
-        if isinstance(value, np.ndarray) and value.size == 1:
-            value = value.reshape(())
-        slot = whole_number(value, f"the slot {where} returned (a slot is one whole number)")
-        if isinstance(slot, Feedback):
-            return slot
-        slots.append(slot)
-    return slots
+def _case(config: kvlib.ModelConfig, seed: int, n_positions: int = 6):
+    """A layer of the config and seeded inputs for one head: what the checker passes."""
+    params = kvlib.init_params(config, seed=seed)
+    rng = np.random.default_rng(seed)
+    dh, dc, dr = config.head_dim, config.latent_dim, config.rope_head_dim
+    return (params.layers[0], rng.standard_normal(dh), rng.standard_normal(dr),
+            rng.standard_normal((n_positions, dc)), rng.standard_normal((n_positions, dr)))
 
 
-@checker
-def check_ring_slot(ring_slot) -> Feedback:
-    """Exercise 2: a fixed `ring_slot(position, window, sink_tokens) -> slot`, run on
-    SLOT_CASES and compared with the layout of kvlib.SlidingWindowCache."""
-    if is_missing(ring_slot):
-        return not_filled_in("your function", "a fixed function, then set answer = "
-                             "ring_slot_fixed (without calling it)")
-    if not callable(ring_slot):
-        return Feedback(False, f"answer should be a function like ring_slot_broken, not "
-                        f"{type(ring_slot).__name__}: write answer = ring_slot_fixed.")
-    slots = _run_slot_function(ring_slot)
-    if isinstance(slots, Feedback):
-        return slots
-    expected = [_expected_slot(*case) for case in SLOT_CASES]
-    if slots == expected:
-        return Feedback(True, f"all {len(SLOT_CASES)} cases land in the slots "
-                        "kvlib.SlidingWindowCache uses: sinks in their own slots, the "
-                        "window going round the W slots after them.")
-    for slip, diagnosis in SLOT_SLIPS:
-        if slots == [slip(*case) for case in SLOT_CASES]:
-            return Feedback(False, diagnosis)
-    for (position, window, sinks), got, want in zip(SLOT_CASES, slots, expected):
-        if not 0 <= got < window + sinks:
-            return Feedback(False, f"ring_slot({position}, {window}, {sinks}) = {got}: the "
-                            f"buffer has only {sinks + window} slots, 0 to "
-                            f"{sinks + window - 1}.")
-        if got != want:
-            return Feedback(False, f"ring_slot({position}, window={window}, sink_tokens="
-                            f"{sinks}) should be {want}, got {got}.")
-    return Feedback(False, "some slots differ from kvlib.SlidingWindowCache's.")
+def _wrong_variants(layer, head, q_head, q_rope_head, latents, rope_keys, n_heads):
+    """Typical slips, each with what to say: (scores, diagnosis)."""
+    dh, dr, dc = len(q_head), len(q_rope_head), latents.shape[1]
+    right = expected_head_scores(layer, head, q_head, q_rope_head, latents, rope_keys)
+    content = latents @ (q_head @ layer.W_up_k[:, head * dh:(head + 1) * dh].T)
+    rope = rope_keys @ q_rope_head
+    variants = []
+    if dc == dh:   # only here does a forgotten transpose give numbers instead of an error
+        forgot = latents @ (q_head @ layer.W_up_k[:, head * dh:(head + 1) * dh])
+        variants.append(((forgot + rope) / math.sqrt(dh + dr),
+                         "the transpose of W_up_k's block is missing. A head's keys are "
+                         "latents @ block, with block (dc, dh); so q . k = (q @ block.T) . "
+                         "latent: the absorbed query is q_head @ block.T, of dc numbers."))
+    values = expected_head_scores(kvlib.LatentLayerParams(
+        **(layer.arrays() | {"W_up_k": layer.W_up_v})), head, q_head, q_rope_head, latents,
+        rope_keys)
+    variants += [
+        (values, "that uses W_up_v, the values' up-projection. Scores compare queries with "
+                 "keys: absorb the query through W_up_k. W_up_v comes after the weighted sum."),
+        (content / math.sqrt(dh + dr), "the rotary part is missing: add rope_keys @ "
+                                       "q_rope_head, the score of the positions."),
+        (content + rope, "not scaled: divide by sqrt(dh + dr), the width of a whole query "
+                         "(content and rotary part)."),
+        ((content + rope) / math.sqrt(dh), "scaled by 1 / sqrt(dh) only: a query is dh + dr "
+                                           "numbers wide (content and rotary part), so divide "
+                                           "by sqrt(dh + dr)."),
+        (content / math.sqrt(dh) + rope / math.sqrt(dr), "each part scaled on its own: the "
+                                                         "two parts are one query of dh + dr "
+                                                         "numbers; divide their sum by "
+                                                         "sqrt(dh + dr)."),
+        (content / math.sqrt(dh + dr) + rope, "only the content part is scaled: divide the "
+                                              "whole sum by sqrt(dh + dr)."),
+        (kvlib.softmax(right), "those are attention weights (after the softmax); the exercise "
+                               "asks for the scores before it."),
+    ]
+    if dc != dh:
+        variants.append(((content + rope) / math.sqrt(dc + dr),
+                         "scaled by 1 / sqrt(dc + dr), the width of the absorbed query. The "
+                         "scores must equal those of the rebuilt keys, which are dh + dr wide: "
+                         "divide by sqrt(dh + dr)."))
+    for other in {0, (head + 1) % n_heads, head - 1} - {head}:
+        if 0 <= other < n_heads:
+            variants.append((expected_head_scores(layer, other, q_head, q_rope_head, latents,
+                                                  rope_keys),
+                             f"those are head {other}'s scores. Head {head} owns columns "
+                             f"{head} x dh to ({head} + 1) x dh - 1 of W_up_k."))
+    return variants
+
+
+def _call(function, layer, head, q_head, q_rope_head, latents, rope_keys):
+    """(scores as a flat float array, None) or (None, Feedback) for a failed call."""
+    inputs = (q_head.copy(), q_rope_head.copy(), latents.copy(), rope_keys.copy())
+    try:
+        result = function(layer, head, *inputs)
+    except Exception as error:   # noqa: BLE001 - whatever a student's code raises is reported
+        message = f"your function raised {type(error).__name__}: {error}"
+        if isinstance(error, TypeError) and "argument" in str(error):
+            message += f". It should take six arguments: {SIGNATURE}."
+        return None, Feedback(False, message)
+    if result is None:
+        return None, Feedback(False, "your function returned None: fill in its body and "
+                              "return the scores.")
+    try:
+        scores = np.asarray(result, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        return None, Feedback(False, f"your function should return numbers (one score per "
+                              f"cached position), got {type(result).__name__}.")
+    n = latents.shape[0]
+    if scores.shape in {(1, n), (n, 1)}:
+        scores = scores.reshape(n)
+    if scores.shape != (n,):
+        return None, Feedback(False, f"your function should return {n} scores, one per cached "
+                              f"position, shape ({n},); got shape {scores.shape}.")
+    if not np.isfinite(scores).all():
+        return None, Feedback(False, "your function returned NaN or infinite scores.")
+    return scores, None
+
+
+def _diagnose(function, config: kvlib.ModelConfig, heads, seed: int):
+    """How the function does on every head of one case: ("right", None), or ("raised",
+    "wrong output", "known slip" or "wrong values", Feedback)."""
+    layer, q_head, q_rope_head, latents, rope_keys = _case(config, seed)
+    for head in heads:
+        scores, failed = _call(function, layer, head, q_head, q_rope_head, latents, rope_keys)
+        if failed is not None:
+            raised = failed.message.startswith("your function raised")
+            return ("raised" if raised else "wrong output"), failed
+        args = (layer, head, q_head, q_rope_head, latents, rope_keys)
+        if np.allclose(scores, expected_head_scores(*args), rtol=1e-6, atol=1e-9):
+            continue
+        for wrong, message in _wrong_variants(*args, config.n_heads):
+            if np.allclose(scores, wrong, rtol=1e-6, atol=1e-9):
+                return "known slip", Feedback(False, message)
+        return "wrong values", Feedback(
+            False, f"head {head}'s scores are not right. Take head {head}'s block of W_up_k "
+            "(dc, dh), absorb the query (q_head @ block.T, dc numbers), score it against "
+            "every latent, add rope_keys @ q_rope_head, divide by sqrt(dh + dr).")
+    return "right", None
+
+
+def check_head_scores(answer) -> Feedback:
+    """Exercise 2: a function head_scores(layer, head, q_head, q_rope_head, latents,
+    rope_keys) -> (S,): one head's absorbed scores against the cached latents."""
+    if is_missing(answer):
+        return Feedback(False, "answer is not filled in yet: write head_scores, then set "
+                        "answer = head_scores.")
+    if not callable(answer):
+        return Feedback(False, f"answer should be a function, {SIGNATURE}; got "
+                        f"{type(answer).__name__}. Set answer = head_scores (no brackets).")
+    outcome, feedback = _diagnose(answer, LESSON_CONFIG, heads=(1, 6), seed=15)
+    square_outcome, square_feedback = _diagnose(answer, SQUARE_CONFIG, heads=(1,), seed=16)
+    if outcome == "right":
+        if square_outcome == "right":
+            return Feedback(True, "right for every head tried, on the lesson's shapes (latent "
+                            "of 8, heads of 4) and on a latent one head wide. A decode step "
+                            "does this for every head without ever rebuilding a key.")
+        return square_feedback
+    # A latent exactly one head wide lets a forgotten transpose run: its diagnosis is the
+    # most precise one when the lesson's shapes made the function fail.
+    if outcome == "raised" and square_outcome == "known slip":
+        return square_feedback
+    if outcome == "raised" and re.search(r"mismatch|shapes|aligned|broadcast",
+                                         feedback.message):
+        return Feedback(False, f"{feedback.message}. Check the shapes: q_head is (dh,), the "
+                        "head's block of W_up_k is (dc, dh), so the absorbed query is q_head @ "
+                        "block.T, (dc,), and latents (S, dc) @ it gives (S,).")
+    return feedback
 
 
 # Exercise 3 ------------------------------------------------------------------------------
 
-def mistral_cache_bytes(n_tokens: int = N_TOKENS, sink_tokens: int = SINK_TOKENS,
-                        window: int | None = WINDOW, n_kv_heads: int = MISTRAL.n_kv_heads,
-                        n_layers: int = MISTRAL.n_layers, dtype_bytes: int = DTYPE_BYTES,
-                        ) -> int:
-    """Bytes of Mistral-7B's window cache with sinks after n_tokens (kvlib.kv_cache_bytes
-    over the positions held)."""
-    held = n_tokens if window is None else min(n_tokens, sink_tokens + window)
-    return kvlib.kv_cache_bytes(n_layers, None, held, dtype_bytes=dtype_bytes,
-                                n_kv_heads=n_kv_heads, head_dim=MISTRAL.head_dim)
+def _as_choice(answer) -> str | None:
+    if isinstance(answer, (list, tuple)) and len(answer) == 1:
+        answer = answer[0]
+    if not isinstance(answer, str):
+        return None
+    letters = re.sub(r"[^a-z]", "", answer.strip().lower())
+    return letters if len(letters) == 1 else None
 
 
-def _byte_slips() -> list[tuple[float, float, str]]:
-    """(wrong value, relative tolerance, what went wrong): byte counts must match to the
-    byte; answers in GiB or MiB may be rounded."""
-    right = mistral_cache_bytes()
-    exact = 1e-12
-    return [
-        (mistral_cache_bytes(window=None), exact, "that is a full cache of all 10,000 "
-         "tokens: the ring holds only the sinks and the last W positions."),
-        (mistral_cache_bytes(sink_tokens=0), exact, "that is the window alone: the 4 sinks "
-         "are held too, 4 more rows in every layer."),
-        (mistral_cache_bytes(sink_tokens=SINK_TOKENS - 1), exact, "one row short a layer: "
-         "after 10,000 tokens the ring holds the 4 sinks and the last 4096 positions, the "
-         "newest included: 4100 rows."),
-        (mistral_cache_bytes(n_kv_heads=MISTRAL.n_heads), exact, "Mistral-7B caches 8 K/V "
-         "heads, not 32 (grouped-query attention, notebook 14)."),
-        (right / 2, exact, "the cache holds K and V: multiply by 2."),
-        (right / MISTRAL.n_layers, exact, "that is one layer: every one of the 32 layers has "
-         "its own cache."),
-        (mistral_cache_bytes(dtype_bytes=4), exact, "BF16 numbers take 2 bytes, not 4."),
-        (right * 8, exact, "bytes, not bits: a BF16 number is 2 bytes."),
-        (right / kvlib.GiB, 2e-3, "that is in GiB: the exercise asks for bytes."),
-        (right / kvlib.MiB, 2e-3, "that is in MiB: the exercise asks for bytes."),
-    ]
-
-
-@checker
-def check_cache_bytes(answer) -> Feedback:
-    """Exercise 3: bytes of Mistral-7B's cache with 4 sinks after 10,000 tokens, BF16."""
+def check_why_rope_is_not_absorbed(answer) -> Feedback:
+    """Exercise 3: why can the rotary part not be absorbed into the query? One letter."""
     if is_missing(answer):
-        return not_filled_in("answer", "a number of bytes")
-    if isinstance(answer, np.ndarray) and answer.size == 1 and answer.dtype.kind in "iuf":
-        answer = answer.item()          # np.array([x]) reads as x
-    right = mistral_cache_bytes()
-    value = as_number(answer)
-    if value is not None:       # a slip, in bytes or in another unit, is named first
-        if value < 0:
-            return Feedback(False, "a number of bytes cannot be negative.")
-        for slip, tolerance, diagnosis in _byte_slips():
-            if value != right and math.isclose(value, slip, rel_tol=tolerance):
-                return Feedback(False, diagnosis)
-    count = whole_number(answer, "answer", expected=right)
-    if isinstance(count, Feedback):
-        return count
-    if count == right:
-        return Feedback(True, f"{right:,} bytes ({right / kvlib.MiB:,.1f} MiB) at any length "
-                        f"past 4100 tokens; a full cache of 10,000 tokens would take "
-                        f"{mistral_cache_bytes(window=None) / kvlib.MiB:,.0f} MiB.")
-    if count < 0:
-        return Feedback(False, "a number of bytes cannot be negative.")
-    return Feedback(False, f"{count:,} is not it. Count the rows held (sinks + W), then 2 (K "
-                    "and V) x layers x K/V heads x head size x 2 bytes each.")
+        return Feedback(False, "answer is not filled in yet: replace the ... with a letter, "
+                        "for example \"a\".")
+    choice = _as_choice(answer)
+    if choice is None:
+        return Feedback(False, f"expected one letter among {', '.join(CHOICES)} (as a string, "
+                        f"\"b\"), got {answer!r}."[:300])
+    if choice not in CHOICES:
+        return Feedback(False, f"there is no choice {choice!r}: pick one of "
+                        f"{', '.join(CHOICES)}.")
+    if choice == RIGHT_CHOICE:
+        return Feedback(True, "b. The query at position m is turned by m's angles, the key at "
+                        "n by n's; in their dot product q meets the latent through W_up_k and "
+                        "a rotation by n - m, a different matrix for every cached position n. "
+                        "So DeepSeek leaves the content part unrotated (it absorbs) and adds a "
+                        "small rotated key, cached as it is.")
+    return Feedback(False, f"not {choice}. {WRONG_CHOICES[choice]}")
 
 
 SOLUTIONS = {
     1: """
-p, W, s = 5000, 4096, 4
-answer = list(range(s)) + list(range(p - W + 1, p + 1))   # the sinks, then the window
-# or, from the mask itself:
-# answer = np.flatnonzero(kvlib.attention_mask([p], np.arange(p + 1), W, s)[0])
+answer = 40 * (512 + 64) * 2   # layers x (latent + rotary key) x BF16 bytes: no factor 2
 """,
     2: """
-def ring_slot_fixed(position, window, sink_tokens):
-    if position < sink_tokens:            # a sink keeps its own slot for good
-        return position
-    return sink_tokens + (position - sink_tokens) % window   # the window goes round after them
+def head_scores(layer, head, q_head, q_rope_head, latents, rope_keys):
+    dh, dr = len(q_head), len(q_rope_head)
+    block = layer.W_up_k[:, head * dh:(head + 1) * dh]   # (dc, dh): this head's keys
+    absorbed = q_head @ block.T                          # (dc,): the query in latent space
+    return (latents @ absorbed + rope_keys @ q_rope_head) / math.sqrt(dh + dr)
 
-answer = ring_slot_fixed
+answer = head_scores
 """,
     3: """
-held = 4 + 4096                           # sinks + window, however long the text
-answer = 2 * 32 * held * 8 * 128 * 2      # K and V x layers x rows x K/V heads x head size x BF16
-# = kvlib.kv_cache_bytes(32, None, held, dtype_bytes=2, n_kv_heads=8, head_dim=128)
+answer = "b"
 """,
 }
 
 
 def solution(number: int):
-    """Show the solution to exercise `number` (for the instructor, after students try)."""
+    """Show exercise `number`'s solution (for the instructor, after students have tried)."""
     return show_solution(SOLUTIONS, number)
+

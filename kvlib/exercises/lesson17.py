@@ -1,298 +1,313 @@
-"""Exercises of notebook 17 (the paged KV cache): checkers and solutions.
+"""Exercises of notebook 17 (sliding windows and attention sinks): checkers and solutions.
 
-1. Blocks and empty positions of a 1,234-token request at vLLM's block size 16 (transfer:
-   the lesson counts the toy's blocks of 4).
-2. Find the bug: a gather that looks the block up with p % B instead of p // B.
-3. Predict: blocks in use after three samples of one prompt decode five tokens each.
+1. Transfer: which positions does one query of Mistral-7B see, with a window of 4096 and
+   4 attention sinks added? The usual slips are off by one at the window's edge and
+   forgetting the sinks (or counting them inside the window).
+2. Find the bug: a ring buffer that writes position p to slot p % W overwrites the sinks.
+   The fixed ring_slot(position, window, sink_tokens) is run on a table of cases.
+3. Prediction: the bytes of that Mistral-7B cache after 10,000 tokens, in BF16.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from numbers import Integral, Real
 
 import numpy as np
 
 import kvlib
-from kvlib.serving import BlockAllocator, PagedKVCache
-from kvlib.serving.memory_plan import (
-    blocks_for,
-    parallel_sampling_blocks,
-    separate_sampling_blocks,
-    slack,
+
+from .base import (
+    Feedback,
+    as_number,
+    checker,
+    is_missing,
+    not_filled_in,
+    show_solution,
+    whole_number,
 )
 
-from .base import Feedback, checker, is_missing, show_solution
+# Exercise 1 and 3: Mistral-7B (kvlib.memory.PRESETS) with StreamingLLM's 4 sinks added
+WINDOW, SINK_TOKENS, QUERY = 4096, 4, 5000
+MISTRAL = kvlib.memory.PRESETS["Mistral-7B"]
+N_TOKENS, DTYPE_BYTES = 10_000, 2
 
-EXERCISE1 = {"n_tokens": 1234, "block_size": 16}
-EXERCISE3 = {"prompt_length": 10, "new_tokens": 5, "n_samples": 3, "block_size": 4}
-# Exercise 2: (block size, prompts of the sequences sharing one pool, which one is read)
-GATHER_CASES = ((2, (7, 5, 6), 0), (4, (9, 6, 13), 2), (3, (3, 8), 1), (4, (4, 8), 1),
-                (1, (3, 5), 0), (5, (12, 2, 11), 2))
-
-
-def _whole(value) -> int | None:
-    """A whole number as an int (also 14.0 or a numpy integer); None for anything else.
-    Huge ints stay ints: float(10**400) would overflow."""
-    if isinstance(value, bool) or isinstance(value, np.bool_):
-        return None
-    if isinstance(value, Integral):
-        return int(value)
-    if isinstance(value, Real):
-        value = float(value)
-        if math.isfinite(value) and value == int(value):
-            return int(value)
-    return None
+# Exercise 2: (position, window, sink_tokens); sinks, the first wrap, and later laps
+SLOT_CASES = (
+    (0, 4, 0), (3, 4, 0), (4, 4, 0), (9, 4, 0),
+    (0, 4, 2), (1, 4, 2), (2, 4, 2), (5, 4, 2), (6, 4, 2), (13, 4, 2),
+    (2, 3, 4), (4, 3, 4), (7, 3, 4), (30, 3, 4), (100, 7, 1), (4099, 4096, 4),
+)
 
 
-def _shown(value) -> str:
-    """A number as the student typed it, cut short if it is huge (10**400 has 401 digits)."""
-    text = f"{value}"
-    return text if len(text) <= 16 else text[:12] + "..."
-
-
-def _pair(answer):
-    """(a, b) from a tuple, list or array of two numbers; None if it is not one. The
-    numbers may be any Real (rounded ones are judged by the caller)."""
-    if isinstance(answer, np.ndarray):
-        if answer.shape != (2,):
-            return None
-        answer = list(answer)
-    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
-        return None
-    if not all(isinstance(x, Real) and not isinstance(x, (bool, np.bool_)) for x in answer):
-        return None
-    return answer
+def _expected_slot(position: int, window: int, sink_tokens: int) -> int:
+    return position if position < sink_tokens else \
+        sink_tokens + (position - sink_tokens) % window
 
 
 # Exercise 1 ------------------------------------------------------------------------------
 
+def visible_positions(query: int = QUERY, window: int = WINDOW,
+                      sink_tokens: int = SINK_TOKENS) -> list[int]:
+    """The positions query sees: kvlib.attention_mask's row for it, as a list."""
+    keys = np.arange(query + 1)
+    return np.flatnonzero(kvlib.attention_mask([query], keys, window, sink_tokens)[0]).tolist()
+
+
+def _as_positions(answer) -> list[int] | Feedback:
+    """A collection of whole numbers (a list, tuple, array, set, range) -> its sorted list,
+    or a Feedback that says what is wrong. Each element follows exercises.base.whole_number."""
+    if isinstance(answer, (str, bytes)):
+        return Feedback(False, "positions are numbers, not text: give a list such as "
+                        "[0, 1, 2, 3].")
+    if not isinstance(answer, (list, tuple, np.ndarray)) and hasattr(answer, "__iter__"):
+        try:            # a set, a range, a generator: its elements, in any order
+            answer = list(answer)
+        except Exception as error:  # an iterable of a student's own may fail in any way
+            return Feedback(False, f"could not read the positions: {type(error).__name__}: "
+                            f"{error}")
+    if isinstance(answer, np.ndarray) and answer.ndim >= 1:
+        answer = answer.tolist()
+    if not isinstance(answer, (list, tuple)):
+        return Feedback(False, "give every position the query sees, as a list (one number is "
+                        "not enough; list(range(a, b)) builds a run).")
+    positions = []
+    for item in answer:
+        if isinstance(item, (list, tuple, np.ndarray)):
+            return Feedback(False, "give one flat list of positions, not a list of lists: join "
+                            "the runs with + (list(range(a, b)) + list(range(c, d))).")
+        if is_missing(item):
+            return Feedback(False, f"{item!r} is not a position: every position is a whole "
+                            "number.")
+        value = whole_number(item, "every position")
+        if isinstance(value, Feedback):
+            return value
+        positions.append(value)
+    if len(set(positions)) != len(positions):
+        return Feedback(False, "some positions appear twice: list each position once.")
+    return sorted(positions)
+
+
+def _runs(positions: list[int]) -> str:
+    runs: list[list[int]] = []
+    for position in positions:
+        if runs and position == runs[-1][1] + 1:
+            runs[-1][1] = position
+        else:
+            runs.append([position, position])
+    shown = ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs[:4])
+    return shown + (", ..." if len(runs) > 4 else "")
+
+
+def _typical_slips() -> list[tuple[list[int], str]]:
+    """Wrong answers a student is likely to give, each with what went wrong."""
+    p, W, s = QUERY, WINDOW, SINK_TOKENS
+    sinks = list(range(s))
+    return [
+        (list(range(p - W + 1, p + 1)), "the first 4 positions are missing: the sinks stay "
+         "visible to every query, beside the window."),
+        (sinks + list(range(p - W, p + 1)), f"one position too many: the window is W = {W} "
+         f"positions counting the query itself, so it starts at {p} - {W} + 1."),
+        (sinks + list(range(p - W, p)), f"the window ends at the query itself: it is the "
+         f"{W} positions {p - W + 1} to {p}, not {p - W} to {p - 1}."),
+        (sinks + list(range(p - W + 1, p)), f"the query itself is missing: {p} is the last "
+         "position of its own window."),
+        (sinks + list(range(p - W + s + 1, p + 1)), "the sinks come on top of the window, "
+         f"not out of it: {s} sinks plus the last {W} positions."),
+        (list(range(s + 1)) + list(range(p - W + 1, p + 1)), f"one sink too many: "
+         f"sink_tokens = {s} keeps positions 0 to {s - 1}."),
+        (list(range(p + 1)), "that is every earlier position: full attention. The window "
+         f"keeps only the last {W}, plus the sinks."),
+        ([q + 1 for q in sinks] + list(range(p - W + 2, p + 2)), "positions count from 0: "
+         "the first token is position 0, and the query is at 5000."),
+    ]
+
+
 @checker
-def check_blocks_and_slack(answer) -> Feedback:
-    """Exercise 1: (blocks, empty positions in the last block) for 1,234 tokens in blocks of
-    16."""
+def check_visible_positions(answer) -> Feedback:
+    """Exercise 1: every position query 5000 sees in Mistral-7B (W = 4096) with 4 sinks."""
     if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with two numbers, "
-                        "(blocks, empty positions).")
-    n, size = EXERCISE1["n_tokens"], EXERCISE1["block_size"]
-    blocks, empty = blocks_for(n, size), slack(n, size)
-    if _whole(answer) is not None:
-        return Feedback(False, "give two numbers, (blocks, empty positions): "
-                        f"answer = ({_shown(answer)}, ...).")
-    pair = _pair(answer)
-    if pair is None:
-        return Feedback(False, "expected two numbers, (blocks, empty positions), for example "
-                        f"answer = (10, 3); got {type(answer).__name__}.")
-    got_blocks, got_empty = (_whole(x) for x in pair)
-    if got_blocks is None:
-        return Feedback(False, f"{_shown(pair[0])} blocks: a sequence holds whole blocks. "
-                        "Divide and round up (-(-n // B) in Python, or math.ceil).")
-    if got_empty is None:
-        return Feedback(False, f"{_shown(pair[1])} empty positions: positions are whole too.")
-    if (got_blocks, got_empty) == (blocks, empty):
-        return Feedback(True, f"{blocks} blocks of {size} hold {blocks * size} positions: "
-                        f"{empty} of them empty in the last block, {empty / n:.1%} of the "
-                        "request. Fewer than one block is ever wasted.")
-    if got_blocks == n // size:
-        return Feedback(False, f"{got_blocks} blocks hold only {got_blocks * size} positions: "
-                        f"round up, not down. The last {n % size} tokens need a block too.")
-    if got_blocks == n:
-        return Feedback(False, "that counts positions, not blocks: a block holds 16.")
-    if got_blocks > blocks:
-        extra = "one block" if got_blocks == blocks + 1 else f"{_shown(got_blocks - blocks)} blocks"
-        return Feedback(False, f"{extra} too many: {blocks} blocks already hold "
-                        f"{blocks * size} >= {n} positions.")
-    if got_blocks != blocks:
-        return Feedback(False, f"not {_shown(got_blocks)} blocks: divide {n} by {size} and "
-                        "round up.")
-    if got_empty == n % size:
-        return Feedback(False, f"{n % size} is how many positions of the last block are "
-                        f"filled ({n} % {size}). Empty ones: {blocks} x {size} - {n}.")
-    if got_empty < 0:
-        return Feedback(False, "a negative number of empty positions: blocks x block size is "
-                        "at least the number of tokens.")
-    if got_empty == 0:
-        return Feedback(False, f"{n} is not a multiple of {size}, so the last block is only "
-                        "partly filled.")
-    if got_empty >= size:
-        return Feedback(False, "a paged cache never wastes a whole block: the empty positions "
-                        "are fewer than the block size.")
-    return Feedback(False, f"{blocks} blocks is right, but not {_shown(got_empty)} empty "
-                    f"positions: {blocks} x {size} - {n}.")
+        return not_filled_in("answer", "a list of positions")
+    positions = _as_positions(answer)
+    if isinstance(positions, Feedback):
+        return positions
+    expected = visible_positions()
+    if positions == expected:
+        return Feedback(True, f"query {QUERY} sees {len(expected)} positions: the {SINK_TOKENS} "
+                        f"sinks 0..{SINK_TOKENS - 1} and the window {QUERY - WINDOW + 1}.."
+                        f"{QUERY}. Its cache holds exactly these rows.")
+    for slip, diagnosis in _typical_slips():
+        if positions == slip:
+            return Feedback(False, diagnosis)
+    if positions and positions[-1] > QUERY:
+        return Feedback(False, f"position {positions[-1]} comes after the query: causal "
+                        f"attention never looks ahead of {QUERY}.")
+    missing = sorted(set(expected) - set(positions))
+    extra = sorted(set(positions) - set(expected))
+    parts = []
+    if missing:
+        parts.append(f"missing {len(missing)} (such as {_runs(missing)})")
+    if extra:
+        parts.append(f"{len(extra)} too many (such as {_runs(extra)})")
+    return Feedback(False, f"not these positions: {' and '.join(parts)}. The query sees the "
+                    "sinks and the last W positions, itself included.")
 
 
 # Exercise 2 ------------------------------------------------------------------------------
 
-def gather_reference(pool, block_table, n_positions, block_size):
-    """The right gather: position p is row p % B of block block_table[p // B]."""
-    return np.stack([pool[block_table[p // block_size], p % block_size]
-                     for p in range(n_positions)])
-
-
-def _gather_block_by_remainder(pool, block_table, n_positions, block_size):
-    return np.stack([pool[block_table[p % block_size], p % block_size]
-                     for p in range(n_positions)])
-
-
-def _gather_swapped(pool, block_table, n_positions, block_size):
-    return np.stack([pool[block_table[p % block_size], p // block_size]
-                     for p in range(n_positions)])
-
-
-def _gather_without_table(pool, block_table, n_positions, block_size):
-    return np.stack([pool[p // block_size, p % block_size] for p in range(n_positions)])
-
-
-def _gather_untrimmed(pool, block_table, n_positions, block_size):
-    return pool[np.asarray(block_table)].reshape(-1, pool.shape[-1])
-
-
-def _gather_cases():
-    """(pool keys of layer 0, block table, length, block size) of sequences that share one
-    pool, written in turns so that their blocks interleave."""
-    params = kvlib.init_params()
-    rng = np.random.default_rng(17)
-    for block_size, lengths, reader in GATHER_CASES:
-        pool = BlockAllocator(params.config, n_blocks=24, block_size=block_size)
-        caches = [PagedKVCache(pool) for _ in lengths]
-        ids = [list(rng.integers(0, params.config.vocab_size, n)) for n in lengths]
-        for position in range(max(lengths)):       # a token of each sequence in turn
-            for cache, sequence in zip(caches, ids):
-                if position < len(sequence):
-                    kvlib.prefill(params, [int(sequence[position])], cache)
-        cache = caches[reader]
-        yield pool.keys[0].copy(), list(cache.block_table), len(cache), block_size, \
-            cache.keys(0).copy()
-
-
-WRONG_GATHERS = (
-    (_gather_block_by_remainder, "the block of position p is block_table[p // B]: p % B is "
-     "its row inside the block, and is the same for positions B apart"),
-    (_gather_swapped, "block and row are swapped: the block is block_table[p // B], the row "
-     "inside it p % B"),
-    (_gather_without_table, "the block table is not used: block p // B of the pool belongs to "
-     "whichever sequence took it. Look it up: block_table[p // B]"),
-    (_gather_untrimmed, "you return every row of every block: the last block is only partly "
-     "filled. Keep the first n_positions rows"),
+SLOT_SLIPS = (
+    (lambda p, W, s: p % W, "this is p % W: it ignores the sinks, so the window's positions "
+     "land in the sinks' slots and overwrite them. Count the window's slots after the sinks: "
+     "s + (p - s) % W."),
+    (lambda p, W, s: p % (W + s), "p % (W + s) cycles through the sinks' slots too: the "
+     "sinks are written once and never again. Only positions from s on go round the ring."),
+    (lambda p, W, s: (p - s) % W if p >= s else p, "the window's slots start after the "
+     "sinks: add s to (p - s) % W."),
+    (lambda p, W, s: s + p % W if p >= s else p, "subtract the sinks first: position s is "
+     "the first of the window and goes to slot s, so the window slot is s + (p - s) % W."),
+    (lambda p, W, s: s + (p - s) % W, "a sink position (p < s) keeps its own slot p; only "
+     "the positions after the sinks go round the ring."),
+    (lambda p, W, s: s + (p - s + 1) % W if p >= s else p, "off by one: position s goes "
+     "to slot s, the first window slot, so use (p - s) % W without adding 1."),
+    (lambda p, W, s: s + (p - s - 1) % W if p >= s else p, "off by one: position s goes "
+     "to slot s, the first window slot, so use (p - s) % W without subtracting 1."),
 )
 
 
-@checker
-def check_gather(gather) -> Feedback:
-    """Exercise 2: a fixed `gather(pool, block_table, n_positions, block_size) -> (n, width)`.
-
-    Runs it on sequences that share a pool with blocks of 1 to 5 positions and compares with
-    the keys PagedKVCache reads (its block table, then a contiguous KVCache's equal rows).
-    """
-    if is_missing(gather):
-        return Feedback(False, "your fixed function is not filled in yet: write "
-                        "gather_fixed, then set answer = gather_fixed (without calling it).")
-    if not callable(gather):
-        return Feedback(False, f"answer should be a function like gather_broken, not "
-                        f"{type(gather).__name__}: write answer = gather_fixed.")
-    for pool, table, n, size, expected in _gather_cases():
-        where = (f"for a sequence of {n} positions in blocks of {size}, block table "
-                 f"{table}")
+def _run_slot_function(ring_slot) -> list[int] | Feedback:
+    """The slot for every case, or a Feedback on the first case that fails."""
+    slots = []
+    for position, window, sinks in SLOT_CASES:
+        where = f"ring_slot({position}, window={window}, sink_tokens={sinks})"
         try:
-            got = gather(pool.copy(), list(table), n, size)
-        except IndexError as error:
-            return Feedback(False, f"{where}, your function raised IndexError ({error}): an "
-                            "index ran past the end of the block table or of a block. Position "
-                            f"p is row p % {size} of block block_table[p // {size}].")
+            value = ring_slot(position, window, sinks)
         except Exception as error:  # a student's code may fail in any way; report it in words
-            return Feedback(False, f"{where}, your function raised {type(error).__name__}: "
-                            f"{error}")
-        try:
-            with warnings.catch_warnings():      # complex numbers: refused, not truncated
-                warnings.simplefilter("error")
-                got = np.asarray(got, dtype=float)
-        except (TypeError, ValueError, OverflowError, Warning):
-            return Feedback(False, f"{where}: expected an array of numbers of shape "
-                            f"{expected.shape}, got {type(got).__name__}.")
-        for wrong, diagnosis in WRONG_GATHERS:
-            try:
-                mistaken = wrong(pool, table, n, size)
-            except IndexError:
-                continue
-            if got.shape == mistaken.shape and np.allclose(got, mistaken) and \
-                    not (got.shape == expected.shape and np.allclose(got, expected)):
-                return Feedback(False, f"{where}: {diagnosis}.")
-        if got.shape != expected.shape:
-            return Feedback(False, f"{where}: expected the sequence's rows, shape "
-                            f"{expected.shape} (one per position), got {got.shape}.")
-        if not np.allclose(got, expected, atol=1e-12):
-            wrong_rows = np.flatnonzero(~np.isclose(got, expected).all(axis=1))
-            return Feedback(False, f"{where}: rows {list(wrong_rows[:6])} are not the keys of "
-                            "those positions. Position p is row p % B of block "
-                            "block_table[p // B].")
-    return Feedback(True, f"all {len(GATHER_CASES)} sequences read back exactly as "
-                    "PagedKVCache reads them, block sizes 1 to 5.")
+            return Feedback(False, f"{where} raised {type(error).__name__}: {error}")
+        if isinstance(value, np.ndarray) and value.size == 1:
+            value = value.reshape(())
+        slot = whole_number(value, f"the slot {where} returned (a slot is one whole number)")
+        if isinstance(slot, Feedback):
+            return slot
+        slots.append(slot)
+    return slots
+
+
+@checker
+def check_ring_slot(ring_slot) -> Feedback:
+    """Exercise 2: a fixed `ring_slot(position, window, sink_tokens) -> slot`, run on
+    SLOT_CASES and compared with the layout of kvlib.SlidingWindowCache."""
+    if is_missing(ring_slot):
+        return not_filled_in("your function", "a fixed function, then set answer = "
+                             "ring_slot_fixed (without calling it)")
+    if not callable(ring_slot):
+        return Feedback(False, f"answer should be a function like ring_slot_broken, not "
+                        f"{type(ring_slot).__name__}: write answer = ring_slot_fixed.")
+    slots = _run_slot_function(ring_slot)
+    if isinstance(slots, Feedback):
+        return slots
+    expected = [_expected_slot(*case) for case in SLOT_CASES]
+    if slots == expected:
+        return Feedback(True, f"all {len(SLOT_CASES)} cases land in the slots "
+                        "kvlib.SlidingWindowCache uses: sinks in their own slots, the "
+                        "window going round the W slots after them.")
+    for slip, diagnosis in SLOT_SLIPS:
+        if slots == [slip(*case) for case in SLOT_CASES]:
+            return Feedback(False, diagnosis)
+    for (position, window, sinks), got, want in zip(SLOT_CASES, slots, expected):
+        if not 0 <= got < window + sinks:
+            return Feedback(False, f"ring_slot({position}, {window}, {sinks}) = {got}: the "
+                            f"buffer has only {sinks + window} slots, 0 to "
+                            f"{sinks + window - 1}.")
+        if got != want:
+            return Feedback(False, f"ring_slot({position}, window={window}, sink_tokens="
+                            f"{sinks}) should be {want}, got {got}.")
+    return Feedback(False, "some slots differ from kvlib.SlidingWindowCache's.")
 
 
 # Exercise 3 ------------------------------------------------------------------------------
 
+def mistral_cache_bytes(n_tokens: int = N_TOKENS, sink_tokens: int = SINK_TOKENS,
+                        window: int | None = WINDOW, n_kv_heads: int = MISTRAL.n_kv_heads,
+                        n_layers: int = MISTRAL.n_layers, dtype_bytes: int = DTYPE_BYTES,
+                        ) -> int:
+    """Bytes of Mistral-7B's window cache with sinks after n_tokens (kvlib.kv_cache_bytes
+    over the positions held)."""
+    held = n_tokens if window is None else min(n_tokens, sink_tokens + window)
+    return kvlib.kv_cache_bytes(n_layers, None, held, dtype_bytes=dtype_bytes,
+                                n_kv_heads=n_kv_heads, head_dim=MISTRAL.head_dim)
+
+
+def _byte_slips() -> list[tuple[float, float, str]]:
+    """(wrong value, relative tolerance, what went wrong): byte counts must match to the
+    byte; answers in GiB or MiB may be rounded."""
+    right = mistral_cache_bytes()
+    exact = 1e-12
+    return [
+        (mistral_cache_bytes(window=None), exact, "that is a full cache of all 10,000 "
+         "tokens: the ring holds only the sinks and the last W positions."),
+        (mistral_cache_bytes(sink_tokens=0), exact, "that is the window alone: the 4 sinks "
+         "are held too, 4 more rows in every layer."),
+        (mistral_cache_bytes(sink_tokens=SINK_TOKENS - 1), exact, "one row short a layer: "
+         "after 10,000 tokens the ring holds the 4 sinks and the last 4096 positions, the "
+         "newest included: 4100 rows."),
+        (mistral_cache_bytes(n_kv_heads=MISTRAL.n_heads), exact, "Mistral-7B caches 8 K/V "
+         "heads, not 32 (grouped-query attention, notebook 15)."),
+        (right / 2, exact, "the cache holds K and V: multiply by 2."),
+        (right / MISTRAL.n_layers, exact, "that is one layer: every one of the 32 layers has "
+         "its own cache."),
+        (mistral_cache_bytes(dtype_bytes=4), exact, "BF16 numbers take 2 bytes, not 4."),
+        (right * 8, exact, "bytes, not bits: a BF16 number is 2 bytes."),
+        (right / kvlib.GiB, 2e-3, "that is in GiB: the exercise asks for bytes."),
+        (right / kvlib.MiB, 2e-3, "that is in MiB: the exercise asks for bytes."),
+    ]
+
+
 @checker
-def check_forked_blocks(answer) -> Feedback:
-    """Exercise 3: blocks in use after 3 samples of a 10-token prompt (blocks of 4) decode
-    5 tokens each."""
+def check_cache_bytes(answer) -> Feedback:
+    """Exercise 3: bytes of Mistral-7B's cache with 4 sinks after 10,000 tokens, BF16."""
     if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a number "
-                        "of blocks.")
-    value = _whole(answer)
-    if value is None:
-        return Feedback(False, f"expected a whole number of blocks, got {_shown(repr(answer))}.")
-    e = EXERCISE3
-    expected = parallel_sampling_blocks(e["prompt_length"], e["new_tokens"], e["n_samples"],
-                                        e["block_size"])
-    separate = separate_sampling_blocks(e["prompt_length"], e["new_tokens"], e["n_samples"],
-                                        e["block_size"])
-    full, partial = divmod(e["prompt_length"], e["block_size"])
-    final = blocks_for(e["prompt_length"] + e["new_tokens"], e["block_size"])
-    if value == expected:
-        return Feedback(True, f"{expected} blocks: the {full} full prompt blocks shared, "
-                        f"then {final - full} blocks of each sample's own (the prompt's "
-                        f"partly filled block, copied on write, and one new block), against "
-                        f"{separate} for three caches of their own.")
-    if value == separate:
-        return Feedback(False, f"{separate} is three caches of their own. The samples share "
-                        "the prompt's blocks: what is copied, and when?")
-    if value == full + 1 + e["n_samples"] * (final - full - 1):
-        return Feedback(False, f"the prompt's last block holds only {partial} of its "
-                        f"{e['block_size']} positions: each sample writes its own tokens "
-                        "into it, so it cannot stay shared (copy-on-write).")
-    if value == full + 1 + e["n_samples"] * (final - full):
-        return Feedback(False, "one block too many: the last sample still holding the "
-                        "shared block is its only owner by then, and writes into it in place.")
-    if value == final:
-        return Feedback(False, f"{final} is one sample's table; there are "
-                        f"{e['n_samples']}.")
-    return Feedback(False, f"not {_shown(value)}. Count the prompt's full blocks (shared), "
-                    "then the blocks each sample owns once it has written its 5 tokens.")
+        return not_filled_in("answer", "a number of bytes")
+    if isinstance(answer, np.ndarray) and answer.size == 1 and answer.dtype.kind in "iuf":
+        answer = answer.item()          # np.array([x]) reads as x
+    right = mistral_cache_bytes()
+    value = as_number(answer)
+    if value is not None:       # a slip, in bytes or in another unit, is named first
+        if value < 0:
+            return Feedback(False, "a number of bytes cannot be negative.")
+        for slip, tolerance, diagnosis in _byte_slips():
+            if value != right and math.isclose(value, slip, rel_tol=tolerance):
+                return Feedback(False, diagnosis)
+    count = whole_number(answer, "answer", expected=right)
+    if isinstance(count, Feedback):
+        return count
+    if count == right:
+        return Feedback(True, f"{right:,} bytes ({right / kvlib.MiB:,.1f} MiB) at any length "
+                        f"past 4100 tokens; a full cache of 10,000 tokens would take "
+                        f"{mistral_cache_bytes(window=None) / kvlib.MiB:,.0f} MiB.")
+    if count < 0:
+        return Feedback(False, "a number of bytes cannot be negative.")
+    return Feedback(False, f"{count:,} is not it. Count the rows held (sinks + W), then 2 (K "
+                    "and V) x layers x K/V heads x head size x 2 bytes each.")
 
 
 SOLUTIONS = {
     1: """
-n, B = 1234, 16
-blocks = -(-n // B)              # round up: 78
-answer = (blocks, blocks * B - n)   # (78, 14): 14 empty positions in the last block
+p, W, s = 5000, 4096, 4
+answer = list(range(s)) + list(range(p - W + 1, p + 1))   # the sinks, then the window
+# or, from the mask itself:
+# answer = np.flatnonzero(kvlib.attention_mask([p], np.arange(p + 1), W, s)[0])
 """,
     2: """
-def gather_fixed(pool, block_table, n_positions, block_size):
-    rows = []
-    for p in range(n_positions):
-        block = block_table[p // block_size]    # which block: the table's entry p // B
-        row = p % block_size                    # where inside it
-        rows.append(pool[block, row])
-    return np.array(rows)
+def ring_slot_fixed(position, window, sink_tokens):
+    if position < sink_tokens:            # a sink keeps its own slot for good
+        return position
+    return sink_tokens + (position - sink_tokens) % window   # the window goes round after them
 
-answer = gather_fixed
+answer = ring_slot_fixed
 """,
     3: """
-# the prompt's 2 full blocks stay shared; its third block (2 of 4 positions) is copied by
-# the first two samples that write into it, the third writes in place; 15 positions need a
-# fourth block each
-answer = 2 + 3 * 2
+held = 4 + 4096                           # sinks + window, however long the text
+answer = 2 * 32 * held * 8 * 128 * 2      # K and V x layers x rows x K/V heads x head size x BF16
+# = kvlib.kv_cache_bytes(32, None, held, dtype_bytes=2, n_kv_heads=8, head_dim=128)
 """,
 }
 

@@ -1,25 +1,22 @@
-"""Exercises of notebook 21 (speculative decoding): checkers and solutions.
+"""Exercises of notebook 21 (batched decoding and continuous batching): checkers and solutions.
 
-1. Tokens a round adds on average, for an acceptance rate and a k other than the lesson's
-   (a transfer of the formula 1 + alpha + ... + alpha^k).
-2. Find the bug: a greedy speculative round that truncates the draft's cache after a
-   rejection but forgets the target's. The checker runs the student's fixed round on three
-   draft/target pairs (rejections every round, mixed, never) and says what went wrong
-   first: the caches' lengths and contents after every round, then the tokens against the
-   target's own greedy decoding.
-3. The chance that each token is kept if the draft proposes it, min(1, p/q), for given p and q.
+Exercise 1 asks for the attention mask of a batch of prompts padded on the left: causal, and
+no query may see a padded key. The usual mistakes (padding on the right, hiding the padded
+rows instead of the padded columns, forgetting the causal part or the padding, True for
+"hidden") each get their own diagnosis. Exercise 2 is a transfer: from an A100's datasheet
+figures, the batch size from which a decode step's work on the weights is compute-bound.
+Exercise 3 asks which waiting requests a continuous-batching scheduler admits at a given step,
+first without and then with a token budget.
 """
 
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from numbers import Real
+from numbers import Integral
 
 import numpy as np
 
-import kvlib
-from kvlib.serving import speculative
+from kvlib.serving import batch, scheduler
 
 from .base import (
     Feedback,
@@ -31,370 +28,393 @@ from .base import (
     show_solution,
 )
 
-ROUNDING = 6e-4      # the notebook prints 3 decimals: a copied value is off by up to 5e-4
-
-# Exercise 1: another draft, another k
-EXERCISE1_ALPHA, EXERCISE1_K = 0.6, 3
-
-# Exercise 3: the target's and the draft's distributions over a four-token vocabulary
-EXERCISE3_P = (0.5, 0.2, 0.2, 0.1)
-EXERCISE3_Q = (0.3, 0.5, 0.1, 0.1)
-
-
-def _number_or_feedback(answer, what: str):
-    """(value, None) for a finite number (also a one-element list or array), else (None,
-    Feedback)."""
-    if is_missing(answer):
-        return None, not_filled_in("answer", what)
-    if isinstance(answer, (list, tuple)) and len(answer) == 1:
-        answer = answer[0]
-    if isinstance(answer, np.ndarray) and answer.size == 1 and answer.dtype.kind in "iuf":
-        answer = answer.reshape(()).item()
-    if isinstance(answer, (str, bytes)):
-        return None, Feedback(False, f"expected {what}, got text ({answer!r:.40}): write the "
-                              "number itself, without quotes.")
-    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
-        return None, Feedback(False, f"expected {what}, got {type(answer).__name__}.")
-    value = as_number(answer)
-    if value is None:
-        return None, Feedback(False, f"expected {what}, a finite number of reasonable size.")
-    return value, None
-
-
 # Exercise 1 ------------------------------------------------------------------------------
 
+PROMPTS = ([0, 3, 7], [0, 3, 7, 1, 9], [0, 5])
+"""Three prompts of the toy (BOS first): 3, 5 and 2 tokens, padded on the left to 5."""
+
+
+def prompt_lengths() -> list[int]:
+    return [len(prompt) for prompt in PROMPTS]
+
+
+def _masks() -> dict[str, np.ndarray]:
+    """The right mask and the usual wrong ones, (B, T, T) each, True = may see."""
+    lengths = prompt_lengths()
+    T = max(lengths)
+    left = batch.padding_mask(lengths)                                   # real, padded left
+    right = np.arange(T)[None, :] < np.array(lengths)[:, None]           # real, padded right
+    causal = np.tri(T, dtype=bool)[None].repeat(len(lengths), axis=0)
+    return {
+        "right": causal & left[:, None, :],
+        "right padding": causal & right[:, None, :],
+        "rows": causal & left[:, :, None],
+        "rows, right padding": causal & right[:, :, None],
+        "causal only": causal,
+        "padding only": np.broadcast_to(left[:, None, :], causal.shape).copy(),
+        "transposed": (causal & left[:, None, :]).transpose(0, 2, 1),
+        "inverted": ~(causal & left[:, None, :]),
+    }
+
+
+def expected_mask() -> np.ndarray:
+    """The mask exercise 1 wants: kvlib.serving.batch.padded_prompt_mask of the batch."""
+    _, real = batch.left_pad(list(PROMPTS))
+    return batch.padded_prompt_mask(real)
+
+
+_DIAGNOSES = {
+    "right padding": "this is the mask of a batch padded on the RIGHT: each prompt's tokens in "
+                     "its first columns. Padded on the left, prompt b's tokens fill its LAST "
+                     "len(prompt) columns, so that every prompt's last token sits in the last "
+                     "column.",
+    "rows, right padding": "this pads on the right, and hides padded rows (queries) instead of "
+                           "padded columns (keys). Pad on the left, and hide the columns.",
+    "causal only": "every prompt gets the plain causal mask: the padding is not hidden, so a "
+                   "short prompt's real tokens attend to the pad tokens before them. Also hide "
+                   "the padded COLUMNS (keys): mask[b, :, j] is False for a padded j.",
+    "padding only": "the padded columns are hidden, but the mask is not causal: query i may "
+                    "not see keys after it. Combine the two: causal AND key is real.",
+    "transposed": "rows and columns are swapped: mask[b, i, j] says whether QUERY i may see "
+                  "KEY j, so row i is True up to column i (and only on real columns).",
+    "inverted": "True and False are swapped: in kvlib (as in transformers' attention_mask), "
+                "True means the query MAY see that key. Use ~ to flip it.",
+}
+
+
+def _mask_answer(answer, expected_shape):
+    """The answer as a bool array, or a Feedback on its form."""
+    array = numeric_array(answer, "answer", expected_shape)
+    if isinstance(array, Feedback):
+        return array
+    if array.shape == expected_shape[::2]:
+        return Feedback(False, f"answer has shape {array.shape}: that says which columns of "
+                        "each prompt are real (the padding mask). Attention needs one (T, T) "
+                        f"mask per prompt, query by key: shape {expected_shape}.")
+    if array.shape != expected_shape:
+        return Feedback(False, f"answer should have shape {expected_shape} (prompt, query, "
+                        f"key), got {array.shape}.")
+    values = array.astype(float)
+    if not np.all((values == 0) | (values == 1)):
+        return Feedback(False, "answer should hold True/False (or 1/0): True where the query "
+                        "may see the key.")
+    return values.astype(bool)
+
+
 @checker
-def check_tokens_per_pass(answer) -> Feedback:
-    """Exercise 1: the tokens a round adds on average (per pass of the target) when each
-    proposal is accepted with probability 0.6, independently, and the draft proposes k = 3."""
-    value, feedback = _number_or_feedback(answer, "a number of tokens")
-    if feedback is not None:
-        return feedback
-    a, k = EXERCISE1_ALPHA, EXERCISE1_K
-    expected = speculative.expected_tokens_per_pass(a, k)
-
-    def near(target: float) -> bool:
-        return abs(value - target) <= ROUNDING
-
-    if near(expected):
-        return Feedback(True, f"1 + 0.6 + 0.36 + 0.216 = {expected:.3f} tokens a pass: each "
-                        "round adds the target's own token, and proposal i counts when the "
-                        f"first i are all accepted (alpha^i). Plain decoding adds 1.")
-    diagnoses = [
-        ((1 - a**k) / (1 - a), "that is 1 + alpha + alpha^2 = 1.96: one term short. Count "
-                               "the target's own token (1) and each of the 3 proposals, "
-                               "proposal i with alpha^i: the sum runs up to alpha^3."),
-        (a * k + 1, "that counts each proposal with probability alpha on its own. Proposal i "
-                    "is kept only if all before it were: probability alpha^i, not alpha."),
-        (a * k, "that counts each proposal with probability alpha on its own and forgets the "
-                "target's own token. Proposal i is kept only if all before it were (alpha^i), "
-                "and every round adds one token of the target's."),
-        (1 / (1 - a), "that is the limit for an endless k, 1 / (1 - alpha). With k = 3 the "
-                      "sum stops at alpha^3."),
-        (k + 1.0, "that is the most a round can add, when all 3 proposals are accepted, which "
-                  "happens with probability alpha^3 only."),
-        (expected - 1, "that counts the accepted proposals alone, alpha + alpha^2 + alpha^3. "
-                       "The round also adds the target's own token (the correction or the "
-                       "bonus): add 1."),
-        (a**k, "that is the chance that all 3 proposals are accepted, alpha^3."),
-        (a ** (k + 1), "that is alpha^4; the expected tokens are a sum, 1 + alpha + alpha^2 "
-                       "+ alpha^3."),
-        (speculative.expected_tokens_per_pass(a, k + 1), "that is k = 4: the sum has one term "
-                                                         "per proposal plus 1, up to alpha^3."),
-        (speculative.expected_tokens_per_pass(a, k - 1) if k > 1 else math.nan,
-         "that is k = 2: with 3 proposals the sum runs up to alpha^3."),
-    ]
-    for wrong, message in diagnoses:
-        if near(wrong):
-            return Feedback(False, message)
-    return Feedback(False, f"not {value:.6g}. A round adds 1 + alpha + alpha^2 + ... + alpha^k "
-                    "tokens on average, (1 - alpha^(k+1)) / (1 - alpha).")
+def check_padded_mask(answer) -> Feedback:
+    """Exercise 1: the (3, 5, 5) attention mask of PROMPTS padded on the left, True where
+    query i of prompt b may see key j. Rows of padded queries are not graded: their output
+    is thrown away."""
+    if is_missing(answer):
+        return not_filled_in("answer", "a (3, 5, 5) array of True/False")
+    expected = expected_mask()
+    mask = _mask_answer(answer, expected.shape)
+    if isinstance(mask, Feedback):
+        return mask
+    _, real = batch.left_pad(list(PROMPTS))
+    graded = np.broadcast_to(real[:, :, None], expected.shape)    # real query rows only
+    masks = _masks()
+    if np.array_equal(mask[graded], masks["right"][graded]):
+        pad_rows = mask[~real]
+        note = (" Your padded rows see nothing: a softmax over nothing is 0 / 0, NaN, which "
+                "is why kvlib lets a padded query see itself (transformers un-masks such "
+                "rows); their output is never read." if not pad_rows.any() else "")
+        return Feedback(True, "causal, and every padded column hidden: each real query sees "
+                        "its own prompt's tokens up to itself, and the last column holds "
+                        f"every prompt's last token.{note}")
+    for name in ("right padding", "rows, right padding", "padding only", "transposed",
+                 "inverted"):
+        if np.array_equal(mask[graded], masks[name][graded]):
+            return Feedback(False, _DIAGNOSES[name])
+    if np.array_equal(mask[graded], masks["causal only"][graded]):
+        if not mask[~real].any():
+            return Feedback(False, "you hid the padded ROWS (the pad tokens as queries), but "
+                            "the real queries still see the padded COLUMNS (the pad tokens "
+                            "as keys). Padding must be hidden as keys: mask[b, :, j] = False "
+                            "for every padded j.")
+        return Feedback(False, _DIAGNOSES["causal only"])
+    wrong = np.argwhere((mask != masks["right"]) & graded)
+    b, i, j = (int(x) for x in wrong[0])
+    return Feedback(False, f"not yet: look at prompt {b}, query {i}, key {j}. Query i may see "
+                    "key j when j <= i and column j holds a real token of that prompt (the "
+                    f"prompts have {prompt_lengths()} tokens, padded on the left to "
+                    f"{max(prompt_lengths())}).")
 
 
 # Exercise 2 ------------------------------------------------------------------------------
 
-STORY_TARGET, STORY_DRAFT = "stories", "stories-draft"
-EXERCISE2_ROUNDS = 12
+A100 = {"name": "NVIDIA A100 SXM 80GB", "bf16_flops": 312e12, "bandwidth": 2.039e12,
+        "source": "NVIDIA A100 Tensor Core GPU datasheet: BF16 Tensor Core 312 TFLOPS "
+                  "(624 with sparsity), GPU memory bandwidth 2,039 GB/s (80GB SXM)"}
+H100 = {"name": "NVIDIA H100 SXM", "bf16_flops": 989e12, "bandwidth": 3.35e12,
+        "source": "NVIDIA H100 Tensor Core GPU datasheet: BF16 Tensor Core 1,979 TFLOPS with "
+                  "sparsity (989 dense), GPU memory bandwidth 3.35 TB/s (SXM)"}
+BYTES_PER_WEIGHT = 2            # BF16
 
 
-def story_model(name: str, dtype: str = "float64") -> kvlib.Params:
-    """One of the two trained story models shipped in kvlib/models (notebook 12)."""
-    from pathlib import Path
-
-    from kvlib import gpt2
-
-    return gpt2.load(Path(kvlib.__file__).parent / "models" / name, dtype)
-
-
-def perturbed(params: kvlib.Params, scale: float, seed: int) -> kvlib.Params:
-    """A copy of a model with every weight moved by scale x N(0, 1) x its own spread: a
-    stand-in draft that agrees with the model sometimes (the checker's mixed pair)."""
-    rng = np.random.default_rng(seed)
-
-    def moved(array):
-        if array is None:
-            return None
-        noise = rng.standard_normal(array.shape) * scale * float(np.std(array) or 1.0)
-        return (array + noise).astype(array.dtype)
-
-    layers = tuple(type(layer)(**{name: moved(value) for name, value in layer.arrays().items()})
-                   for layer in params.layers)
-    return kvlib.Params(params.config, moved(params.embedding), layers,
-                        moved(params.position_table), moved(params.ln_f_gain),
-                        moved(params.ln_f_bias))
+def weights_bound_batch_size(compute_rate: float, bandwidth: float,
+                             bytes_per_weight: int = BYTES_PER_WEIGHT) -> float:
+    """From which batch size the work on the weights is compute-bound (exercise 2): each
+    weight read (bytes_per_weight bytes) serves 2 FLOPs per sequence, so B sequences do
+    2 B / bytes_per_weight FLOPs per byte; set that equal to the ridge point."""
+    return batch.ridge_point(compute_rate, bandwidth) * bytes_per_weight / 2
 
 
-@lru_cache(maxsize=1)
-def exercise2_cases():
-    """(label, target, draft, prompt, k, new tokens) of the pairs the checker runs."""
-    toy = kvlib.init_params()
-    prompt = kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT)
-    stories = story_model(STORY_TARGET)
-    from kvlib.stories import StoryTokenizer
-
-    story_prompt = StoryTokenizer().encode("Mia had a red ball.")
-    return (
-        ("the lesson's story models", stories, story_model(STORY_DRAFT), story_prompt, 4, 24),
-        ("a draft the toy target rejects often", toy,
-         kvlib.init_params(kvlib.ModelConfig(n_layers=1), seed=0), prompt, 3, 12),
-        ("a draft that is the target itself (every proposal accepted)", toy, toy, prompt, 3,
-         12),
-        ("a slightly different copy of the toy target", toy, perturbed(toy, 0.5, 21), prompt,
-         2, 12),
-    )
-
-
-def _divergence(params, cache, sequence) -> str:
-    """How far the next logits computed on this cache are from the target's own decoding."""
-    try:
-        logits = kvlib.decode_step(params, sequence[-1], cache)
-    except ValueError:            # the cache is full: the rejected rows filled it
-        return "cannot even be computed: the rejected rows fill the cache."
-    own = kvlib.forward(params, sequence, last_only=True)
-    return (f"differ from the target's own decoding by up to "
-            f"{float(np.max(np.abs(logits - own))):.3g}.")
-
-
-def _cache_feedback(which: str, params, cache, sequence, expected_length: int, label: str,
-                    round_number: int) -> Feedback | None:
-    """None when the cache holds exactly sequence[:expected_length]'s keys and values."""
-    held = len(cache)
-    where = f"With {label}, after round {round_number}"
-    if held > expected_length:
-        if which == "target":
-            return Feedback(False, f"{where} the target's cache holds {held} positions, but "
-                            f"the sequence has {len(sequence)} tokens, the last one not fed "
-                            f"yet: {held - expected_length} of the cached positions are K and "
-                            "V of rejected proposals. The next pass attends to them, and its "
-                            f"logits {_divergence(params, cache, sequence)} Truncate the "
-                            "target's cache too, to len(sequence) - 1.")
-        return Feedback(False, f"{where} the draft's cache holds {held} positions, "
-                        f"{held - expected_length} more than it should: rejected proposals are "
-                        "still in it, and the draft would propose from a context that is not "
-                        "the sequence. Truncate it to min(len(draft_cache), len(sequence) - 1).")
-    if held < expected_length:
-        fed = ("what it was fed that the sequence kept, without the sequence's last token"
-               if which == "draft" else "all but the sequence's last token")
-        return Feedback(False, f"{where} the {which}'s cache holds {held} positions, "
-                        f"{expected_length - held} fewer than it can keep ({expected_length}: "
-                        f"{fed}). The tokens stay right, but the next pass computes again what "
-                        "the cache had: truncate to "
-                        + ("len(sequence) - 1." if which == "target" else
-                           "min(len(draft_cache), len(sequence) - 1)."))
-    fresh = kvlib.prefill(params, sequence[:held])[1] if held else None
-    for layer in range(params.config.n_layers if held else 0):
-        if not np.allclose(cache.keys(layer), fresh.keys(layer), rtol=0, atol=1e-9) \
-                or not np.allclose(cache.values(layer), fresh.values(layer), rtol=0,
-                                   atol=1e-9):
-            return Feedback(False, f"{where} the {which}'s cache has the right length, "
-                            f"{held}, but not the keys and values of the sequence's first "
-                            f"{held} tokens (layer {layer} differs): it was filled with other "
-                            "tokens, or in another order.")
-    return None
-
-
-def _run_case(step, label, target, draft, prompt, k, new_tokens) -> Feedback | None:
-    reference = list(prompt) + kvlib.generate(target, prompt, new_tokens)
-    sequence = list(prompt)
-    target_cache, draft_cache = kvlib.make_cache(target.config), kvlib.make_cache(draft.config)
-    for round_number in range(1, EXERCISE2_ROUNDS + 1):
-        before = len(sequence)
-        if before >= len(reference):
-            break
-        try:
-            step(target, draft, sequence, target_cache, draft_cache, k)
-        except Exception as error:   # noqa: BLE001 - whatever a student's code raises is reported
-            hint = ""
-            if "truncate" in str(error):
-                hint = (". Between rounds the target's cache holds all but the sequence's last "
-                        "token, len(sequence) - 1 positions; the draft's one fewer after a "
-                        "round whose proposals were all kept (its last proposal was never fed "
-                        "to it): min(len(draft_cache), len(sequence) - 1)")
-            return Feedback(False, f"With {label}, round {round_number} raised "
-                            f"{type(error).__name__}: {error}"[:600] + hint + ".")
-        if not isinstance(sequence, list) or len(sequence) == before:
-            return Feedback(False, f"With {label}, round {round_number} did not add any "
-                            "token to sequence (every round adds at least the target's own "
-                            "token): extend the list in place (sequence.extend(kept)), do not "
-                            "assign a new list to the name.")
-        added = len(sequence) - before
-        if added > k + 1:
-            return Feedback(False, f"With {label}, round {round_number} added {added} tokens; "
-                            f"a round adds at most k + 1 = {k + 1} (k proposals and the "
-                            "target's token).")
-        if not all(isinstance(t, (int, np.integer)) for t in sequence[before:]):
-            return Feedback(False, f"With {label}, round {round_number} added "
-                            f"{sequence[before:]!r}: token ids must be whole numbers.")
-        # the draft fed the sequence and k - 1 proposals; it keeps what the sequence confirms
-        expected = {"target": len(sequence) - 1,
-                    "draft": min(before + k - 1, len(sequence) - 1)}
-        for which, params, cache in (("target", target, target_cache),
-                                     ("draft", draft, draft_cache)):
-            feedback = _cache_feedback(which, params, cache, sequence, expected[which],
-                                       label, round_number)
-            if feedback is not None:
-                return feedback
-        n = min(len(sequence), len(reference))
-        if [int(t) for t in sequence[:n]] != reference[:n]:
-            first = next(i for i in range(n) if int(sequence[i]) != reference[i])
-            return Feedback(False, f"With {label}, round {round_number} gave new token "
-                            f"{first - len(prompt)} = {int(sequence[first])}; the target's own "
-                            f"greedy decoding gives {reference[first]}. Keep the proposals "
-                            "while each is the argmax of the target's row before it, then add "
-                            "the target's argmax.")
-    return None
+def _batch_mistakes(rate: float, bandwidth: float) -> list[tuple[float, str]]:
+    ridge = rate / bandwidth
+    exact = weights_bound_batch_size(rate, bandwidth)
+    return [
+        (2 * exact, "twice the answer: each weight (2 bytes in BF16) serves 2 FLOPs per "
+                    "sequence (a multiply and an add), so B sequences do B FLOPs per byte. "
+                    "Counting a multiply-add as one FLOP, or 4 bytes a weight (float32), "
+                    "doubles it."),
+        (exact / 2, "half the answer: the weights are 2 bytes each in BF16, not 1; B sequences "
+                    "do 2 B FLOPs per weight, B per byte."),
+        (weights_bound_batch_size(H100["bf16_flops"], H100["bandwidth"]),
+         "that is the H100 SXM's figure (989 TFLOP/s, 3.35 TB/s). Use the A100's."),
+        (bandwidth / rate, "that is bandwidth / FLOP rate, upside down: the ridge point is "
+                           "FLOP/s divided by bytes/s."),
+        (exact * 1000, "1000 times too large: TFLOP/s and TB/s share the 10^12, so divide "
+                       "312 by 2.039, not 312 by 2.039 x 10^-3."),
+        (exact / 1000, "1000 times too small: 2,039 GB/s is 2.039 TB/s; divide 312 by 2.039."),
+        (ridge * 4 / 2 * 2, "that is float32 weights counted as multiply-adds: BF16 weights are "
+                            "2 bytes and a multiply-add is 2 FLOPs."),
+    ]
 
 
 @checker
-def check_speculative_round(answer) -> Feedback:
-    """Exercise 2: a fixed speculative_round(target, draft, sequence, target_cache,
-    draft_cache, k) that extends sequence in place with the round's tokens and leaves both
-    caches holding what the next round needs."""
+def check_compute_bound_batch(answer) -> Feedback:
+    """Exercise 2: from what batch size is a decode step's work on the BF16 weights
+    compute-bound on an A100 SXM 80GB (312 TFLOP/s dense BF16, 2.039 TB/s)? The ridge point,
+    153.0: 153 or 154 sequences (or the ridge itself, to a decimal)."""
     if is_missing(answer):
-        return not_filled_in("answer", "your fixed function (answer = speculative_round_fixed)")
-    if not callable(answer):
-        return Feedback(False, "answer should be your fixed function, speculative_round_fixed "
-                        f"(without brackets); got {type(answer).__name__}.")
-    cases = exercise2_cases()
-    for case in cases:
-        feedback = _run_case(answer, *case)
-        if feedback is not None:
-            return feedback
-    return Feedback(True, f"right on {len(cases)} pairs of draft and target: every round's "
-                    "tokens are the target's greedy ones, and after every round the target's "
-                    "cache holds the sequence but its last token and the draft's no rejected "
-                    "proposal.")
+        return not_filled_in("answer", "a number of sequences")
+    if isinstance(answer, (list, tuple)) and len(answer) == 1:
+        answer = answer[0]
+    if isinstance(answer, np.ndarray) and answer.size == 1 and answer.dtype.kind in "iuf":
+        answer = answer.reshape(()).item()
+    value = as_number(answer)
+    if value is None:
+        return Feedback(False, f"answer should be one number (a batch size), got "
+                        f"{type(answer).__name__}.")
+    rate, bandwidth = A100["bf16_flops"], A100["bandwidth"]
+    exact = weights_bound_batch_size(rate, bandwidth)
+    if exact - 0.55 <= value <= math.ceil(exact) + 0.5:
+        return Feedback(True, f"the A100's ridge point is {rate / 1e12:.0f} / "
+                        f"{bandwidth / 1e12:.3f} = {exact:.1f} FLOP per byte, and B sequences "
+                        f"do B FLOPs per byte of BF16 weights: from about {math.ceil(exact)} "
+                        "sequences the weights stop being the bottleneck. The cache is another "
+                        "matter: each sequence reads its own, at about 1 FLOP per byte (MHA), "
+                        "whatever the batch.")
+    for wrong, explanation in _batch_mistakes(rate, bandwidth):
+        if abs(value - wrong) <= 0.01 * abs(wrong) + (0.5 if abs(wrong) >= 10 else 0.0):
+            return Feedback(False, f"{value:g} is not it: {explanation}")
+    if value < 1:
+        return Feedback(False, f"{value:g} is below one sequence: a batch size is a number of "
+                        "sequences, and the A100's ridge point is far above one FLOP per byte.")
+    return Feedback(False, f"{value:g} is not it. How many FLOPs per byte does the A100 need "
+                    "to be compute-bound (FLOP/s over bytes/s), and how many FLOPs does a "
+                    "batch of B sequences do for each byte of BF16 weights it reads?")
 
 
 # Exercise 3 ------------------------------------------------------------------------------
 
-def exercise3_answer() -> np.ndarray:
-    """min(1, p/q) for each of the four tokens."""
-    return np.array([speculative.acceptance_probability(EXERCISE3_P, EXERCISE3_Q, x)
-                     for x in range(len(EXERCISE3_P))])
+QUESTION_STEP = 7
+MAX_BATCH = 4
+TOKEN_BUDGET = 24
+RUNNING = (scheduler.Request(0, 0, 6, 30), scheduler.Request(1, 1, 9, 25))
+"""Still generating at step 7: they decode one token each (they do not enter again)."""
+FINISHED = (scheduler.Request(3, 2, 5, 3),)
+"""Request 3 got its last token in step 6."""
+WAITING = (scheduler.Request(4, 3, 12, 8), scheduler.Request(5, 5, 20, 6),
+           scheduler.Request(6, 6, 4, 5))
+"""Arrived, not yet admitted: ids 4, 5, 6 (arrivals 3, 5, 6; prompts 12, 20, 4 tokens)."""
+LATER = (scheduler.Request(7, 8, 3, 4),)
+"""Arrives at step 8, after the question's step."""
+
+
+def situation() -> str:
+    """The state of the batch at the start of step 7, as the notebook prints it."""
+    lines = [f"max_batch (vLLM's --max-num-seqs) = {MAX_BATCH}; start of step {QUESTION_STEP}",
+             "running (each decodes one token this step):"]
+    lines += [f"  request {r.id}: arrived at step {r.arrival}, prompt {r.prompt_length} "
+              f"tokens" for r in RUNNING]
+    lines += ["finished (its last token came out in step 6):"]
+    lines += [f"  request {r.id}" for r in FINISHED]
+    lines += ["waiting:"]
+    lines += [f"  request {r.id}: arrived at step {r.arrival}, prompt {r.prompt_length} "
+              f"tokens" for r in WAITING]
+    lines += ["not arrived yet:"]
+    lines += [f"  request {r.id}: arrives at step {r.arrival}, prompt {r.prompt_length} "
+              f"tokens" for r in LATER]
+    return "\n".join(lines)
+
+
+def admitted(max_batched_tokens: int | None = None) -> list[int]:
+    """The ids ContinuousBatching admits at step 7: computed by kvlib's scheduler."""
+    policy = scheduler.ContinuousBatching(MAX_BATCH, max_batched_tokens)
+    return sorted(r.id for r in policy.admit(list(WAITING), list(RUNNING)))
+
+
+def _take(order, slots: int, tokens: int | None, overtake: bool = False) -> list[int]:
+    """Ids taken from the requests in the given order (no re-sorting), as long as slots and
+    tokens last; at a request that does not fit, stop, or with overtake=True skip it."""
+    taken = []
+    for request in order:
+        if len(taken) == slots:
+            break
+        if tokens is not None and request.prompt_length > tokens:
+            if overtake:
+                continue
+            break
+        tokens = None if tokens is None else tokens - request.prompt_length
+        taken.append(request.id)
+    return sorted(taken)
+
+
+def _variants(budget: int | None) -> list[tuple[list[int], str]]:
+    """What the usual wrong rules admit, each with what to say about it."""
+    free = MAX_BATCH - len(RUNNING)
+    tokens = None if budget is None else budget - len(RUNNING)
+    by_arrival = sorted(WAITING, key=lambda r: (r.arrival, r.id))
+    shortest = sorted(WAITING, key=lambda r: (r.prompt_length, r.id))
+    latest = sorted(WAITING, key=lambda r: (-r.arrival, r.id))
+    return [
+        ([], "that is static batching's answer: it admits nobody until requests 0 and 1 have "
+             "finished too. Continuous batching refills a free slot at the next step."),
+        (_take(by_arrival, free - len(FINISHED), None if tokens is None
+               else tokens - len(FINISHED)),
+         "request 3 got its last token in step 6 and left the batch then: its slot is free "
+         f"at step {QUESTION_STEP}. Only requests 0 and 1 are still running."),
+        (_take(by_arrival, len(WAITING), tokens),
+         f"max_batch is {MAX_BATCH} and requests 0 and 1 hold two slots: two are free."),
+        (_take(by_arrival, free, None),
+         f"that ignores the token budget: each of requests 0 and 1 decodes one token, which "
+         f"leaves {tokens} of the {budget} tokens for prompts; request 4 takes 12, and "
+         "request 5's 20 do not fit in the 10 left."),
+        (_take(by_arrival, free, tokens, overtake=True),
+         "request 5 does not fit in what is left of the budget, and first come, first served "
+         "never lets a later request overtake it: request 6 waits too (head-of-line blocking; "
+         "vLLM stops at the same place with chunked prefill off)."),
+        (_take(shortest, free, tokens, overtake=True),
+         "those are the shortest prompts: kvlib's scheduler (like vLLM's default) serves "
+         "first come, first served, by arrival, whatever the prompt's length."),
+        (_take(latest, free, tokens, overtake=True),
+         "those arrived last: the queue is served first come, first served, the earliest "
+         "arrival first."),
+    ]
+
+
+def _ids(answer):
+    """A sorted list of request ids, or a Feedback on the answer's form."""
+    if isinstance(answer, (bool, np.bool_)):
+        return Feedback(False, "answer should be a list of request ids, like [4, 6], not a "
+                        "bool.")
+    if isinstance(answer, Integral):
+        answer = [answer]
+    if isinstance(answer, np.ndarray):
+        if answer.ndim > 1 or answer.dtype.kind not in "iuf":
+            return Feedback(False, "answer should be a flat list of request ids, like [4, 6].")
+        answer = answer.tolist()
+    if isinstance(answer, (set, frozenset)):
+        answer = list(answer)
+    if isinstance(answer, (str, bytes)) or not isinstance(answer, (list, tuple)):
+        return Feedback(False, f"answer should be a list of request ids, like [4, 6] ([] for "
+                        f"none), got {type(answer).__name__}.")
+    ids = []
+    for item in answer:
+        if isinstance(item, (bool, np.bool_)):
+            return Feedback(False, "the ids should be whole numbers, not True/False.")
+        if isinstance(item, Integral):
+            value = int(item)
+        elif isinstance(item, float) and math.isfinite(item) and item.is_integer():
+            value = int(item)
+        else:
+            return Feedback(False, f"the ids should be whole numbers (0 to 7), got "
+                            f"{item!r:.40}.")
+        ids.append(value)
+    if len(set(ids)) != len(ids):
+        return Feedback(False, "a request enters at most once: an id appears twice.")
+    return sorted(ids)
+
+
+def _check_admitted(answer, budget: int | None) -> Feedback:
+    if is_missing(answer):
+        return not_filled_in("answer", "a list of request ids, [] for none")
+    ids = _ids(answer)
+    if isinstance(ids, Feedback):
+        return ids
+    known = {r.id for r in RUNNING + FINISHED + WAITING + LATER}
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        return Feedback(False, f"there is no request {unknown[0]}: the ids are 0, 1, 3 to 7.")
+    expected = admitted(budget)
+    if ids == expected:
+        why = ("two slots are free (request 3 left after step 6), and requests 4 and 5 "
+               "arrived first" if budget is None else
+               f"requests 0 and 1 decode one token each, leaving {budget - len(RUNNING)} of "
+               f"the {budget} tokens; request 4 takes 12, request 5's 20 do not fit in the "
+               "10 left, and request 6 may not overtake it")
+        return Feedback(True, f"{expected}: {why}.")
+    inside = sorted(set(ids) & {r.id for r in RUNNING})
+    if inside:
+        return Feedback(False, f"request{'s' if len(inside) > 1 else ''} {inside} "
+                        f"{'are' if len(inside) > 1 else 'is'} already in the batch: running "
+                        "requests decode one token this step; they do not enter again.")
+    if any(r.id in ids for r in LATER):
+        return Feedback(False, f"request {LATER[0].id} arrives at step {LATER[0].arrival}: at "
+                        f"step {QUESTION_STEP} it is not there yet, so it cannot enter.")
+    if 3 in ids:
+        return Feedback(False, "request 3 has finished (its last token came out in step 6): "
+                        "it leaves the batch, and its slot goes to a waiting request.")
+    for wrong, explanation in _variants(budget):
+        if ids == wrong and wrong != expected:
+            return Feedback(False, f"{ids} is not it: {explanation}")
+    return Feedback(False, f"{ids} is not it. Count the free slots ({MAX_BATCH} minus the "
+                    "requests still running), then take the waiting requests in order of "
+                    "arrival" + ("" if budget is None else
+                                 ", while their prompts fit in what the decodes leave of the "
+                                 "token budget, stopping at the first that does not") + ".")
 
 
 @checker
-def check_acceptance_probabilities(answer) -> Feedback:
-    """Exercise 3: for each of the 4 tokens, the chance that it is kept if the draft
-    proposes it (p, the target's distribution; q, the draft's)."""
-    if is_missing(answer):
-        return not_filled_in("answer", "four numbers, one chance per token")
-    array = numeric_array(answer, "answer", (4,))
-    if isinstance(array, Feedback):
-        if isinstance(answer, Real) and not isinstance(answer, bool) and \
-                as_number(answer) is not None and \
-                abs(float(answer) - float(np.minimum(EXERCISE3_P, EXERCISE3_Q).sum())) \
-                <= ROUNDING:
-            return Feedback(False, "0.7 = sum of min(p, q) is the chance that a proposal is "
-                            "kept on average (alpha for this position). The exercise asks for "
-                            "each token's chance, 4 numbers.")
-        return array
-    array = array.astype(float)
-    if array.shape != (4,):
-        return Feedback(False, f"answer should be 4 numbers, one per token, got shape "
-                        f"{array.shape}.")
-    if not np.isfinite(array).all():
-        return Feedback(False, "answer has NaN or infinite values: each entry is a "
-                        "probability between 0 and 1.")
-    p, q = np.array(EXERCISE3_P), np.array(EXERCISE3_Q)
-    expected = exercise3_answer()
-    if np.allclose(array, expected, rtol=0, atol=ROUNDING):
-        return Feedback(True, "[1, 0.4, 1, 1]: tokens 0, 2 and 3 are liked by the target at "
-                        "least as much as by the draft and always kept; token 1 is proposed "
-                        "with 0.5 but the target gives it 0.2, so it is kept 0.2 / 0.5 = 40% "
-                        "of the time. Kept overall: q x min(1, p/q) = min(p, q).")
-    residual = np.maximum(p - q, 0)
-    diagnoses = [
-        (p / q, "some entries are above 1: p/q is 2 for token 2, but a chance cannot exceed "
-                "1. Take min(1, p/q)."),
-        (np.minimum(1, q / p), "upside down: that is min(1, q/p). A token is kept with the "
-                               "target's probability over the draft's, min(1, p/q)."),
-        (q / p, "upside down and not capped: the chance is min(1, p/q), the target's "
-                "probability over the draft's, at most 1."),
-        (np.minimum(p, q), "that is min(p, q), the chance that the draft proposes the token "
-                           "AND it is kept: q x min(1, p/q). The exercise asks for the chance "
-                           "once it is proposed: min(1, p/q)."),
-        (p, "that is p, the target's distribution. A proposed token is kept with probability "
-            "min(1, p/q): always when the target likes it at least as much as the draft."),
-        (q, "that is q, the draft's distribution. A proposed token is kept with probability "
-            "min(1, p/q)."),
-        (residual, "that is max(0, p - q), the residual the target's token is drawn from "
-                   "after a rejection (normalised). The chance of being kept is min(1, p/q)."),
-        (residual / residual.sum(), "that is the residual distribution, max(0, p - q) "
-                                    "normalised: where the target's token comes from after a "
-                                    "rejection. The chance of being kept is min(1, p/q)."),
-        (1 - expected, "those are the chances of rejection, 1 - min(1, p/q): the exercise asks "
-                       "for the chance of being kept."),
-        ((p >= q).astype(float), "that keeps a token only when p >= q, as if greedy. Token 1 "
-                                 "(p = 0.2 < q = 0.5) is still kept 0.2 / 0.5 of the time: "
-                                 "min(1, p/q)."),
-        (np.minimum(1, p / q) * q, "that multiplies by q: it is the chance of being proposed "
-                                   "and kept, min(p, q). Once proposed, the chance is min(1, "
-                                   "p/q)."),
-    ]
-    for wrong, message in diagnoses:
-        if np.allclose(array, wrong, rtol=0, atol=ROUNDING):
-            return Feedback(False, message)
-    worst = int(np.argmax(np.abs(array - expected)))
-    return Feedback(False, f"not yet: look at token {worst}. For each token x the chance is "
-                    "min(1, p(x) / q(x)).")
+def check_admitted(answer) -> Feedback:
+    """Exercise 3a: which requests does continuous batching admit at step 7?"""
+    return _check_admitted(answer, None)
+
+
+@checker
+def check_admitted_with_budget(answer) -> Feedback:
+    """Exercise 3b: the same with max_batched_tokens = 24 (a decode takes one token of it,
+    a prefill its whole prompt)."""
+    return _check_admitted(answer, TOKEN_BUDGET)
 
 
 SOLUTIONS = {
     1: """
-alpha, k = 0.6, 3
-answer = (1 - alpha ** (k + 1)) / (1 - alpha)     # 1 + 0.6 + 0.36 + 0.216 = 2.176
+lengths = [len(p) for p in lesson21.PROMPTS]            # [3, 5, 2]
+T = max(lengths)
+real = np.arange(T)[None, :] >= (T - np.array(lengths))[:, None]    # (3, 5), padded left
+causal = np.tri(T, dtype=bool)                                      # (5, 5)
+answer = causal[None, :, :] & real[:, None, :]          # hide padded COLUMNS (keys)
+# kvlib: kvlib.serving.batch.padded_prompt_mask(real), which also lets a padded row see itself
 """,
     2: """
-def speculative_round_fixed(target, draft, sequence, target_cache, draft_cache, k):
-    logits, _ = kvlib.prefill(draft, sequence[len(draft_cache):], draft_cache, last_only=True)
-    proposals = []
-    for i in range(k):
-        proposals.append(int(np.argmax(logits[-1])))
-        if i < k - 1:
-            logits = kvlib.decode_step(draft, proposals[-1], draft_cache)
-    rows, _ = kvlib.prefill(target, sequence[len(target_cache):] + proposals, target_cache)
-    choices = np.argmax(rows[-(k + 1):], axis=-1)
-    accepted = 0
-    while accepted < k and choices[accepted] == proposals[accepted]:
-        accepted += 1
-    kept = proposals[:accepted] + [int(choices[accepted])]
-    sequence.extend(kept)
-    target_cache.truncate(len(sequence) - 1)             # the missing line
-    draft_cache.truncate(min(len(draft_cache), len(sequence) - 1))
-    return kept
-
-answer = speculative_round_fixed
+ridge = 312e12 / 2.039e12            # FLOP per byte the A100 needs: 153.0
+# B sequences: 2 FLOPs per weight each, 2 bytes per BF16 weight -> B FLOPs per byte
+answer = ridge                       # about 153 sequences (154 is the first whole batch above)
 """,
     3: """
-p = np.array([0.5, 0.2, 0.2, 0.1])
-q = np.array([0.3, 0.5, 0.1, 0.1])
-answer = np.minimum(1, p / q)                        # [1, 0.4, 1, 1]
+# 3a: slots free = 4 - 2 (request 3 left after step 6); first come, first served
+answer = [4, 5]
+# 3b: budget 24 - 2 decode tokens = 22; request 4 takes 12, leaving 10; request 5 needs 20:
+# stop there (request 6 may not overtake)
+answer = [4]
 """,
 }
 
 
 def solution(number: int):
-    """Show exercise `number`'s solution (for the instructor, after students have tried)."""
+    """Show the solution to exercise `number` (for the instructor, after students try)."""
     return show_solution(SOLUTIONS, number)

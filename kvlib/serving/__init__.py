@@ -1,18 +1,18 @@
-"""Serving many sequences from one memory (notebooks 17-21): above kvlib's caches and
+"""Serving many sequences from one memory (notebooks 19-23): above kvlib's caches and
 inference, never imported by them.
 
 - blocks.BlockAllocator and paged.PagedKVCache: the paged cache, block tables, reference
-  counts and copy-on-write (notebook 17).
+  counts and copy-on-write (notebook 19).
 - memory_plan (contiguous reservations against paged blocks, for a mix of requests) and
-  pool_timeline.PoolTimeline (requests served step by step from one pool) (notebook 17).
+  pool_timeline.PoolTimeline (requests served step by step from one pool) (notebook 19).
 - prefix.PrefixCache and prefix.PrefixServer: prefix caching across requests, block keys
-  chained through their parents, LRU eviction (notebook 18).
-- batch: several sequences decoded in one step, ragged or padded (notebook 19);
-  scheduler: static and continuous batching of a stream of requests (notebook 19; its own
+  chained through their parents, LRU eviction (notebook 20).
+- batch: several sequences decoded in one step, ragged or padded (notebook 21);
+  scheduler: static and continuous batching of a stream of requests (notebook 21; its own
   scheduler.Request carries an id and an arrival in steps or seconds).
 - quantized.QuantizedKVCache: K and V stored in 8, 4 or 2 bits with scales per token or per
-  channel (notebook 20).
-- speculative: a draft proposes, the target verifies in one pass (notebook 21).
+  channel (notebook 22).
+- speculative: a draft proposes, the target verifies in one pass (notebook 23).
 """
 
 from .batch import attend_padded, attend_per_sequence, batched_decode_step, padding_mask

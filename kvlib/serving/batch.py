@@ -1,4 +1,4 @@
-"""Several sequences decoded in one step (notebook 19): a batch.
+"""Several sequences decoded in one step (notebook 21): a batch.
 
 Decoding B sequences one after the other multiplies every weight matrix by one row, B times:
 B matrix-vector products, each reading the whole matrix from memory. Decoding them together
@@ -68,7 +68,7 @@ def _config_differences(a: ModelConfig, b: ModelConfig) -> str:
 
 
 def check_batch(params: Params, token_ids, caches) -> np.ndarray:
-    """Validate a batch for one decode step (notebook 19): B token ids, B caches of the model
+    """Validate a batch for one decode step (notebook 21): B token ids, B caches of the model
     of params, each holding its prompt, none full, no cache twice. Returns the ids (B,).
 
     A cache knows the config of the model that filled it, not the weights: a batch whose
@@ -90,7 +90,7 @@ def check_batch(params: Params, token_ids, caches) -> np.ndarray:
     config = params.config
     if config.latent_dim is not None:
         raise ValueError("batched decoding here runs models that cache K and V (MHA, GQA, "
-                         "MQA, sliding windows); latent attention (notebook 15) has a block of "
+                         "MQA, sliding windows); latent attention (notebook 16) has a block of "
                          "its own: decode its sequences with kvlib.decode_step")
     for index, cache in enumerate(caches):
         if not isinstance(cache, BaseKVCache):
@@ -127,12 +127,12 @@ def check_batch(params: Params, token_ids, caches) -> np.ndarray:
 
 
 def batch_positions(caches) -> np.ndarray:
-    """The position of each sequence's new token (notebook 19): len(cache) each, (B,)."""
+    """The position of each sequence's new token (notebook 21): len(cache) each, (B,)."""
     return np.array([len(cache) for cache in caches], dtype=np.intp)
 
 
 def embed_batch(params: Params, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The new tokens' rows (notebook 19): ids (B,) at positions (B,) -> X (B, d).
+    """The new tokens' rows (notebook 21): ids (B,) at positions (B,) -> X (B, d).
 
     A lookup per row, as for a prompt; with learned positions (GPT-2) each row gets its own
     sequence's position, not its row number in the batch.
@@ -144,7 +144,7 @@ def embed_batch(params: Params, token_ids: np.ndarray, positions: np.ndarray) ->
 
 
 def sequence_masks(config: ModelConfig, caches, positions: np.ndarray) -> list:
-    """Which cached positions each new query may see (notebook 19): for sequence b a bool
+    """Which cached positions each new query may see (notebook 21): for sequence b a bool
     (1, S_b), or None when it sees them all (no window). Read before any layer appends."""
     masks = []
     for cache, position in zip(caches, positions):
@@ -156,7 +156,7 @@ def sequence_masks(config: ModelConfig, caches, positions: np.ndarray) -> list:
 
 def attend_per_sequence(queries: np.ndarray, keys: list, values: list, masks: list,
                         config: ModelConfig) -> np.ndarray:
-    """Each sequence's query over its own cache, one sequence at a time (notebook 19).
+    """Each sequence's query over its own cache, one sequence at a time (notebook 21).
 
     queries (B, d); keys[b] and values[b] (S_b, kv_width); masks[b] (1, S_b) or None
     -> the merged heads (B, d). Row b is kvlib.decode_step's attention for sequence b alone.
@@ -170,7 +170,7 @@ def attend_per_sequence(queries: np.ndarray, keys: list, values: list, masks: li
 
 
 def padding_mask(lengths) -> np.ndarray:
-    """The mask of a left-padded batch of caches (notebook 19): lengths (B,) -> bool
+    """The mask of a left-padded batch of caches (notebook 21): lengths (B,) -> bool
     (B, S_max), True where row b holds one of its S_b real positions.
 
     Padded on the left, sequence b's positions fill the last S_b columns, so every
@@ -188,7 +188,7 @@ def padding_mask(lengths) -> np.ndarray:
 
 def pad_left(rows: list, width: int) -> np.ndarray:
     """Sequences of rows (S_b, n) each, copied into one zero-filled array (B, width, n),
-    every sequence in its last S_b rows (notebook 19)."""
+    every sequence in its last S_b rows (notebook 21)."""
     padded = np.zeros((len(rows), width, rows[0].shape[1]), dtype=rows[0].dtype)
     for b, block in enumerate(rows):
         padded[b, width - len(block):] = block
@@ -226,7 +226,7 @@ def attend_padded(queries: np.ndarray, keys: list, values: list, masks: list,
 
 def batched_decoder_block(X: np.ndarray, layer, config: ModelConfig, caches, layer_index: int,
                           masks: list, rotary=None, attend=attend_per_sequence) -> np.ndarray:
-    """One decoder block for a batch of decode steps (notebook 19): X (B, d) -> (B, d).
+    """One decoder block for a batch of decode steps (notebook 21): X (B, d) -> (B, d).
 
     The block of kvlib.model.decoder_block, with the batch as its rows: the projections, the
     output projection and the MLP are one product each for the whole batch; row b's k and
@@ -247,7 +247,7 @@ def batched_decoder_block(X: np.ndarray, layer, config: ModelConfig, caches, lay
 
 
 def batched_decode_step(params: Params, token_ids, caches, *, attend=attend_per_sequence):
-    """One decode step for B sequences at once (notebook 19): token ids (B,), B caches ->
+    """One decode step for B sequences at once (notebook 21): token ids (B,), B caches ->
     logits (B, V); each cache grows by one position.
 
     Row b equals kvlib.decode_step(params, token_ids[b], caches[b]) run alone, whatever the
@@ -280,7 +280,7 @@ def batched_decode_step(params: Params, token_ids, caches, *, attend=attend_per_
 
 
 def decode_each_alone(params: Params, token_ids, caches) -> np.ndarray:
-    """The reference (notebook 19): kvlib.decode_step for each sequence, one after the
+    """The reference (notebook 21): kvlib.decode_step for each sequence, one after the
     other -> logits (B, V). B matrix-vector products per weight instead of one product."""
     from ..inference import decode_step
 
@@ -293,7 +293,7 @@ def decode_each_alone(params: Params, token_ids, caches) -> np.ndarray:
 
 
 def left_pad(prompts, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Prompts of different lengths as one batch, padded on the left (notebook 19; what
+    """Prompts of different lengths as one batch, padded on the left (notebook 21; what
     transformers' tokenizers do with padding_side="left"): B lists of ids ->
     (ids (B, T), real (B, T) bool, True where a column holds a prompt's token).
 
@@ -322,7 +322,7 @@ def left_pad(prompts, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def padded_prompt_mask(real: np.ndarray) -> np.ndarray:
-    """The attention mask of a left-padded prompt batch (notebook 19): real (B, T) ->
+    """The attention mask of a left-padded prompt batch (notebook 21): real (B, T) ->
     bool (B, T, T), [b, i, j] True when query i of prompt b may see key j.
 
     Causal, and no query sees a padded key (a column of padding is hidden in every row).
@@ -339,7 +339,7 @@ def padded_prompt_mask(real: np.ndarray) -> np.ndarray:
 
 
 def padded_prompt_positions(real: np.ndarray) -> np.ndarray:
-    """The position of every column of a left-padded prompt batch (notebook 19): real
+    """The position of every column of a left-padded prompt batch (notebook 21): real
     (B, T) -> (B, T) ints, each prompt counting from 0 at its first real token (padding
     gets 0). transformers computes position_ids the same way, from the attention mask."""
     real = np.asarray(real, dtype=bool)
@@ -368,14 +368,14 @@ def _check_number_size(bytes_per_number) -> None:
 
 
 def batched_step_flops(config: ModelConfig, positions) -> int:
-    """FLOPs of one batched decode step (notebook 19): each sequence's decode step at its
+    """FLOPs of one batched decode step (notebook 21): each sequence's decode step at its
     position, summed. Batching changes how the work is done, not how much there is."""
     return sum(decode_step_multiply_adds(config, p).flops for p in _positions(positions))
 
 
 def batched_step_bytes(config: ModelConfig, positions, bytes_per_number: int | None = None
                        ) -> int:
-    """Bytes one batched decode step must read (notebook 19): every weight once for the
+    """Bytes one batched decode step must read (notebook 21): every weight once for the
     whole batch, and each sequence's own keys and values (position + 1 positions each).
 
     bytes_per_number gives the bytes of a stored number (2 for BF16 on an accelerator);
@@ -388,7 +388,7 @@ def batched_step_bytes(config: ModelConfig, positions, bytes_per_number: int | N
 
 def batched_step_seconds(config: ModelConfig, positions, compute_rate: float,
                          bandwidth: float, bytes_per_number: int | None = None) -> float:
-    """The roofline's time of one batched decode step (notebook 19):
+    """The roofline's time of one batched decode step (notebook 21):
     max(FLOPs / compute_rate, bytes / bandwidth), in seconds."""
     return roofline_time(batched_step_flops(config, positions),
                          batched_step_bytes(config, positions, bytes_per_number),
@@ -412,7 +412,7 @@ def compute_bound_batch_size(config: ModelConfig, position: int, compute_rate: f
                              bandwidth: float, bytes_per_number: int | None = None
                              ) -> int | None:
     """The smallest batch of sequences, each decoding at `position`, whose step the roofline
-    calls compute-bound (notebook 19): FLOPs / compute_rate >= bytes / bandwidth. None when
+    calls compute-bound (notebook 21): FLOPs / compute_rate >= bytes / bandwidth. None when
     no batch ever is: when one sequence's cache takes longer to read than its FLOPs take
     to compute, every sequence added brings more reading than arithmetic.
 

@@ -1,4 +1,4 @@
-"""One sequence's cache in a shared pool of blocks (notebook 17; vLLM's block tables).
+"""One sequence's cache in a shared pool of blocks (notebook 19; vLLM's block tables).
 
 A PagedKVCache has the interface of every kvlib cache, so kvlib.prefill and
 kvlib.decode_step run on it unchanged. Position p of the sequence lives in block
@@ -86,7 +86,7 @@ class PagedKVCache(BaseKVCache):
     @classmethod
     def on_blocks(cls, allocator: BlockAllocator, blocks, length: int) -> PagedKVCache:
         """A sequence whose first `length` positions are already in these blocks, taking one
-        more reference to each (notebook 17: a fork; notebook 18: a cached prefix)."""
+        more reference to each (notebook 19: a fork; notebook 20: a cached prefix)."""
         blocks = list(blocks)
         if not (len(blocks) - 1) * allocator.block_size < length <= \
                 len(blocks) * allocator.block_size and (blocks or length):
@@ -99,7 +99,7 @@ class PagedKVCache(BaseKVCache):
         return cache
 
     def fork(self) -> PagedKVCache:
-        """A second sequence with the same positions, sharing every block (notebook 17)."""
+        """A second sequence with the same positions, sharing every block (notebook 19)."""
         return PagedKVCache.on_blocks(self.allocator, self.block_table, len(self))
 
     def truncate(self, n: int) -> None:

@@ -1,4 +1,4 @@
-"""Speculative decoding (notebook 21; Leviathan et al. 2023, Chen et al. 2023).
+"""Speculative decoding (notebook 23; Leviathan et al. 2023, Chen et al. 2023).
 
 A decode step of a large model reads all of its weights to produce one token (notebook 10);
 a pass over k + 1 tokens reads them once too, and costs little more. So a small draft model
@@ -58,14 +58,14 @@ def check_speculation_length(k) -> int:
 
 
 def check_pair(target: Params, draft: Params) -> None:
-    """Refuse a target and a draft that cannot work together, saying why (notebook 21)."""
+    """Refuse a target and a draft that cannot work together, saying why (notebook 23)."""
     for name, params in (("target", target), ("draft", draft)):
         if not isinstance(params, Params):
             raise TypeError(f"the {name} must be kvlib Params (kvlib.init_params or "
                             f"kvlib.gpt2.load), got {type(params).__name__}")
         if params.config.window is not None:
             raise ValueError(f"the {name} has a sliding window: its ring-buffer cache cannot "
-                             "be truncated back past positions it overwrote (notebook 16), "
+                             "be truncated back past positions it overwrote (notebook 17), "
                              "which speculative decoding does after every rejection")
     if target.config.vocab_size != draft.config.vocab_size:
         raise ValueError(
@@ -103,7 +103,7 @@ def _pair_of_distributions(p, q) -> tuple[np.ndarray, np.ndarray]:
 # -------------------------------------------------------------------------- the rule
 
 def acceptance_probability(p, q, token: int) -> float:
-    """The chance that a proposed token is kept (notebook 21): min(1, p(x) / q(x)).
+    """The chance that a proposed token is kept (notebook 23): min(1, p(x) / q(x)).
 
     p (V,) is the target's distribution, q (V,) the draft's, x the token the draft drew from
     q. A token the target likes at least as much as the draft is always kept; one it likes
@@ -121,7 +121,7 @@ def acceptance_probability(p, q, token: int) -> float:
 
 
 def residual_distribution(p, q) -> np.ndarray:
-    """Where the target's token comes from after a rejection (notebook 21): max(0, p - q),
+    """Where the target's token comes from after a rejection (notebook 23): max(0, p - q),
     normalised, (V,).
 
     It holds the probability the target gives beyond what the draft's proposals already
@@ -142,7 +142,7 @@ def _sample(rng: np.random.Generator, probabilities: np.ndarray) -> int:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The target's judgement of one round's proposals (notebook 21).
+    """The target's judgement of one round's proposals (notebook 23).
 
     accepted: how many proposals are kept, from the first (0 .. k); next_token: the target's
     own token after them (a correction at the first rejection, a bonus when all k pass);
@@ -156,7 +156,7 @@ class Verdict:
 
 
 class GreedyAcceptance:
-    """Greedy speculative decoding (notebook 21): the draft proposes its argmax, and a
+    """Greedy speculative decoding (notebook 23): the draft proposes its argmax, and a
     proposal is kept when it is the target's argmax too. At the first mismatch the target's
     argmax is taken instead, so every kept token is the one the target's own greedy decoding
     would have chosen: the output is exactly the target's greedy tokens."""
@@ -185,7 +185,7 @@ class GreedyAcceptance:
 
 
 class SamplingAcceptance:
-    """Speculative sampling (notebook 21; Leviathan et al. 2023, Chen et al. 2023).
+    """Speculative sampling (notebook 23; Leviathan et al. 2023, Chen et al. 2023).
 
     Draft and target both sample at the same temperature (and top_k). A proposal x drawn
     from the draft's q is kept with probability min(1, p(x)/q(x)); at the first rejection
@@ -254,7 +254,7 @@ class Proposal:
 
 
 def propose(draft: Params, cache: BaseKVCache, unseen, k: int, choose) -> Proposal:
-    """The draft's k proposals with its own cached decode (notebook 21).
+    """The draft's k proposals with its own cached decode (notebook 23).
 
     unseen: the tokens of the sequence the draft's cache does not hold yet, the last one
     included (1 of them, or 2 after a round whose k proposals were all kept). They go in as
@@ -275,7 +275,7 @@ def propose(draft: Params, cache: BaseKVCache, unseen, k: int, choose) -> Propos
 
 
 def verify(target: Params, cache: BaseKVCache, unseen, proposals) -> np.ndarray:
-    """The target's verdict material, in one pass (notebook 21): logits (k + 1, V).
+    """The target's verdict material, in one pass (notebook 23): logits (k + 1, V).
 
     One chunked prefill of the tokens its cache does not hold yet (the sequence's last token,
     or the whole prompt in the first round) followed by the k proposals, continuing the
@@ -290,7 +290,7 @@ def verify(target: Params, cache: BaseKVCache, unseen, proposals) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SpeculativeStep:
-    """What one round did (notebook 21): the draft's proposals, the target's verdict, and
+    """What one round did (notebook 23): the draft's proposals, the target's verdict, and
     both caches' lengths before the round, after its passes and after the truncation.
 
     start: the sequence's length before the round; accepted + 1 tokens were kept.
@@ -322,7 +322,7 @@ class SpeculativeStep:
 
 @dataclass(frozen=True)
 class SpeculativeStats:
-    """Totals over rounds (notebook 21). acceptance_rate = accepted / judged estimates
+    """Totals over rounds (notebook 23). acceptance_rate = accepted / judged estimates
     alpha; tokens_per_pass = new tokens / target passes."""
 
     rounds: int
@@ -380,7 +380,7 @@ def _room(params: Params, cache: BaseKVCache) -> int:
 
 
 class SpeculativeDecoder:
-    """A draft and a target decoding one sequence together, a round at a time (notebook 21).
+    """A draft and a target decoding one sequence together, a round at a time (notebook 23).
 
     Both caches hold a prefix of the sequence: the target's all but its last token between
     rounds, the draft's that or one token less (after a round whose k proposals were all
@@ -513,7 +513,7 @@ class SpeculativeDecoder:
 def speculative_generate(target: Params, draft: Params, prompt, max_new_tokens: int,
                          k: int = 4, temperature: float = 0.0, top_k: int | None = None,
                          seed: int | None = None) -> list[int]:
-    """kvlib.generate with a draft (notebook 21): prompt ids (P,) -> max_new_tokens new ids.
+    """kvlib.generate with a draft (notebook 23): prompt ids (P,) -> max_new_tokens new ids.
 
     Greedy at temperature 0: exactly kvlib.generate(target, prompt, max_new_tokens). At a
     positive temperature, sampled by speculative sampling, distributed as the target's
@@ -542,14 +542,14 @@ def _check_alpha(alpha) -> float:
 
 def expected_tokens_per_pass(alpha: float, k: int) -> float:
     """Tokens a round adds on average when each proposal is accepted with probability
-    alpha, independently (notebook 21): 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) /
+    alpha, independently (notebook 23): 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) /
     (1 - alpha); k + 1 when alpha = 1."""
     alpha, k = _check_alpha(alpha), check_speculation_length(k)
     return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def predicted_speedup(alpha: float, k: int, draft_cost: float) -> float:
-    """Speed-up over plain decoding (notebook 21): tokens per round over the round's cost
+    """Speed-up over plain decoding (notebook 23): tokens per round over the round's cost
     in target steps, (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), where c = draft_cost is a
     draft pass's time relative to a target pass, and the target's pass over k + 1 tokens is
     taken to cost one decode step (true while decoding is limited by reading the weights)."""
@@ -560,7 +560,7 @@ def predicted_speedup(alpha: float, k: int, draft_cost: float) -> float:
 
 
 def greedy_agreements(target: Params, draft: Params, prompt, new_tokens) -> np.ndarray:
-    """Where the draft's greedy choice is the target's (notebook 21): bool (N,).
+    """Where the draft's greedy choice is the target's (notebook 23): bool (N,).
 
     new_tokens are the target's greedy continuation of the prompt (kvlib.generate); entry i
     says whether the draft, given the prompt and new_tokens[:i], would propose new_tokens[i].
@@ -581,7 +581,7 @@ def greedy_agreements(target: Params, draft: Params, prompt, new_tokens) -> np.n
 
 def replay_greedy(agreements, k: int) -> list[int]:
     """The accepted count of every round greedy speculative decoding takes to produce
-    len(agreements) tokens (notebook 21), from greedy_agreements alone.
+    len(agreements) tokens (notebook 23), from greedy_agreements alone.
 
     A round starting at new token i accepts the run of agreements from i, at most k (and
     fewer near the end, as SpeculativeDecoder.generate does), then adds the target's token.
@@ -601,7 +601,7 @@ def replay_greedy(agreements, k: int) -> list[int]:
 
 def outcome_probabilities(target_distribution, draft_distribution, prefix, k: int
                           ) -> dict[tuple[int, ...], float]:
-    """The exact distribution of one round of speculative sampling (notebook 21):
+    """The exact distribution of one round of speculative sampling (notebook 23):
     {tokens kept: probability}, by enumeration, no sampling.
 
     target_distribution(sequence) and draft_distribution(sequence) give each model's

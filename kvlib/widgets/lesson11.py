@@ -24,7 +24,7 @@ PRESETS = {name: preset for name, preset in ALL_PRESETS.items()
            if preset.latent_dim is None and preset.window is None}
 """The presets whose cache is K and V of every position, (n_kv_heads x head_dim) wide: the
 calculator's formula. Latent and sliding-window caches (DeepSeek, Mistral) have their own
-formulas, in notebooks 15 and 16."""
+formulas, in notebooks 16 and 16."""
 DTYPES = {"FP32 (4 bytes)": 4, "BF16 / FP16 (2 bytes)": 2, "INT8 / FP8 (1 byte)": 1}
 WEIGHTS_COLOR = "#3b528b"   # viridis blue
 CACHE_COLOR = "#5ec962"     # viridis green

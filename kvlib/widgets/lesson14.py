@@ -1,331 +1,279 @@
-"""Notebook 14: which query heads share which K/V head, and what that does to the cache.
+"""Notebook 14: rotary positions, one pair of columns at a time.
 
-``grouping_explorer()`` takes a published model (kvlib.memory.PRESETS) or a custom one and
-lets a student choose the number of K/V heads among the divisors of the query heads. It
-draws the grouping (each query head joined to the K/V head it reads, one colour a group),
-the cache bytes per token for every possible choice, and says how many tokens fit in a
-memory budget for the cache.
+``draw_rotation(figure, ...)`` draws one pair of a head's query and key as two arrows in the
+pair's plane, the query turned to its position m and the key to its position n, next to the
+score of q against k as the distance m - n grows: this pair's share, and the whole head's.
+``rotation_explorer()`` is the same figure with sliders for the pair (its frequency), the
+distance m - n and the key's position n, and a box for rope_base. Moving n turns both arrows
+by the same angle: the angle between them, and the score, stay.
 """
 
 from __future__ import annotations
 
 import html
 import math
-from numbers import Integral, Real
+from numbers import Real
 
 import ipywidgets as widgets
-import matplotlib as mpl
 import numpy as np
-from matplotlib.collections import LineCollection, PatchCollection
-from matplotlib.patches import Rectangle
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.patches import Circle
 
-from kvlib.grouped import group_size, query_groups
-from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit
+import kvlib
 
-from .base import LiveFigure, safely
+from .base import LiveFigure, explorer
 
-CUSTOM = "custom"
-DTYPES = {"FP32 (4 bytes)": 4, "BF16 / FP16 (2 bytes)": 2, "INT8 / FP8 (1 byte)": 1}
-MAX_HEADS = 256          # more query heads than this cannot be told apart in the drawing
-MAX_BUDGET_GIB = 10**9  # a billion GiB: past any real machine, and still exact as bytes
-MAX_LABELLED_HEADS = 16  # beyond this many heads of a row, only some are numbered
-CHOSEN_COLOR = "#21918c"  # viridis teal
-OTHER_COLOR = "#c8c8c8"
-GROUPABLE_PRESETS = tuple(name for name, preset in PRESETS.items() if preset.latent_dim is None)
-"""The presets with K/V heads (latent attention, notebook 15, caches a latent instead)."""
+HEAD_DIM = 16             # 8 pairs: enough to see fast and slow ones, few enough to read
+MAX_DISTANCE = 48
+MAX_POSITION = 64
+EXAMPLE_SEED = 13
+QUERY_COLOR = "#3b528b"   # viridis blue
+KEY_COLOR = "#e69f00"     # Okabe-Ito orange: told apart from the blue with any colour vision
+HEAD_COLOR = "#7f7f7f"
+TOLERANCE = 1e-12
 
 
-def divisors(n: int) -> list[int]:
-    """The numbers of K/V heads a model with n query heads can have: the divisors of n."""
-    return [k for k in range(1, n + 1) if n % k == 0]
+def example_query_and_key(head_dim: int = HEAD_DIM, seed: int = EXAMPLE_SEED):
+    """One head's query and key before any rotation, seeded (notebook 14): two (head_dim,)."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(head_dim), rng.standard_normal(head_dim)
 
 
-def _whole(name: str, value, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum or (maximum is not None and value > maximum):
-        upper = "" if maximum is None else f" and at most {maximum}"
-        raise ValueError(f"{name} must be at least {minimum}{upper}, got {value}")
+def check_base(base) -> float:
+    """rope_base as a float: a finite number above 1 (below it the pairs would speed up)."""
+    if isinstance(base, bool) or not isinstance(base, Real) or not math.isfinite(base) \
+            or base <= 1:
+        raise ValueError(f"rope_base must be a number above 1 (10000 in the RoPE paper and "
+                         f"Llama 2, 500000 in Llama 3), got {base!r}")
+    return float(base)
+
+
+def rotated(vector: np.ndarray, position: int, base: float = 10000.0) -> np.ndarray:
+    """A query or key (dim,) turned to `position` by kvlib.RotaryPositions -> (dim,)."""
+    rotary = kvlib.RotaryPositions(np.array([position]), len(vector), check_base(base))
+    return rotary.rotate(np.asarray(vector)[None, :])[0]
+
+
+def pair_scores(q: np.ndarray, k: np.ndarray, query_position: int, key_position: int,
+                base: float = 10000.0) -> np.ndarray:
+    """Each pair's share of the score of q (at m) against k (at n) (notebook 14): (dim / 2,).
+
+    Their sum is the head's score, q_m . k_n / sqrt(dim), as kvlib.attention_scores gives it.
+    """
+    turned_q = rotated(q, query_position, base).reshape(-1, 2)
+    turned_k = rotated(k, key_position, base).reshape(-1, 2)
+    return (turned_q * turned_k).sum(axis=1) / math.sqrt(len(q))
+
+
+def scores_by_distance(q: np.ndarray, k: np.ndarray, max_distance: int = MAX_DISTANCE,
+                       base: float = 10000.0) -> np.ndarray:
+    """Each pair's share of the score for distances 0 .. max_distance, the key at position 0
+    and the query at the distance: (max_distance + 1, dim / 2). Any other key position gives
+    the same rows (the score depends on m - n only)."""
+    return np.array([pair_scores(q, k, distance, 0, base)
+                     for distance in range(max_distance + 1)])
+
+
+def _check_choice(name: str, value, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+            or not low <= value <= high:
+        raise ValueError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
     return int(value)
 
 
-def grouping_summary(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                     dtype_bytes: int = 2, budget_bytes: int = 16 * GiB) -> dict:
-    """The numbers the explorer shows (notebook 14).
+class _RotationArtists:
+    """The artists of draw_rotation's figure, made once and then updated in place, so that a
+    slider move changes a few numbers instead of rebuilding two Axes (about 0.1 s each)."""
 
-    group: query heads a K/V head serves; kind: MHA, GQA or MQA; kv_head_of: the K/V head of
-    each query head (h,); shared_by: for each K/V head, its query heads; bytes_per_token: K
-    and V of one position in every layer; mha_bytes_per_token: the same with a K/V head for
-    every query head; tokens_that_fit: cached positions in budget_bytes (over all sequences),
-    mha_tokens_that_fit: the same for multi-head attention.
+    def __init__(self, figure, n_distances: int):
+        figure.clear()
+        self.plane, self.curves = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1.0, 1.6]})
+        plane, curves = self.plane, self.curves
+        self.starts = [plane.annotate("", xy=(1, 0), xytext=(0, 0), arrowprops=dict(
+            arrowstyle="-|>", color=color, alpha=0.3, lw=1.2, linestyle="--"))
+            for color in (QUERY_COLOR, KEY_COLOR)]
+        self.arrows = [plane.annotate("", xy=(1, 0), xytext=(0, 0), arrowprops=dict(
+            arrowstyle="-|>", color=color, lw=2.5, linestyle=style))
+            for color, style in ((QUERY_COLOR, "-"), (KEY_COLOR, "--"))]
+        # a turn keeps the length: each arrow's tip stays on its own circle
+        self.circles = [plane.add_patch(Circle((0, 0), 1.0, fill=False, color=color,
+                                               alpha=0.35, lw=0.8, linestyle=":", zorder=0))
+                        for color in (QUERY_COLOR, KEY_COLOR)]
+        handles = [plane.plot([], [], color=QUERY_COLOR, lw=2.5)[0],
+                   plane.plot([], [], color=KEY_COLOR, lw=2.5, linestyle="--")[0],
+                   plane.plot([], [], color="black", alpha=0.3, lw=1.2, linestyle="--")[0]]
+        self.plane_legend = plane.legend(handles, ["q", "k", "before turning (position 0)"],
+                                         loc="lower left", fontsize=8, framealpha=0.9)
+        plane.axhline(0, color="#d0d0d0", lw=0.8, zorder=0)
+        plane.axvline(0, color="#d0d0d0", lw=0.8, zorder=0)
+        plane.set_aspect("equal")
+        distances = np.arange(n_distances)
+        self.pair_line, = curves.plot(distances, np.zeros(n_distances), color=QUERY_COLOR,
+                                      lw=2)
+        self.head_line, = curves.plot(distances, np.zeros(n_distances), color=HEAD_COLOR,
+                                      lw=1.5, linestyle="--")
+        self.marker_line = curves.axvline(0, color="black", lw=0.8, alpha=0.5)
+        self.markers, = curves.plot([0, 0], [0, 0], "o", color="black", ms=5)
+        curves.axhline(0, color="#d0d0d0", lw=0.8, zorder=0)
+        self.curve_legend = curves.legend(
+            [self.pair_line, self.head_line, self.markers],
+            ["pair", "the head's score (all pairs)", "distance"], loc="upper right",
+            fontsize=8, framealpha=0.9)
+        curves.set_xlabel("distance m - n (positions)")
+        curves.set_ylabel("score  q_m . k_n / sqrt(head_dim)")
+        curves.set_title("The score depends on the distance only")
+        self.n_distances = n_distances
+
+    def update_plane(self, q_pair, k_pair, q_start, k_start, pair, m, n) -> None:
+        for arrow, tip in zip(self.starts + self.arrows, (q_start, k_start, q_pair, k_pair)):
+            arrow.xy = tuple(float(x) for x in tip)
+        for circle, tip in zip(self.circles, (q_pair, k_pair)):
+            circle.set_radius(float(np.linalg.norm(tip)))
+        for text, label in zip(self.plane_legend.texts, (f"q at m = {m}", f"k at n = {n}")):
+            text.set_text(label)
+        radius = 1.15 * max(np.linalg.norm(q_pair), np.linalg.norm(k_pair), 1e-9)
+        self.plane.set_xlim(-radius, radius)
+        self.plane.set_ylim(-radius, radius)
+        self.plane.set_xlabel(f"column {2 * pair} of the head")
+        self.plane.set_ylabel(f"column {2 * pair + 1} of the head")
+        self.plane.set_title(f"Pair {pair} of q and k, turned to their positions")
+
+    def update_curves(self, curve, pair, distance, pair_score, head_score) -> None:
+        self.pair_line.set_ydata(curve[:, pair])
+        self.head_line.set_ydata(curve.sum(axis=1))
+        self.marker_line.set_xdata([distance, distance])
+        self.markers.set_data([distance, distance], [pair_score, head_score])
+        for text, label in zip(self.curve_legend.texts,
+                               (f"pair {pair}'s share of the score",
+                                "the head's score (all pairs)",
+                                f"distance m - n = {distance}")):
+            text.set_text(label)
+        low = min(curve[:, pair].min(), curve.sum(axis=1).min(), 0.0)
+        high = max(curve[:, pair].max(), curve.sum(axis=1).max(), 0.0)
+        margin = 0.08 * (high - low or 1.0)
+        self.curves.set_ylim(low - margin, high + margin)
+        self.curves.set_xlim(-0.02 * self.n_distances, 1.02 * (self.n_distances - 1))
+
+
+def draw_rotation(figure, q: np.ndarray, k: np.ndarray, pair: int, distance: int,
+                  key_position: int, base: float = 10000.0,
+                  max_distance: int = MAX_DISTANCE) -> dict:
+    """Draw one pair of q and k turned to m = n + distance and n, and the score against the
+    distance (notebook 14), into `figure`. q, k: (dim,) before any rotation.
+
+    The first call on a figure clears it and makes the artists; later calls with the same
+    max_distance move them. Returns what is drawn: the pair's angle per position (its
+    frequency), the turned arrows of the pair, this pair's share of the score and the head's
+    score at (m, n), the curve (max_distance + 1, dim / 2) of scores_by_distance, and the
+    two Axes ("plane", "curves").
     """
-    n_layers = _whole("layers", n_layers, 1)
-    n_heads = _whole("query heads", n_heads, 1)
-    head_dim = _whole("head size", head_dim, 1)
-    group = group_size(n_heads, n_kv_heads)
-    kv_head_of = query_groups(n_heads, n_kv_heads)
-    per_token = kv_cache_bytes(n_layers, None, 1, 1, dtype_bytes, n_kv_heads=n_kv_heads,
-                               head_dim=head_dim)
-    mha = kv_cache_bytes(n_layers, None, 1, 1, dtype_bytes, n_kv_heads=n_heads,
-                         head_dim=head_dim)
-    kind = "MHA" if n_kv_heads == n_heads else "MQA" if n_kv_heads == 1 else "GQA"
-    return {"group": group, "kind": kind, "kv_head_of": kv_head_of,
-            "shared_by": [np.flatnonzero(kv_head_of == g).tolist() for g in range(n_kv_heads)],
-            "bytes_per_token": per_token, "mha_bytes_per_token": mha,
-            "tokens_that_fit": tokens_that_fit(budget_bytes, 0, per_token),
-            "mha_tokens_that_fit": tokens_that_fit(budget_bytes, 0, mha)}
+    q, k = np.asarray(q, dtype=np.float64), np.asarray(k, dtype=np.float64)
+    if q.ndim != 1 or q.shape != k.shape or len(q) % 2:
+        raise ValueError(f"q and k must be two vectors of the same even length, got shapes "
+                         f"{q.shape} and {k.shape}")
+    base = check_base(base)
+    pair = _check_choice("pair", pair, 0, len(q) // 2 - 1)
+    distance = _check_choice("distance", distance, 0, max_distance)
+    key_position = _check_choice("key_position", key_position, 0, 10**6)
+    query_position = key_position + distance
+    shares = pair_scores(q, k, query_position, key_position, base)
+    curve = scores_by_distance(q, k, max_distance, base)
+    turned_q = rotated(q, query_position, base).reshape(-1, 2)[pair]
+    turned_k = rotated(k, key_position, base).reshape(-1, 2)[pair]
+    artists = getattr(figure, "_rotation_artists", None)
+    if artists is None or artists.n_distances != max_distance + 1 \
+            or artists.plane not in figure.axes:
+        artists = figure._rotation_artists = _RotationArtists(figure, max_distance + 1)
+    artists.update_plane(turned_q, turned_k, q.reshape(-1, 2)[pair], k.reshape(-1, 2)[pair],
+                         pair, query_position, key_position)
+    artists.update_curves(curve, pair, distance, shares[pair], shares.sum())
+    angle_per_position = float(kvlib.rotary_angles(np.array([1]), len(q), base)[0, pair])
+    return {"angle_per_position": angle_per_position,
+            "turn_every": 2 * math.pi / angle_per_position,
+            "query_position": query_position, "key_position": key_position,
+            "q_pair": turned_q, "k_pair": turned_k,
+            "pair_score": float(shares[pair]), "head_score": float(shares.sum()),
+            "curve": curve, "plane": artists.plane, "curves": artists.curves}
 
 
-def _heads_text(heads: list[int]) -> str:
-    if len(heads) == 1:
-        return f"query head {heads[0]} alone"
-    return f"query heads {heads[0]}-{heads[-1]}"
+def rotation_explorer(q: np.ndarray | None = None, k: np.ndarray | None = None,
+                      pair: int = 0, distance: int = 3, key_position: int = 0,
+                      base: float = 10000.0):
+    """Notebook 14: one pair of a head's q and k, turned by RoPE, and the score by distance.
 
-
-def group_colors(n_kv_heads: int) -> np.ndarray:
-    """One colour per K/V head from viridis (colour-blind safe): (kv, 4) RGBA."""
-    return mpl.colormaps["viridis"](np.linspace(0.0, 0.9, n_kv_heads))
-
-
-def _labelled(n: int) -> set[int]:
-    """Which of n heads get a number: all of a few, otherwise about 8, always the last."""
-    if n <= MAX_LABELLED_HEADS:
-        return set(range(n))
-    step = math.ceil(n / 8)
-    return set(range(0, n, step)) | {n - 1}
-
-
-def draw_query_groups(ax, n_heads: int, n_kv_heads: int, title: str | None = None) -> None:
-    """The grouping (notebook 14): query heads on top, K/V heads below, each query head
-    joined to the K/V head it reads, one colour per K/V head and its group.
-
-    Each K/V head is drawn as wide as its group, under it: query head i sits above K/V
-    head i // group. Draws into ax (cleared first).
+    Controls (box.controls): "pair" (IntSlider 0 .. dim/2 - 1: low pairs turn fast, high
+    pairs slowly), "distance" (IntSlider m - n, 0 .. 48), "key_position" (IntSlider n,
+    0 .. 64: shifts both positions) and "base" (FloatText rope_base). box.state holds what
+    draw_rotation returned, and the head's score at (distance, 0) computed on its own.
+    A bad rope_base is explained in box.message; the figure keeps the last good state.
     """
-    n_heads = _whole("query heads", n_heads, 1, MAX_HEADS)
-    group = group_size(n_heads, n_kv_heads)
-    colors = group_colors(n_kv_heads)
-    kv_head_of = query_groups(n_heads, n_kv_heads)
-    heads = np.arange(n_heads)
-    ax.clear()
-    # one collection a row, not one artist a head: 256 heads redraw at once
-    ax.add_collection(PatchCollection(
-        [Rectangle((head + 0.1, 2.0), 0.8, 0.8) for head in heads],
-        facecolors=colors[kv_head_of], edgecolors="black",
-        linewidths=0.5 if n_heads <= 64 else 0.0))      # past 64, edges would hide the colours
-    ax.add_collection(LineCollection(
-        [[(head + 0.5, 2.0), ((kv + 0.5) * group, 0.8)] for head, kv in zip(heads, kv_head_of)],
-        colors=colors[kv_head_of], linewidths=1.0))
-    ax.add_collection(PatchCollection(
-        [Rectangle((kv * group + 0.1, 0.0), group - 0.2, 0.8) for kv in range(n_kv_heads)],
-        facecolors=colors, edgecolors="black", linewidths=0.8))
-    for head in sorted(_labelled(n_heads)):
-        ax.text(head + 0.5, 2.95, str(head), ha="center", va="bottom", fontsize=7)
-    for kv_head in sorted(_labelled(n_kv_heads)):
-        ax.text((kv_head + 0.5) * group, -0.15, str(kv_head), ha="center", va="top",
-                fontsize=7)
-    ax.set_xlim(0, n_heads)
-    ax.set_ylim(-0.9, 3.6)
-    ax.set_yticks([0.4, 2.4], labels=[f"{n_kv_heads} K/V head{'s' if n_kv_heads > 1 else ''}"
-                                      "\n(cached)",
-                                      f"{n_heads} query heads\n(not cached)"])
-    ax.set_xticks([])
-    ax.set_xlabel("head number (query heads on top, K/V heads below)")
-    for side in ("top", "right", "bottom"):
-        ax.spines[side].set_visible(False)
-    plural = "head" if n_kv_heads == 1 else "heads"
-    ax.set_title(title or f"{n_heads} query heads, {n_kv_heads} K/V {plural}: groups of {group}")
+    default_q, default_k = example_query_and_key()
+    q = default_q if q is None else np.asarray(q, dtype=np.float64)
+    k = default_k if k is None else np.asarray(k, dtype=np.float64)
+    controls = {
+        "pair": widgets.IntSlider(value=pair, min=0, max=len(q) // 2 - 1, description="pair"),
+        "distance": widgets.IntSlider(value=distance, min=0, max=MAX_DISTANCE,
+                                      description="m - n"),
+        "key_position": widgets.IntSlider(value=key_position, min=0, max=MAX_POSITION,
+                                          description="key at n"),
+        "base": widgets.FloatText(value=base, description="rope_base",
+                                  layout=widgets.Layout(width="14em")),
+    }
+    status, message = widgets.HTML(), widgets.HTML()
+    live = LiveFigure(figsize=(11, 4.4), layout="constrained")
+    state = {}
 
-
-def draw_bytes_per_choice(ax, n_layers: int, n_heads: int, head_dim: int, chosen: int,
-                          dtype_bytes: int = 2, budget_bytes: int = 16 * GiB) -> list[int]:
-    """Cache bytes per token for every possible number of K/V heads (notebook 14), the
-    chosen one highlighted, each bar labelled with the tokens that fit in budget_bytes.
-    Returns the bytes per token of each choice, in the order drawn (1 K/V head first)."""
-    choices = divisors(_whole("query heads", n_heads, 1, MAX_HEADS))
-    if chosen not in choices:
-        raise ValueError(f"{chosen} K/V heads cannot serve {n_heads} query heads equally: "
-                         f"choose one of {choices}")
-    per_token = [grouping_summary(n_layers, n_heads, k, head_dim, dtype_bytes,
-                                  budget_bytes)["bytes_per_token"] for k in choices]
-    ax.clear()
-    positions = np.arange(len(choices))
-    bars = ax.bar(positions, [b / 1024 for b in per_token],
-                  color=[CHOSEN_COLOR if k == chosen else OTHER_COLOR for k in choices],
-                  edgecolor="black", linewidth=0.5)
-    for bar, n_bytes in zip(bars, per_token):
-        fit = tokens_that_fit(budget_bytes, 0, n_bytes)
-        ax.annotate(f"{fit:,}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
-                    fontsize=7, rotation=90 if len(choices) > 6 else 0)
-    ax.set_xticks(positions, labels=[str(k) for k in choices])
-    ax.set_yscale("log")
-    # plain tick labels: matplotlib's default 10^n labels go through mathtext, slow to draw
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.10g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_ylim(min(per_token) / 1024 / 2, max(per_token) / 1024 * 12)
-    ax.set_xlabel("K/V heads (the divisors of the query heads)")
-    ax.set_ylabel("cache KiB per token (log scale)")
-    ax.set_title(f"Cache bytes per token for each choice\n(above each bar: tokens that fit "
-                 f"in {budget_bytes / GiB:g} GiB)", fontsize=10)
-    return per_token
-
-
-def grouping_explorer(preset: str = "Llama-3-8B", budget_gib: float = 16.0,
-                      dtype_bytes: int = 2):
-    """Choose how many K/V heads serve a model's query heads, and see the grouping, the
-    cache bytes per token and the tokens that fit in a memory budget.
-
-    Returns a VBox with the attributes the tests use: ``preset`` (Dropdown of the presets
-    with K/V heads, and "custom"), ``n_heads``, ``head_dim``, ``layers`` (IntText; changing
-    one switches the preset to "custom"), ``kv_heads`` (Dropdown of the divisors of the query
-    heads), ``dtype``, ``budget_gib`` (all also in ``controls``), ``status``, ``message``,
-    ``source`` (HTML), ``figure``, ``axes`` and ``summary()`` (the numbers on show, from
-    grouping_summary).
-    """
-    if preset not in GROUPABLE_PRESETS:
-        raise ValueError(f"preset must be one of {list(GROUPABLE_PRESETS)}, got {preset!r}")
-    if dtype_bytes not in DTYPES.values():
-        raise ValueError(f"dtype_bytes must be one of {sorted(DTYPES.values())}")
-    start = PRESETS[preset]
-    style = {"description_width": "130px"}
-    wide = widgets.Layout(width="300px")
-    choose = widgets.Dropdown(options=list(GROUPABLE_PRESETS) + [CUSTOM], value=preset,
-                              description="model", style=style,
-                              layout=widgets.Layout(width="420px"))
-    n_heads = widgets.IntText(value=start.n_heads, description="query heads", style=style,
-                              layout=wide)
-    head_dim = widgets.IntText(value=start.head_dim, description="head size", style=style,
-                               layout=wide)
-    layers = widgets.IntText(value=start.n_layers, description="layers", style=style,
-                             layout=wide)
-    kv_heads = widgets.Dropdown(options=divisors(start.n_heads), value=start.n_kv_heads,
-                                description="K/V heads", style=style, layout=wide)
-    dtype = widgets.Dropdown(options=list(DTYPES.items()), value=dtype_bytes,
-                             description="number format", style=style, layout=wide)
-    budget = widgets.FloatText(value=budget_gib, description="cache budget (GiB)",
-                               style=style, layout=wide)
-    status, message, source = widgets.HTML(), widgets.HTML(), widgets.HTML()
-    live = LiveFigure(figsize=(11, 3.6), n_axes=2, gridspec_kw={"width_ratios": [1.6, 1]})
-    # a fixed layout: tight_layout on every change would take most of the update's time
-    live.figure.subplots_adjust(left=0.12, right=0.98, bottom=0.2, top=0.84, wspace=0.25)
-    state = {"loading": False}
-
-    def budget_bytes() -> int:
-        value = budget.value
-        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) \
-                or not 0 < value <= MAX_BUDGET_GIB:
-            raise ValueError(f"the cache budget must be a number of GiB above 0 and at most "
-                             f"{MAX_BUDGET_GIB:,}, got {value}")
-        return int(value * GiB)
-
-    def check_heads() -> int:
-        return _whole("query heads", n_heads.value, 1, MAX_HEADS)
-
-    def redraw(*_):
-        if state["loading"]:
-            return
-        h = check_heads()
-        if kv_heads.value not in divisors(h):      # the options follow the query heads
-            raise ValueError(f"{kv_heads.value} K/V heads cannot serve {h} query heads")
-        kv = int(kv_heads.value)
-        summary = grouping_summary(layers.value, h, kv, head_dim.value, int(dtype.value),
-                                   budget_bytes())
-        state["summary"] = summary
-        group, kind = summary["group"], summary["kind"]
-        shared = summary["shared_by"]
-        example = min(h - 1, group + 1)
-        lines = [
-            f"<b>{kind}</b>: {h} query heads share {kv} K/V head{'s' if kv > 1 else ''}, "
-            f"{group} to a group. Query head i reads K/V head i // {group}: query head "
-            f"{example} reads K/V head {example // group}, shared by "
-            f"{_heads_text(shared[example // group])}.",
-            f"A token costs 2 (K and V) x {layers.value} layers x {kv} K/V "
-            f"head{'s' if kv > 1 else ''} x "
-            f"{head_dim.value} x {dtype.value} bytes = <b>{summary['bytes_per_token']:,} "
-            f"bytes</b>, {group} times less than the "
-            f"{summary['mha_bytes_per_token']:,} of multi-head attention.",
-            f"In {budget.value:g} GiB of cache: <b>{summary['tokens_that_fit']:,} cached "
-            f"tokens</b>, against {summary['mha_tokens_that_fit']:,} with multi-head "
-            "attention.",
-        ]
-        status.value = "<br>".join(lines)
-        chosen = PRESETS.get(choose.value)
-        if chosen is None:
-            source.value = ""
-        else:
-            published = ("" if chosen.n_kv_heads == kv else
-                         f" <b>You chose {kv} K/V heads; the published model has "
-                         f"{chosen.n_kv_heads}.</b>")
-            window = ("" if chosen.window is None else
-                      f" Its sliding window keeps at most {chosen.window:,} positions of each "
-                      "sequence (notebook 16).")
-            source.value = (f"<small>{chosen.name}: {chosen.n_heads} query heads, "
-                            f"{chosen.n_kv_heads} K/V heads of {chosen.head_dim}.{window} "
-                            f"Source: {html.escape(chosen.source)}</small>{published}")
-        draw_query_groups(live.axes[0], h, kv)
-        draw_bytes_per_choice(live.axes[1], layers.value, h, head_dim.value, kv,
-                              int(dtype.value), budget_bytes())
+    def redraw(_=None):
+        values = {name: control.value for name, control in controls.items()}
+        check_base(values["base"])
+        drawn = draw_rotation(live.figure, q, k, values["pair"], values["distance"],
+                              values["key_position"], values["base"])
+        at_zero = pair_scores(q, k, values["distance"], 0, values["base"]).sum()
+        difference = abs(drawn["head_score"] - at_zero)
+        live.axes = live.figure.axes
+        state.clear()
+        state.update(drawn, score_at_key_zero=float(at_zero), difference=float(difference))
+        same = ("the same as with the key at n = 0" if difference < TOLERANCE else
+                f"<b>not</b> the same as with the key at n = 0 (difference {difference:.1e})")
+        turn = (f"a full turn every {drawn['turn_every']:,.0f} positions"
+                if drawn["turn_every"] < 1e7 else "hardly turning at all")
+        status.value = (
+            f"Pair {values['pair']} turns {drawn['angle_per_position']:.4g} rad per position "
+            f"({html.escape(turn)}). Query at m = {drawn['query_position']}, key at n = "
+            f"{drawn['key_position']}: this pair adds {drawn['pair_score']:.3f} to the score; "
+            f"the head's score is {drawn['head_score']:.3f}, {same}.")
         live.show()
 
-    def set_heads_options(h: int, wanted: int) -> None:
-        options = divisors(h)
-        state["loading"] = True
-        try:
-            kv_heads.options = options
-            kv_heads.value = wanted if wanted in options else max(k for k in options
-                                                                  if k <= max(wanted, 1))
-        finally:
-            state["loading"] = False
+    return explorer(live, controls, status, message, redraw, state)
 
-    def on_preset(change):
-        chosen = PRESETS.get(change["new"])
-        if chosen is None:
-            return
-        state["loading"] = True
-        try:
-            n_heads.value, head_dim.value = chosen.n_heads, chosen.head_dim
-            layers.value = chosen.n_layers
-        finally:
-            state["loading"] = False
-        set_heads_options(chosen.n_heads, chosen.n_kv_heads)
-        redraw()
 
-    def on_shape(change):
-        if state["loading"]:
-            return
-        if change["owner"] is n_heads:
-            h = check_heads()
-            set_heads_options(h, int(kv_heads.value))
-        chosen = PRESETS.get(choose.value)
-        if chosen is not None and (n_heads.value, head_dim.value, layers.value) != (
-                chosen.n_heads, chosen.head_dim, chosen.n_layers):
-            state["loading"] = True
-            try:
-                choose.value = CUSTOM
-            finally:
-                state["loading"] = False
-        redraw()
+def draw_angle_table(ax, n_positions: int = 32, dim: int = HEAD_DIM, base: float = 10000.0):
+    """cos(angle) of every pair at positions 0 .. n_positions - 1 (notebook 14), as a heatmap:
+    the low pairs flicker from row to row, the high ones barely change. Returns the image."""
+    angles = kvlib.rotary_angles(np.arange(n_positions), dim, check_base(base))
+    image = ax.imshow(np.cos(angles), cmap="viridis", vmin=-1, vmax=1, aspect="auto",
+                      interpolation="nearest")
+    ax.set_xticks(range(dim // 2))
+    ax.set_xlabel(f"pair i (columns 2i, 2i + 1 of a head of {dim})")
+    ax.set_ylabel("position")
+    ax.set_title(f"cos(position x {base:g}^(-2i / {dim})): each pair's turn by position")
+    ax.figure.colorbar(image, ax=ax, label="cos(angle)")
+    return image
 
-    choose.observe(safely(on_preset, message), names="value")
-    for field in (n_heads, head_dim, layers):
-        field.observe(safely(on_shape, message), names="value")
-    for field in (kv_heads, dtype, budget):
-        field.observe(safely(redraw, message), names="value")
-    safely(redraw, message)()
 
-    box = widgets.VBox([
-        choose, source,
-        widgets.HBox([widgets.VBox([n_heads, kv_heads, head_dim]),
-                      widgets.VBox([layers, dtype, budget])]),
-        message, status, live.output])
-    box.preset, box.n_heads, box.head_dim, box.layers = choose, n_heads, head_dim, layers
-    box.kv_heads, box.dtype, box.budget_gib = kv_heads, dtype, budget
-    box.status, box.message, box.source = status, message, source
-    box.figure, box.axes, box.live = live.figure, live.axes, live
-    box.controls = {"preset": choose, "n_heads": n_heads, "kv_heads": kv_heads,
-                    "head_dim": head_dim, "layers": layers, "dtype": dtype,
-                    "budget_gib": budget}
-    box.summary = lambda: state.get("summary")
-    return box
+def draw_score_tables(figure, rotary_scores: np.ndarray, learned_scores: np.ndarray):
+    """Two (positions, positions) tables of one head's scores side by side (notebook 14): the
+    query at row m, the key at column n; with RoPE every diagonal holds one value. Only
+    m >= n is drawn (a query never sees later keys). Returns the two axes."""
+    figure.clear()
+    axes = figure.subplots(1, 2)
+    tables = (("RoPE: the same q and k at every position", rotary_scores),
+              ("Learned positions: the same token at every position", learned_scores))
+    for ax, (title, table) in zip(axes, tables):
+        table = np.asarray(table, dtype=float)
+        shown = np.where(np.tri(*table.shape, dtype=bool), table, np.nan)
+        image = ax.imshow(shown, cmap="viridis", interpolation="nearest")
+        ax.set_xlabel("key position n")
+        ax.set_ylabel("query position m")
+        ax.set_title(title, fontsize=10)
+        figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="score")
+    return axes

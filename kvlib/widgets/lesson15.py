@@ -1,187 +1,331 @@
-"""Notebook 15: what multi-head latent attention caches a token, beside MHA, GQA and MQA.
+"""Notebook 15: which query heads share which K/V head, and what that does to the cache.
 
-``latent_cache_calculator()`` takes the shapes of a published model (kvlib.memory.PRESETS:
-its layers, query heads and head size), a latent size dc and a rotary key size dr, and
-draws the bytes one token adds to the cache with latent attention beside the same model
-with a K and a V for every query head (MHA), for groups of them (GQA) and for all of them
-at once (MQA). ``draw_bytes_per_token`` is the bar chart, also used for the notebook's
-plain figure.
+``grouping_explorer()`` takes a published model (kvlib.memory.PRESETS) or a custom one and
+lets a student choose the number of K/V heads among the divisors of the query heads. It
+draws the grouping (each query head joined to the K/V head it reads, one colour a group),
+the cache bytes per token for every possible choice, and says how many tokens fit in a
+memory budget for the cache.
 """
 
 from __future__ import annotations
 
 import html
-from numbers import Integral
+import math
+from numbers import Integral, Real
 
 import ipywidgets as widgets
+import matplotlib as mpl
+import numpy as np
+from matplotlib.collections import LineCollection, PatchCollection
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from kvlib.memory import PRESETS, GiB, kv_cache_bytes, latent_cache_bytes
+from kvlib.grouped import group_size, query_groups
+from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit
 
-from .base import LiveFigure, explorer
+from .base import LiveFigure, safely
 
-KIND_COLORS = {"MHA": "#3b528b", "GQA": "#21918c", "MQA": "#5ec962", "MLA": "#fde725"}
-"""One viridis colour per kind of attention, dark (caches most) to light (the latent)."""
-BF16_BYTES = 2
-GQA_KV_HEADS = 8   # what Llama 3 and Mistral use
-
-
-def grouped_kv_heads(n_heads: int) -> int | None:
-    """The K/V heads of the GQA bar (notebook 15): 8, as in Llama 3, when n_heads is a larger
-    multiple of 8; otherwise the largest divisor of n_heads between 1 and n_heads; None when
-    there is none (Falcon-7B's 71 heads can only be MHA or MQA)."""
-    if n_heads > GQA_KV_HEADS and n_heads % GQA_KV_HEADS == 0:
-        return GQA_KV_HEADS
-    divisors = [k for k in range(2, n_heads) if n_heads % k == 0]
-    return max(divisors) if divisors else None
+CUSTOM = "custom"
+DTYPES = {"FP32 (4 bytes)": 4, "BF16 / FP16 (2 bytes)": 2, "INT8 / FP8 (1 byte)": 1}
+MAX_HEADS = 256          # more query heads than this cannot be told apart in the drawing
+MAX_BUDGET_GIB = 10**9  # a billion GiB: past any real machine, and still exact as bytes
+MAX_LABELLED_HEADS = 16  # beyond this many heads of a row, only some are numbered
+CHOSEN_COLOR = "#21918c"  # viridis teal
+OTHER_COLOR = "#c8c8c8"
+GROUPABLE_PRESETS = tuple(name for name, preset in PRESETS.items() if preset.latent_dim is None)
+"""The presets with K/V heads (latent attention, notebook 16, caches a latent instead)."""
 
 
-def _whole(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ValueError(f"{name} must be a whole number of at least {minimum}, got {value!r}")
+def divisors(n: int) -> list[int]:
+    """The numbers of K/V heads a model with n query heads can have: the divisors of n."""
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _whole(name: str, value, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = "" if maximum is None else f" and at most {maximum}"
+        raise ValueError(f"{name} must be at least {minimum}{upper}, got {value}")
     return int(value)
 
 
-def bytes_per_token(n_layers: int, n_heads: int, head_dim: int, latent_dim: int,
-                    rope_head_dim: int, dtype_bytes: int = BF16_BYTES) -> dict[str, int]:
-    """Bytes one token adds to the cache of each kind, for one model's shapes (notebook 15):
-    {"MHA": ..., "GQA": ..., "MQA": ..., "MLA": ...} (no "GQA" when n_heads has no divisor
-    between 1 and itself). MHA, GQA and MQA cache a K and a V of head_dim for n_heads,
-    grouped_kv_heads(n_heads) and 1 K/V heads; MLA caches latent_dim + rope_head_dim numbers.
+def grouping_summary(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                     dtype_bytes: int = 2, budget_bytes: int = 16 * GiB) -> dict:
+    """The numbers the explorer shows (notebook 15).
+
+    group: query heads a K/V head serves; kind: MHA, GQA or MQA; kv_head_of: the K/V head of
+    each query head (h,); shared_by: for each K/V head, its query heads; bytes_per_token: K
+    and V of one position in every layer; mha_bytes_per_token: the same with a K/V head for
+    every query head; tokens_that_fit: cached positions in budget_bytes (over all sequences),
+    mha_tokens_that_fit: the same for multi-head attention.
     """
-    n_layers, n_heads = _whole("layers", n_layers, 1), _whole("heads", n_heads, 1)
+    n_layers = _whole("layers", n_layers, 1)
+    n_heads = _whole("query heads", n_heads, 1)
     head_dim = _whole("head size", head_dim, 1)
-    latent_dim = _whole("the latent size dc", latent_dim, 1)
-    rope_head_dim = _whole("the rotary key size dr", rope_head_dim, 0)
-    if rope_head_dim % 2:
-        raise ValueError(f"the rotary key size dr must be even (rotary positions turn pairs of "
-                         f"columns), got {rope_head_dim}")
-    rows = {"MHA": n_heads}
-    if (grouped := grouped_kv_heads(n_heads)) is not None:
-        rows["GQA"] = grouped
-    rows["MQA"] = 1
-    sizes = {kind: kv_cache_bytes(n_layers, None, 1, dtype_bytes=dtype_bytes, n_kv_heads=kv,
-                                  head_dim=head_dim) for kind, kv in rows.items()}
-    sizes["MLA"] = latent_cache_bytes(n_layers, latent_dim, rope_head_dim, 1,
-                                      dtype_bytes=dtype_bytes)
-    return sizes
+    group = group_size(n_heads, n_kv_heads)
+    kv_head_of = query_groups(n_heads, n_kv_heads)
+    per_token = kv_cache_bytes(n_layers, None, 1, 1, dtype_bytes, n_kv_heads=n_kv_heads,
+                               head_dim=head_dim)
+    mha = kv_cache_bytes(n_layers, None, 1, 1, dtype_bytes, n_kv_heads=n_heads,
+                         head_dim=head_dim)
+    kind = "MHA" if n_kv_heads == n_heads else "MQA" if n_kv_heads == 1 else "GQA"
+    return {"group": group, "kind": kind, "kv_head_of": kv_head_of,
+            "shared_by": [np.flatnonzero(kv_head_of == g).tolist() for g in range(n_kv_heads)],
+            "bytes_per_token": per_token, "mha_bytes_per_token": mha,
+            "tokens_that_fit": tokens_that_fit(budget_bytes, 0, per_token),
+            "mha_tokens_that_fit": tokens_that_fit(budget_bytes, 0, mha)}
 
 
-def draw_bytes_per_token(ax, labels, values, kinds, title: str = "",
-                         compare_to_first: bool = True) -> None:
-    """Horizontal bars of bytes per token on a log scale (notebook 15), one colour per kind
-    ('MHA', 'GQA', 'MQA', 'MLA'), each bar labelled with its bytes and, with
-    compare_to_first, with how many times less than the first bar it caches."""
-    if not (len(labels) == len(values) == len(kinds)) or not labels:
-        raise ValueError(f"need as many labels, values and kinds, at least one each; got "
-                         f"{len(labels)}, {len(values)}, {len(kinds)}")
-    if any(value <= 0 for value in values):
-        raise ValueError(f"bytes per token must be positive for a log scale, got {values}")
-    unknown = set(kinds) - set(KIND_COLORS)
-    if unknown:
-        raise ValueError(f"kinds must be among {list(KIND_COLORS)}, got {sorted(unknown)}")
-    ax.clear()
-    positions = range(len(labels))
-    ax.barh(positions, values, color=[KIND_COLORS[k] for k in kinds], edgecolor="black",
-            linewidth=0.5)
-    for y, value in zip(positions, values):
-        ratio = values[0] / value
-        note = f"  ({ratio:,.1f}x less)" if compare_to_first and y > 0 else ""
-        ax.text(value, y, f" {value:,}{note}", va="center", fontsize=9)
-    ax.set_yticks(list(positions), labels)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlim(min(values) / 2, max(values) * (40 if compare_to_first else 8))
-    ax.set_xlabel("bytes one token adds to the cache, all layers (log scale)")
-    ax.set_title(title)
-    ax.grid(axis="x", alpha=0.3)
+def _heads_text(heads: list[int]) -> str:
+    if len(heads) == 1:
+        return f"query head {heads[0]} alone"
+    return f"query heads {heads[0]}-{heads[-1]}"
 
 
-def _kind_label(kind: str, kv_heads: int | None, latent_dim: int, rope_head_dim: int) -> str:
-    if kind == "MLA":
-        return f"MLA, latent {latent_dim} + rotary {rope_head_dim}"
-    return f"{kind}, {kv_heads} K/V head{'s' if kv_heads != 1 else ''}"
+def group_colors(n_kv_heads: int) -> np.ndarray:
+    """One colour per K/V head from viridis (colour-blind safe): (kv, 4) RGBA."""
+    return mpl.colormaps["viridis"](np.linspace(0.0, 0.9, n_kv_heads))
 
 
-def latent_cache_calculator(preset: str = "DeepSeek-V2", latent_dim: int | None = None,
-                            rope_head_dim: int | None = None):
-    """Bytes per token of a latent against MHA, GQA and MQA, for a published model's shapes.
+def _labelled(n: int) -> set[int]:
+    """Which of n heads get a number: all of a few, otherwise about 8, always the last."""
+    if n <= MAX_LABELLED_HEADS:
+        return set(range(n))
+    step = math.ceil(n / 8)
+    return set(range(0, n, step)) | {n - 1}
 
-    The preset gives the layers, query heads and head size (for DeepSeek-V2 and V3, the
-    heads that latent attention rebuilds); latent_dim and rope_head_dim default to the
-    preset's own (512 and 64 for DeepSeek), or to DeepSeek's proportions, 4 x and 1/2 x the
-    head size, for models without latent attention. Choosing a preset with a latent of its
-    own brings its sizes; choosing another keeps the sizes typed. Numbers in BF16.
 
-    Returns a VBox with what the tests use: ``controls`` ({"preset", "latent_dim",
-    "rope_head_dim"}), ``status`` and ``message`` (HTML; bad input is explained in the
-    message line), ``figure``, and ``state["sizes"]`` (the bytes on show, from
-    bytes_per_token).
+def draw_query_groups(ax, n_heads: int, n_kv_heads: int, title: str | None = None) -> None:
+    """The grouping (notebook 15): query heads on top, K/V heads below, each query head
+    joined to the K/V head it reads, one colour per K/V head and its group.
+
+    Each K/V head is drawn as wide as its group, under it: query head i sits above K/V
+    head i // group. Draws into ax (cleared first).
     """
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
+    n_heads = _whole("query heads", n_heads, 1, MAX_HEADS)
+    group = group_size(n_heads, n_kv_heads)
+    colors = group_colors(n_kv_heads)
+    kv_head_of = query_groups(n_heads, n_kv_heads)
+    heads = np.arange(n_heads)
+    ax.clear()
+    # one collection a row, not one artist a head: 256 heads redraw at once
+    ax.add_collection(PatchCollection(
+        [Rectangle((head + 0.1, 2.0), 0.8, 0.8) for head in heads],
+        facecolors=colors[kv_head_of], edgecolors="black",
+        linewidths=0.5 if n_heads <= 64 else 0.0))      # past 64, edges would hide the colours
+    ax.add_collection(LineCollection(
+        [[(head + 0.5, 2.0), ((kv + 0.5) * group, 0.8)] for head, kv in zip(heads, kv_head_of)],
+        colors=colors[kv_head_of], linewidths=1.0))
+    ax.add_collection(PatchCollection(
+        [Rectangle((kv * group + 0.1, 0.0), group - 0.2, 0.8) for kv in range(n_kv_heads)],
+        facecolors=colors, edgecolors="black", linewidths=0.8))
+    for head in sorted(_labelled(n_heads)):
+        ax.text(head + 0.5, 2.95, str(head), ha="center", va="bottom", fontsize=7)
+    for kv_head in sorted(_labelled(n_kv_heads)):
+        ax.text((kv_head + 0.5) * group, -0.15, str(kv_head), ha="center", va="top",
+                fontsize=7)
+    ax.set_xlim(0, n_heads)
+    ax.set_ylim(-0.9, 3.6)
+    ax.set_yticks([0.4, 2.4], labels=[f"{n_kv_heads} K/V head{'s' if n_kv_heads > 1 else ''}"
+                                      "\n(cached)",
+                                      f"{n_heads} query heads\n(not cached)"])
+    ax.set_xticks([])
+    ax.set_xlabel("head number (query heads on top, K/V heads below)")
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    plural = "head" if n_kv_heads == 1 else "heads"
+    ax.set_title(title or f"{n_heads} query heads, {n_kv_heads} K/V {plural}: groups of {group}")
 
-    def defaults(model):
-        if model.latent_dim is not None:
-            return model.latent_dim, model.rope_head_dim
-        return 4 * model.head_dim, model.head_dim // 4 * 2   # 512 and 64 for heads of 128
 
-    start_dc, start_dr = defaults(PRESETS[preset])
-    style = {"description_width": "150px"}
-    controls = {
-        "preset": widgets.Dropdown(options=list(PRESETS), value=preset, description="shapes of",
-                                   style=style, layout=widgets.Layout(width="440px")),
-        "latent_dim": widgets.IntText(value=start_dc if latent_dim is None else latent_dim,
-                                      description="latent size dc", style=style,
-                                      layout=widgets.Layout(width="260px")),
-        "rope_head_dim": widgets.IntText(
-            value=start_dr if rope_head_dim is None else rope_head_dim,
-            description="rotary key size dr", style=style,
-            layout=widgets.Layout(width="260px")),
-    }
-    status, message = widgets.HTML(), widgets.HTML()
-    live = LiveFigure(figsize=(9, 2.8))
-    # fixed margins: tight_layout would measure every log-scale tick label on each change
-    live.figure.subplots_adjust(left=0.25, right=0.98, bottom=0.2, top=0.88)
+def draw_bytes_per_choice(ax, n_layers: int, n_heads: int, head_dim: int, chosen: int,
+                          dtype_bytes: int = 2, budget_bytes: int = 16 * GiB) -> list[int]:
+    """Cache bytes per token for every possible number of K/V heads (notebook 15), the
+    chosen one highlighted, each bar labelled with the tokens that fit in budget_bytes.
+    Returns the bytes per token of each choice, in the order drawn (1 K/V head first)."""
+    choices = divisors(_whole("query heads", n_heads, 1, MAX_HEADS))
+    if chosen not in choices:
+        raise ValueError(f"{chosen} K/V heads cannot serve {n_heads} query heads equally: "
+                         f"choose one of {choices}")
+    per_token = [grouping_summary(n_layers, n_heads, k, head_dim, dtype_bytes,
+                                  budget_bytes)["bytes_per_token"] for k in choices]
+    ax.clear()
+    positions = np.arange(len(choices))
+    bars = ax.bar(positions, [b / 1024 for b in per_token],
+                  color=[CHOSEN_COLOR if k == chosen else OTHER_COLOR for k in choices],
+                  edgecolor="black", linewidth=0.5)
+    for bar, n_bytes in zip(bars, per_token):
+        fit = tokens_that_fit(budget_bytes, 0, n_bytes)
+        ax.annotate(f"{fit:,}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                    fontsize=7, rotation=90 if len(choices) > 6 else 0)
+    ax.set_xticks(positions, labels=[str(k) for k in choices])
+    ax.set_yscale("log")
+    # plain tick labels: matplotlib's default 10^n labels go through mathtext, slow to draw
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.10g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(min(per_token) / 1024 / 2, max(per_token) / 1024 * 12)
+    ax.set_xlabel("K/V heads (the divisors of the query heads)")
+    ax.set_ylabel("cache KiB per token (log scale)")
+    ax.set_title(f"Cache bytes per token for each choice\n(above each bar: tokens that fit "
+                 f"in {budget_bytes / GiB:g} GiB)", fontsize=10)
+    return per_token
+
+
+def grouping_explorer(preset: str = "Llama-3-8B", budget_gib: float = 16.0,
+                      dtype_bytes: int = 2):
+    """Choose how many K/V heads serve a model's query heads, and see the grouping, the
+    cache bytes per token and the tokens that fit in a memory budget.
+
+    Returns a VBox with the attributes the tests use: ``preset`` (Dropdown of the presets
+    with K/V heads, and "custom"), ``n_heads``, ``head_dim``, ``layers`` (IntText; changing
+    one switches the preset to "custom"), ``kv_heads`` (Dropdown of the divisors of the query
+    heads), ``dtype``, ``budget_gib`` (all also in ``controls``), ``status``, ``message``,
+    ``source`` (HTML), ``figure``, ``axes`` and ``summary()`` (the numbers on show, from
+    grouping_summary).
+    """
+    if preset not in GROUPABLE_PRESETS:
+        raise ValueError(f"preset must be one of {list(GROUPABLE_PRESETS)}, got {preset!r}")
+    if dtype_bytes not in DTYPES.values():
+        raise ValueError(f"dtype_bytes must be one of {sorted(DTYPES.values())}")
+    start = PRESETS[preset]
+    style = {"description_width": "130px"}
+    wide = widgets.Layout(width="300px")
+    choose = widgets.Dropdown(options=list(GROUPABLE_PRESETS) + [CUSTOM], value=preset,
+                              description="model", style=style,
+                              layout=widgets.Layout(width="420px"))
+    n_heads = widgets.IntText(value=start.n_heads, description="query heads", style=style,
+                              layout=wide)
+    head_dim = widgets.IntText(value=start.head_dim, description="head size", style=style,
+                               layout=wide)
+    layers = widgets.IntText(value=start.n_layers, description="layers", style=style,
+                             layout=wide)
+    kv_heads = widgets.Dropdown(options=divisors(start.n_heads), value=start.n_kv_heads,
+                                description="K/V heads", style=style, layout=wide)
+    dtype = widgets.Dropdown(options=list(DTYPES.items()), value=dtype_bytes,
+                             description="number format", style=style, layout=wide)
+    budget = widgets.FloatText(value=budget_gib, description="cache budget (GiB)",
+                               style=style, layout=wide)
+    status, message, source = widgets.HTML(), widgets.HTML(), widgets.HTML()
+    live = LiveFigure(figsize=(11, 3.6), n_axes=2, gridspec_kw={"width_ratios": [1.6, 1]})
+    # a fixed layout: tight_layout on every change would take most of the update's time
+    live.figure.subplots_adjust(left=0.12, right=0.98, bottom=0.2, top=0.84, wspace=0.25)
     state = {"loading": False}
 
-    def on_preset(change):
-        # a preset with its own latent brings its dc and dr; redraw once, after both are set
-        model = PRESETS.get(change["new"])
-        if model is None or model.latent_dim is None:
-            return
-        state["loading"] = True
-        try:
-            controls["latent_dim"].value = model.latent_dim
-            controls["rope_head_dim"].value = model.rope_head_dim
-        finally:
-            state["loading"] = False
+    def budget_bytes() -> int:
+        value = budget.value
+        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) \
+                or not 0 < value <= MAX_BUDGET_GIB:
+            raise ValueError(f"the cache budget must be a number of GiB above 0 and at most "
+                             f"{MAX_BUDGET_GIB:,}, got {value}")
+        return int(value * GiB)
+
+    def check_heads() -> int:
+        return _whole("query heads", n_heads.value, 1, MAX_HEADS)
 
     def redraw(*_):
         if state["loading"]:
             return
-        model = PRESETS[controls["preset"].value]
-        dc, dr = controls["latent_dim"].value, controls["rope_head_dim"].value
-        sizes = bytes_per_token(model.n_layers, model.n_heads, model.head_dim, dc, dr)
-        state["sizes"] = sizes
-        kv_heads = {"MHA": model.n_heads, "GQA": grouped_kv_heads(model.n_heads), "MQA": 1}
-        labels = [_kind_label(kind, kv_heads.get(kind), dc, dr) for kind in sizes]
-        draw_bytes_per_token(live.ax, labels, list(sizes.values()), list(sizes),
-                             title=f"{model.name}'s shapes: {model.n_layers} layers, "
-                                   f"{model.n_heads} heads of {model.head_dim}, BF16")
+        h = check_heads()
+        if kv_heads.value not in divisors(h):      # the options follow the query heads
+            raise ValueError(f"{kv_heads.value} K/V heads cannot serve {h} query heads")
+        kv = int(kv_heads.value)
+        summary = grouping_summary(layers.value, h, kv, head_dim.value, int(dtype.value),
+                                   budget_bytes())
+        state["summary"] = summary
+        group, kind = summary["group"], summary["kind"]
+        shared = summary["shared_by"]
+        example = min(h - 1, group + 1)
+        lines = [
+            f"<b>{kind}</b>: {h} query heads share {kv} K/V head{'s' if kv > 1 else ''}, "
+            f"{group} to a group. Query head i reads K/V head i // {group}: query head "
+            f"{example} reads K/V head {example // group}, shared by "
+            f"{_heads_text(shared[example // group])}.",
+            f"A token costs 2 (K and V) x {layers.value} layers x {kv} K/V "
+            f"head{'s' if kv > 1 else ''} x "
+            f"{head_dim.value} x {dtype.value} bytes = <b>{summary['bytes_per_token']:,} "
+            f"bytes</b>, {group} times less than the "
+            f"{summary['mha_bytes_per_token']:,} of multi-head attention.",
+            f"In {budget.value:g} GiB of cache: <b>{summary['tokens_that_fit']:,} cached "
+            f"tokens</b>, against {summary['mha_tokens_that_fit']:,} with multi-head "
+            "attention.",
+        ]
+        status.value = "<br>".join(lines)
+        chosen = PRESETS.get(choose.value)
+        if chosen is None:
+            source.value = ""
+        else:
+            published = ("" if chosen.n_kv_heads == kv else
+                         f" <b>You chose {kv} K/V heads; the published model has "
+                         f"{chosen.n_kv_heads}.</b>")
+            window = ("" if chosen.window is None else
+                      f" Its sliding window keeps at most {chosen.window:,} positions of each "
+                      "sequence (notebook 17).")
+            source.value = (f"<small>{chosen.name}: {chosen.n_heads} query heads, "
+                            f"{chosen.n_kv_heads} K/V heads of {chosen.head_dim}.{window} "
+                            f"Source: {html.escape(chosen.source)}</small>{published}")
+        draw_query_groups(live.axes[0], h, kv)
+        draw_bytes_per_choice(live.axes[1], layers.value, h, head_dim.value, kv,
+                              int(dtype.value), budget_bytes())
         live.show()
-        mla, mha = sizes["MLA"], sizes["MHA"]
-        equivalent = (dc + dr) / (2 * model.head_dim)
-        context = model.context_length
-        status.value = "<br>".join([
-            f"MLA caches {model.n_layers} layers x ({dc} + {dr}) numbers x 2 bytes = "
-            f"<b>{mla:,} bytes a token</b>: {mha / mla:,.1f} times less than MHA "
-            f"({mha:,}), as much as GQA with {equivalent:,.2f} K/V heads of "
-            f"{model.head_dim}.",
-            f"At {context:,} tokens (the context length): {mla * context / GiB:,.2f} GiB "
-            f"against {mha * context / GiB:,.2f} GiB with MHA.",
-            f"<small>{html.escape(model.name)} itself uses {html.escape(model.attention)}. "
-            f"Source: {html.escape(model.source)}</small>",
-        ])
 
-    controls["preset"].observe(on_preset, names="value")   # before explorer's redraw
-    return explorer(live, controls, status, message, redraw, state)
+    def set_heads_options(h: int, wanted: int) -> None:
+        options = divisors(h)
+        state["loading"] = True
+        try:
+            kv_heads.options = options
+            kv_heads.value = wanted if wanted in options else max(k for k in options
+                                                                  if k <= max(wanted, 1))
+        finally:
+            state["loading"] = False
+
+    def on_preset(change):
+        chosen = PRESETS.get(change["new"])
+        if chosen is None:
+            return
+        state["loading"] = True
+        try:
+            n_heads.value, head_dim.value = chosen.n_heads, chosen.head_dim
+            layers.value = chosen.n_layers
+        finally:
+            state["loading"] = False
+        set_heads_options(chosen.n_heads, chosen.n_kv_heads)
+        redraw()
+
+    def on_shape(change):
+        if state["loading"]:
+            return
+        if change["owner"] is n_heads:
+            h = check_heads()
+            set_heads_options(h, int(kv_heads.value))
+        chosen = PRESETS.get(choose.value)
+        if chosen is not None and (n_heads.value, head_dim.value, layers.value) != (
+                chosen.n_heads, chosen.head_dim, chosen.n_layers):
+            state["loading"] = True
+            try:
+                choose.value = CUSTOM
+            finally:
+                state["loading"] = False
+        redraw()
+
+    choose.observe(safely(on_preset, message), names="value")
+    for field in (n_heads, head_dim, layers):
+        field.observe(safely(on_shape, message), names="value")
+    for field in (kv_heads, dtype, budget):
+        field.observe(safely(redraw, message), names="value")
+    safely(redraw, message)()
+
+    box = widgets.VBox([
+        choose, source,
+        widgets.HBox([widgets.VBox([n_heads, kv_heads, head_dim]),
+                      widgets.VBox([layers, dtype, budget])]),
+        message, status, live.output])
+    box.preset, box.n_heads, box.head_dim, box.layers = choose, n_heads, head_dim, layers
+    box.kv_heads, box.dtype, box.budget_gib = kv_heads, dtype, budget
+    box.status, box.message, box.source = status, message, source
+    box.figure, box.axes, box.live = live.figure, live.axes, live
+    box.controls = {"preset": choose, "n_heads": n_heads, "kv_heads": kv_heads,
+                    "head_dim": head_dim, "layers": layers, "dtype": dtype,
+                    "budget_gib": budget}
+    box.summary = lambda: state.get("summary")
+    return box

@@ -1,363 +1,187 @@
-"""Notebook 16: sliding windows and attention sinks, drawn.
+"""Notebook 16: what multi-head latent attention caches a token, beside MHA, GQA and MQA.
 
-The pictures (each draws into a given Axes, cleared first):
-
-- draw_window_mask: which key each query sees with a window of W and s sinks: in the
-  window, a sink, fallen out of the window, or in the future;
-- draw_ring: the ring buffer of a SlidingWindowCache, one box per slot with the position it
-  holds;
-- draw_cache_bytes: bytes held against tokens seen, a full cache against the ring;
-- draw_reach: which earlier tokens can change the last token's output, by number of layers;
-- draw_window_losses: held-out loss beyond the window against W, for each choice of cache;
-- draw_loss_by_position: the loss of each prediction along the sequence.
-
-The widget, ``window_explorer()``: sliders for W, sink_tokens and the tokens seen; it
-prefills a real SlidingWindowCache and shows its mask, its slots and its bytes.
+``latent_cache_calculator()`` takes the shapes of a published model (kvlib.memory.PRESETS:
+its layers, query heads and head size), a latent size dc and a rotary key size dr, and
+draws the bytes one token adds to the cache with latent attention beside the same model
+with a K and a V for every query head (MHA), for groups of them (GQA) and for all of them
+at once (MQA). ``draw_bytes_per_token`` is the bar chart, also used for the notebook's
+plain figure.
 """
 
 from __future__ import annotations
 
+import html
 from numbers import Integral
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-import numpy as np
-from matplotlib.colors import BoundaryNorm, ListedColormap
-from matplotlib.patches import Patch, Rectangle
 
-import kvlib
-from kvlib import plots
+from kvlib.memory import PRESETS, GiB, kv_cache_bytes, latent_cache_bytes
 
 from .base import LiveFigure, explorer
 
-FUTURE, DROPPED, SINK, IN_WINDOW = 0, 1, 2, 3
-VISIBILITY_NAMES = {FUTURE: "after the query (causal)", DROPPED: "fell out of the window",
-                    SINK: "sink (kept for good)", IN_WINDOW: "in the window"}
-_VIRIDIS = plt.get_cmap(plots.COLORMAP)
-VISIBILITY_COLORS = {FUTURE: "#ffffff", DROPPED: plots.MASKED_COLOR, SINK: _VIRIDIS(0.25),
-                     IN_WINDOW: _VIRIDIS(0.75)}
-EMPTY_SLOT = -1
-FULL_COLOR = _VIRIDIS(0.25)
-RING_COLOR = _VIRIDIS(0.75)
-SEQUENCE_SEED = 16
-MAX_TOKENS = 64
+KIND_COLORS = {"MHA": "#3b528b", "GQA": "#21918c", "MQA": "#5ec962", "MLA": "#fde725"}
+"""One viridis colour per kind of attention, dark (caches most) to light (the latent)."""
+BF16_BYTES = 2
+GQA_KV_HEADS = 8   # what Llama 3 and Mistral use
 
 
-# ------------------------------------------------------------------------------- the mask
-
-def visibility(n_positions: int, window: int | None, sink_tokens: int = 0) -> np.ndarray:
-    """What each query sees (notebook 16): (n, n) ints, one of FUTURE, DROPPED, SINK,
-    IN_WINDOW per (query, key). The keys a query attends to, SINK and IN_WINDOW, are
-    exactly kvlib.attention_mask(positions, positions, window, sink_tokens)."""
-    positions = np.arange(n_positions)
-    causal = kvlib.attention_mask(positions, positions)
-    seen = kvlib.attention_mask(positions, positions, window, sink_tokens)
-    kinds = np.where(seen, IN_WINDOW, np.where(causal, DROPPED, FUTURE))
-    return np.where(seen & (positions < sink_tokens)[None, :], SINK, kinds)
+def grouped_kv_heads(n_heads: int) -> int | None:
+    """The K/V heads of the GQA bar (notebook 16): 8, as in Llama 3, when n_heads is a larger
+    multiple of 8; otherwise the largest divisor of n_heads between 1 and n_heads; None when
+    there is none (Falcon-7B's 71 heads can only be MHA or MQA)."""
+    if n_heads > GQA_KV_HEADS and n_heads % GQA_KV_HEADS == 0:
+        return GQA_KV_HEADS
+    divisors = [k for k in range(2, n_heads) if n_heads % k == 0]
+    return max(divisors) if divisors else None
 
 
-def _sinks(n: int) -> str:
-    return f"{n} sink" if n == 1 else f"{n} sinks"
-
-
-def _tick_step(n: int) -> int:
-    return 1 if n <= 16 else 4 if n <= 40 else 8
-
-
-def draw_window_mask(ax, n_positions: int, window: int | None, sink_tokens: int = 0,
-                     title: str | None = None, labels=None):
-    """The mask of a window of W with sink_tokens sinks over n positions (notebook 16), as
-    an image: rows are queries, columns keys, one colour per kind of cell (visibility).
-    labels: optional token labels (n of them); without, positions are written. The last
-    query row, the newest token, is outlined."""
-    kinds = visibility(n_positions, window, sink_tokens)
-    ax.clear()
-    colors = ListedColormap([VISIBILITY_COLORS[k] for k in sorted(VISIBILITY_COLORS)])
-    norm = BoundaryNorm(np.arange(-0.5, 4.5), colors.N)
-    ax.imshow(kinds, cmap=colors, norm=norm, interpolation="nearest")
-    step = _tick_step(n_positions)
-    ticks = np.arange(0, n_positions, step)
-    names = ticks if labels is None else [labels[i] for i in ticks]
-    ax.set_xticks(ticks, names, rotation=90 if labels is not None else 0)
-    ax.set_yticks(ticks, names)
-    ax.xaxis.tick_top()
-    ax.xaxis.set_label_position("top")
-    ax.set_xlabel("key position (attended to)")
-    ax.set_ylabel("query position (attending)")
-    ax.add_patch(Rectangle((-0.5, n_positions - 1.5), n_positions, 1, fill=False,
-                           edgecolor="black", lw=1.5))
-    shown = [k for k in (IN_WINDOW, SINK, DROPPED, FUTURE) if (kinds == k).any()]
-    ax.legend(handles=[Patch(facecolor=VISIBILITY_COLORS[k], edgecolor="#888888",
-                             label=VISIBILITY_NAMES[k]) for k in shown],
-              loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, frameon=False,
-              fontsize=8)
-    where = "full attention" if window is None else f"window W = {window}, {_sinks(sink_tokens)}"
-    ax.set_title(title or f"Which keys each query sees ({where})", pad=24)
-    return ax
-
-
-# ---------------------------------------------------------------------------- the ring
-
-def ring_slot(position: int, window: int, sink_tokens: int = 0) -> int:
-    """The row of a SlidingWindowCache where position p is written (notebook 16): p itself
-    for a sink, sink_tokens + (p - sink_tokens) % W for the others. The same rule as
-    kvlib.SlidingWindowCache (tests/test_lesson16.py reads the cache's buffer to check)."""
-    if position < sink_tokens:
-        return int(position)
-    return int(sink_tokens + (position - sink_tokens) % window)
-
-
-def ring_contents(cache: kvlib.SlidingWindowCache) -> np.ndarray:
-    """The position each slot of a ring holds now (notebook 16): (sink_tokens + W,) ints,
-    EMPTY_SLOT (-1) for a slot nothing was written to yet."""
-    if not isinstance(cache, kvlib.SlidingWindowCache):
-        raise TypeError(f"ring_contents reads a kvlib.SlidingWindowCache, "
-                        f"got {type(cache).__name__}")
-    contents = np.full(cache.sink_tokens + cache.window, EMPTY_SLOT)
-    for position in cache.key_positions():
-        contents[ring_slot(int(position), cache.window, cache.sink_tokens)] = position
-    return contents
-
-
-def draw_ring(ax, contents, sink_tokens: int, newest: int | None = None,
-              next_slot: int | None = None, title=None):
-    """A ring buffer as a row of boxes (notebook 16): contents (slots,) the position in each
-    slot (EMPTY_SLOT for none), the first sink_tokens slots drawn as sinks, the slot holding
-    `newest` highlighted, and the slot the next position will be written to outlined with
-    a dashed line. Returns the Axes."""
-    contents = np.asarray(contents)
-    ax.clear()
-    for slot, position in enumerate(contents):
-        if position == EMPTY_SLOT:
-            color = "#ffffff"
-        elif position == newest:
-            color = plots.NEW_ROWS_COLOR
-        elif slot < sink_tokens:
-            color = VISIBILITY_COLORS[SINK]
-        else:
-            color = VISIBILITY_COLORS[IN_WINDOW]
-        ax.add_patch(Rectangle((slot, 0), 1, 1, facecolor=color, edgecolor="black", lw=1))
-        text = "-" if position == EMPTY_SLOT else str(int(position))
-        text_color = "white" if slot < sink_tokens and position not in (EMPTY_SLOT, newest) \
-            else "black"
-        ax.text(slot + 0.5, 0.5, text, ha="center", va="center", color=text_color,
-                fontsize=9 if len(contents) <= 12 else 7)
-    if sink_tokens:
-        ax.axvline(sink_tokens, color="black", lw=3)
-    if next_slot is not None:
-        ax.add_patch(Rectangle((next_slot + 0.06, 0.06), 0.88, 0.88, fill=False, ls="--",
-                               edgecolor="#d62728", lw=1.5, label="next write"))
-    ax.set_xlim(0, max(len(contents), 1))
-    ax.set_ylim(-0.1, 1.1)
-    ax.set_aspect("equal")
-    ax.set_yticks([])
-    ax.set_xticks(np.arange(len(contents)) + 0.5, np.arange(len(contents)),
-                  fontsize=9 if len(contents) <= 12 else 7)
-    ax.set_xlabel("slot (row of the buffer); the number in a box is the position it holds")
-    legend = [Patch(facecolor=plots.NEW_ROWS_COLOR, edgecolor="black", label="newest"),
-              Patch(facecolor=VISIBILITY_COLORS[IN_WINDOW], edgecolor="black",
-                    label="window")]
-    if sink_tokens:
-        legend.append(Patch(facecolor=VISIBILITY_COLORS[SINK], edgecolor="black",
-                            label="sink"))
-    if next_slot is not None:
-        legend.append(Patch(fill=False, ls="--", edgecolor="#d62728", label="next write"))
-    ax.legend(handles=legend, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4,
-              frameon=False, fontsize=8)
-    ax.set_title(title or "The ring buffer", pad=24)
-    return ax
-
-
-# ------------------------------------------------------------------------------ memory
-
-def draw_cache_bytes(ax, tokens, full_bytes, ring_bytes, window: int, sink_tokens: int = 0):
-    """Bytes held against tokens seen (notebook 16): the full cache's line keeps rising, the
-    ring's stops at sink_tokens + W positions. tokens, full_bytes, ring_bytes: equal-length
-    sequences."""
-    ax.clear()
-    ax.plot(tokens, full_bytes, color=FULL_COLOR, marker=".", label="full cache (KVCache)")
-    ax.plot(tokens, ring_bytes, color=RING_COLOR, marker=".", lw=2.5,
-            label=f"ring buffer (SlidingWindowCache, W = {window}, {_sinks(sink_tokens)})")
-    ax.annotate(f"stops at sinks + W = {window + sink_tokens} rows a layer",
-                (tokens[-1], ring_bytes[-1]), xytext=(0, 8), textcoords="offset points",
-                ha="right", va="bottom", fontsize=8, color="#333333")
-    ax.set_xlabel("tokens seen (prompt + generated)")
-    ax.set_ylabel("bytes held by the cache (cache.nbytes)")
-    ax.set_title("Memory: the full cache grows, the ring stays flat")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
-    return ax
-
-
-# ----------------------------------------------------------------------- receptive field
-
-def draw_reach(ax, changes, layer_counts, window: int):
-    """Which earlier tokens reach the last output (notebook 16): changes (len(layer_counts),
-    D) the largest change of the last row of logits when the token d positions back is
-    replaced, for models of 1, 2, ... layers. Cells with no change at all are drawn grey;
-    the others coloured by log10 of the change. The line after each row's reach marks
-    L x (W - 1)."""
-    changes = np.asarray(changes, dtype=float)
-    ax.clear()
-    shown = np.ma.masked_less_equal(changes, 0.0)
-    cmap = _VIRIDIS.with_extremes(bad=plots.MASKED_COLOR)
-    with np.errstate(divide="ignore"):
-        image = ax.imshow(np.ma.log10(shown), cmap=cmap, aspect="auto",
-                          interpolation="nearest")
-    for row, layers in enumerate(layer_counts):
-        reach = layers * (window - 1)
-        ax.plot([reach + 0.5] * 2, [row - 0.5, row + 0.5], color="black", lw=2)
-    ax.set_yticks(range(len(layer_counts)), [f"{n} layer{'s' * (n > 1)}" for n in layer_counts])
-    ax.set_xlabel("how far before the last token the replaced token is (positions)")
-    ax.set_title(f"Window W = {window}: what a replaced token changes in the last output\n"
-                 "(grey: exactly nothing; black line: L x (W - 1) back)")
-    ax.figure.colorbar(image, ax=ax, label="log10 of the largest logit change")
-    return ax
-
-
-# ---------------------------------------------------------------------------- the loss
-
-def draw_window_losses(ax, windows, losses: dict, full_loss: float, title: str | None = None):
-    """Held-out loss beyond the window against W (notebook 16): losses maps a label
-    ("window only", "window + 4 sinks", ...) to one loss per window; the full cache's loss
-    is a dashed line."""
-    ax.clear()
-    markers = "osD^v"
-    for index, (label, values) in enumerate(losses.items()):
-        ax.plot(windows, values, marker=markers[index % len(markers)],
-                color=_VIRIDIS(0.15 + 0.7 * index / max(len(losses) - 1, 1)), label=label)
-    ax.axhline(full_loss, color="black", ls="--", lw=1, label="full cache")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(windows), [str(w) for w in windows])
-    ax.set_xlabel("window W (positions)")
-    ax.set_ylabel("held-out loss (nats per token)")
-    ax.set_title(title or "Loss beyond the window, same weights")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return ax
-
-
-def draw_loss_by_position(ax, curves: dict, window: int, smoothing: int = 8):
-    """Next-token loss against the position of the predicted token (notebook 16): curves
-    maps a label to the mean loss of each prediction (T - 1,), the prediction at index i
-    being of token i + 1; each curve is averaged over `smoothing` neighbours. A dashed line
-    marks the window: before it nothing has been forgotten."""
-    ax.clear()
-    kernel = np.ones(smoothing) / smoothing
-    for index, (label, curve) in enumerate(curves.items()):
-        smooth = np.convolve(np.asarray(curve, dtype=float), kernel, mode="valid")
-        first = 1 + smoothing // 2            # the predicted token of the window's middle
-        ax.plot(np.arange(first, first + len(smooth)), smooth, label=label,
-                color=_VIRIDIS(0.8 * index / max(len(curves) - 1, 1)))
-    ax.axvline(window, color="#888888", ls="--", lw=1)
-    ax.set_xlabel("position of the predicted token")
-    ax.set_ylabel(f"loss (nats), mean over {smoothing} positions")
-    ax.set_title(f"Where the loss comes from: W = {window}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return ax
-
-
-# ------------------------------------------------------------------------------ widget
-
-def _whole(name: str, value, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+def _whole(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{name} must be a whole number of at least {minimum}, got {value!r}")
     return int(value)
 
 
-def example_model(context_length: int = MAX_TOKENS) -> kvlib.Params:
-    """The model of notebook 16: the toy with rotary positions (notebook 13), so that a
-    window can slide as far as the context length allows."""
-    return kvlib.init_params(kvlib.ModelConfig(positions="rotary",
-                                               context_length=context_length))
-
-
-def example_sequence(n_tokens: int = MAX_TOKENS, vocab_size: int = 12) -> list[int]:
-    """A seeded sequence of token ids, BOS first: the long input of notebook 16's widget."""
-    rng = np.random.default_rng(SEQUENCE_SEED)
-    return [0] + rng.integers(1, vocab_size, n_tokens - 1).tolist()
-
-
-def window_cache(params: kvlib.Params, ids, window: int, sink_tokens: int):
-    """Prefill ids into a SlidingWindowCache of a window W with sink_tokens sinks, on the
-    same weights (notebook 16): -> (logits (T, V), cache)."""
-    return kvlib.prefill(params.with_config(window=window, sink_tokens=sink_tokens), ids)
-
-
-def window_explorer(params: kvlib.Params | None = None, window: int = 4,
-                    sink_tokens: int = 0, n_tokens: int = 20):
-    """Sliders for W, sink_tokens and the tokens seen (notebook 16): the mask over every
-    position so far, the ring buffer's slots with the positions they hold, and its bytes
-    beside a full cache's. Each change prefills a real SlidingWindowCache.
-
-    Returns a VBox with the attributes the tests use: ``window``, ``sinks``, ``tokens``
-    (IntSliders, also in ``controls``), ``status`` (HTML: what the ring holds and its bytes),
-    ``message`` (HTML: a combination that cannot be, in words), ``figure``, ``axes`` (mask,
-    ring) and ``state`` (the cache, its slots' contents and the bytes on show).
+def bytes_per_token(n_layers: int, n_heads: int, head_dim: int, latent_dim: int,
+                    rope_head_dim: int, dtype_bytes: int = BF16_BYTES) -> dict[str, int]:
+    """Bytes one token adds to the cache of each kind, for one model's shapes (notebook 16):
+    {"MHA": ..., "GQA": ..., "MQA": ..., "MLA": ...} (no "GQA" when n_heads has no divisor
+    between 1 and itself). MHA, GQA and MQA cache a K and a V of head_dim for n_heads,
+    grouped_kv_heads(n_heads) and 1 K/V heads; MLA caches latent_dim + rope_head_dim numbers.
     """
-    params = example_model() if params is None else params
-    if not isinstance(params, kvlib.Params) or params.config.window is not None:
-        raise TypeError("window_explorer needs kvlib Params of a model without a window; "
-                        "it adds the window itself")
-    context = params.config.context_length
-    window = _whole("window", window, 1, min(16, context))
-    sink_tokens = _whole("sink_tokens", sink_tokens, 0, 4)
-    n_tokens = _whole("n_tokens", n_tokens, 1, min(MAX_TOKENS, context))
-    ids = example_sequence(min(MAX_TOKENS, context), params.config.vocab_size)
-    sliders = {
-        "window": widgets.IntSlider(value=window, min=1, max=min(16, context),
-                                    description="window W", continuous_update=False),
-        "sinks": widgets.IntSlider(value=sink_tokens, min=0, max=4, description="sinks",
-                                   continuous_update=False),
-        "tokens": widgets.IntSlider(value=n_tokens, min=1, max=len(ids),
-                                    description="tokens seen", continuous_update=False),
+    n_layers, n_heads = _whole("layers", n_layers, 1), _whole("heads", n_heads, 1)
+    head_dim = _whole("head size", head_dim, 1)
+    latent_dim = _whole("the latent size dc", latent_dim, 1)
+    rope_head_dim = _whole("the rotary key size dr", rope_head_dim, 0)
+    if rope_head_dim % 2:
+        raise ValueError(f"the rotary key size dr must be even (rotary positions turn pairs of "
+                         f"columns), got {rope_head_dim}")
+    rows = {"MHA": n_heads}
+    if (grouped := grouped_kv_heads(n_heads)) is not None:
+        rows["GQA"] = grouped
+    rows["MQA"] = 1
+    sizes = {kind: kv_cache_bytes(n_layers, None, 1, dtype_bytes=dtype_bytes, n_kv_heads=kv,
+                                  head_dim=head_dim) for kind, kv in rows.items()}
+    sizes["MLA"] = latent_cache_bytes(n_layers, latent_dim, rope_head_dim, 1,
+                                      dtype_bytes=dtype_bytes)
+    return sizes
+
+
+def draw_bytes_per_token(ax, labels, values, kinds, title: str = "",
+                         compare_to_first: bool = True) -> None:
+    """Horizontal bars of bytes per token on a log scale (notebook 16), one colour per kind
+    ('MHA', 'GQA', 'MQA', 'MLA'), each bar labelled with its bytes and, with
+    compare_to_first, with how many times less than the first bar it caches."""
+    if not (len(labels) == len(values) == len(kinds)) or not labels:
+        raise ValueError(f"need as many labels, values and kinds, at least one each; got "
+                         f"{len(labels)}, {len(values)}, {len(kinds)}")
+    if any(value <= 0 for value in values):
+        raise ValueError(f"bytes per token must be positive for a log scale, got {values}")
+    unknown = set(kinds) - set(KIND_COLORS)
+    if unknown:
+        raise ValueError(f"kinds must be among {list(KIND_COLORS)}, got {sorted(unknown)}")
+    ax.clear()
+    positions = range(len(labels))
+    ax.barh(positions, values, color=[KIND_COLORS[k] for k in kinds], edgecolor="black",
+            linewidth=0.5)
+    for y, value in zip(positions, values):
+        ratio = values[0] / value
+        note = f"  ({ratio:,.1f}x less)" if compare_to_first and y > 0 else ""
+        ax.text(value, y, f" {value:,}{note}", va="center", fontsize=9)
+    ax.set_yticks(list(positions), labels)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(min(values) / 2, max(values) * (40 if compare_to_first else 8))
+    ax.set_xlabel("bytes one token adds to the cache, all layers (log scale)")
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _kind_label(kind: str, kv_heads: int | None, latent_dim: int, rope_head_dim: int) -> str:
+    if kind == "MLA":
+        return f"MLA, latent {latent_dim} + rotary {rope_head_dim}"
+    return f"{kind}, {kv_heads} K/V head{'s' if kv_heads != 1 else ''}"
+
+
+def latent_cache_calculator(preset: str = "DeepSeek-V2", latent_dim: int | None = None,
+                            rope_head_dim: int | None = None):
+    """Bytes per token of a latent against MHA, GQA and MQA, for a published model's shapes.
+
+    The preset gives the layers, query heads and head size (for DeepSeek-V2 and V3, the
+    heads that latent attention rebuilds); latent_dim and rope_head_dim default to the
+    preset's own (512 and 64 for DeepSeek), or to DeepSeek's proportions, 4 x and 1/2 x the
+    head size, for models without latent attention. Choosing a preset with a latent of its
+    own brings its sizes; choosing another keeps the sizes typed. Numbers in BF16.
+
+    Returns a VBox with what the tests use: ``controls`` ({"preset", "latent_dim",
+    "rope_head_dim"}), ``status`` and ``message`` (HTML; bad input is explained in the
+    message line), ``figure``, and ``state["sizes"]`` (the bytes on show, from
+    bytes_per_token).
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
+
+    def defaults(model):
+        if model.latent_dim is not None:
+            return model.latent_dim, model.rope_head_dim
+        return 4 * model.head_dim, model.head_dim // 4 * 2   # 512 and 64 for heads of 128
+
+    start_dc, start_dr = defaults(PRESETS[preset])
+    style = {"description_width": "150px"}
+    controls = {
+        "preset": widgets.Dropdown(options=list(PRESETS), value=preset, description="shapes of",
+                                   style=style, layout=widgets.Layout(width="440px")),
+        "latent_dim": widgets.IntText(value=start_dc if latent_dim is None else latent_dim,
+                                      description="latent size dc", style=style,
+                                      layout=widgets.Layout(width="260px")),
+        "rope_head_dim": widgets.IntText(
+            value=start_dr if rope_head_dim is None else rope_head_dim,
+            description="rotary key size dr", style=style,
+            layout=widgets.Layout(width="260px")),
     }
     status, message = widgets.HTML(), widgets.HTML()
-    live = LiveFigure(figsize=(11, 5.2), n_axes=2, gridspec_kw={"width_ratios": [1, 1.25]})
-    state = {}
+    live = LiveFigure(figsize=(9, 2.8))
+    # fixed margins: tight_layout would measure every log-scale tick label on each change
+    live.figure.subplots_adjust(left=0.25, right=0.98, bottom=0.2, top=0.88)
+    state = {"loading": False}
+
+    def on_preset(change):
+        # a preset with its own latent brings its dc and dr; redraw once, after both are set
+        model = PRESETS.get(change["new"])
+        if model is None or model.latent_dim is None:
+            return
+        state["loading"] = True
+        try:
+            controls["latent_dim"].value = model.latent_dim
+            controls["rope_head_dim"].value = model.rope_head_dim
+        finally:
+            state["loading"] = False
 
     def redraw(*_):
-        W, s, n = (int(sliders[name].value) for name in ("window", "sinks", "tokens"))
-        _, cache = window_cache(params, ids[:n], W, s)    # a bad W + s raises, in words
-        contents = ring_contents(cache)
-        full_bytes = kvlib.config_cache_bytes(params.config, n)
-        state.update(cache=cache, contents=contents, nbytes=cache.nbytes,
-                     full_bytes=full_bytes)
-        draw_window_mask(live.axes[0], n, W, s)
-        draw_ring(live.axes[1], contents, s, newest=n - 1, next_slot=ring_slot(n, W, s),
-                  title=f"The ring after {n} tokens: {s} sink slot{'s' * (s != 1)} "
-                        f"+ {W} window slots")
-        held = cache.key_positions()
-        config = cache.config
-        status.value = (
-            f"After {n} tokens the ring holds {len(held)} positions: "
-            f"{_ranges(held)}. Position {n} will go to slot "
-            f"{ring_slot(n, W, s)}.<br>"
-            f"cache.nbytes = 2 (K, V) x {config.n_layers} layers x {len(held)} rows x "
-            f"{config.kv_width} numbers x {config.numpy_dtype.itemsize} bytes = "
-            f"<b>{cache.nbytes:,} bytes</b>; a full cache of {n} positions: "
-            f"{full_bytes:,} bytes.")
-        if not state.get("laid_out"):        # once: the labels keep their places, and a
-            live.figure.tight_layout()       # layout pass is most of the time of a redraw
-            state["laid_out"] = True
+        if state["loading"]:
+            return
+        model = PRESETS[controls["preset"].value]
+        dc, dr = controls["latent_dim"].value, controls["rope_head_dim"].value
+        sizes = bytes_per_token(model.n_layers, model.n_heads, model.head_dim, dc, dr)
+        state["sizes"] = sizes
+        kv_heads = {"MHA": model.n_heads, "GQA": grouped_kv_heads(model.n_heads), "MQA": 1}
+        labels = [_kind_label(kind, kv_heads.get(kind), dc, dr) for kind in sizes]
+        draw_bytes_per_token(live.ax, labels, list(sizes.values()), list(sizes),
+                             title=f"{model.name}'s shapes: {model.n_layers} layers, "
+                                   f"{model.n_heads} heads of {model.head_dim}, BF16")
         live.show()
+        mla, mha = sizes["MLA"], sizes["MHA"]
+        equivalent = (dc + dr) / (2 * model.head_dim)
+        context = model.context_length
+        status.value = "<br>".join([
+            f"MLA caches {model.n_layers} layers x ({dc} + {dr}) numbers x 2 bytes = "
+            f"<b>{mla:,} bytes a token</b>: {mha / mla:,.1f} times less than MHA "
+            f"({mha:,}), as much as GQA with {equivalent:,.2f} K/V heads of "
+            f"{model.head_dim}.",
+            f"At {context:,} tokens (the context length): {mla * context / GiB:,.2f} GiB "
+            f"against {mha * context / GiB:,.2f} GiB with MHA.",
+            f"<small>{html.escape(model.name)} itself uses {html.escape(model.attention)}. "
+            f"Source: {html.escape(model.source)}</small>",
+        ])
 
-    box = explorer(live, sliders, status, message, redraw, state)
-    box.window, box.sinks, box.tokens = sliders["window"], sliders["sinks"], sliders["tokens"]
-    box.axes, box.live = live.axes, live
-    return box
-
-
-def _ranges(positions) -> str:
-    """Positions as runs: [0, 1, 5, 6, 7] -> '0-1, 5-7'."""
-    runs: list[list[int]] = []
-    for position in (int(p) for p in positions):
-        if runs and position == runs[-1][1] + 1:
-            runs[-1][1] = position
-        else:
-            runs.append([position, position])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    controls["preset"].observe(on_preset, names="value")   # before explorer's redraw
+    return explorer(live, controls, status, message, redraw, state)

@@ -1,366 +1,363 @@
-"""Notebook 17: the paged KV cache, drawn: a pool of blocks coloured by the sequence that
-holds them, each sequence's block table, the gather that attention reads, and memory over
-time against what contiguous caches would reserve.
+"""Notebook 17: sliding windows and attention sinks, drawn.
 
-``pool_explorer()`` runs a kvlib.serving.PoolTimeline one step per click: requests arrive,
-take blocks as their tokens arrive and give them back when they finish; "Fork" makes a
-second sample of a running sequence that shares its blocks until a write copies one.
+The pictures (each draws into a given Axes, cleared first):
+
+- draw_window_mask: which key each query sees with a window of W and s sinks: in the
+  window, a sink, fallen out of the window, or in the future;
+- draw_ring: the ring buffer of a SlidingWindowCache, one box per slot with the position it
+  holds;
+- draw_cache_bytes: bytes held against tokens seen, a full cache against the ring;
+- draw_reach: which earlier tokens can change the last token's output, by number of layers;
+- draw_window_losses: held-out loss beyond the window against W, for each choice of cache;
+- draw_loss_by_position: the loss of each prediction along the sequence.
+
+The widget, ``window_explorer()``: sliders for W, sink_tokens and the tokens seen; it
+prefills a real SlidingWindowCache and shows its mask, its slots and its bytes.
 """
 
 from __future__ import annotations
 
-import html
+from numbers import Integral
 
 import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.collections import PatchCollection
-from matplotlib.patches import ConnectionPatch, Rectangle
+from matplotlib.colors import BoundaryNorm, ListedColormap
+from matplotlib.patches import Patch, Rectangle
 
 import kvlib
-from kvlib.serving import PoolTimeline, Request, request_mix
+from kvlib import plots
 
-from .base import LiveFigure, safely
+from .base import LiveFigure, explorer
 
-# Okabe and Ito's colour-blind-safe palette (without black, which hides the labels); a
-# request and its forks share a colour, and every block also carries the sequence's name
-OWNER_COLORS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
-FREE_COLOR = "#eeeeee"
-POOL_COLUMNS = 8
-
-
-def owner_color(name: str) -> str:
-    """The colour of a sequence: PoolTimeline's request names (A, B, ..., Z, A1, ...) take
-    the palette in order, and forks (A.1, A.2) share their request's colour; any other name
-    gets a colour fixed by its characters."""
-    family = str(name).split(".")[0]
-    letter, lap = family[:1], family[1:]
-    if letter.isascii() and letter.isupper() and (lap == "" or lap.isdigit()):
-        index = ord(letter) - ord("A") + 26 * int(lap or 0)
-    else:
-        index = sum(map(ord, family))
-    return OWNER_COLORS[index % len(OWNER_COLORS)]
+FUTURE, DROPPED, SINK, IN_WINDOW = 0, 1, 2, 3
+VISIBILITY_NAMES = {FUTURE: "after the query (causal)", DROPPED: "fell out of the window",
+                    SINK: "sink (kept for good)", IN_WINDOW: "in the window"}
+_VIRIDIS = plt.get_cmap(plots.COLORMAP)
+VISIBILITY_COLORS = {FUTURE: "#ffffff", DROPPED: plots.MASKED_COLOR, SINK: _VIRIDIS(0.25),
+                     IN_WINDOW: _VIRIDIS(0.75)}
+EMPTY_SLOT = -1
+FULL_COLOR = _VIRIDIS(0.25)
+RING_COLOR = _VIRIDIS(0.75)
+SEQUENCE_SEED = 16
+MAX_TOKENS = 64
 
 
-def block_owners(block_tables: dict, lengths: dict, block_size: int) -> dict:
-    """For each block in use: (owner names, positions filled). A shared block lists every
-    sequence whose table holds it; it is as full as the fullest of them."""
-    owners = {}
-    for name, table in block_tables.items():
-        for index, block in enumerate(table):
-            names, filled = owners.get(block, ((), 0))
-            used = min(block_size, lengths[name] - index * block_size)
-            owners[block] = (names + (name,), max(filled, used))
-    return owners
+# ------------------------------------------------------------------------------- the mask
+
+def visibility(n_positions: int, window: int | None, sink_tokens: int = 0) -> np.ndarray:
+    """What each query sees (notebook 17): (n, n) ints, one of FUTURE, DROPPED, SINK,
+    IN_WINDOW per (query, key). The keys a query attends to, SINK and IN_WINDOW, are
+    exactly kvlib.attention_mask(positions, positions, window, sink_tokens)."""
+    positions = np.arange(n_positions)
+    causal = kvlib.attention_mask(positions, positions)
+    seen = kvlib.attention_mask(positions, positions, window, sink_tokens)
+    kinds = np.where(seen, IN_WINDOW, np.where(causal, DROPPED, FUTURE))
+    return np.where(seen & (positions < sink_tokens)[None, :], SINK, kinds)
 
 
-def _wipe(ax) -> None:
-    """Remove what an earlier draw put on ax, keeping its axis settings: much faster than
-    ax.clear(), which rebuilds the ticks, so that a widget redraws at once."""
-    for artist in [*ax.patches, *ax.texts, *ax.collections, *ax.lines]:
-        artist.remove()
+def _sinks(n: int) -> str:
+    return f"{n} sink" if n == 1 else f"{n} sinks"
 
 
-def _rectangles(ax, rectangles, **options):
-    """Many rectangles as one PatchCollection (one artist to draw, not hundreds)."""
-    if rectangles:
-        ax.add_collection(PatchCollection(rectangles, **options), autolim=False)
+def _tick_step(n: int) -> int:
+    return 1 if n <= 16 else 4 if n <= 40 else 8
 
 
-def draw_pool(ax, n_blocks: int, block_size: int, block_tables: dict, lengths: dict,
-              copied=(), title: str | None = None, columns: int = POOL_COLUMNS):
-    """The pool as a grid of blocks (notebook 17), each cut into block_size slots: the
-    filled slots in the owner's colour, shared blocks hatched with their reference count
-    ("x2"), free blocks grey, blocks just made by copy-on-write outlined in black.
+def draw_window_mask(ax, n_positions: int, window: int | None, sink_tokens: int = 0,
+                     title: str | None = None, labels=None):
+    """The mask of a window of W with sink_tokens sinks over n positions (notebook 17), as
+    an image: rows are queries, columns keys, one colour per kind of cell (visibility).
+    labels: optional token labels (n of them); without, positions are written. The last
+    query row, the newest token, is outlined."""
+    kinds = visibility(n_positions, window, sink_tokens)
+    ax.clear()
+    colors = ListedColormap([VISIBILITY_COLORS[k] for k in sorted(VISIBILITY_COLORS)])
+    norm = BoundaryNorm(np.arange(-0.5, 4.5), colors.N)
+    ax.imshow(kinds, cmap=colors, norm=norm, interpolation="nearest")
+    step = _tick_step(n_positions)
+    ticks = np.arange(0, n_positions, step)
+    names = ticks if labels is None else [labels[i] for i in ticks]
+    ax.set_xticks(ticks, names, rotation=90 if labels is not None else 0)
+    ax.set_yticks(ticks, names)
+    ax.xaxis.tick_top()
+    ax.xaxis.set_label_position("top")
+    ax.set_xlabel("key position (attended to)")
+    ax.set_ylabel("query position (attending)")
+    ax.add_patch(Rectangle((-0.5, n_positions - 1.5), n_positions, 1, fill=False,
+                           edgecolor="black", lw=1.5))
+    shown = [k for k in (IN_WINDOW, SINK, DROPPED, FUTURE) if (kinds == k).any()]
+    ax.legend(handles=[Patch(facecolor=VISIBILITY_COLORS[k], edgecolor="#888888",
+                             label=VISIBILITY_NAMES[k]) for k in shown],
+              loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, frameon=False,
+              fontsize=8)
+    where = "full attention" if window is None else f"window W = {window}, {_sinks(sink_tokens)}"
+    ax.set_title(title or f"Which keys each query sees ({where})", pad=24)
+    return ax
 
-    block_tables: {name: [block ids]}; lengths: {name: positions held}. The label above
-    block b (its owners, or "free") is a text with gid "block b", so that tests can read
-    the pool back. Returns ax.
-    """
-    _wipe(ax)
-    owners = block_owners(block_tables, lengths, block_size)
-    rows = -(-n_blocks // columns)
-    slot = 0.9 / block_size
-    plain, plain_colors, hatched, hatched_colors, outlines, widths = [], [], [], [], [], []
-    for block in range(n_blocks):
-        x, y = block % columns, rows - 1 - block // columns
-        names, filled = owners.get(block, ((), 0))
-        color = owner_color(names[0]) if names else FREE_COLOR
-        for position in range(block_size):
-            rectangle = Rectangle((x + position * slot, y), slot, 0.62)
-            if len(names) > 1 and position < filled:
-                hatched.append(rectangle)
-                hatched_colors.append(color)
-            else:
-                plain.append(rectangle)
-                plain_colors.append(color if position < filled or not names else "white")
-        outlines.append(Rectangle((x, y), 0.9, 0.62))
-        widths.append(2.4 if block in copied else 0.8)
-        if len(names) > 1:
-            label = f"shared x{len(names)}"
+
+# ---------------------------------------------------------------------------- the ring
+
+def ring_slot(position: int, window: int, sink_tokens: int = 0) -> int:
+    """The row of a SlidingWindowCache where position p is written (notebook 17): p itself
+    for a sink, sink_tokens + (p - sink_tokens) % W for the others. The same rule as
+    kvlib.SlidingWindowCache (tests/test_lesson17.py reads the cache's buffer to check)."""
+    if position < sink_tokens:
+        return int(position)
+    return int(sink_tokens + (position - sink_tokens) % window)
+
+
+def ring_contents(cache: kvlib.SlidingWindowCache) -> np.ndarray:
+    """The position each slot of a ring holds now (notebook 17): (sink_tokens + W,) ints,
+    EMPTY_SLOT (-1) for a slot nothing was written to yet."""
+    if not isinstance(cache, kvlib.SlidingWindowCache):
+        raise TypeError(f"ring_contents reads a kvlib.SlidingWindowCache, "
+                        f"got {type(cache).__name__}")
+    contents = np.full(cache.sink_tokens + cache.window, EMPTY_SLOT)
+    for position in cache.key_positions():
+        contents[ring_slot(int(position), cache.window, cache.sink_tokens)] = position
+    return contents
+
+
+def draw_ring(ax, contents, sink_tokens: int, newest: int | None = None,
+              next_slot: int | None = None, title=None):
+    """A ring buffer as a row of boxes (notebook 17): contents (slots,) the position in each
+    slot (EMPTY_SLOT for none), the first sink_tokens slots drawn as sinks, the slot holding
+    `newest` highlighted, and the slot the next position will be written to outlined with
+    a dashed line. Returns the Axes."""
+    contents = np.asarray(contents)
+    ax.clear()
+    for slot, position in enumerate(contents):
+        if position == EMPTY_SLOT:
+            color = "#ffffff"
+        elif position == newest:
+            color = plots.NEW_ROWS_COLOR
+        elif slot < sink_tokens:
+            color = VISIBILITY_COLORS[SINK]
         else:
-            label = names[0] if names else "free"
-        ax.text(x + 0.45, y + 0.68, label, ha="center", va="bottom", fontsize=7,
-                color="black" if names else "#888888", gid=f"block {block}")
-        ax.text(x + 0.02, y - 0.05, str(block), ha="left", va="top", fontsize=6,
-                color="#333333")
-    _rectangles(ax, plain, facecolors=plain_colors, edgecolors="#aaaaaa", linewidths=0.4)
-    _rectangles(ax, hatched, facecolors=hatched_colors, edgecolors="#555555",
-                linewidths=0.4, hatch="///")
-    _rectangles(ax, outlines, facecolors="none", linewidths=widths,
-                edgecolors=["black" if w > 1 else "#555555" for w in widths])
-    ax.set_xlim(-0.1, columns)
-    ax.set_ylim(-0.25, rows)
+            color = VISIBILITY_COLORS[IN_WINDOW]
+        ax.add_patch(Rectangle((slot, 0), 1, 1, facecolor=color, edgecolor="black", lw=1))
+        text = "-" if position == EMPTY_SLOT else str(int(position))
+        text_color = "white" if slot < sink_tokens and position not in (EMPTY_SLOT, newest) \
+            else "black"
+        ax.text(slot + 0.5, 0.5, text, ha="center", va="center", color=text_color,
+                fontsize=9 if len(contents) <= 12 else 7)
+    if sink_tokens:
+        ax.axvline(sink_tokens, color="black", lw=3)
+    if next_slot is not None:
+        ax.add_patch(Rectangle((next_slot + 0.06, 0.06), 0.88, 0.88, fill=False, ls="--",
+                               edgecolor="#d62728", lw=1.5, label="next write"))
+    ax.set_xlim(0, max(len(contents), 1))
+    ax.set_ylim(-0.1, 1.1)
     ax.set_aspect("equal")
-    ax.axis("off")
-    ax.set_title(title or f"The pool: {n_blocks} blocks of {block_size} positions "
-                          "(block id below each)", fontsize=10)
+    ax.set_yticks([])
+    ax.set_xticks(np.arange(len(contents)) + 0.5, np.arange(len(contents)),
+                  fontsize=9 if len(contents) <= 12 else 7)
+    ax.set_xlabel("slot (row of the buffer); the number in a box is the position it holds")
+    legend = [Patch(facecolor=plots.NEW_ROWS_COLOR, edgecolor="black", label="newest"),
+              Patch(facecolor=VISIBILITY_COLORS[IN_WINDOW], edgecolor="black",
+                    label="window")]
+    if sink_tokens:
+        legend.append(Patch(facecolor=VISIBILITY_COLORS[SINK], edgecolor="black",
+                            label="sink"))
+    if next_slot is not None:
+        legend.append(Patch(fill=False, ls="--", edgecolor="#d62728", label="next write"))
+    ax.legend(handles=legend, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4,
+              frameon=False, fontsize=8)
+    ax.set_title(title or "The ring buffer", pad=24)
     return ax
 
 
-def draw_block_tables(ax, block_tables: dict, lengths: dict, block_size: int,
-                      common_blocks=(), title: str = "Block tables"):
-    """One row per sequence: its name and length, then its block table as cells holding
-    block ids, in the sequence's colour (common_blocks, held by several tables, hatched).
-    The ids are texts with gid "table <name>", so that tests can read the tables back.
-    Returns ax."""
-    _wipe(ax)
-    names = list(block_tables)
-    width = max([len(t) for t in block_tables.values()] + [1])
-    plain, plain_colors, hatched, hatched_colors = [], [], [], []
-    for row, name in enumerate(names):
-        y = len(names) - 1 - row
-        ax.text(-0.2, y + 0.35, f"{name} ({lengths[name]})", ha="right", va="center",
-                fontsize=8)
-        for index, block in enumerate(block_tables[name]):
-            rectangle = Rectangle((index, y), 0.9, 0.7)
-            if block in common_blocks:
-                hatched.append(rectangle)
-                hatched_colors.append(owner_color(name))
-            else:
-                plain.append(rectangle)
-                plain_colors.append(owner_color(name))
-            ax.text(index + 0.45, y + 0.35, str(block), ha="center", va="center",
-                    fontsize=8, gid=f"table {name}")
-    _rectangles(ax, plain, facecolors=plain_colors, edgecolors="#555555", linewidths=0.6)
-    _rectangles(ax, hatched, facecolors=hatched_colors, edgecolors="#555555",
-                linewidths=0.6, hatch="///")
-    if not names:
-        ax.text(0.5, 0.5, "no sequence holds blocks", ha="center", va="center", fontsize=9)
-    ax.set_xlim(-3.2, max(width, 1))
-    ax.set_ylim(-0.3, max(len(names), 1))
-    ax.set_aspect("equal")
-    ax.axis("off")
-    ax.set_title(f"{title} (entry i: positions {block_size}i to {block_size}i + "
-                 f"{block_size - 1})", fontsize=10)
+# ------------------------------------------------------------------------------ memory
+
+def draw_cache_bytes(ax, tokens, full_bytes, ring_bytes, window: int, sink_tokens: int = 0):
+    """Bytes held against tokens seen (notebook 17): the full cache's line keeps rising, the
+    ring's stops at sink_tokens + W positions. tokens, full_bytes, ring_bytes: equal-length
+    sequences."""
+    ax.clear()
+    ax.plot(tokens, full_bytes, color=FULL_COLOR, marker=".", label="full cache (KVCache)")
+    ax.plot(tokens, ring_bytes, color=RING_COLOR, marker=".", lw=2.5,
+            label=f"ring buffer (SlidingWindowCache, W = {window}, {_sinks(sink_tokens)})")
+    ax.annotate(f"stops at sinks + W = {window + sink_tokens} rows a layer",
+                (tokens[-1], ring_bytes[-1]), xytext=(0, 8), textcoords="offset points",
+                ha="right", va="bottom", fontsize=8, color="#333333")
+    ax.set_xlabel("tokens seen (prompt + generated)")
+    ax.set_ylabel("bytes held by the cache (cache.nbytes)")
+    ax.set_title("Memory: the full cache grows, the ring stays flat")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
     return ax
 
 
-def draw_gather(figure, n_blocks: int, block_size: int, block_tables: dict, lengths: dict,
-                reader: str):
-    """The gather attention does (notebook 17), drawn into `figure` (cleared first): left
-    the pool, middle the block tables, right `reader`'s keys as attention sees them, one
-    row per position, with an arrow from each block it reads. Returns (pool ax, tables ax,
-    gathered ax)."""
-    if reader not in block_tables:
-        raise ValueError(f"no sequence {reader!r}; the tables are for {list(block_tables)}")
-    figure.clear()
-    grid = figure.add_gridspec(1, 3, width_ratios=[2.6, 1.6, 0.7], wspace=0.3)
-    pool_ax, table_ax, rows_ax = (figure.add_subplot(grid[0, i]) for i in range(3))
-    shared = {b for b, (names, _) in block_owners(block_tables, lengths, block_size).items()
-              if len(names) > 1}
-    draw_pool(pool_ax, n_blocks, block_size, block_tables, lengths)
-    draw_block_tables(table_ax, block_tables, lengths, block_size, shared)
-    table, n = block_tables[reader], lengths[reader]
-    for position in range(n):
-        block, row = table[position // block_size], position % block_size
-        y = n - 1 - position
-        rows_ax.add_patch(Rectangle((0, y), 1, 0.9, facecolor=owner_color(reader),
-                                    edgecolor="#555555", lw=0.5))
-        rows_ax.text(1.1, y + 0.45, f"p{position}: block {block}, row {row}", va="center",
-                     fontsize=6, gid="gathered")
-    rows_ax.set_xlim(0, 4.2)
-    rows_ax.set_ylim(-0.2, n)
-    rows_ax.axis("off")
-    rows_ax.set_title(f"{reader}'s K rows,\ngathered in order", fontsize=10)
-    columns = POOL_COLUMNS
-    pool_rows = -(-n_blocks // columns)
-    for index, block in enumerate(table):
-        top = n - index * block_size
-        figure.add_artist(ConnectionPatch(
-            xyA=(block % columns + 0.9, pool_rows - 1 - block // columns + 0.31),
-            coordsA=pool_ax.transData, xyB=(0, top - 0.5), coordsB=rows_ax.transData,
-            arrowstyle="->", color=owner_color(reader), lw=1.0, alpha=0.8, gid="gather"))
-    return pool_ax, table_ax, rows_ax
+# ----------------------------------------------------------------------- receptive field
 
-
-def plot_memory_table(axes, rows, unit: int = 2**20, unit_name: str = "MiB"):
-    """Two panels from memory_plan.memory_table rows (notebook 17): left, memory against
-    block size, paged (used and waste) beside the contiguous reservation; right, block
-    table entries (separate blocks gathered per layer per decode step). Returns axes."""
-    left, right = axes
-    sizes = [row.block_size for row in rows]
-    x = np.arange(len(rows))
-    used = np.array([row.used_bytes for row in rows]) / unit
-    paged = np.array([row.paged_bytes for row in rows]) / unit
-    left.clear()
-    left.bar(x, used, color="#21918c", label="tokens written")
-    left.bar(x, paged - used, bottom=used, color="#fde725", label="paged: empty slots")
-    left.axhline(rows[0].reserved_bytes / unit, color="#440154", ls="--",
-                 label="contiguous: reserved for max length")
-    left.set_xticks(x, [str(s) for s in sizes])
-    left.set_xlabel("block size (positions)")
-    left.set_ylabel(unit_name)
-    left.set_title("Memory held for the same requests")
-    left.legend(fontsize=8, loc="center right")
-    right.clear()
-    right.bar(x, [row.block_table_entries for row in rows], color="#3b528b")
-    right.set_yscale("log")
-    right.set_xticks(x, [str(s) for s in sizes])
-    right.set_xlabel("block size (positions)")
-    right.set_ylabel("block table entries (log scale)")
-    right.set_title("Blocks gathered per layer and decode step")
-    return axes
-
-
-def plot_timeline(ax, history, bytes_per_position: int, unit: int = 1024,
-                  unit_name: str = "KiB"):
-    """Memory over the steps of a PoolTimeline (notebook 17): tokens written, blocks taken,
-    what contiguous caches would reserve for the same running sequences, and the pool's
-    size. Returns ax."""
-    _wipe(ax)
-    if ax.get_legend() is not None:
-        ax.get_legend().remove()
-    steps = [s.step for s in history]
-
-    def line(values):
-        return np.array(values) * bytes_per_position / unit
-
-    ax.step(steps, line([s.used_positions for s in history]), where="post", color="#21918c",
-            label="tokens written")
-    ax.step(steps, line([s.paged_positions for s in history]), where="post", color="#3b528b",
-            label="paged: blocks taken")
-    ax.step(steps, line([s.reserved_positions for s in history]), where="post",
-            color="#440154", ls="--", label="contiguous reserve")
-    ax.axhline(history[0].pool_positions * bytes_per_position / unit, color="#b5a300",
-               ls=":", label="pool size")
-    ax.relim()
-    ax.autoscale_view()
-    ax.set_xlabel("step")
-    ax.set_ylabel(f"cache memory ({unit_name})")
-    ax.set_title("Memory over time")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+def draw_reach(ax, changes, layer_counts, window: int):
+    """Which earlier tokens reach the last output (notebook 17): changes (len(layer_counts),
+    D) the largest change of the last row of logits when the token d positions back is
+    replaced, for models of 1, 2, ... layers. Cells with no change at all are drawn grey;
+    the others coloured by log10 of the change. The line after each row's reach marks
+    L x (W - 1)."""
+    changes = np.asarray(changes, dtype=float)
+    ax.clear()
+    shown = np.ma.masked_less_equal(changes, 0.0)
+    cmap = _VIRIDIS.with_extremes(bad=plots.MASKED_COLOR)
+    with np.errstate(divide="ignore"):
+        image = ax.imshow(np.ma.log10(shown), cmap=cmap, aspect="auto",
+                          interpolation="nearest")
+    for row, layers in enumerate(layer_counts):
+        reach = layers * (window - 1)
+        ax.plot([reach + 0.5] * 2, [row - 0.5, row + 0.5], color="black", lw=2)
+    ax.set_yticks(range(len(layer_counts)), [f"{n} layer{'s' * (n > 1)}" for n in layer_counts])
+    ax.set_xlabel("how far before the last token the replaced token is (positions)")
+    ax.set_title(f"Window W = {window}: what a replaced token changes in the last output\n"
+                 "(grey: exactly nothing; black line: L x (W - 1) back)")
+    ax.figure.colorbar(image, ax=ax, label="log10 of the largest logit change")
     return ax
 
 
-def demo_requests() -> list[Request]:
-    """The widget's requests: a seeded mix for the toy model's 32-token context."""
-    return request_mix(10, 32, seed=0, mean_gap=1.5, shortest=3)
+# ---------------------------------------------------------------------------- the loss
+
+def draw_window_losses(ax, windows, losses: dict, full_loss: float, title: str | None = None):
+    """Held-out loss beyond the window against W (notebook 17): losses maps a label
+    ("window only", "window + 4 sinks", ...) to one loss per window; the full cache's loss
+    is a dashed line."""
+    ax.clear()
+    markers = "osD^v"
+    for index, (label, values) in enumerate(losses.items()):
+        ax.plot(windows, values, marker=markers[index % len(markers)],
+                color=_VIRIDIS(0.15 + 0.7 * index / max(len(losses) - 1, 1)), label=label)
+    ax.axhline(full_loss, color="black", ls="--", lw=1, label="full cache")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(windows), [str(w) for w in windows])
+    ax.set_xlabel("window W (positions)")
+    ax.set_ylabel("held-out loss (nats per token)")
+    ax.set_title(title or "Loss beyond the window, same weights")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
 
 
-def pool_explorer(params=None, n_blocks: int = 24, block_size: int = 4, requests=None,
-                  seed: int = 0):
-    """Requests served step by step from one pool of blocks (notebook 17).
+def draw_loss_by_position(ax, curves: dict, window: int, smoothing: int = 8):
+    """Next-token loss against the position of the predicted token (notebook 17): curves
+    maps a label to the mean loss of each prediction (T - 1,), the prediction at index i
+    being of token i + 1; each curve is averaged over `smoothing` neighbours. A dashed line
+    marks the window: before it nothing has been forgotten."""
+    ax.clear()
+    kernel = np.ones(smoothing) / smoothing
+    for index, (label, curve) in enumerate(curves.items()):
+        smooth = np.convolve(np.asarray(curve, dtype=float), kernel, mode="valid")
+        first = 1 + smoothing // 2            # the predicted token of the window's middle
+        ax.plot(np.arange(first, first + len(smooth)), smooth, label=label,
+                color=_VIRIDIS(0.8 * index / max(len(curves) - 1, 1)))
+    ax.axvline(window, color="#888888", ls="--", lw=1)
+    ax.set_xlabel("position of the predicted token")
+    ax.set_ylabel(f"loss (nats), mean over {smoothing} positions")
+    ax.set_title(f"Where the loss comes from: W = {window}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
 
-    Returns a VBox with what the tests use: ``next_step`` (Button "Next step"), ``fork``
-    (Button "Fork") with ``fork_of`` (Dropdown of the running sequences), ``reset``
-    (Button "Reset"), ``block_size`` (Dropdown: the pool is rebuilt with the same memory),
-    ``status`` (HTML: step, sequences, bytes in use against a contiguous reservation),
-    ``events`` (HTML: what the last step did), ``check`` (HTML: every sequence's K and V,
-    read through its block table, against a contiguous cache of its tokens), ``message``
-    (HTML: a refused action in words), ``figure``, ``controls`` and ``timeline()``.
+
+# ------------------------------------------------------------------------------ widget
+
+def _whole(name: str, value, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+    return int(value)
+
+
+def example_model(context_length: int = MAX_TOKENS) -> kvlib.Params:
+    """The model of notebook 17: the toy with rotary positions (notebook 14), so that a
+    window can slide as far as the context length allows."""
+    return kvlib.init_params(kvlib.ModelConfig(positions="rotary",
+                                               context_length=context_length))
+
+
+def example_sequence(n_tokens: int = MAX_TOKENS, vocab_size: int = 12) -> list[int]:
+    """A seeded sequence of token ids, BOS first: the long input of notebook 17's widget."""
+    rng = np.random.default_rng(SEQUENCE_SEED)
+    return [0] + rng.integers(1, vocab_size, n_tokens - 1).tolist()
+
+
+def window_cache(params: kvlib.Params, ids, window: int, sink_tokens: int):
+    """Prefill ids into a SlidingWindowCache of a window W with sink_tokens sinks, on the
+    same weights (notebook 17): -> (logits (T, V), cache)."""
+    return kvlib.prefill(params.with_config(window=window, sink_tokens=sink_tokens), ids)
+
+
+def window_explorer(params: kvlib.Params | None = None, window: int = 4,
+                    sink_tokens: int = 0, n_tokens: int = 20):
+    """Sliders for W, sink_tokens and the tokens seen (notebook 17): the mask over every
+    position so far, the ring buffer's slots with the positions they hold, and its bytes
+    beside a full cache's. Each change prefills a real SlidingWindowCache.
+
+    Returns a VBox with the attributes the tests use: ``window``, ``sinks``, ``tokens``
+    (IntSliders, also in ``controls``), ``status`` (HTML: what the ring holds and its bytes),
+    ``message`` (HTML: a combination that cannot be, in words), ``figure``, ``axes`` (mask,
+    ring) and ``state`` (the cache, its slots' contents and the bytes on show).
     """
-    params = kvlib.init_params() if params is None else params
-    requests = demo_requests() if requests is None else list(requests)
-    pool_positions = n_blocks * block_size
-    next_step = widgets.Button(description="Next step", button_style="primary")
-    fork = widgets.Button(description="Fork")
-    fork_of = widgets.Dropdown(options=[], description="sequence",
-                               layout=widgets.Layout(width="12em"))
-    reset = widgets.Button(description="Reset")
-    sizes = sorted({block_size, *(s for s in (1, 2, 4, 8, 16) if pool_positions % s == 0)})
-    size = widgets.Dropdown(options=sizes, value=block_size, description="block size",
-                            layout=widgets.Layout(width="12em"))
-    status, events, check, message = (widgets.HTML() for _ in range(4))
-    live = LiveFigure(figsize=(11, 6.4))
-    figure = live.figure
-    grid = figure.add_gridspec(2, 2, height_ratios=[1.25, 1], width_ratios=[1.5, 1],
-                               hspace=0.35, wspace=0.25, left=0.06, right=0.84)
-    figure.clear()
-    axes = {"pool": figure.add_subplot(grid[0, 0]), "tables": figure.add_subplot(grid[0, 1]),
-            "memory": figure.add_subplot(grid[1, :])}
+    params = example_model() if params is None else params
+    if not isinstance(params, kvlib.Params) or params.config.window is not None:
+        raise TypeError("window_explorer needs kvlib Params of a model without a window; "
+                        "it adds the window itself")
+    context = params.config.context_length
+    window = _whole("window", window, 1, min(16, context))
+    sink_tokens = _whole("sink_tokens", sink_tokens, 0, 4)
+    n_tokens = _whole("n_tokens", n_tokens, 1, min(MAX_TOKENS, context))
+    ids = example_sequence(min(MAX_TOKENS, context), params.config.vocab_size)
+    sliders = {
+        "window": widgets.IntSlider(value=window, min=1, max=min(16, context),
+                                    description="window W", continuous_update=False),
+        "sinks": widgets.IntSlider(value=sink_tokens, min=0, max=4, description="sinks",
+                                   continuous_update=False),
+        "tokens": widgets.IntSlider(value=n_tokens, min=1, max=len(ids),
+                                    description="tokens seen", continuous_update=False),
+    }
+    status, message = widgets.HTML(), widgets.HTML()
+    live = LiveFigure(figsize=(11, 5.2), n_axes=2, gridspec_kw={"width_ratios": [1, 1.25]})
     state = {}
-    per_position = kvlib.config_cache_bytes(params.config, 1)
 
-    def draw():
-        timeline = state["timeline"]
-        tables = timeline.block_tables()
-        lengths = {seq.name: len(seq.tokens) for seq in timeline.running}
-        allocator = timeline.allocator
-        shared = {b for b in range(allocator.n_blocks) if allocator.ref_counts[b] > 1}
-        draw_pool(axes["pool"], allocator.n_blocks, allocator.block_size, tables, lengths,
-                  copied=timeline.copied_blocks,
-                  title=f"The pool at step {timeline.step_number}: {allocator.n_used} of "
-                        f"{allocator.n_blocks} blocks in use")
-        draw_block_tables(axes["tables"], tables, lengths, allocator.block_size, shared)
-        plot_timeline(axes["memory"], timeline.history, per_position)
-        snapshot = timeline.history[-1]
-        fits = pool_positions // params.config.context_length
+    def redraw(*_):
+        W, s, n = (int(sliders[name].value) for name in ("window", "sinks", "tokens"))
+        _, cache = window_cache(params, ids[:n], W, s)    # a bad W + s raises, in words
+        contents = ring_contents(cache)
+        full_bytes = kvlib.config_cache_bytes(params.config, n)
+        state.update(cache=cache, contents=contents, nbytes=cache.nbytes,
+                     full_bytes=full_bytes)
+        draw_window_mask(live.axes[0], n, W, s)
+        draw_ring(live.axes[1], contents, s, newest=n - 1, next_slot=ring_slot(n, W, s),
+                  title=f"The ring after {n} tokens: {s} sink slot{'s' * (s != 1)} "
+                        f"+ {W} window slots")
+        held = cache.key_positions()
+        config = cache.config
         status.value = (
-            f"Step {timeline.step_number}: {len(timeline.running)} running, "
-            f"{len(timeline.waiting)} waiting, {len(timeline.finished)} finished of "
-            f"{len(requests)} requests; {timeline.preemptions} preemptions. "
-            f"Paged: {snapshot.paged_positions * per_position:,} bytes in "
-            f"{allocator.n_used} blocks for {snapshot.used_positions} positions. Contiguous "
-            f"caches of {params.config.context_length} positions would reserve "
-            f"{snapshot.reserved_positions * per_position:,} bytes for the same sequences; "
-            f"the pool's {pool_positions * per_position:,} bytes hold {fits} of them.")
-        if timeline.all_done:
-            status.value += " <b>Every request is done:</b> press Reset to start again."
-        events.value = ("Last step: " + html.escape("; ".join(timeline.events))
-                        if timeline.events else "Last step: nothing changed hands.")
-        difference = timeline.check()
-        check.value = ("Every running sequence's K and V, gathered through its block table, "
-                       f"equal a contiguous cache of its tokens (max difference "
-                       f"{'below 1e-10' if difference < 1e-10 else f'{difference:.1e}'})"
-                       if difference < 1e-10 else
-                       f"<b>A sequence's K and V differ from a contiguous cache</b> "
-                       f"(max difference {difference:.1e})")
-        fork_of.options = [seq.name for seq in timeline.running]
-        next_step.disabled = timeline.all_done
-        fork.disabled = not timeline.running
+            f"After {n} tokens the ring holds {len(held)} positions: "
+            f"{_ranges(held)}. Position {n} will go to slot "
+            f"{ring_slot(n, W, s)}.<br>"
+            f"cache.nbytes = 2 (K, V) x {config.n_layers} layers x {len(held)} rows x "
+            f"{config.kv_width} numbers x {config.numpy_dtype.itemsize} bytes = "
+            f"<b>{cache.nbytes:,} bytes</b>; a full cache of {n} positions: "
+            f"{full_bytes:,} bytes.")
+        if not state.get("laid_out"):        # once: the labels keep their places, and a
+            live.figure.tight_layout()       # layout pass is most of the time of a redraw
+            state["laid_out"] = True
         live.show()
 
-    def on_reset(*_):
-        state["timeline"] = PoolTimeline(params, requests, pool_positions // int(size.value),
-                                         int(size.value), seed=seed)
-        draw()
-
-    def on_step(_button):
-        if state["timeline"].all_done:
-            return
-        state["timeline"].step()
-        draw()
-
-    def on_fork(_button):
-        if fork_of.value is None:
-            raise ValueError("no sequence is running: press Next step until one has arrived")
-        state["timeline"].fork(fork_of.value)
-        draw()
-
-    reset_safely = safely(on_reset, message)
-    next_step.on_click(safely(on_step, message))
-    fork.on_click(safely(on_fork, message))
-    reset.on_click(reset_safely)
-    size.observe(reset_safely, names="value")
-    reset_safely()
-
-    box = widgets.VBox([widgets.HBox([next_step, fork, fork_of, reset, size]), status, events,
-                        check, message, live.output])
-    box.next_step, box.fork, box.fork_of, box.reset, box.block_size = (
-        next_step, fork, fork_of, reset, size)
-    box.status, box.events, box.check, box.message = status, events, check, message
-    box.figure, box.live, box.axes = figure, live, axes
-    box.controls = {"next_step": next_step, "fork": fork, "fork_of": fork_of, "reset": reset,
-                    "block_size": size}
-    box.timeline = lambda: state["timeline"]
+    box = explorer(live, sliders, status, message, redraw, state)
+    box.window, box.sinks, box.tokens = sliders["window"], sliders["sinks"], sliders["tokens"]
+    box.axes, box.live = live.axes, live
     return box
+
+
+def _ranges(positions) -> str:
+    """Positions as runs: [0, 1, 5, 6, 7] -> '0-1, 5-7'."""
+    runs: list[list[int]] = []
+    for position in (int(p) for p in positions):
+        if runs and position == runs[-1][1] + 1:
+            runs[-1][1] = position
+        else:
+            runs.append([position, position])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

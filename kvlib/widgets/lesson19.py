@@ -1,11 +1,10 @@
-"""Notebook 19: batched decoding and continuous batching, drawn.
+"""Notebook 19: the paged KV cache, drawn: a pool of blocks coloured by the sequence that
+holds them, each sequence's block table, the gather that attention reads, and memory over
+time against what contiguous caches would reserve.
 
-``draw_padded_caches(ax, lengths)`` draws a batch of caches padded on the left: each row a
-sequence, its real positions in the last columns, the padding hidden. ``draw_batch_roofline
-(ax, ...)`` draws tokens per second against the batch size, the roofline's prediction beside
-what was measured. ``draw_timelines(figure, static, continuous, now)`` draws two Gantt charts of
-one workload, under static and under continuous batching, and the batch occupancy of both;
-``timeline_explorer()`` is that figure with a slider through time and the workload's controls.
+``pool_explorer()`` runs a kvlib.serving.PoolTimeline one step per click: requests arrive,
+take blocks as their tokens arrive and give them back when they finish; "Fork" makes a
+second sample of a running sequence that shares its blocks until a write copies one.
 """
 
 from __future__ import annotations
@@ -14,312 +13,354 @@ import html
 
 import ipywidgets as widgets
 import numpy as np
-from matplotlib.collections import PolyCollection
-from matplotlib.colors import ListedColormap
-from matplotlib.patches import Rectangle
-from matplotlib.ticker import MaxNLocator, NullLocator
+from matplotlib.collections import PatchCollection
+from matplotlib.patches import ConnectionPatch, Rectangle
 
-from kvlib.serving import scheduler
+import kvlib
+from kvlib.serving import PoolTimeline, Request, request_mix
 
-from .base import LiveFigure, explorer
+from .base import LiveFigure, safely
 
-WAITING_COLOR = "#c7c7c7"      # light grey: arrived, not yet in the batch
-PREFILL_COLOR = "#3b528b"      # viridis blue: the step that prefilled it (its first token)
-DECODE_COLOR = "#5ec962"       # viridis green: one token a step
-STATIC_COLOR = "#e69f00"       # Okabe-Ito orange, told apart from the green with any vision
-CONTINUOUS_COLOR = "#21918c"   # viridis teal
-PAD_COLOR = "#f0f0f0"
-REAL_COLOR = "#21918c"
-NEW_COLOR = "#fde725"
+# Okabe and Ito's colour-blind-safe palette (without black, which hides the labels); a
+# request and its forks share a colour, and every block also carries the sequence's name
+OWNER_COLORS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
+FREE_COLOR = "#eeeeee"
+POOL_COLUMNS = 8
 
 
-# ------------------------------------------------------------------------------ plain figures
+def owner_color(name: str) -> str:
+    """The colour of a sequence: PoolTimeline's request names (A, B, ..., Z, A1, ...) take
+    the palette in order, and forks (A.1, A.2) share their request's colour; any other name
+    gets a colour fixed by its characters."""
+    family = str(name).split(".")[0]
+    letter, lap = family[:1], family[1:]
+    if letter.isascii() and letter.isupper() and (lap == "" or lap.isdigit()):
+        index = ord(letter) - ord("A") + 26 * int(lap or 0)
+    else:
+        index = sum(map(ord, family))
+    return OWNER_COLORS[index % len(OWNER_COLORS)]
 
 
-def draw_padded_caches(ax, lengths, labels=None):
-    """A batch of caches padded on the left (notebook 19): row b holds sequence b's lengths[b]
-    positions in its last columns, the newest (this step's token) in the last column; the
-    padded cells are the ones the mask hides. Returns the mask drawn, (B, S_max)."""
-    from kvlib.serving.batch import padding_mask
-
-    visible = padding_mask(lengths)
-    B, S = visible.shape
-    cells = np.where(visible, 1, 0)
-    cells[:, -1] = 2                                          # every newest token, one column
-    ax.imshow(cells, cmap=ListedColormap([PAD_COLOR, REAL_COLOR, NEW_COLOR]), vmin=0, vmax=2,
-              aspect="auto", interpolation="nearest")
-    for b in range(B):
-        for j in range(S):
-            if not visible[b, j]:
-                ax.text(j, b, "pad", ha="center", va="center", fontsize=7, color="#7f7f7f")
-    labels = [f"sequence {b} ({n} positions)" for b, n in enumerate(lengths)] \
-        if labels is None else list(labels)
-    ax.set_yticks(range(B), labels)
-    ax.set_xticks(range(S))
-    ax.set_xticks(np.arange(-0.5, S), minor=True)
-    ax.set_yticks(np.arange(-0.5, B), minor=True)
-    ax.grid(which="minor", color="white", linewidth=1.5)
-    ax.tick_params(which="minor", length=0)
-    ax.set_xlabel("column of the padded cache")
-    ax.set_title("Caches padded on the left: the newest tokens share the last column")
-    handles = [Rectangle((0, 0), 1, 1, color=color) for color in
-               (REAL_COLOR, NEW_COLOR, PAD_COLOR)]
-    ax.legend(handles, ["cached position", "this step's token", "padding (masked)"],
-              loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize=8)
-    return visible
+def block_owners(block_tables: dict, lengths: dict, block_size: int) -> dict:
+    """For each block in use: (owner names, positions filled). A shared block lists every
+    sequence whose table holds it; it is as full as the fullest of them."""
+    owners = {}
+    for name, table in block_tables.items():
+        for index, block in enumerate(table):
+            names, filled = owners.get(block, ((), 0))
+            used = min(block_size, lengths[name] - index * block_size)
+            owners[block] = (names + (name,), max(filled, used))
+    return owners
 
 
-def draw_batch_roofline(ax, batch_sizes, predicted, measured=None, one_at_a_time=None,
-                        crossover=None, title=None):
-    """Tokens per second against the batch size (notebook 19): the roofline's prediction
-    (a line), what was measured (dots) and decoding the sequences one at a time (a dashed
-    line), both axes logarithmic; `crossover` marks where the roofline turns compute-bound."""
-    batch_sizes = np.asarray(batch_sizes)
-    ax.plot(batch_sizes, predicted, "-", color="black", lw=1.5,
-            label="roofline: B / max(FLOPs / rate, bytes / bandwidth)")
-    if measured is not None:
-        ax.plot(batch_sizes, measured, "o-", color=CONTINUOUS_COLOR, lw=1.5,
-                label="measured: one batched step")
-    if one_at_a_time is not None:
-        ax.plot(batch_sizes, one_at_a_time, "s--", color=STATIC_COLOR, lw=1.2, ms=4,
-                label="measured: decode_step per sequence")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(batch_sizes, [str(int(b)) for b in batch_sizes])
-    ax.xaxis.set_minor_locator(NullLocator())
-    if crossover is not None:
-        ax.axvline(crossover, color="#7f7f7f", lw=1, linestyle=":")
-        ax.text(crossover, ax.get_ylim()[1], f"roofline: compute-bound from B = {crossover} ",
-                rotation=90, va="top", ha="right", fontsize=8, color="#555555")
-    ax.set_xlabel("batch size B (sequences decoded in one step)")
-    ax.set_ylabel("tokens per second (log scale)")
-    ax.set_title(title or "Decode throughput against the batch size")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
-              frameon=False)
-    ax.grid(alpha=0.3, which="both")
+def _wipe(ax) -> None:
+    """Remove what an earlier draw put on ax, keeping its axis settings: much faster than
+    ax.clear(), which rebuilds the ticks, so that a widget redraws at once."""
+    for artist in [*ax.patches, *ax.texts, *ax.collections, *ax.lines]:
+        artist.remove()
 
 
-# ------------------------------------------------------------------------------ the timelines
+def _rectangles(ax, rectangles, **options):
+    """Many rectangles as one PatchCollection (one artist to draw, not hundreds)."""
+    if rectangles:
+        ax.add_collection(PatchCollection(rectangles, **options), autolim=False)
 
 
-def _rectangles(spans, height: float = 0.7) -> list:
-    """Polygons of bars: spans are (row, start, end)."""
-    return [[(start, row - height / 2), (end, row - height / 2), (end, row + height / 2),
-             (start, row + height / 2)] for row, start, end in spans if end > start]
+def draw_pool(ax, n_blocks: int, block_size: int, block_tables: dict, lengths: dict,
+              copied=(), title: str | None = None, columns: int = POOL_COLUMNS):
+    """The pool as a grid of blocks (notebook 19), each cut into block_size slots: the
+    filled slots in the owner's colour, shared blocks hatched with their reference count
+    ("x2"), free blocks grey, blocks just made by copy-on-write outlined in black.
 
-
-def timeline_bars(timeline) -> dict[str, list]:
-    """The bars of a Gantt chart of a Timeline (notebook 19): for each request (row = id),
-    'waiting' from its arrival to its admission, 'prefill' its first step, 'decode' from its
-    first token to its last. Each a list of (row, start, end)."""
-    bars = {"waiting": [], "prefill": [], "decode": []}
-    for i, request in timeline.requests.items():
-        admitted = timeline.admitted_at(i)
-        bars["waiting"].append((i, request.arrival, admitted))
-        bars["prefill"].append((i, admitted, timeline.first_token[i]))
-        bars["decode"].append((i, timeline.first_token[i], timeline.finish[i]))
-    return bars
-
-
-def occupancy_curve(timeline, end: float) -> tuple[np.ndarray, np.ndarray]:
-    """Requests in the batch over time, as the edges and values of a step curve (notebook
-    19): a step with k requests from its start to its end; 0 between steps."""
-    edges, values, clock = [0.0], [], 0.0
-    for step in timeline.steps:
-        if step.start > clock:
-            edges.append(step.start)
-            values.append(0)
-        edges.append(step.end)
-        values.append(len(step.batch))
-        clock = step.end
-    if end > clock:
-        edges.append(end)
-        values.append(0)
-    return np.array(edges), np.array(values)
-
-
-class _TimelineArtists:
-    """The artists of draw_timelines, made once per figure and then changed in place: a
-    new workload replaces the bars' vertices, a move through time moves two lines and the
-    grey covers over the future, so that a slider move costs almost nothing."""
-
-    def __init__(self, figure):
-        figure.clear()
-        grid = figure.add_gridspec(3, 1, height_ratios=[1.0, 1.0, 0.55], hspace=0.55)
-        self.gantts = [figure.add_subplot(grid[0]), figure.add_subplot(grid[1])]
-        self.occupancy = figure.add_subplot(grid[2], sharex=self.gantts[0])
-        self.collections, self.arrivals, self.nows, self.covers = [], [], [], []
-        for ax in self.gantts:
-            parts = {name: PolyCollection([], facecolors=color, edgecolors="white",
-                                          linewidths=0.5)
-                     for name, color in (("waiting", WAITING_COLOR), ("prefill", PREFILL_COLOR),
-                                         ("decode", DECODE_COLOR))}
-            for collection in parts.values():
-                ax.add_collection(collection)
-            self.collections.append(parts)
-            self.arrivals.append(ax.plot([], [], "|", color="black", ms=9, mew=1.5)[0])
-            ax.set_ylabel("request")
-            ax.invert_yaxis()
-        for ax in self.gantts + [self.occupancy]:
-            self.nows.append(ax.axvline(0, color="black", lw=1.2))
-            cover = Rectangle((0, 0), 1, 1, transform=ax.get_xaxis_transform(),
-                              facecolor="white", alpha=0.7, edgecolor="none", zorder=3)
-            ax.add_patch(cover)
-            self.covers.append(cover)
-        handles = [Rectangle((0, 0), 1, 1, color=c) for c in
-                   (WAITING_COLOR, PREFILL_COLOR, DECODE_COLOR)]
-        self.gantts[0].legend(handles + [self.arrivals[0]],
-                              ["waiting", "prefill step (first token)", "decoding",
-                               "arrival"], loc="upper center", bbox_to_anchor=(0.5, 1.42),
-                              ncol=4, frameon=False, fontsize=8)
-        self.static_line, = self.occupancy.plot([], [], drawstyle="steps-post",
-                                                color=STATIC_COLOR, lw=1.8, label="static")
-        self.continuous_line, = self.occupancy.plot([], [], drawstyle="steps-post",
-                                                    color=CONTINUOUS_COLOR, lw=1.8,
-                                                    label="continuous")
-        self.limit_line = self.occupancy.axhline(0, color="#7f7f7f", lw=1, linestyle=":")
-        self.occupancy.legend(loc="upper right", fontsize=8, ncol=2)
-        self.occupancy.set_ylabel("in the batch")
-        self.occupancy.yaxis.set_major_locator(MaxNLocator(integer=True))
-        self.occupancy.set_xlabel("time (model steps)")
-        self.workload = None
-
-    def set_timelines(self, timelines) -> None:
-        end = max(t.steps[-1].end for t in timelines)
-        for ax, parts, arrivals, timeline in zip(self.gantts, self.collections, self.arrivals,
-                                                 timelines):
-            for name, spans in timeline_bars(timeline).items():
-                parts[name].set_verts(_rectangles(spans))
-            ids = sorted(timeline.requests)
-            arrivals.set_data([timeline.requests[i].arrival for i in ids], ids)
-            ax.set_xlim(0, end)
-            ax.set_ylim(max(ids) + 0.6, min(ids) - 0.6)
-            ax.set_yticks(ids)
-            ax.tick_params(axis="y", labelsize=7 if len(ids) > 12 else 9)
-        for line, timeline in ((self.static_line, timelines[0]),
-                               (self.continuous_line, timelines[1])):
-            edges, values = occupancy_curve(timeline, end)
-            line.set_data(edges, np.append(values, values[-1] if len(values) else 0))
-        max_batch = timelines[0].policy.max_batch
-        self.limit_line.set_ydata([max_batch, max_batch])
-        self.occupancy.set_ylim(0, max_batch + 0.8)
-        self.occupancy.set_xlim(0, end)
-        self.end = end
-
-    def set_now(self, now: float) -> None:
-        for line, cover in zip(self.nows, self.covers):
-            line.set_xdata([now, now])
-            cover.set_x(now)
-            cover.set_width(max(self.end - now, 0) + 1)
-
-
-def draw_timelines(figure, static, continuous, now: float | None = None) -> dict:
-    """Two Gantt charts of one workload (notebook 19), static batching above, continuous
-    below, and the requests in the batch over time under both; a black line at `now`, the
-    future greyed (None: the whole run). The first call on a figure makes the artists; later
-    calls change them. Returns the three Axes and the end of the longer run."""
-    if not (isinstance(static, scheduler.Timeline) and isinstance(continuous,
-                                                                  scheduler.Timeline)):
-        raise TypeError("draw_timelines needs two Timelines (kvlib.serving.serve)")
-    artists = getattr(figure, "_timeline_artists", None)
-    if artists is None or artists.occupancy not in figure.axes:
-        artists = figure._timeline_artists = _TimelineArtists(figure)
-    workload = (tuple(static.requests.values()), static.policy.max_batch)
-    if artists.workload != workload or getattr(artists, "timelines", None) != (static,
-                                                                                continuous):
-        artists.set_timelines((static, continuous))
-        artists.workload, artists.timelines = workload, (static, continuous)
-    now = artists.end if now is None else float(now)
-    artists.set_now(now)
-    titles = _titles(static, continuous)
-    for ax, title in zip(artists.gantts, titles):
-        ax.set_title(title, fontsize=10)
-    return {"static": artists.gantts[0], "continuous": artists.gantts[1],
-            "occupancy": artists.occupancy, "end": artists.end, "now": now}
-
-
-def _titles(static, continuous) -> tuple[str, str]:
-    s, c = static.summary(), continuous.summary()
-    return (f"Static batching (max {static.policy.max_batch}): {s['steps']} steps, "
-            f"{s['throughput']:.2f} tokens a step, mean TTFT {s['mean_ttft']:.1f} steps",
-            f"Continuous batching (max {continuous.policy.max_batch}): {c['steps']} steps, "
-            f"{c['throughput']:.2f} tokens a step, mean TTFT {c['mean_ttft']:.1f} steps")
-
-
-def _at(timeline, now: float) -> str:
-    states = timeline.state_at(now)
-    count = {name: sum(s == name for s in states.values())
-             for name in ("waiting", "running", "finished")}
-    step = timeline.step_at(now)
-    in_batch = 0 if step is None else len(step.batch)
-    return (f"{in_batch} of {timeline.policy.max_batch} slots busy, {count['waiting']} "
-            f"waiting, {count['finished']} finished")
-
-
-def timeline_explorer(n_requests: int = 12, seed: int = 0, max_batch: int = 4,
-                      mean_gap: float = 2.0):
-    """Notebook 19: one seeded workload served by static and by continuous batching, drawn
-    as two Gantt charts and the batch occupancy, with a slider through time.
-
-    Controls (box.controls): "time" (IntSlider, model steps; a Play button moves it),
-    "seed" (IntText), "requests" (IntSlider 2 .. 24), "max_batch" (IntSlider 1 .. 8),
-    "mean_gap" (FloatSlider: mean steps between arrivals). box.state holds the two
-    Timelines and what draw_timelines returned; box.status says, at the chosen time, how many
-    slots each policy fills and how many requests wait, then both summaries. A bad seed is
-    explained in box.message; the figure keeps the last good workload.
+    block_tables: {name: [block ids]}; lengths: {name: positions held}. The label above
+    block b (its owners, or "free") is a text with gid "block b", so that tests can read
+    the pool back. Returns ax.
     """
-    controls = {
-        "time": widgets.IntSlider(value=0, min=0, max=1, description="time"),
-        "seed": widgets.IntText(value=seed, description="seed",
-                                layout=widgets.Layout(width="11em")),
-        "requests": widgets.IntSlider(value=n_requests, min=2, max=24, description="requests",
-                                      continuous_update=False),
-        "max_batch": widgets.IntSlider(value=max_batch, min=1, max=8, description="max batch",
-                                       continuous_update=False),
-        "mean_gap": widgets.FloatSlider(value=mean_gap, min=0.0, max=6.0, step=0.5,
-                                        description="mean gap", continuous_update=False),
-    }
-    play = widgets.Play(value=0, min=0, max=1, interval=400, description="play")
-    widgets.link((play, "value"), (controls["time"], "value"))
-    status, message = widgets.HTML(), widgets.HTML()
-    live = LiveFigure(figsize=(11, 6.4))
-    state = {}
+    _wipe(ax)
+    owners = block_owners(block_tables, lengths, block_size)
+    rows = -(-n_blocks // columns)
+    slot = 0.9 / block_size
+    plain, plain_colors, hatched, hatched_colors, outlines, widths = [], [], [], [], [], []
+    for block in range(n_blocks):
+        x, y = block % columns, rows - 1 - block // columns
+        names, filled = owners.get(block, ((), 0))
+        color = owner_color(names[0]) if names else FREE_COLOR
+        for position in range(block_size):
+            rectangle = Rectangle((x + position * slot, y), slot, 0.62)
+            if len(names) > 1 and position < filled:
+                hatched.append(rectangle)
+                hatched_colors.append(color)
+            else:
+                plain.append(rectangle)
+                plain_colors.append(color if position < filled or not names else "white")
+        outlines.append(Rectangle((x, y), 0.9, 0.62))
+        widths.append(2.4 if block in copied else 0.8)
+        if len(names) > 1:
+            label = f"shared x{len(names)}"
+        else:
+            label = names[0] if names else "free"
+        ax.text(x + 0.45, y + 0.68, label, ha="center", va="bottom", fontsize=7,
+                color="black" if names else "#888888", gid=f"block {block}")
+        ax.text(x + 0.02, y - 0.05, str(block), ha="left", va="top", fontsize=6,
+                color="#333333")
+    _rectangles(ax, plain, facecolors=plain_colors, edgecolors="#aaaaaa", linewidths=0.4)
+    _rectangles(ax, hatched, facecolors=hatched_colors, edgecolors="#555555",
+                linewidths=0.4, hatch="///")
+    _rectangles(ax, outlines, facecolors="none", linewidths=widths,
+                edgecolors=["black" if w > 1 else "#555555" for w in widths])
+    ax.set_xlim(-0.1, columns)
+    ax.set_ylim(-0.25, rows)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(title or f"The pool: {n_blocks} blocks of {block_size} positions "
+                          "(block id below each)", fontsize=10)
+    return ax
 
-    def redraw(_=None):
-        workload_key = tuple(controls[name].value for name in
-                             ("seed", "requests", "max_batch", "mean_gap"))
-        if state.get("key") != workload_key:
-            _rebuild(workload_key)
-        now = controls["time"].value
-        drawn = draw_timelines(live.figure, state["static"], state["continuous"], now)
-        state["drawn"] = drawn
-        s, c = state["static"].summary(), state["continuous"].summary()
+
+def draw_block_tables(ax, block_tables: dict, lengths: dict, block_size: int,
+                      common_blocks=(), title: str = "Block tables"):
+    """One row per sequence: its name and length, then its block table as cells holding
+    block ids, in the sequence's colour (common_blocks, held by several tables, hatched).
+    The ids are texts with gid "table <name>", so that tests can read the tables back.
+    Returns ax."""
+    _wipe(ax)
+    names = list(block_tables)
+    width = max([len(t) for t in block_tables.values()] + [1])
+    plain, plain_colors, hatched, hatched_colors = [], [], [], []
+    for row, name in enumerate(names):
+        y = len(names) - 1 - row
+        ax.text(-0.2, y + 0.35, f"{name} ({lengths[name]})", ha="right", va="center",
+                fontsize=8)
+        for index, block in enumerate(block_tables[name]):
+            rectangle = Rectangle((index, y), 0.9, 0.7)
+            if block in common_blocks:
+                hatched.append(rectangle)
+                hatched_colors.append(owner_color(name))
+            else:
+                plain.append(rectangle)
+                plain_colors.append(owner_color(name))
+            ax.text(index + 0.45, y + 0.35, str(block), ha="center", va="center",
+                    fontsize=8, gid=f"table {name}")
+    _rectangles(ax, plain, facecolors=plain_colors, edgecolors="#555555", linewidths=0.6)
+    _rectangles(ax, hatched, facecolors=hatched_colors, edgecolors="#555555",
+                linewidths=0.6, hatch="///")
+    if not names:
+        ax.text(0.5, 0.5, "no sequence holds blocks", ha="center", va="center", fontsize=9)
+    ax.set_xlim(-3.2, max(width, 1))
+    ax.set_ylim(-0.3, max(len(names), 1))
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"{title} (entry i: positions {block_size}i to {block_size}i + "
+                 f"{block_size - 1})", fontsize=10)
+    return ax
+
+
+def draw_gather(figure, n_blocks: int, block_size: int, block_tables: dict, lengths: dict,
+                reader: str):
+    """The gather attention does (notebook 19), drawn into `figure` (cleared first): left
+    the pool, middle the block tables, right `reader`'s keys as attention sees them, one
+    row per position, with an arrow from each block it reads. Returns (pool ax, tables ax,
+    gathered ax)."""
+    if reader not in block_tables:
+        raise ValueError(f"no sequence {reader!r}; the tables are for {list(block_tables)}")
+    figure.clear()
+    grid = figure.add_gridspec(1, 3, width_ratios=[2.6, 1.6, 0.7], wspace=0.3)
+    pool_ax, table_ax, rows_ax = (figure.add_subplot(grid[0, i]) for i in range(3))
+    shared = {b for b, (names, _) in block_owners(block_tables, lengths, block_size).items()
+              if len(names) > 1}
+    draw_pool(pool_ax, n_blocks, block_size, block_tables, lengths)
+    draw_block_tables(table_ax, block_tables, lengths, block_size, shared)
+    table, n = block_tables[reader], lengths[reader]
+    for position in range(n):
+        block, row = table[position // block_size], position % block_size
+        y = n - 1 - position
+        rows_ax.add_patch(Rectangle((0, y), 1, 0.9, facecolor=owner_color(reader),
+                                    edgecolor="#555555", lw=0.5))
+        rows_ax.text(1.1, y + 0.45, f"p{position}: block {block}, row {row}", va="center",
+                     fontsize=6, gid="gathered")
+    rows_ax.set_xlim(0, 4.2)
+    rows_ax.set_ylim(-0.2, n)
+    rows_ax.axis("off")
+    rows_ax.set_title(f"{reader}'s K rows,\ngathered in order", fontsize=10)
+    columns = POOL_COLUMNS
+    pool_rows = -(-n_blocks // columns)
+    for index, block in enumerate(table):
+        top = n - index * block_size
+        figure.add_artist(ConnectionPatch(
+            xyA=(block % columns + 0.9, pool_rows - 1 - block // columns + 0.31),
+            coordsA=pool_ax.transData, xyB=(0, top - 0.5), coordsB=rows_ax.transData,
+            arrowstyle="->", color=owner_color(reader), lw=1.0, alpha=0.8, gid="gather"))
+    return pool_ax, table_ax, rows_ax
+
+
+def plot_memory_table(axes, rows, unit: int = 2**20, unit_name: str = "MiB"):
+    """Two panels from memory_plan.memory_table rows (notebook 19): left, memory against
+    block size, paged (used and waste) beside the contiguous reservation; right, block
+    table entries (separate blocks gathered per layer per decode step). Returns axes."""
+    left, right = axes
+    sizes = [row.block_size for row in rows]
+    x = np.arange(len(rows))
+    used = np.array([row.used_bytes for row in rows]) / unit
+    paged = np.array([row.paged_bytes for row in rows]) / unit
+    left.clear()
+    left.bar(x, used, color="#21918c", label="tokens written")
+    left.bar(x, paged - used, bottom=used, color="#fde725", label="paged: empty slots")
+    left.axhline(rows[0].reserved_bytes / unit, color="#440154", ls="--",
+                 label="contiguous: reserved for max length")
+    left.set_xticks(x, [str(s) for s in sizes])
+    left.set_xlabel("block size (positions)")
+    left.set_ylabel(unit_name)
+    left.set_title("Memory held for the same requests")
+    left.legend(fontsize=8, loc="center right")
+    right.clear()
+    right.bar(x, [row.block_table_entries for row in rows], color="#3b528b")
+    right.set_yscale("log")
+    right.set_xticks(x, [str(s) for s in sizes])
+    right.set_xlabel("block size (positions)")
+    right.set_ylabel("block table entries (log scale)")
+    right.set_title("Blocks gathered per layer and decode step")
+    return axes
+
+
+def plot_timeline(ax, history, bytes_per_position: int, unit: int = 1024,
+                  unit_name: str = "KiB"):
+    """Memory over the steps of a PoolTimeline (notebook 19): tokens written, blocks taken,
+    what contiguous caches would reserve for the same running sequences, and the pool's
+    size. Returns ax."""
+    _wipe(ax)
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    steps = [s.step for s in history]
+
+    def line(values):
+        return np.array(values) * bytes_per_position / unit
+
+    ax.step(steps, line([s.used_positions for s in history]), where="post", color="#21918c",
+            label="tokens written")
+    ax.step(steps, line([s.paged_positions for s in history]), where="post", color="#3b528b",
+            label="paged: blocks taken")
+    ax.step(steps, line([s.reserved_positions for s in history]), where="post",
+            color="#440154", ls="--", label="contiguous reserve")
+    ax.axhline(history[0].pool_positions * bytes_per_position / unit, color="#b5a300",
+               ls=":", label="pool size")
+    ax.relim()
+    ax.autoscale_view()
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"cache memory ({unit_name})")
+    ax.set_title("Memory over time")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return ax
+
+
+def demo_requests() -> list[Request]:
+    """The widget's requests: a seeded mix for the toy model's 32-token context."""
+    return request_mix(10, 32, seed=0, mean_gap=1.5, shortest=3)
+
+
+def pool_explorer(params=None, n_blocks: int = 24, block_size: int = 4, requests=None,
+                  seed: int = 0):
+    """Requests served step by step from one pool of blocks (notebook 19).
+
+    Returns a VBox with what the tests use: ``next_step`` (Button "Next step"), ``fork``
+    (Button "Fork") with ``fork_of`` (Dropdown of the running sequences), ``reset``
+    (Button "Reset"), ``block_size`` (Dropdown: the pool is rebuilt with the same memory),
+    ``status`` (HTML: step, sequences, bytes in use against a contiguous reservation),
+    ``events`` (HTML: what the last step did), ``check`` (HTML: every sequence's K and V,
+    read through its block table, against a contiguous cache of its tokens), ``message``
+    (HTML: a refused action in words), ``figure``, ``controls`` and ``timeline()``.
+    """
+    params = kvlib.init_params() if params is None else params
+    requests = demo_requests() if requests is None else list(requests)
+    pool_positions = n_blocks * block_size
+    next_step = widgets.Button(description="Next step", button_style="primary")
+    fork = widgets.Button(description="Fork")
+    fork_of = widgets.Dropdown(options=[], description="sequence",
+                               layout=widgets.Layout(width="12em"))
+    reset = widgets.Button(description="Reset")
+    sizes = sorted({block_size, *(s for s in (1, 2, 4, 8, 16) if pool_positions % s == 0)})
+    size = widgets.Dropdown(options=sizes, value=block_size, description="block size",
+                            layout=widgets.Layout(width="12em"))
+    status, events, check, message = (widgets.HTML() for _ in range(4))
+    live = LiveFigure(figsize=(11, 6.4))
+    figure = live.figure
+    grid = figure.add_gridspec(2, 2, height_ratios=[1.25, 1], width_ratios=[1.5, 1],
+                               hspace=0.35, wspace=0.25, left=0.06, right=0.84)
+    figure.clear()
+    axes = {"pool": figure.add_subplot(grid[0, 0]), "tables": figure.add_subplot(grid[0, 1]),
+            "memory": figure.add_subplot(grid[1, :])}
+    state = {}
+    per_position = kvlib.config_cache_bytes(params.config, 1)
+
+    def draw():
+        timeline = state["timeline"]
+        tables = timeline.block_tables()
+        lengths = {seq.name: len(seq.tokens) for seq in timeline.running}
+        allocator = timeline.allocator
+        shared = {b for b in range(allocator.n_blocks) if allocator.ref_counts[b] > 1}
+        draw_pool(axes["pool"], allocator.n_blocks, allocator.block_size, tables, lengths,
+                  copied=timeline.copied_blocks,
+                  title=f"The pool at step {timeline.step_number}: {allocator.n_used} of "
+                        f"{allocator.n_blocks} blocks in use")
+        draw_block_tables(axes["tables"], tables, lengths, allocator.block_size, shared)
+        plot_timeline(axes["memory"], timeline.history, per_position)
+        snapshot = timeline.history[-1]
+        fits = pool_positions // params.config.context_length
         status.value = (
-            f"At time {now}: static batching has {html.escape(_at(state['static'], now))}; "
-            f"continuous batching has {html.escape(_at(state['continuous'], now))}.<br>"
-            f"Whole workload: static {s['steps']} steps, {s['throughput']:.2f} tokens a step, "
-            f"slots {s['mean_occupancy']:.0%} busy, mean TTFT {s['mean_ttft']:.1f} steps "
-            f"(worst {s['max_ttft']:.0f}); continuous {c['steps']} steps, "
-            f"{c['throughput']:.2f} tokens a step, slots {c['mean_occupancy']:.0%} busy, "
-            f"mean TTFT {c['mean_ttft']:.1f} steps (worst {c['max_ttft']:.0f}). "
-            "Time per output token: 1 step for both.")
+            f"Step {timeline.step_number}: {len(timeline.running)} running, "
+            f"{len(timeline.waiting)} waiting, {len(timeline.finished)} finished of "
+            f"{len(requests)} requests; {timeline.preemptions} preemptions. "
+            f"Paged: {snapshot.paged_positions * per_position:,} bytes in "
+            f"{allocator.n_used} blocks for {snapshot.used_positions} positions. Contiguous "
+            f"caches of {params.config.context_length} positions would reserve "
+            f"{snapshot.reserved_positions * per_position:,} bytes for the same sequences; "
+            f"the pool's {pool_positions * per_position:,} bytes hold {fits} of them.")
+        if timeline.all_done:
+            status.value += " <b>Every request is done:</b> press Reset to start again."
+        events.value = ("Last step: " + html.escape("; ".join(timeline.events))
+                        if timeline.events else "Last step: nothing changed hands.")
+        difference = timeline.check()
+        check.value = ("Every running sequence's K and V, gathered through its block table, "
+                       f"equal a contiguous cache of its tokens (max difference "
+                       f"{'below 1e-10' if difference < 1e-10 else f'{difference:.1e}'})"
+                       if difference < 1e-10 else
+                       f"<b>A sequence's K and V differ from a contiguous cache</b> "
+                       f"(max difference {difference:.1e})")
+        fork_of.options = [seq.name for seq in timeline.running]
+        next_step.disabled = timeline.all_done
+        fork.disabled = not timeline.running
         live.show()
 
-    def _rebuild(workload_key) -> None:
-        seed_value, count, size, gap = workload_key
-        requests = scheduler.make_workload(count, seed_value, gap)
-        static = scheduler.serve(requests, scheduler.StaticBatching(size))
-        continuous = scheduler.serve(requests, scheduler.ContinuousBatching(size))
-        state.update(static=static, continuous=continuous, key=workload_key,
-                     requests=requests)
-        end = int(max(t.steps[-1].end for t in (static, continuous)))
-        play.max = end
-        controls["time"].max = end    # may lower the value: its observer redraws, harmlessly
+    def on_reset(*_):
+        state["timeline"] = PoolTimeline(params, requests, pool_positions // int(size.value),
+                                         int(size.value), seed=seed)
+        draw()
 
-    box = explorer(live, controls, status, message, redraw, state)
-    box.children = (widgets.HBox([play, controls["time"]]),
-                    widgets.HBox([controls[n] for n in ("seed", "requests", "max_batch",
-                                                         "mean_gap")]),
-                    message, status, live.output)
-    box.play = play
+    def on_step(_button):
+        if state["timeline"].all_done:
+            return
+        state["timeline"].step()
+        draw()
+
+    def on_fork(_button):
+        if fork_of.value is None:
+            raise ValueError("no sequence is running: press Next step until one has arrived")
+        state["timeline"].fork(fork_of.value)
+        draw()
+
+    reset_safely = safely(on_reset, message)
+    next_step.on_click(safely(on_step, message))
+    fork.on_click(safely(on_fork, message))
+    reset.on_click(reset_safely)
+    size.observe(reset_safely, names="value")
+    reset_safely()
+
+    box = widgets.VBox([widgets.HBox([next_step, fork, fork_of, reset, size]), status, events,
+                        check, message, live.output])
+    box.next_step, box.fork, box.fork_of, box.reset, box.block_size = (
+        next_step, fork, fork_of, reset, size)
+    box.status, box.events, box.check, box.message = status, events, check, message
+    box.figure, box.live, box.axes = figure, live, axes
+    box.controls = {"next_step": next_step, "fork": fork, "fork_of": fork_of, "reset": reset,
+                    "block_size": size}
+    box.timeline = lambda: state["timeline"]
     return box

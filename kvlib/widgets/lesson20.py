@@ -1,371 +1,419 @@
-"""Notebook 20: the quantized KV cache, drawn: each channel's size in a layer's keys and
-values (the outlier channels), the error a quantized cache adds to every cached number, the
-bytes a token costs, and the quality table of a model.
+"""Notebook 20: prefix caching across requests, drawn and played with.
 
-``quantized_cache_explorer(params, tokenizer, story)`` lets a student choose the bits (8, 4
-or 2) and the grouping (per token or per channel) of K and of V. It prefills the story into
-a QuantizedKVCache and shows the rounding error of one layer's keys as a heatmap, the bytes
-per token beside float16 and kvlib's own dtype, and how often greedy decoding still picks
-the same token, along the story and in a free continuation of it.
+``draw_prefix_state`` draws a PrefixServer after an admission: the cached blocks as the
+tree their parent keys make (hit counts on each block; the blocks the new request reused
+highlighted), the request's tokens (reused or prefilled), and the pool (free, cached and
+idle, held by running requests). ``prefix_stream_explorer()`` serves a seeded stream of
+requests, many starting with one of two system prompts, one click at a time.
 """
 
 from __future__ import annotations
 
-import html
+from dataclasses import dataclass, field
 
 import ipywidgets as widgets
-import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.colors import LogNorm
+from matplotlib.collections import LineCollection
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
 
 import kvlib
-from kvlib.plots import COLORMAP
-from kvlib.serving.quantized import (
-    PerChannel,
-    PerToken,
-    QuantizedKVCache,
-    bytes_per_token,
-    greedy_agreement,
-    greedy_tokens,
-    next_token_loss,
-)
+from kvlib.serving import ROOT_KEY, Admission, PrefixServer
 
-from .base import LiveFigure, explorer
+from .base import LiveFigure, safely
 
-BITS = (8, 4, 2)
-GROUPINGS = ("per channel", "per token")
-EXACT_COLOR = "white"
-"""Cells whose number is held exactly (the full-precision residual) have no error to draw."""
+TOLERANCE = 1e-10
+_VIRIDIS = plt.get_cmap("viridis")
+REUSED_COLOR = _VIRIDIS(0.95)       # yellow: reused by the request just admitted
+NEW_COLOR = _VIRIDIS(0.6)           # green: cached by the request that just finished
+HELD_COLOR = _VIRIDIS(0.3)          # blue: held by a running request
+IDLE_COLOR = "#d9d9d9"              # grey: cached, held by nobody (evictable)
+FREE_COLOR = "#ffffff"
+PRIVATE_COLOR = _VIRIDIS(0.05)      # dark purple: a running request's own, not cached
+POOL_STATES = ("free", "cached, idle", "cached, held by a running request",
+               "a running request's own")
+POOL_SHORT_NAMES = ("free", "cached and idle", "cached and held", "a request's own")
+POOL_COLORS = (FREE_COLOR, IDLE_COLOR, HELD_COLOR, PRIVATE_COLOR)
+MAX_TOKEN_LABELS = 40
+MAX_TWO_LINE_ROWS = 8
 
-
-def make_grouping(kind: str, bits: int, group_size: int = 32) -> PerToken | PerChannel:
-    """'per token' or 'per channel' (notebook 20) -> PerToken(bits) or PerChannel(bits,
-    group_size)."""
-    if kind == "per token":
-        return PerToken(bits)
-    if kind == "per channel":
-        return PerChannel(bits, group_size)
-    raise ValueError(f"the grouping must be one of {GROUPINGS}, got {kind!r}")
+SYSTEM_PROMPTS = {
+    "A": "you are good and I am fine . thanks .",
+    "B": "I am good . How are you ?",
+}
+"""Two "system prompts" in the toy's words; the tokenizer puts BOS in front."""
 
 
-def channel_sizes(rows: np.ndarray) -> np.ndarray:
-    """The size of every channel (column) of rows (T, w): max over positions of |x|, (w,)."""
-    rows = np.asarray(rows)
-    if rows.ndim != 2 or not len(rows):
-        raise ValueError(f"expected rows (T, w) with T >= 1, got shape {rows.shape}")
-    return np.abs(rows).max(axis=0)
+def example_model() -> kvlib.Params:
+    """The toy with rotary positions (notebook 14) and room for 64 positions: notebook 20's
+    model."""
+    return kvlib.init_params(kvlib.ModelConfig(positions="rotary", context_length=64))
 
 
-def draw_channel_sizes(ax, keys: np.ndarray, values: np.ndarray, title: str = "",
-                       head_dim: int | None = None, n_marked: int = 3) -> None:
-    """Each channel's largest |number| in a layer's keys and values (notebook 20), channels
-    on the x axis, on a log scale; the n_marked largest key channels are labelled. Lines
-    between heads when head_dim is given."""
-    key_sizes, value_sizes = channel_sizes(keys), channel_sizes(values)
+@dataclass(frozen=True)
+class StreamRequest:
+    """One request of a generated stream: which system prompt it starts with ("" for
+    none), its token ids (BOS first), and how many further arrivals it runs for."""
+
+    system: str
+    ids: tuple[int, ...]
+    lifetime: int
+
+
+def request_stream(n_requests: int, seed: int = 0, tokenizer=None,
+                   system_share: float = 0.8, n_questions: int = 6) -> list[StreamRequest]:
+    """A seeded stream of requests (notebook 20): most start with system prompt A or B, then
+    one question from a small pool (so whole requests repeat too); the rest are a question
+    alone.
+    Each finishes when the next request arrives (lifetime 1) or the one after (lifetime 2),
+    so at most one request still runs when another is admitted."""
+    tokenizer = kvlib.ToyTokenizer() if tokenizer is None else tokenizer
+    rng = np.random.default_rng(seed)
+    words = [w for w in tokenizer.words() if w not in ("?", ".")]
+    questions = []
+    for _ in range(n_questions):
+        length = int(rng.integers(2, 6))
+        questions.append(" ".join(rng.choice(words, size=length)) + " ?")
+    stream = []
+    for _ in range(n_requests):
+        system = str(rng.choice(["A", "B"])) if rng.random() < system_share else ""
+        question = questions[int(rng.integers(len(questions)))]
+        text = f"{SYSTEM_PROMPTS[system]} {question}" if system else question
+        stream.append(StreamRequest(system, tuple(tokenizer.encode(text)),
+                                    int(rng.integers(1, 3))))
+    return stream
+
+
+# --------------------------------------------------------------------------------- drawing
+
+def tree_layout(entries) -> dict[bytes, tuple[float, float]]:
+    """Where notebook 20 draws every cached block: (x, y), x its depth, y from its leaves (a
+    leaf a row of its own, a parent at the middle of its children), first blocks in the order
+    cached."""
+    children: dict[bytes, list] = {}
+    for entry in entries:
+        children.setdefault(entry.parent, []).append(entry)
+    place: dict[bytes, tuple[float, float]] = {}
+    next_row = [0.0]
+
+    def visit(entry) -> float:
+        kids = children.get(entry.key, [])
+        if not kids:
+            y = next_row[0]
+            next_row[0] += 1
+        else:
+            ys = [visit(kid) for kid in kids]
+            y = (min(ys) + max(ys)) / 2
+        place[entry.key] = (float(entry.depth), y)
+        return y
+
+    for root in children.get(ROOT_KEY, []):
+        visit(root)
+    return place
+
+
+def _short(labels, width: int = 18) -> str:
+    text = " ".join(labels)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def draw_prefix_tree(ax, prefix_cache, labels_of, reused=(), new=(), title=None):
+    """The cached blocks as a tree (notebook 20): one box per block, at its depth, linked to
+    its parent; each box says its pool block, its hits and its tokens. Blocks in `reused`
+    (pool block ids) are highlighted, those in `new` marked as just cached; blocks held by a
+    running request are blue, idle ones grey. labels_of(ids) gives the token strings."""
     ax.clear()
-    channels = np.arange(len(key_sizes))
-    cmap = matplotlib.colormaps[COLORMAP]
-    ax.plot(channels, key_sizes, "o-", color=cmap(0.15), markersize=3, linewidth=1,
-            label="keys: max |K| of the channel")
-    ax.plot(channels, value_sizes, "s-", color=cmap(0.75), markersize=3, linewidth=1,
-            label="values: max |V| of the channel")
-    for channel in np.argsort(key_sizes)[::-1][:n_marked]:
-        ax.annotate(f"{channel}", (channel, key_sizes[channel]), textcoords="offset points",
-                    xytext=(0, 4), ha="center", fontsize=8)
-    if head_dim:
-        for start in range(head_dim, len(key_sizes), head_dim):
-            ax.axvline(start - 0.5, color="grey", linewidth=0.5, linestyle=":")
-    ax.set_yscale("log")
-    ax.set_xlabel("channel (column of the cached row)" + (f"; heads of {head_dim}, dotted"
-                                                          if head_dim else ""))
-    ax.set_ylabel("largest |number| over the positions")
-    ax.set_xlim(-1, len(key_sizes))
-    ax.legend(loc="upper right", fontsize=8)
-    ax.set_title(title)
+    entries = prefix_cache.entries
+    reused, new = set(reused), set(new)
+    ax.set_title(title or f"Prefix cache: {len(entries)} blocks of {prefix_cache.block_size} "
+                 "tokens (box: pool block, hits, tokens)")
+    ax.set_axis_off()
+    if not entries:
+        ax.text(0.5, 0.5, "the prefix cache is empty", ha="center", va="center",
+                transform=ax.transAxes)
+        return ax
+    place = tree_layout(entries)
+    depth = max(x for x, _ in place.values())
+    rows = max(y for _, y in place.values())
+    two_lines = rows <= MAX_TWO_LINE_ROWS        # beyond, two-line boxes would overlap
+    segments = [(place[e.parent], place[e.key]) for e in entries if e.parent in place]
+    ax.add_collection(LineCollection(segments, colors="#777777", linewidths=1.0, zorder=1))
+    for entry in entries:
+        x, y = place[entry.key]
+        if entry.block in reused:
+            color = REUSED_COLOR
+        elif entry.block in new:
+            color = NEW_COLOR
+        elif prefix_cache.is_held(entry):
+            color = HELD_COLOR
+        else:
+            color = IDLE_COLOR
+        separator = "\n" if two_lines else "  "
+        ax.text(x, y, f"b{entry.block} {entry.hits}x{separator}{_short(labels_of(entry.tokens))}",
+                ha="center", va="center", fontsize=8 if two_lines else 6.5, zorder=2,
+                color="white" if color == HELD_COLOR else "black",
+                bbox=dict(boxstyle="round,pad=0.25", facecolor=color, edgecolor="#444444"))
+    ax.set_xlim(-0.6, depth + 0.6)
+    ax.set_ylim(rows + 0.7, -0.7)
+    ax.legend(handles=[Patch(facecolor=REUSED_COLOR, edgecolor="#444444"),
+                       Patch(facecolor=NEW_COLOR, edgecolor="#444444"),
+                       Patch(facecolor=HELD_COLOR, edgecolor="#444444"),
+                       Patch(facecolor=IDLE_COLOR, edgecolor="#444444")],
+              labels=["reused by this request", "cached by a request that just finished",
+                      "held by a running request", "idle (can be evicted)"],
+              loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, frameon=False,
+              fontsize=8)
+    return ax
 
 
-def draw_groupings(axes, n_positions: int = 12, width: int = 8, group_size: int = 4) -> None:
-    """Which numbers share a scale (notebook 20), on a grid of n_positions cached rows of
-    width numbers: per token, every row is a group; per channel, every column of every
-    group_size rows is one, and the newest, incomplete group is held in full precision.
-    Groups alternate in two shades; each carries one scale."""
-    if len(axes) != 2:
-        raise ValueError("draw_groupings needs two axes")
-    cmap = matplotlib.colormaps[COLORMAP]
-    shades = np.array([cmap(0.35), cmap(0.75)])
-    rows, columns = np.arange(n_positions)[:, None], np.arange(width)[None, :]
-    per_token = shades[(rows + 0 * columns) % 2]
-    group = rows // group_size
-    per_channel = shades[(group + columns) % 2]
-    residual = rows >= n_positions // group_size * group_size
-    per_channel[np.broadcast_to(residual, (n_positions, width))] = (1, 1, 1, 1)
-    for ax, colours, title in ((axes[0], per_token, "per token: one scale per row"),
-                               (axes[1], per_channel, f"per channel: one scale per column "
-                                                      f"of {group_size} rows")):
-        ax.clear()
-        ax.imshow(colours, aspect="auto", interpolation="nearest")
-        ax.set_xticks(range(width))
-        ax.set_yticks(range(n_positions))
-        ax.set_xticks(np.arange(width + 1) - 0.5, minor=True)
-        ax.set_yticks(np.arange(n_positions + 1) - 0.5, minor=True)
-        ax.grid(which="minor", color="black", linewidth=0.3)
-        ax.tick_params(which="both", length=0, labelsize=7)
-        ax.set_xlabel("channel")
-        ax.set_ylabel("position")
-        ax.set_title(title, fontsize=10)
-    start = n_positions // group_size * group_size
-    if start < n_positions:
-        axes[1].text(width / 2 - 0.5, (start + n_positions - 1) / 2, "full precision\n"
-                     "(the newest group, not yet full)", ha="center", va="center", fontsize=8)
+def draw_request(ax, labels, reused_tokens: int, block_size: int, title=None):
+    """One request's tokens, reused from the cache or prefilled (notebook 20), with its
+    block boundaries."""
+    ax.clear()
+    n = len(labels)
+    if not 0 <= reused_tokens <= n:
+        raise ValueError(f"reused_tokens must be between 0 and {n}, got {reused_tokens}")
+    strip = (np.arange(n) < reused_tokens).astype(float)[None, :]
+    ax.imshow(strip, cmap=ListedColormap([PRIVATE_COLOR, REUSED_COLOR]), vmin=0, vmax=1,
+              aspect="auto")
+    bounds = np.arange(block_size, n, block_size) - 0.5
+    ax.add_collection(LineCollection([((b, -0.5), (b, 0.5)) for b in bounds], colors="white",
+                                     linewidths=2.5))
+    ax.set_yticks([])
+    if n <= MAX_TOKEN_LABELS:
+        ax.set_xticks(range(n), labels, rotation=90, fontsize=8)
+    ax.set_xlabel("the request's tokens (white lines: block boundaries)", fontsize=9)
+    ax.set_title(title or f"{reused_tokens} tokens reused (yellow), {n - reused_tokens} "
+                 "prefilled (purple)", fontsize=10)
+    return ax
 
 
-def error_norm(scale: float) -> LogNorm:
-    """One log colour scale for error heatmaps, from 1e-4 x scale to scale (notebook 20), so
-    that 8, 4 and 2 bits can be told apart at a glance; 0 (held exactly) is drawn white."""
-    return LogNorm(vmin=scale * 1e-4, vmax=scale)
+def pool_states(server: PrefixServer) -> np.ndarray:
+    """Each pool block's state (notebook 20), an index into POOL_STATES: free, cached and
+    idle, cached and held by a running request, or a running request's own block."""
+    states = np.zeros(server.allocator.n_blocks, dtype=int)
+    held = server.held_blocks()
+    for block in range(server.allocator.n_blocks):
+        if server.allocator.ref_counts[block] == 0:
+            continue
+        cached = server.prefix_cache.entry(block) is not None
+        states[block] = (2 if block in held else 1) if cached else 3
+    return states
 
 
-def draw_error_heatmap(ax, error: np.ndarray, norm: LogNorm, title: str = "",
-                       colorbar: bool = True):
-    """|quantized - exact| of every cached number (notebook 20): positions down, channels
-    across, on the log scale norm; exact numbers (0) white. Returns the image."""
-    error = np.asarray(error, dtype=np.float64)
-    shown = np.ma.masked_less_equal(error, 0)
-    cmap = matplotlib.colormaps[COLORMAP]
-    cmap = cmap.with_extremes(bad=EXACT_COLOR, under=cmap(0.0))
-    image = ax.imshow(shown, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
-    ax.set_xlabel("channel")
-    ax.set_ylabel("position")
-    ax.set_title(title)
-    if colorbar:
-        bar = ax.figure.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
-        bar.set_label("|quantized - exact| (white: held exactly)")
-    return image
+def draw_pool(ax, states, title=None):
+    """The pool, one cell per block, coloured by its state (pool_states; notebook 20)."""
+    ax.clear()
+    states = np.asarray(states)
+    ax.imshow(states[None, :], cmap=ListedColormap(POOL_COLORS), vmin=-0.5,
+              vmax=len(POOL_COLORS) - 0.5, aspect="auto")
+    n = len(states)
+    ax.add_collection(LineCollection([((b - 0.5, -0.5), (b - 0.5, 0.5)) for b in range(1, n)],
+                                     colors="#999999", linewidths=0.8))
+    ax.set_yticks([])
+    ax.set_xticks(range(n), [str(b) if n <= MAX_TOKEN_LABELS or b % 5 == 0 else ""
+                             for b in range(n)], fontsize=7)
+    counts = np.bincount(states, minlength=len(POOL_STATES))
+    ax.set_title(title or f"Pool of {n} blocks: " + ", ".join(
+        f"{c} {name}" for c, name in zip(counts, POOL_SHORT_NAMES)), fontsize=10)
+    ax.legend(handles=[Patch(facecolor=c, edgecolor="#999999") for c in POOL_COLORS],
+              labels=list(POOL_STATES), loc="upper center", bbox_to_anchor=(0.5, -0.8),
+              ncol=4, frameon=False, fontsize=8)
+    return ax
 
 
-def pairing_name(quality) -> str:
-    """'K per channel, V per token' and so on: the groupings of a Quality (notebook 20)."""
-    def kind(grouping):
-        return "per channel" if isinstance(grouping, PerChannel) else "per token"
-    return f"K {kind(quality.keys)}, V {kind(quality.values)}"
+def draw_prefix_state(figure, server: PrefixServer, admission: Admission | None, labels_of,
+                      new=()):
+    """The whole picture (notebook 20) into `figure`, cleared first: the prefix tree, the
+    request just admitted (if any) and the pool. Returns (tree, request, pool) Axes."""
+    figure.clear()
+    grid = figure.add_gridspec(3, 1, height_ratios=[4.2, 0.55, 0.35], hspace=1.1)
+    tree_ax, request_ax, pool_ax = (figure.add_subplot(grid[i]) for i in range(3))
+    reused = admission.reused_blocks if admission is not None else ()
+    draw_prefix_tree(tree_ax, server.prefix_cache, labels_of, reused=reused, new=new)
+    if admission is None:
+        request_ax.set_axis_off()
+        request_ax.set_title("no request admitted yet", fontsize=10)
+    else:
+        draw_request(request_ax, labels_of(admission.ids), admission.reused_tokens,
+                     admission.block_size,
+                     title=f"Request {admission.request}: {admission.reused_tokens} tokens "
+                           f"reused (yellow), {admission.prefilled_tokens} prefilled (purple)")
+    draw_pool(pool_ax, pool_states(server))
+    return tree_ax, request_ax, pool_ax
 
 
-def draw_quality(axes, qualities) -> None:
-    """The quality table as grouped bars (notebook 20): for each pairing of groupings, a bar
-    per bit width; the share of greedy picks left unchanged (%) on axes[0], the held-out
-    loss added (nats per token, symmetric log scale: quantization noise can also lower it a
-    little) on axes[1]. qualities: kvlib.serving.quantized.Quality, any order."""
-    if len(axes) != 2 or not qualities:
-        raise ValueError("draw_quality needs two axes and at least one setting")
-    pairings = list(dict.fromkeys(pairing_name(q) for q in qualities))
-    widths = sorted({q.keys.bits for q in qualities}, reverse=True)
-    cmap = matplotlib.colormaps[COLORMAP]
-    colors = {bits: cmap(0.15 + 0.7 * i / max(1, len(widths) - 1))
-              for i, bits in enumerate(widths)}
-    bar = 0.8 / len(widths)
-    for ax, value, label in ((axes[0], lambda q: 100 * q.agreement, "greedy picks unchanged (%)"),
-                             (axes[1], lambda q: q.added_loss,
-                              "held-out loss added (nats per token)")):
-        ax.clear()
-        for i, bits in enumerate(widths):
-            chosen = {pairing_name(q): q for q in qualities if q.keys.bits == bits}
-            x = [j + (i - (len(widths) - 1) / 2) * bar for j, p in enumerate(pairings)
-                 if p in chosen]
-            heights = [value(chosen[p]) for p in pairings if p in chosen]
-            ax.bar(x, heights, width=bar, color=colors[bits], edgecolor="black",
-                   linewidth=0.5, label=f"int{bits}")
-        ax.set_xticks(range(len(pairings)), [p.replace(", ", ",\n") for p in pairings],
-                      fontsize=8)
-        ax.set_ylabel(label)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0].set_ylim(0, 112)
-    axes[0].set_yticks(range(0, 101, 20))
-    axes[0].legend(loc="upper center", ncol=len(widths), fontsize=8)
-    axes[0].set_title("how often the greedy token stays the same")
-    axes[1].set_yscale("symlog", linthresh=1e-3)
-    lowest = min(q.added_loss for q in qualities)
-    axes[1].set_ylim(bottom=min(-1e-3, 2 * lowest))
-    axes[1].axhline(0, color="black", linewidth=0.5)
-    axes[1].set_title("what the cache costs in held-out loss")
+def cache_table(prefix_cache, labels_of) -> str:
+    """The cached blocks as a text table: pool block, positions, tokens, hits, last used,
+    held by a running request, cached children (notebook 20's eviction exercise)."""
+    lines = [f"{'block':>5}  {'positions':>9}  {'tokens':<26} {'hits':>4}  {'last used':>9}  "
+             f"{'held':>4}  {'children':>8}"]
+    for entry in prefix_cache.entries:
+        span = f"{entry.positions[0]}-{entry.positions[-1]}"
+        lines.append(f"{entry.block:>5}  {span:>9}  {' '.join(labels_of(entry.tokens)):<26} "
+                     f"{entry.hits:>4}  {entry.last_used:>9}  "
+                     f"{'yes' if prefix_cache.is_held(entry) else 'no':>4}  {entry.children:>8}")
+    return "\n".join(lines)
 
 
-def _relative_rms(error: np.ndarray, exact: np.ndarray) -> float:
-    """RMS of the error over the RMS of the numbers themselves (notebook 20)."""
-    return float(np.sqrt(np.mean(error ** 2)) / np.sqrt(np.mean(exact ** 2)))
+# --------------------------------------------------------------------------------- the stream
+
+@dataclass
+class StreamRun:
+    """A stream of requests served one arrival at a time (the widget's state): each arrival
+    (a tick) first finishes the requests whose time is up, then admits the next request; a
+    request that does not fit waits, and is tried again at the next tick."""
+
+    server: PrefixServer
+    stream: list
+    position: int = 0                               # the next request of the stream
+    tick: int = 0                                   # arrivals so far, waits included
+    finish_at: dict = field(default_factory=dict)   # request number -> tick that ends it
+    admissions: list = field(default_factory=list)
+    newly_cached: tuple = ()
+    waited: bool = False
+    evicted: int = 0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+
+    def arrive(self) -> Admission | None:
+        """Serve the next arrival; None (and waited = True) if its request must wait."""
+        if self.position >= len(self.stream):
+            raise ValueError(f"the stream has only {len(self.stream)} requests: press Reset")
+        tick = self.tick
+        self.tick += 1
+        new = []
+        for request, ends in sorted(self.finish_at.items()):
+            if ends <= tick:
+                new += [entry.block for entry in self.server.finish(request)]
+                del self.finish_at[request]
+        self.newly_cached = tuple(new)
+        item = self.stream[self.position]
+        try:
+            admission = self.server.admit(item.ids)
+        except MemoryError:
+            self.waited = True
+            return None
+        self.waited = False
+        self.finish_at[admission.request] = tick + item.lifetime
+        self.position += 1
+        self.admissions.append(admission)
+        self.evicted += len(admission.evicted_blocks)
+        self.prompt_tokens += len(admission.ids)
+        self.reused_tokens += admission.reused_tokens
+        return admission
 
 
-def _tokens_html(tokens, reference) -> str:
-    """The continuation's tokens, those that differ from the plain cache's in bold and
-    underlined (no colour needed to see them)."""
-    shown = []
-    for token, plain in zip(tokens, reference):
-        text = html.escape(token)
-        shown.append(text if token == plain else f"<b><u>{text}</u></b>")
-    return " ".join(shown)
+def prefix_stream_explorer(params=None, seed: int = 0, n_blocks: int = 20, block_size: int = 4,
+                           n_requests: int = 40):
+    """Serve a seeded stream of requests with a prefix cache, one click at a time
+    (notebook 20).
 
-
-MODELS = ("as trained", "outlier keys")
-
-
-def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_length: int = 32,
-                             n_new: int = 24, layer: int = 0, group_size: int = 32,
-                             outlier_params: kvlib.Params | None = None):
-    """Choose bits and grouping for K and V; see what a QuantizedKVCache does (notebook 20).
-
-    story: ids (T,), BOS first, prefilled whole (T <= context length). The heatmap is the
-    rounding error of layer `layer`'s keys; the status lines give the bytes per token (the live
-    cache's nbytes / T, and the formula), the error of K and V, the loss along the story
-    and the share of unchanged greedy picks, and a greedy continuation of the story's first
-    prompt_length tokens by n_new tokens, with the tokens that differ from the plain cache's
-    in bold. Results are kept per setting, so going back to one is instant. With
-    outlier_params (the same model with outlier key channels,
-    kvlib.serving.quantized.with_outlier_key_channels), a "keys" control switches between
-    the two models.
-
-    Returns a VBox with what the tests use: ``controls`` ({"key_bits", "key_grouping",
-    "value_bits", "value_grouping", "layer"}, and "model" with outlier_params), ``status``,
-    ``message``, ``figure`` and ``state`` ({"result": the setting on show, a dict;
-    "results": every setting seen}).
+    Returns a VBox with what the tests use: ``arrive`` (Button "Next request"), ``reset``
+    (Button "Reset"), ``pool`` (IntSlider: blocks in the pool), ``block`` (Dropdown: block
+    size), ``seed`` (BoundedIntText), ``status`` (HTML: the request, what it reused and
+    prefilled, evictions, the pool, totals so far), ``check`` (HTML: its logits against a
+    full recomputation), ``message`` (HTML: bad input in words), ``figure``, ``controls``,
+    and ``run()`` (the StreamRun).
     """
-    config = params.config
-    if outlier_params is not None and outlier_params.config != config:
-        raise ValueError("outlier_params must be the same model's (its config differs)")
-    story = kvlib.check_ids(story, params, "story")
-    if len(story) > config.context_length:
-        raise ValueError(f"the story has {len(story)} tokens; the context holds "
-                         f"{config.context_length}")
-    if not 1 <= prompt_length < len(story):
-        raise ValueError(f"prompt_length must be between 1 and {len(story) - 1}, "
-                         f"got {prompt_length}")
-    if prompt_length + n_new > config.context_length:
-        raise ValueError(f"prompt_length + n_new ({prompt_length} + {n_new}) exceeds the "
-                         f"context length {config.context_length}")
-    models = {MODELS[0]: params} | ({} if outlier_params is None else
-                                     {MODELS[1]: outlier_params})
-    plain = {}
-    for name, model in models.items():
-        logits, cache = kvlib.prefill(model, story)
-        plain[name] = {"logits": logits, "loss": next_token_loss(logits, story),
-                       "keys": [cache.keys(i) for i in range(config.n_layers)],
-                       "values": [cache.values(i) for i in range(config.n_layers)]}
-    plain_tokens = greedy_tokens(params, story[:prompt_length], n_new,
-                                 kvlib.KVCache(config))
-    norm = error_norm(float(max(np.abs(k).max() for reference in plain.values()
-                                for k in reference["keys"])) / 2)
-    float16_bytes = 2 * 2 * config.n_layers * config.kv_width
-    own_bytes = float16_bytes * config.numpy_dtype.itemsize // 2
+    params = example_model() if params is None else params
+    tokenizer = kvlib.ToyTokenizer()
+    labels_of = tokenizer.tokens
 
-    toggle = dict(style={"button_width": "52px"})
-    controls = {
-        "key_bits": widgets.ToggleButtons(options=BITS, value=8, description="K bits",
-                                          **toggle),
-        "key_grouping": widgets.ToggleButtons(options=GROUPINGS, value="per channel",
-                                              description="K scales",
-                                              style={"button_width": "90px"}),
-        "value_bits": widgets.ToggleButtons(options=BITS, value=8, description="V bits",
-                                            **toggle),
-        "value_grouping": widgets.ToggleButtons(options=GROUPINGS, value="per token",
-                                                description="V scales",
-                                                style={"button_width": "90px"}),
-        "layer": widgets.IntSlider(value=layer, min=0, max=config.n_layers - 1,
-                                   description="layer", continuous_update=False),
-    }
-    if outlier_params is not None:
-        controls["model"] = widgets.ToggleButtons(options=MODELS, value=MODELS[0],
-                                                  description="keys",
-                                                  style={"button_width": "100px"})
-    status, message = widgets.HTML(), widgets.HTML()
-    live = LiveFigure(figsize=(10, 3.8), n_axes=2, width_ratios=[3, 1])
-    live.figure.subplots_adjust(left=0.07, right=0.97, bottom=0.16, top=0.88, wspace=0.45)
-    heatmap_ax, bytes_ax = live.axes
-    image = draw_error_heatmap(heatmap_ax, np.zeros_like(plain[MODELS[0]]['keys'][0]), norm)
-    labels = ["float16", f"kvlib {config.dtype}", "this cache"]
-    bars = bytes_ax.barh(range(3), [float16_bytes, own_bytes, float16_bytes],
-                         color=[matplotlib.colormaps[COLORMAP](x) for x in (0.35, 0.1, 0.8)],
-                         edgecolor="black", linewidth=0.5)
-    bytes_ax.set_yticks(range(3), labels)
-    bytes_ax.invert_yaxis()
-    bytes_ax.set_xlim(0, own_bytes * 1.6)
-    bar_labels = [bytes_ax.text(bar.get_width(), y, f" {bar.get_width():,.0f}", va="center",
-                                fontsize=8) for y, bar in enumerate(bars)]
-    bytes_ax.set_xlabel("bytes per token")
-    bytes_ax.set_title("cache per token")
-    state = {"results": {}}
+    arrive = widgets.Button(description="Next request", button_style="primary")
+    reset = widgets.Button(description="Reset")
+    pool = widgets.IntSlider(value=n_blocks, min=8, max=48, description="pool blocks",
+                             continuous_update=False)
+    block = widgets.Dropdown(options=[2, 4, 8], value=block_size, description="block size")
+    seed_box = widgets.BoundedIntText(value=seed, min=0, max=10_000, description="seed",
+                                      layout=widgets.Layout(width="12em"))
+    status, check, message = widgets.HTML(), widgets.HTML(), widgets.HTML()
+    live = LiveFigure(figsize=(11, 7))
+    state = {}
 
-    def measure(setting):
-        if setting in state["results"]:
-            return state["results"][setting]
-        model_name, key_bits, key_kind, value_bits, value_kind = setting
-        model, reference = models[model_name], plain[model_name]
-        keys = make_grouping(key_kind, key_bits, group_size)
-        values = make_grouping(value_kind, value_bits, group_size)
-        logits, cache = kvlib.prefill(model, story, QuantizedKVCache(config, keys, values))
-        tokens = greedy_tokens(model, story[:prompt_length], n_new,
-                               QuantizedKVCache(config, keys, values))
-        # the rounding alone: each layer's plain keys and values, quantized and read back
-        # (the cache's own rows in later layers also carry what earlier layers changed)
-        key_error = [np.abs(keys.round_trip(rows) - rows) for rows in reference["keys"]]
-        value_error = [np.abs(values.round_trip(rows) - rows) for rows in reference["values"]]
-        exact_keys = np.concatenate(reference["keys"])
-        exact_values = np.concatenate(reference["values"])
-        result = {
-            "keys": keys, "values": values, "nbytes": cache.nbytes, "model": model_name,
-            "bytes_per_token": bytes_per_token(config.n_layers, config.kv_width, keys, values),
-            "key_error": key_error,
-            "key_rms": _relative_rms(np.concatenate(key_error), exact_keys),
-            "value_rms": _relative_rms(np.concatenate(value_error), exact_values),
-            "logit_error": float(np.abs(logits - reference["logits"]).mean()),
-            "loss": next_token_loss(logits, story), "plain_loss": reference["loss"],
-            "agreement": greedy_agreement(logits, reference["logits"]),
-            "tokens": tokens,
-            "same_tokens": sum(a == b for a, b in zip(tokens, plain_tokens)),
-            "first_difference": next((i for i, (a, b) in enumerate(zip(tokens, plain_tokens))
-                                      if a != b), None),
-        }
-        state["results"][setting] = result
-        return result
+    def describe(admission: Admission | None) -> None:
+        run = state["run"]
+        states = pool_states(run.server)
+        counts = np.bincount(states, minlength=len(POOL_STATES))
+        pool_line = (f"Pool: {counts[0]} free, {counts[1]} cached and idle, "
+                     f"{counts[2] + counts[3]} held by {len(run.server.running)} running "
+                     "requests.")
+        share = 100 * run.reused_tokens / run.prompt_tokens if run.prompt_tokens else 0.0
+        totals = (f"So far: {run.reused_tokens} of {run.prompt_tokens} prompt tokens reused "
+                  f"({share:.0f}%), {run.evicted} blocks evicted.")
+        if admission is None and run.waited:
+            item = run.stream[run.position]
+            text = (f"<b>Request {run.position} waits:</b> its {len(item.ids)} tokens need "
+                    "more blocks than are free or evictable; the running requests hold the "
+                    "rest. It is admitted after the next one finishes.")
+        elif admission is None:
+            text = "No request yet: press <b>Next request</b>."
+        else:
+            item = run.stream[admission.request]
+            source = f"system prompt {item.system} + a question" if item.system else \
+                "a question alone"
+            reused = ", ".join(map(str, admission.reused_blocks)) or "none"
+            evicted = ", ".join(map(str, admission.evicted_blocks)) or "none"
+            text = (f"<b>Request {admission.request}</b> ({source}, "
+                    f"{len(admission.ids)} tokens): reused {admission.reused_tokens} tokens "
+                    f"(blocks {reused}), prefilled {admission.prefilled_tokens}. "
+                    f"Evicted: {evicted}.")
+        status.value = f"{text}<br>{pool_line} {totals}"
 
-    def redraw(*_):
-        model_name = controls["model"].value if "model" in controls else MODELS[0]
-        setting = (model_name, controls["key_bits"].value, controls["key_grouping"].value,
-                   controls["value_bits"].value, controls["value_grouping"].value)
-        result = measure(setting)
-        state["result"] = result
-        chosen = controls["layer"].value
-        image.set_data(np.ma.masked_less_equal(result["key_error"][chosen], 0))
-        heatmap_ax.set_title(f"layer {chosen}'s keys ({model_name}), {result['keys'].name}: "
-                             f"rounding error of every cached key, {len(story)} positions",
-                             fontsize=9)
-        bars[2].set_width(result["bytes_per_token"])
-        bar_labels[2].set_position((result["bytes_per_token"], 2))
-        bar_labels[2].set_text(f" {result['bytes_per_token']:,.0f}")
+    def compare(admission: Admission) -> None:
+        full = kvlib.forward(params, list(admission.ids), last_only=True)
+        difference = float(np.max(np.abs(admission.logits - full)))
+        if difference < TOLERANCE:
+            check.value = ("its last token's logits equal a full recomputation "
+                           f"(max difference below {TOLERANCE:.0e})")
+        else:
+            check.value = ("<b>its logits differ from a full recomputation</b> "
+                           f"(max difference {difference:.1e})")
+
+    def draw(admission: Admission | None) -> None:
+        run = state["run"]
+        draw_prefix_state(live.figure, run.server, admission, labels_of, new=run.newly_cached)
+        describe(admission)
+        arrive.disabled = run.position >= len(run.stream)
         live.show()
-        T = len(story)
-        per_token = result["nbytes"] / T
-        first = result["first_difference"]
-        continuation = (f"all {n_new} the same as with the plain cache" if first is None else
-                        f"{result['same_tokens']} of {n_new} the same, the first difference "
-                        f"at new token {first + 1}")
-        words = tokenizer.tokens(result["tokens"])
-        plain_words = tokenizer.tokens(plain_tokens)
-        status.value = "<br>".join([
-            f"<b>K {html.escape(result['keys'].name)}, V "
-            f"{html.escape(result['values'].name)}</b>: "
-            f"{result['bytes_per_token']:,.1f} bytes a token once the groups are full "
-            f"({float16_bytes / result['bytes_per_token']:.2f}x less than float16's "
-            f"{float16_bytes:,}, {own_bytes / result['bytes_per_token']:.1f}x less than "
-            f"kvlib's {config.dtype}); the live cache holds {result['nbytes']:,} bytes for "
-            f"{T} positions ({per_token:,.1f} a position, the newest group's rows in "
-            f"{config.dtype}).",
-            f"Error of the cached numbers, RMS relative to their own: keys "
-            f"{100 * result['key_rms']:.2f}%, values {100 * result['value_rms']:.2f}%.",
-            f"Along the story: logits off by {result['logit_error']:.4f} on average; loss "
-            f"{result['loss']:.4f} nats against {result['plain_loss']:.4f}; the greedy pick is "
-            f"the same at {100 * result['agreement']:.1f}% of the {T} positions.",
-            f"Greedy continuation of the first {prompt_length} tokens: {continuation}:",
-            f"<small>{_tokens_html(words, plain_words)}</small>",
-        ])
 
-    box = explorer(live, controls, status, message, redraw, state)
-    box.plain_tokens = plain_tokens
+    def on_reset(*_):
+        size = int(block.value)
+        server = PrefixServer(params, int(pool.value), size)
+        stream = request_stream(n_requests, int(seed_box.value), tokenizer)
+        longest = max(server.blocks_needed(len(item.ids)) for item in stream)
+        if 2 * longest > server.allocator.n_blocks:   # two requests may hold blocks at once
+            raise ValueError(f"a pool of {server.allocator.n_blocks} blocks of {size} is too "
+                             f"small for this stream: its longest request needs {longest} "
+                             f"blocks, and two may run at once; take at least {2 * longest}")
+        state["run"] = StreamRun(server, stream)
+        check.value = ""
+        draw(None)
+
+    def on_arrive(_button):
+        run = state.get("run")
+        if run is None or run.position >= len(run.stream):
+            arrive.disabled = True
+            return
+        admission = run.arrive()
+        if admission is not None:
+            compare(admission)
+        draw(admission)
+
+    reset_safely = safely(on_reset, message)
+    arrive.on_click(safely(on_arrive, message))
+    reset.on_click(reset_safely)
+    for control in (pool, block, seed_box):
+        control.observe(reset_safely, names="value")
+    reset_safely()
+
+    box = widgets.VBox([widgets.HBox([arrive, reset, pool, block, seed_box]), status, check,
+                        message, live.output])
+    box.arrive, box.reset, box.pool, box.block, box.seed = arrive, reset, pool, block, seed_box
+    box.status, box.check, box.message = status, check, message
+    box.figure, box.live = live.figure, live
+    box.controls = {"arrive": arrive, "reset": reset, "pool": pool, "block": block,
+                    "seed": seed_box}
+    box.run = lambda: state.get("run")
     return box

@@ -1,317 +1,325 @@
-"""Notebook 21: step through a speculative generation, one round at a time.
+"""Notebook 21: batched decoding and continuous batching, drawn.
 
-``speculative_explorer(target, draft, tokenizer)`` runs kvlib.serving's SpeculativeDecoder:
-every click on "Speculative round" lets the draft propose k tokens and the target judge them
-in one pass. The figure shows the round (``draw_round``): the draft's proposals coloured by
-the target's verdict (kept, rejected, not judged), the tokens the round keeps (the accepted
-proposals and the target's own token, a correction or a bonus), and both caches' lengths
-before the round, after its passes and after the truncation. The lines under the controls
-give the acceptance statistics so far beside the prediction from them.
+``draw_padded_caches(ax, lengths)`` draws a batch of caches padded on the left: each row a
+sequence, its real positions in the last columns, the padding hidden. ``draw_batch_roofline
+(ax, ...)`` draws tokens per second against the batch size, the roofline's prediction beside
+what was measured. ``draw_timelines(figure, static, continuous, now)`` draws two Gantt charts of
+one workload, under static and under continuous batching, and the batch occupancy of both;
+``timeline_explorer()`` is that figure with a slider through time and the workload's controls.
 """
 
 from __future__ import annotations
 
+import html
+
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import MaxNLocator
+from matplotlib.collections import PolyCollection
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator, NullLocator
 
-import kvlib
-from kvlib import plots
-from kvlib.serving.speculative import (
-    GreedyAcceptance,
-    SamplingAcceptance,
-    SpeculativeDecoder,
-    SpeculativeStep,
-    expected_tokens_per_pass,
-)
+from kvlib.serving import scheduler
 
-from .base import LiveFigure, as_html, safely
+from .base import LiveFigure, explorer
 
-KEPT_COLOR = "#5ec962"        # viridis green: an accepted proposal
-REJECTED_COLOR = "#3b528b"    # viridis blue, hatched: the first rejected proposal
-TARGET_COLOR = "#fde725"      # viridis yellow: the target's own token
-UNJUDGED_COLOR = "#ffffff"    # after the first rejection the target rules on nothing
-CONTEXT_COLOR = "#e8e8e8"
-CONTEXT_SHOWN = 4             # tokens of the sequence shown before the round
-TOP = 1.5                     # height of the proposals' row above the kept row
-RULES = {"greedy": "greedy", "sampling (T = 1)": "sampling"}
-SAMPLING_SEED = 0
+WAITING_COLOR = "#c7c7c7"      # light grey: arrived, not yet in the batch
+PREFILL_COLOR = "#3b528b"      # viridis blue: the step that prefilled it (its first token)
+DECODE_COLOR = "#5ec962"       # viridis green: one token a step
+STATIC_COLOR = "#e69f00"       # Okabe-Ito orange, told apart from the green with any vision
+CONTINUOUS_COLOR = "#21918c"   # viridis teal
+PAD_COLOR = "#f0f0f0"
+REAL_COLOR = "#21918c"
+NEW_COLOR = "#fde725"
 
 
-def _box(ax, x: float, y: float, text: str, color: str, *, hatch=None, edge="black",
-         linestyle="-", text_color="black", weight="normal") -> None:
-    ax.add_patch(Rectangle((x + 0.05, y - 0.35), 0.9, 0.7, facecolor=color, edgecolor=edge,
-                           hatch=hatch, linestyle=linestyle, linewidth=1.0))
-    ax.text(x + 0.5, y, text, ha="center", va="center", fontsize=9, color=text_color,
-            weight=weight, clip_on=True)
+# ------------------------------------------------------------------------------ plain figures
 
 
-def _verdict_note(step: SpeculativeStep, index: int, sampled: bool) -> str:
-    if index >= step.judged:
-        return "not judged"
-    kept = index < step.accepted
-    mark = "kept" if kept else "rejected"
-    if sampled:
-        return f"{mark}\nmin(1, p/q) = {step.acceptance[index]:.2f}"
-    return mark
+def draw_padded_caches(ax, lengths, labels=None):
+    """A batch of caches padded on the left (notebook 21): row b holds sequence b's lengths[b]
+    positions in its last columns, the newest (this step's token) in the last column; the
+    padded cells are the ones the mask hides. Returns the mask drawn, (B, S_max)."""
+    from kvlib.serving.batch import padding_mask
+
+    visible = padding_mask(lengths)
+    B, S = visible.shape
+    cells = np.where(visible, 1, 0)
+    cells[:, -1] = 2                                          # every newest token, one column
+    ax.imshow(cells, cmap=ListedColormap([PAD_COLOR, REAL_COLOR, NEW_COLOR]), vmin=0, vmax=2,
+              aspect="auto", interpolation="nearest")
+    for b in range(B):
+        for j in range(S):
+            if not visible[b, j]:
+                ax.text(j, b, "pad", ha="center", va="center", fontsize=7, color="#7f7f7f")
+    labels = [f"sequence {b} ({n} positions)" for b, n in enumerate(lengths)] \
+        if labels is None else list(labels)
+    ax.set_yticks(range(B), labels)
+    ax.set_xticks(range(S))
+    ax.set_xticks(np.arange(-0.5, S), minor=True)
+    ax.set_yticks(np.arange(-0.5, B), minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.5)
+    ax.tick_params(which="minor", length=0)
+    ax.set_xlabel("column of the padded cache")
+    ax.set_title("Caches padded on the left: the newest tokens share the last column")
+    handles = [Rectangle((0, 0), 1, 1, color=color) for color in
+               (REAL_COLOR, NEW_COLOR, PAD_COLOR)]
+    ax.legend(handles, ["cached position", "this step's token", "padding (masked)"],
+              loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize=8)
+    return visible
 
 
-def draw_round(token_ax, cache_ax, step: SpeculativeStep, context, label, *,
-               sampled: bool = False) -> None:
-    """Draw one round of speculative decoding (notebook 21) into two Axes, cleared first.
+def draw_batch_roofline(ax, batch_sizes, predicted, measured=None, one_at_a_time=None,
+                        crossover=None, title=None):
+    """Tokens per second against the batch size (notebook 21): the roofline's prediction
+    (a line), what was measured (dots) and decoding the sequences one at a time (a dashed
+    line), both axes logarithmic; `crossover` marks where the roofline turns compute-bound."""
+    batch_sizes = np.asarray(batch_sizes)
+    ax.plot(batch_sizes, predicted, "-", color="black", lw=1.5,
+            label="roofline: B / max(FLOPs / rate, bytes / bandwidth)")
+    if measured is not None:
+        ax.plot(batch_sizes, measured, "o-", color=CONTINUOUS_COLOR, lw=1.5,
+                label="measured: one batched step")
+    if one_at_a_time is not None:
+        ax.plot(batch_sizes, one_at_a_time, "s--", color=STATIC_COLOR, lw=1.2, ms=4,
+                label="measured: decode_step per sequence")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(batch_sizes, [str(int(b)) for b in batch_sizes])
+    ax.xaxis.set_minor_locator(NullLocator())
+    if crossover is not None:
+        ax.axvline(crossover, color="#7f7f7f", lw=1, linestyle=":")
+        ax.text(crossover, ax.get_ylim()[1], f"roofline: compute-bound from B = {crossover} ",
+                rotation=90, va="top", ha="right", fontsize=8, color="#555555")
+    ax.set_xlabel("batch size B (sequences decoded in one step)")
+    ax.set_ylabel("tokens per second (log scale)")
+    ax.set_title(title or "Decode throughput against the batch size")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+              frameon=False)
+    ax.grid(alpha=0.3, which="both")
 
-    token_ax: the draft's proposals (top row), coloured by the target's verdict, and the
-    tokens the round keeps (bottom row, after the last tokens of the sequence, `context`):
-    the accepted proposals, then the target's own token under the first rejected proposal
-    (a correction) or after the last one (a bonus). cache_ax: the target's and the draft's
-    cache, positions held before the round, written by its passes, and truncated after it.
-    label: ids -> token strings (tokenizer.tokens). sampled: also print min(1, p/q).
+
+# ------------------------------------------------------------------------------ the timelines
+
+
+def _rectangles(spans, height: float = 0.7) -> list:
+    """Polygons of bars: spans are (row, start, end)."""
+    return [[(start, row - height / 2), (end, row - height / 2), (end, row + height / 2),
+             (start, row + height / 2)] for row, start, end in spans if end > start]
+
+
+def timeline_bars(timeline) -> dict[str, list]:
+    """The bars of a Gantt chart of a Timeline (notebook 21): for each request (row = id),
+    'waiting' from its arrival to its admission, 'prefill' its first step, 'decode' from its
+    first token to its last. Each a list of (row, start, end)."""
+    bars = {"waiting": [], "prefill": [], "decode": []}
+    for i, request in timeline.requests.items():
+        admitted = timeline.admitted_at(i)
+        bars["waiting"].append((i, request.arrival, admitted))
+        bars["prefill"].append((i, admitted, timeline.first_token[i]))
+        bars["decode"].append((i, timeline.first_token[i], timeline.finish[i]))
+    return bars
+
+
+def occupancy_curve(timeline, end: float) -> tuple[np.ndarray, np.ndarray]:
+    """Requests in the batch over time, as the edges and values of a step curve (notebook
+    19): a step with k requests from its start to its end; 0 between steps."""
+    edges, values, clock = [0.0], [], 0.0
+    for step in timeline.steps:
+        if step.start > clock:
+            edges.append(step.start)
+            values.append(0)
+        edges.append(step.end)
+        values.append(len(step.batch))
+        clock = step.end
+    if end > clock:
+        edges.append(end)
+        values.append(0)
+    return np.array(edges), np.array(values)
+
+
+class _TimelineArtists:
+    """The artists of draw_timelines, made once per figure and then changed in place: a
+    new workload replaces the bars' vertices, a move through time moves two lines and the
+    grey covers over the future, so that a slider move costs almost nothing."""
+
+    def __init__(self, figure):
+        figure.clear()
+        grid = figure.add_gridspec(3, 1, height_ratios=[1.0, 1.0, 0.55], hspace=0.55)
+        self.gantts = [figure.add_subplot(grid[0]), figure.add_subplot(grid[1])]
+        self.occupancy = figure.add_subplot(grid[2], sharex=self.gantts[0])
+        self.collections, self.arrivals, self.nows, self.covers = [], [], [], []
+        for ax in self.gantts:
+            parts = {name: PolyCollection([], facecolors=color, edgecolors="white",
+                                          linewidths=0.5)
+                     for name, color in (("waiting", WAITING_COLOR), ("prefill", PREFILL_COLOR),
+                                         ("decode", DECODE_COLOR))}
+            for collection in parts.values():
+                ax.add_collection(collection)
+            self.collections.append(parts)
+            self.arrivals.append(ax.plot([], [], "|", color="black", ms=9, mew=1.5)[0])
+            ax.set_ylabel("request")
+            ax.invert_yaxis()
+        for ax in self.gantts + [self.occupancy]:
+            self.nows.append(ax.axvline(0, color="black", lw=1.2))
+            cover = Rectangle((0, 0), 1, 1, transform=ax.get_xaxis_transform(),
+                              facecolor="white", alpha=0.7, edgecolor="none", zorder=3)
+            ax.add_patch(cover)
+            self.covers.append(cover)
+        handles = [Rectangle((0, 0), 1, 1, color=c) for c in
+                   (WAITING_COLOR, PREFILL_COLOR, DECODE_COLOR)]
+        self.gantts[0].legend(handles + [self.arrivals[0]],
+                              ["waiting", "prefill step (first token)", "decoding",
+                               "arrival"], loc="upper center", bbox_to_anchor=(0.5, 1.42),
+                              ncol=4, frameon=False, fontsize=8)
+        self.static_line, = self.occupancy.plot([], [], drawstyle="steps-post",
+                                                color=STATIC_COLOR, lw=1.8, label="static")
+        self.continuous_line, = self.occupancy.plot([], [], drawstyle="steps-post",
+                                                    color=CONTINUOUS_COLOR, lw=1.8,
+                                                    label="continuous")
+        self.limit_line = self.occupancy.axhline(0, color="#7f7f7f", lw=1, linestyle=":")
+        self.occupancy.legend(loc="upper right", fontsize=8, ncol=2)
+        self.occupancy.set_ylabel("in the batch")
+        self.occupancy.yaxis.set_major_locator(MaxNLocator(integer=True))
+        self.occupancy.set_xlabel("time (model steps)")
+        self.workload = None
+
+    def set_timelines(self, timelines) -> None:
+        end = max(t.steps[-1].end for t in timelines)
+        for ax, parts, arrivals, timeline in zip(self.gantts, self.collections, self.arrivals,
+                                                 timelines):
+            for name, spans in timeline_bars(timeline).items():
+                parts[name].set_verts(_rectangles(spans))
+            ids = sorted(timeline.requests)
+            arrivals.set_data([timeline.requests[i].arrival for i in ids], ids)
+            ax.set_xlim(0, end)
+            ax.set_ylim(max(ids) + 0.6, min(ids) - 0.6)
+            ax.set_yticks(ids)
+            ax.tick_params(axis="y", labelsize=7 if len(ids) > 12 else 9)
+        for line, timeline in ((self.static_line, timelines[0]),
+                               (self.continuous_line, timelines[1])):
+            edges, values = occupancy_curve(timeline, end)
+            line.set_data(edges, np.append(values, values[-1] if len(values) else 0))
+        max_batch = timelines[0].policy.max_batch
+        self.limit_line.set_ydata([max_batch, max_batch])
+        self.occupancy.set_ylim(0, max_batch + 0.8)
+        self.occupancy.set_xlim(0, end)
+        self.end = end
+
+    def set_now(self, now: float) -> None:
+        for line, cover in zip(self.nows, self.covers):
+            line.set_xdata([now, now])
+            cover.set_x(now)
+            cover.set_width(max(self.end - now, 0) + 1)
+
+
+def draw_timelines(figure, static, continuous, now: float | None = None) -> dict:
+    """Two Gantt charts of one workload (notebook 21), static batching above, continuous
+    below, and the requests in the batch over time under both; a black line at `now`, the
+    future greyed (None: the whole run). The first call on a figure makes the artists; later
+    calls change them. Returns the three Axes and the end of the longer run."""
+    if not (isinstance(static, scheduler.Timeline) and isinstance(continuous,
+                                                                  scheduler.Timeline)):
+        raise TypeError("draw_timelines needs two Timelines (kvlib.serving.serve)")
+    artists = getattr(figure, "_timeline_artists", None)
+    if artists is None or artists.occupancy not in figure.axes:
+        artists = figure._timeline_artists = _TimelineArtists(figure)
+    workload = (tuple(static.requests.values()), static.policy.max_batch)
+    if artists.workload != workload or getattr(artists, "timelines", None) != (static,
+                                                                                continuous):
+        artists.set_timelines((static, continuous))
+        artists.workload, artists.timelines = workload, (static, continuous)
+    now = artists.end if now is None else float(now)
+    artists.set_now(now)
+    titles = _titles(static, continuous)
+    for ax, title in zip(artists.gantts, titles):
+        ax.set_title(title, fontsize=10)
+    return {"static": artists.gantts[0], "continuous": artists.gantts[1],
+            "occupancy": artists.occupancy, "end": artists.end, "now": now}
+
+
+def _titles(static, continuous) -> tuple[str, str]:
+    s, c = static.summary(), continuous.summary()
+    return (f"Static batching (max {static.policy.max_batch}): {s['steps']} steps, "
+            f"{s['throughput']:.2f} tokens a step, mean TTFT {s['mean_ttft']:.1f} steps",
+            f"Continuous batching (max {continuous.policy.max_batch}): {c['steps']} steps, "
+            f"{c['throughput']:.2f} tokens a step, mean TTFT {c['mean_ttft']:.1f} steps")
+
+
+def _at(timeline, now: float) -> str:
+    states = timeline.state_at(now)
+    count = {name: sum(s == name for s in states.values())
+             for name in ("waiting", "running", "finished")}
+    step = timeline.step_at(now)
+    in_batch = 0 if step is None else len(step.batch)
+    return (f"{in_batch} of {timeline.policy.max_batch} slots busy, {count['waiting']} "
+            f"waiting, {count['finished']} finished")
+
+
+def timeline_explorer(n_requests: int = 12, seed: int = 0, max_batch: int = 4,
+                      mean_gap: float = 2.0):
+    """Notebook 21: one seeded workload served by static and by continuous batching, drawn
+    as two Gantt charts and the batch occupancy, with a slider through time.
+
+    Controls (box.controls): "time" (IntSlider, model steps; a Play button moves it),
+    "seed" (IntText), "requests" (IntSlider 2 .. 24), "max_batch" (IntSlider 1 .. 8),
+    "mean_gap" (FloatSlider: mean steps between arrivals). box.state holds the two
+    Timelines and what draw_timelines returned; box.status says, at the chosen time, how many
+    slots each policy fills and how many requests wait, then both summaries. A bad seed is
+    explained in box.message; the figure keeps the last good workload.
     """
-    if not isinstance(step, SpeculativeStep):
-        raise TypeError(f"step must be a SpeculativeStep, got {type(step).__name__}")
-    context = list(context)[-CONTEXT_SHOWN:]
-    k = len(step.proposals)
-    words = label(list(step.proposals) + [step.next_token] + context)
-    proposal_words, target_word = words[:k], words[k]
-    context_words = words[k + 1:]
-    token_ax.clear()
-    start = len(context_words)          # column of the first proposal
-    for column, word in enumerate(context_words):
-        _box(token_ax, column, 0, word, CONTEXT_COLOR, edge="#999999")
-    for index, word in enumerate(proposal_words):
-        x = start + index
-        if index < step.accepted:
-            _box(token_ax, x, TOP, word, KEPT_COLOR)
-            _box(token_ax, x, 0, word, KEPT_COLOR)
-        elif index < step.judged:
-            _box(token_ax, x, TOP, word, REJECTED_COLOR, hatch="//", text_color="white",
-                 weight="bold")
-        else:
-            _box(token_ax, x, TOP, word, UNJUDGED_COLOR, edge="#999999", linestyle="--",
-                 text_color="#777777")
-        token_ax.text(x + 0.5, TOP + 0.42, f"proposal {index + 1}", ha="center",
-                      va="bottom", fontsize=7, color="#555555")
-        token_ax.text(x + 0.5, TOP / 2, _verdict_note(step, index, sampled), ha="center",
-                      va="center", fontsize=7)
-    x = start + step.accepted
-    _box(token_ax, x, 0, target_word, TARGET_COLOR, weight="bold", edge="black")
-    token_ax.text(x + 0.5, -0.5, "bonus" if step.bonus else "target's token", ha="center",
-                  va="top", fontsize=7)
-    columns = start + max(k, step.accepted + 1)
-    token_ax.set_xlim(-1.6, max(columns, 6) + 0.2)
-    token_ax.set_ylim(-0.9, TOP + 0.8)
-    token_ax.set_yticks([0, TOP], ["kept", "draft\nproposes"])
-    token_ax.tick_params(length=0)
-    token_ax.set_xticks([])
-    for side in ("top", "right", "bottom", "left"):
-        token_ax.spines[side].set_visible(False)
-    if context_words:
-        token_ax.text(-0.1, 0, "...", ha="right", va="center", fontsize=9)
-    if step.bonus:
-        outcome = f"kept all {k} and added a bonus token"
-    else:
-        outcome = f"kept {step.accepted} and added its own token"
-    title = f"Round at position {step.start}: the draft proposed {k}, the target {outcome}"
-    token_ax.set_title(title, fontsize=10)
-    token_ax.legend(handles=[Patch(facecolor=KEPT_COLOR, edgecolor="black", label="accepted"),
-                             Patch(facecolor=REJECTED_COLOR, hatch="//", edgecolor="black",
-                                   label="rejected"),
-                             Patch(facecolor=UNJUDGED_COLOR, edgecolor="#999999",
-                                   linestyle="--", label="not judged"),
-                             Patch(facecolor=TARGET_COLOR, edgecolor="black",
-                                   label="target's own token")],
-                    loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    _draw_caches(cache_ax, step)
+    controls = {
+        "time": widgets.IntSlider(value=0, min=0, max=1, description="time"),
+        "seed": widgets.IntText(value=seed, description="seed",
+                                layout=widgets.Layout(width="11em")),
+        "requests": widgets.IntSlider(value=n_requests, min=2, max=24, description="requests",
+                                      continuous_update=False),
+        "max_batch": widgets.IntSlider(value=max_batch, min=1, max=8, description="max batch",
+                                       continuous_update=False),
+        "mean_gap": widgets.FloatSlider(value=mean_gap, min=0.0, max=6.0, step=0.5,
+                                        description="mean gap", continuous_update=False),
+    }
+    play = widgets.Play(value=0, min=0, max=1, interval=400, description="play")
+    widgets.link((play, "value"), (controls["time"], "value"))
+    status, message = widgets.HTML(), widgets.HTML()
+    live = LiveFigure(figsize=(11, 6.4))
+    state = {}
 
-
-def _draw_caches(ax, step: SpeculativeStep) -> None:
-    ax.clear()
-    lengths = (step.target_lengths, step.draft_lengths)
-    for y, (before, written, after) in enumerate(lengths):
-        ax.barh(y, before, color=plots.OLD_ROWS_COLOR, edgecolor="black", linewidth=0.5)
-        ax.barh(y, after - before, left=before, color=KEPT_COLOR, edgecolor="black",
-                linewidth=0.5)
-        ax.barh(y, written - after, left=after, color="white", edgecolor="black",
-                hatch="//", linewidth=0.5)
-        ax.text(written + 0.3, y, f"{before} -> {written} -> {after} positions", va="center",
-                fontsize=8)
-    lowest = min(step.target_lengths[0], step.draft_lengths[0])
-    highest = max(step.target_lengths[1], step.draft_lengths[1])
-    ax.set_xlim(max(0, lowest - 8), highest + 9)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_yticks([0, 1], ["target's cache", "draft's cache"])
-    ax.invert_yaxis()
-    ax.set_xlabel("positions held in the cache (before the round, written by it, kept)")
-    ax.legend(handles=[Patch(facecolor=plots.OLD_ROWS_COLOR, edgecolor="black",
-                             label="held before the round"),
-                       Patch(facecolor=KEPT_COLOR, edgecolor="black",
-                             label="written and kept"),
-                       Patch(facecolor="white", hatch="//", edgecolor="black",
-                             label="written, then truncated")],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-
-
-FIGURE_SIZE = (11, 4.2)
-
-
-def _round_axes(figure):
-    """The two Axes draw_round fills: tokens above, caches below."""
-    grid = figure.add_gridspec(2, 1, height_ratios=[1.6, 1.0], hspace=0.45)
-    figure.subplots_adjust(left=0.12, right=0.8, top=0.9, bottom=0.13)
-    return [figure.add_subplot(grid[0]), figure.add_subplot(grid[1])]
-
-
-def plot_round(step: SpeculativeStep, context, label, *, sampled: bool = False):
-    """One round as a plain figure (notebook 21; GitHub shows no widgets): a new figure with
-    draw_round's two Axes. Returns the figure."""
-    figure = plt.figure(figsize=FIGURE_SIZE)
-    draw_round(*_round_axes(figure), step, context, label, sampled=sampled)
-    return figure
-
-
-def round_figure():
-    """A LiveFigure (made once, redrawn in place) with draw_round's two Axes."""
-    live = LiveFigure(figsize=FIGURE_SIZE, n_axes=1)
-    live.figure.clear()
-    live.axes = _round_axes(live.figure)
-    return live
-
-
-def _stats_line(decoder: SpeculativeDecoder) -> str:
-    stats = decoder.stats()
-    text = (f"So far: {stats.rounds} rounds, so {stats.target_passes} target passes, for "
-            f"{stats.new_tokens} tokens: <b>{stats.tokens_per_pass:.2f} tokens a pass</b> "
-            f"(plain decoding: 1.00). The draft ran {stats.draft_passes} passes.")
-    if stats.judged:
-        alpha = stats.acceptance_rate
-        predicted = expected_tokens_per_pass(alpha, decoder.k)
-        text += (f"<br>The target accepted {stats.accepted} of the {stats.judged} proposals "
-                 f"it judged: alpha = {alpha:.2f}, for which (1 - alpha<sup>k+1</sup>) / "
-                 f"(1 - alpha) predicts {predicted:.2f} tokens a pass at k = {decoder.k}.")
-    return text
-
-
-def _greedy_check(decoder: SpeculativeDecoder) -> str:
-    """One forward pass of the target over the sequence: is every new token its argmax?"""
-    sequence, start = decoder.sequence, decoder.prompt_length
-    rows = kvlib.forward(decoder.target, sequence[:-1])[start - 1:]
-    same = np.array_equal(np.argmax(rows, axis=-1), sequence[start:])
-    if same:
-        return (f"All {len(sequence) - start} new tokens are the target's own greedy tokens "
-                "(checked with one forward pass of the target over the whole sequence).")
-    return "<b>The tokens differ from the target's own greedy tokens.</b>"
-
-
-def speculative_explorer(target, draft, tokenizer, prompt: str, k: int = 4,
-                         rule: str = "greedy"):
-    """Speculative decoding one round a click (notebook 21).
-
-    target, draft: kvlib Params with the same vocabulary; tokenizer: encode(text) -> ids and
-    tokens(ids) -> strings (kvlib.ToyTokenizer, kvlib.stories.StoryTokenizer). The prompt
-    is prefilled by the first round. Controls: "Speculative round", "Reset", k (a slider,
-    1-8; changing it starts again), the rule ("greedy" or "sampling (T = 1)", seeded) and
-    the prompt.
-
-    Returns a VBox with what the tests use: ``controls`` ({"round", "reset", "k", "rule",
-    "prompt"}), ``status`` (HTML: what the last round did), ``stats`` (HTML: totals and the
-    prediction), ``check`` (HTML: greedy output against the target's own), ``message``
-    (bad input in words), ``figure``, and ``state`` ({"decoder": the SpeculativeDecoder}).
-    """
-    step_button = widgets.Button(description="Speculative round", button_style="primary")
-    reset_button = widgets.Button(description="Reset")
-    k_slider = widgets.IntSlider(value=k, min=1, max=8, description="k",
-                                 continuous_update=False)
-    rule_buttons = widgets.ToggleButtons(options=list(RULES), value=_rule_label(rule),
-                                         description="rule")
-    text = widgets.Text(value=prompt, description="prompt", continuous_update=False,
-                        layout=widgets.Layout(width="24em"))
-    status, stats, check, message = (widgets.HTML() for _ in range(4))
-    live = round_figure()
-    state: dict = {}
-
-    def acceptance():
-        if RULES[rule_buttons.value] == "greedy":
-            return GreedyAcceptance()
-        return SamplingAcceptance(1.0, seed=SAMPLING_SEED)
-
-    def show(step: SpeculativeStep):
-        decoder = state["decoder"]
-        # from the decoder, not the toggle: after a refused prompt the toggle may be ahead of it
-        sampled = isinstance(decoder.acceptance, SamplingAcceptance)
-        context = decoder.sequence[: step.start]
-        draw_round(live.axes[0], live.axes[1], step, context, tokenizer.tokens,
-                   sampled=sampled)
-        live.show()
-        kept = as_html(" ".join(tokenizer.tokens(list(step.kept))))
-        before = as_html(" ".join(tokenizer.tokens(context[decoder.prompt_length:])))
-        if step.bonus:
-            verdict = (f"the target accepted all {len(step.proposals)} and added a bonus "
-                       "token from its last row")
-        elif step.proposals:
-            rejected = tokenizer.tokens([step.proposals[step.accepted]])[0]
-            verdict = (f"the target accepted {step.accepted}, rejected "
-                       f"\"{as_html(rejected)}\" and put its own token in its place")
-        else:
-            verdict = "no room for proposals (the context is nearly full): the target's own step"
-        target_lengths, draft_lengths = step.target_lengths, step.draft_lengths
+    def redraw(_=None):
+        workload_key = tuple(controls[name].value for name in
+                             ("seed", "requests", "max_batch", "mean_gap"))
+        if state.get("key") != workload_key:
+            _rebuild(workload_key)
+        now = controls["time"].value
+        drawn = draw_timelines(live.figure, state["static"], state["continuous"], now)
+        state["drawn"] = drawn
+        s, c = state["static"].summary(), state["continuous"].summary()
         status.value = (
-            f"Round {len(decoder.steps)}: the draft proposed {len(step.proposals)} tokens; "
-            f"{verdict}. Kept {len(step.kept)}: <b>{kept}</b>.<br>"
-            f"Caches: target {target_lengths[0]} -> {target_lengths[1]} -> {target_lengths[2]}"
-            f", draft {draft_lengths[0]} -> {draft_lengths[1]} -> {draft_lengths[2]} positions "
-            "(before, after the passes, after the truncation).<br>"
-            f"Generated: {before} <b>{kept}</b>")
-        stats.value = _stats_line(decoder)
-        check.value = _greedy_check(decoder) if not sampled else (
-            "Sampled: each token is distributed as the target's own sample (checked exactly "
-            "in the notebook); the same seed gives the same tokens.")
-        # a round needs the sequence's last token to fit: at most context_length tokens
-        full = len(decoder.sequence) > decoder.target.config.context_length
-        step_button.disabled = full
-        if full:
-            status.value += ("<br><b>The context is full</b>: no further token fits. Press "
-                             "Reset to start again.")
+            f"At time {now}: static batching has {html.escape(_at(state['static'], now))}; "
+            f"continuous batching has {html.escape(_at(state['continuous'], now))}.<br>"
+            f"Whole workload: static {s['steps']} steps, {s['throughput']:.2f} tokens a step, "
+            f"slots {s['mean_occupancy']:.0%} busy, mean TTFT {s['mean_ttft']:.1f} steps "
+            f"(worst {s['max_ttft']:.0f}); continuous {c['steps']} steps, "
+            f"{c['throughput']:.2f} tokens a step, slots {c['mean_occupancy']:.0%} busy, "
+            f"mean TTFT {c['mean_ttft']:.1f} steps (worst {c['max_ttft']:.0f}). "
+            "Time per output token: 1 step for both.")
+        live.show()
 
-    def on_reset(*_):
-        ids = tokenizer.encode(text.value)
-        if len(ids) >= target.config.context_length:
-            raise ValueError(f"this prompt has {len(ids)} tokens; at most "
-                             f"{target.config.context_length - 1} fit here")
-        decoder = SpeculativeDecoder(target, draft, ids, k_slider.value, acceptance())
-        step = decoder.step()
-        state["decoder"] = decoder
-        step_button.disabled = False
-        show(step)
+    def _rebuild(workload_key) -> None:
+        seed_value, count, size, gap = workload_key
+        requests = scheduler.make_workload(count, seed_value, gap)
+        static = scheduler.serve(requests, scheduler.StaticBatching(size))
+        continuous = scheduler.serve(requests, scheduler.ContinuousBatching(size))
+        state.update(static=static, continuous=continuous, key=workload_key,
+                     requests=requests)
+        end = int(max(t.steps[-1].end for t in (static, continuous)))
+        play.max = end
+        controls["time"].max = end    # may lower the value: its observer redraws, harmlessly
 
-    def on_round(_button):
-        decoder = state.get("decoder")
-        if decoder is None or len(decoder.sequence) > target.config.context_length:
-            step_button.disabled = True
-            return
-        show(decoder.step())
-
-    reset_safely = safely(on_reset, message)
-    step_button.on_click(safely(on_round, message))
-    reset_button.on_click(reset_safely)
-    for control in (k_slider, rule_buttons, text):
-        control.observe(reset_safely, names="value")
-    reset_safely()
-
-    controls = {"round": step_button, "reset": reset_button, "k": k_slider,
-                "rule": rule_buttons, "prompt": text}
-    box = widgets.VBox([widgets.HBox([step_button, reset_button, k_slider]),
-                        widgets.HBox([rule_buttons, text]), message, status, stats, check,
-                        live.output])
-    box.controls, box.status, box.stats, box.check, box.message = (
-        controls, status, stats, check, message)
-    box.figure, box.state = live.figure, state
+    box = explorer(live, controls, status, message, redraw, state)
+    box.children = (widgets.HBox([play, controls["time"]]),
+                    widgets.HBox([controls[n] for n in ("seed", "requests", "max_batch",
+                                                         "mean_gap")]),
+                    message, status, live.output)
+    box.play = play
     return box
-
-
-def _rule_label(rule: str) -> str:
-    for label, name in RULES.items():
-        if rule in (label, name):
-            return label
-    raise ValueError(f"rule must be 'greedy' or 'sampling', got {rule!r}")
