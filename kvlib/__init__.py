@@ -4,6 +4,7 @@ Each function's docstring names the notebook that introduces it and its shapes.
 The core needs numpy only; kvlib.plots and kvlib.widgets import matplotlib and ipywidgets.
 """
 
+from .bpe import Tokenizer
 from .cache import (
     BaseKVCache,
     ConcatenatingKVCache,
@@ -12,6 +13,7 @@ from .cache import (
     SlidingWindowCache,
     make_cache,
 )
+from .checkpoints.smollm2 import SMOLLM2_135M, load_smollm2, smollm2_tokenizer
 from .config import GPT2_SMALL, ModelConfig
 from .flops import (
     MultiplyAdds,
@@ -43,19 +45,30 @@ from .model import (
     decoder_block,
     embed,
     gelu,
+    gelu_mlp,
     layer_norm,
     merge_heads,
     mlp,
     normalize,
     output_projection,
     project_qkv,
+    rms_norm,
+    silu,
     softmax,
     split_heads,
+    swiglu_mlp,
     unembed,
     weighted_sum,
 )
 from .params import DEFAULT_SEED, LatentLayerParams, LayerParams, Params, init_params
-from .positions import RotaryPositions, add_positions, rotary_angles, rotate_pairs
+from .positions import (
+    RotaryPositions,
+    add_positions,
+    rotary_angles,
+    rotary_positions,
+    rotate_halves,
+    rotate_pairs,
+)
 from .tokenizer import BOS, TOY_VOCABULARY, ToyTokenizer
 
 ARTICLE_PROMPT = "How are you?"

@@ -3,9 +3,10 @@ reads.
 
 The defaults are the article's toy. The other options add, one at a time, what real models
 have: what GPT-2 adds (notebook 12: learned positions, layer norms, biases), rotary positions
-(notebook 14), fewer K/V heads (notebook 15), a latent K/V (notebook 16) and a sliding window
-with attention sinks (notebook 17). Impossible combinations are refused with the rule they
-break.
+(notebook 14), fewer K/V heads (notebook 15), a latent K/V (notebook 16), a sliding window
+with attention sinks (notebook 17) and what Llama changes from GPT-2 (notebook 18: RMSNorm,
+the SwiGLU MLP, and which columns the rotation pairs). Impossible combinations are refused
+with the rule they break.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import numpy as np
 
 SUPPORTED_DTYPES = ("float32", "float64")
 POSITION_SCHEMES = ("none", "learned", "rotary")
-NORMS = ("none", "layer")
+NORMS = ("none", "layer", "rms")
+MLPS = ("gelu", "swiglu")
+ROPE_PAIRINGS = ("interleaved", "half")
 
 
 def _whole_number(name: str, value, minimum: int) -> None:
@@ -50,12 +53,20 @@ class ModelConfig:
 
     positions: "none" (the toy), "learned" (GPT-2: a table of context_length rows added to
         the embeddings) or "rotary" (RoPE: q and k rotated by an angle set by the position).
-    norm: "none" or "layer" (LayerNorm before attention, before the MLP and before the
-        unembedding: GPT-2's pre-LN). norm_epsilon is added to the variance.
+    norm: "none", "layer" (LayerNorm before attention, before the MLP and before the
+        unembedding: GPT-2's pre-LN) or "rms" (RMSNorm in the same places, a gain and no
+        bias: Llama). norm_epsilon is added to the variance (the mean square for RMSNorm).
     bias: whether every projection adds a bias (GPT-2 does).
+    mlp: "gelu" (GPT-2: up, tanh GeLU, down) or "swiglu" (Llama: a gate and an up projection,
+        silu(gate) * up, then down; one more (d, d_ff) matrix).
     n_kv_heads: None (as many K/V heads as query heads: multi-head attention) or a divisor of
         n_heads: grouped-query attention, or multi-query with 1. Only K/V heads are cached.
     rope_base: the base of the rotary angles (10000 in RoPE's paper and Llama 2).
+    rope_pairing: which columns of a head the rotation turns together: "interleaved"
+        (x[2i], x[2i+1]: RoPE's paper, GPT-J, llama.cpp and GGUF files) or "half" (x[i],
+        x[i + dh/2]: transformers' rotate_half and the hub's safetensors). The same rotation
+        with the columns in another order; weights written for one give another model under
+        the other (notebook 18).
     latent_dim: None, or the width of the latent that multi-head latent attention caches
         instead of K and V (DeepSeek-V2's d_c). rope_head_dim is then the width of its
         decoupled rotary key (needs positions="rotary"; 0 for none).
@@ -75,8 +86,10 @@ class ModelConfig:
     norm: str = "none"
     bias: bool = False
     norm_epsilon: float = 1e-5
+    mlp: str = "gelu"
     n_kv_heads: int | None = None
     rope_base: float = 10000.0
+    rope_pairing: str = "interleaved"
     latent_dim: int | None = None
     rope_head_dim: int = 0
     window: int | None = None
@@ -95,8 +108,9 @@ class ModelConfig:
         if self.positions not in POSITION_SCHEMES:
             raise ValueError(f"positions must be one of {POSITION_SCHEMES}, "
                              f"got {self.positions!r}")
-        if self.norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("rope_pairing", ROPE_PAIRINGS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not isinstance(self.bias, bool):
             raise TypeError(f"ModelConfig.bias must be True or False, got {self.bias!r}")
         for name in ("norm_epsilon", "rope_base"):

@@ -92,7 +92,8 @@ def chunk_multiply_adds(config: ModelConfig, new_tokens: int, attended_positions
         projections=L * T * projections,
         attention_scores=L * T * scores,
         attention_sums=L * T * sums,
-        mlp=L * 2 * T * d * config.d_ff,
+        # GPT-2's MLP has two (d, f) matrices, SwiGLU three (notebook 18)
+        mlp=L * (3 if config.mlp == "swiglu" else 2) * T * d * config.d_ff,
         unembedding=rows * d * config.vocab_size,
     )
 
@@ -165,7 +166,8 @@ _PART_OF_FUNCTION = {
     "output_projection": "projections",
     "attention_scores": "attention_scores",
     "weighted_sum": "attention_sums",
-    "mlp": "mlp",
+    "gelu_mlp": "mlp",
+    "swiglu_mlp": "mlp",
     "unembed": "unembedding",
     # latent attention (kvlib.latent, notebook 16)
     "latent_queries": "projections",

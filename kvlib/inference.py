@@ -1,10 +1,11 @@
 """Running the model (notebooks 00, 06-08): full recomputation, prefill, cached decode, generate.
 
 One loop serves every architecture kvlib has: the toy, GPT-2 (notebook 12), rotary
-positions, fewer K/V heads, latent attention and sliding windows (notebooks 14-17). What
-differs is chosen from the config: the position scheme, the block (decoder_block or
-latent_decoder_block), the mask (causal, or banded with sinks), and the cache kind
-(kvlib.make_cache).
+positions, fewer K/V heads, latent attention and sliding windows (notebooks 14-17), and
+Llama's (SmolLM2, notebook 18). What differs is chosen from the config: the position
+scheme, the block (decoder_block or latent_decoder_block), the mask (causal, or banded with
+sinks), and the cache kind (kvlib.make_cache); the norm and the MLP follow from the weights
+each layer has (kvlib.model.normalize and mlp).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .config import ModelConfig
 from .latent import latent_decoder_block
 from .model import attention_mask, decoder_block, embed, normalize, softmax, unembed
 from .params import Params
-from .positions import RotaryPositions, add_positions
+from .positions import add_positions, rotary_positions
 
 
 def check_ids(ids, params: Params, what: str = "prompt") -> np.ndarray:
@@ -87,13 +88,6 @@ def _all_or_nothing(cache: BaseKVCache):
         raise
 
 
-def _rotary(config: ModelConfig, positions: np.ndarray) -> RotaryPositions | None:
-    if config.positions != "rotary":
-        return None
-    dim = config.rope_head_dim if config.latent_dim is not None else config.head_dim
-    return RotaryPositions(positions, dim, config.rope_base)
-
-
 def _embed(params: Params, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
     X = embed(ids, params.embedding)
     if params.config.positions == "learned":
@@ -110,7 +104,7 @@ def _mask(config: ModelConfig, query_positions, key_positions) -> np.ndarray | N
 def _run_blocks(params: Params, X, positions, mask, cache, record_attention):
     config = params.config
     block = latent_decoder_block if config.latent_dim is not None else decoder_block
-    rotary = _rotary(config, positions)
+    rotary = rotary_positions(config, positions)
     for index, layer in enumerate(params.layers):
         X = block(X, layer, config.n_heads, mask=mask, cache=cache, layer_index=index,
                   record_attention=record_attention, rotary=rotary,

@@ -196,13 +196,40 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
 
 
-def mlp(X: np.ndarray, layer) -> np.ndarray:
-    """Position-wise MLP (notebook 05): X (T, d) @ W_up (d, f) -> GeLU -> @ W_down (f, d).
+def gelu_mlp(X: np.ndarray, layer) -> np.ndarray:
+    """GPT-2's MLP (notebook 05): X (T, d) @ W_up (d, f) -> GeLU -> @ W_down (f, d) -> (T, d).
 
     GPT-2 adds a bias after each product (notebook 12).
     """
     hidden = gelu(_plus_bias(X @ layer.W_up, getattr(layer, "b_up", None)))
     return _plus_bias(hidden @ layer.W_down, getattr(layer, "b_down", None))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """SiLU, x * sigmoid(x) (notebook 18): any shape -> same shape.
+
+    sigmoid(x) is written 0.5 * (1 + tanh(x / 2)), the same function, because 1 / (1 +
+    exp(-x)) overflows exp for x below about -88 in float32.
+    """
+    return x * (0.5 * (1.0 + np.tanh(0.5 * x)))
+
+
+def swiglu_mlp(X: np.ndarray, layer) -> np.ndarray:
+    """Llama's MLP (notebook 18): silu(X @ W_gate) * (X @ W_up) -> @ W_down: (T, d) -> (T, d).
+
+    Two projections up to f columns instead of one: the gate's silu decides, column by
+    column, how much of the up projection passes. Three (d, f) matrices instead of two, so
+    Llama-style models choose f about 8/3 d instead of 4 d (SmolLM2: 1536 for d = 576).
+    """
+    return (silu(X @ layer.W_gate) * (X @ layer.W_up)) @ layer.W_down
+
+
+def mlp(X: np.ndarray, layer) -> np.ndarray:
+    """The block's MLP (notebook 05): X (T, d) -> (T, d). GPT-2's (gelu_mlp), or Llama's
+    SwiGLU (swiglu_mlp, notebook 18) when the layer has a gate, W_gate."""
+    if getattr(layer, "W_gate", None) is not None:
+        return swiglu_mlp(X, layer)
+    return gelu_mlp(X, layer)
 
 
 def layer_norm(X: np.ndarray, gain: np.ndarray, bias: np.ndarray, epsilon: float = 1e-5):
@@ -217,10 +244,23 @@ def layer_norm(X: np.ndarray, gain: np.ndarray, bias: np.ndarray, epsilon: float
     return (X - mean) / np.sqrt(variance + float(epsilon)) * gain + bias
 
 
+def rms_norm(X: np.ndarray, gain: np.ndarray, epsilon: float = 1e-5) -> np.ndarray:
+    """RMSNorm (notebook 18; Llama): each row (T, d) divided by its root mean square, then *
+    gain. No mean is subtracted and no bias added: LayerNorm without its centring, one
+    reduction per row instead of two."""
+    mean_square = (X * X).mean(axis=-1, keepdims=True)
+    return X / np.sqrt(mean_square + float(epsilon)) * gain
+
+
 def normalize(X: np.ndarray, gain: np.ndarray | None, bias: np.ndarray | None,
               epsilon: float = 1e-5) -> np.ndarray:
-    """layer_norm when the model has norms (GPT-2, notebook 12); X itself for the toy."""
-    return X if gain is None else layer_norm(X, gain, bias, epsilon)
+    """The model's norm: X itself for the toy (no gain), layer_norm for GPT-2 (a gain and a
+    bias, notebook 12), rms_norm for Llama (a gain alone, notebook 18)."""
+    if gain is None:
+        return X
+    if bias is None:
+        return rms_norm(X, gain, epsilon)
+    return layer_norm(X, gain, bias, epsilon)
 
 
 def decoder_block(
@@ -243,10 +283,11 @@ def decoder_block(
     (h, T, S) are appended to it.
 
     What real models add changes a line each: GPT-2 normalizes the block's input before
-    attention and before the MLP (notebook 12; the toy has no norms and skips it); with
-    rotary positions (notebook 14, a kvlib.positions.RotaryPositions) q and k are turned
-    before K is cached; with fewer K/V heads (notebook 15) K and V are narrower and split
-    into fewer heads than Q.
+    attention and before the MLP (notebook 12; the toy has no norms and skips it; Llama's
+    norm is RMSNorm, notebook 18); with rotary positions (notebook 14, a
+    kvlib.positions.RotaryPositions) q and k are turned before K is cached; with fewer K/V
+    heads (notebook 15) K and V are narrower and split into fewer heads than Q; Llama's MLP
+    is SwiGLU (notebook 18).
     """
     Q, K, V = project_qkv(normalize(X, layer.ln_1_gain, layer.ln_1_bias, norm_epsilon), layer)
     if rotary is not None:

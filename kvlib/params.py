@@ -32,7 +32,8 @@ class LayerParams:
     Wq (d, d), Wk and Wv (d, kv_width), Wo (d, d), W_up (d, f), W_down (f, d), where
     kv_width = n_kv_heads x head_dim (= d for multi-head attention). With config.bias: bq (d,),
     bk and bv (kv_width,), bo (d,), b_up (f,), b_down (d,). With config.norm == "layer":
-    ln_1_gain, ln_1_bias, ln_2_gain, ln_2_bias, (d,) each. Absent parts are None.
+    ln_1_gain, ln_1_bias, ln_2_gain, ln_2_bias, (d,) each; with "rms" the two gains only.
+    With config.mlp == "swiglu": W_gate (d, f). Absent parts are None.
     """
 
     Wq: np.ndarray
@@ -51,13 +52,14 @@ class LayerParams:
     ln_1_bias: np.ndarray | None = None
     ln_2_gain: np.ndarray | None = None
     ln_2_bias: np.ndarray | None = None
+    W_gate: np.ndarray | None = None
 
     @staticmethod
     def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Every array this config needs in a block, with its shape."""
         d, f, kv = config.d_model, config.d_ff, config.kv_width
-        shapes = {"Wq": (d, d), "Wk": (d, kv), "Wv": (d, kv), "Wo": (d, d),
-                  "W_up": (d, f), "W_down": (f, d)}
+        shapes = {"Wq": (d, d), "Wk": (d, kv), "Wv": (d, kv), "Wo": (d, d)}
+        shapes |= _mlp_shapes(config)
         if config.bias:
             shapes |= {"bq": (d,), "bk": (kv,), "bv": (kv,), "bo": (d,), "b_up": (f,),
                        "b_down": (d,)}
@@ -93,12 +95,13 @@ class LatentLayerParams:
     ln_1_bias: np.ndarray | None = None
     ln_2_gain: np.ndarray | None = None
     ln_2_bias: np.ndarray | None = None
+    W_gate: np.ndarray | None = None
 
     @staticmethod
     def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-        d, f, dc, dr = config.d_model, config.d_ff, config.latent_dim, config.rope_head_dim
+        d, dc, dr = config.d_model, config.latent_dim, config.rope_head_dim
         shapes = {"Wq": (d, d), "W_down_kv": (d, dc), "W_up_k": (dc, d), "W_up_v": (dc, d),
-                  "Wo": (d, d), "W_up": (d, f), "W_down": (f, d)}
+                  "Wo": (d, d)} | _mlp_shapes(config)
         if dr:
             shapes |= {"Wq_rope": (d, config.n_heads * dr), "Wk_rope": (d, dr)}
         return shapes | _norm_shapes(config, "ln_1", "ln_2")
@@ -107,10 +110,17 @@ class LatentLayerParams:
         return _present_arrays(self)
 
 
+def _mlp_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """GPT-2's MLP: W_up and W_down; SwiGLU adds the gate W_gate (Llama, notebook 18)."""
+    d, f = config.d_model, config.d_ff
+    shapes = {"W_up": (d, f), "W_down": (f, d)}
+    return shapes | {"W_gate": (d, f)} if config.mlp == "swiglu" else shapes
+
+
 def _norm_shapes(config: ModelConfig, *names: str) -> dict[str, tuple[int]]:
-    if config.norm == "none":
-        return {}
-    return {f"{name}_{part}": (config.d_model,) for name in names for part in ("gain", "bias")}
+    """LayerNorm has a gain and a bias, RMSNorm a gain only (notebook 18)."""
+    parts = {"none": (), "layer": ("gain", "bias"), "rms": ("gain",)}[config.norm]
+    return {f"{name}_{part}": (config.d_model,) for name in names for part in parts}
 
 
 def layer_class(config: ModelConfig) -> type:
@@ -184,7 +194,8 @@ def _check_arrays(where: str, obj, shapes: dict, config: ModelConfig) -> None:
             if array is not None:
                 raise ValueError(f"{name} is given, but this config has no use for it "
                                  f"(positions={config.positions!r}, norm={config.norm!r}, "
-                                 f"bias={config.bias}, rope_head_dim={config.rope_head_dim})")
+                                 f"bias={config.bias}, mlp={config.mlp!r}, "
+                                 f"rope_head_dim={config.rope_head_dim})")
             continue
         if array is None:
             raise ValueError(f"{name} is missing: this config needs an array of shape "

@@ -16,7 +16,9 @@ A decode step's token sits at position len(cache); a chunk after P cached tokens
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import numpy as np
 
@@ -48,52 +50,119 @@ def add_positions(X: np.ndarray, table: np.ndarray, positions) -> np.ndarray:
     return X + table[positions]
 
 
+def _check_rotary_dim(dim) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, Integral):
+        raise TypeError(f"dim must be a whole number (the rotated columns of a head), got "
+                        f"{dim!r}")
+    if dim < 2 or dim % 2:
+        raise ValueError(f"rotary positions turn pairs of columns: dim must be an even whole "
+                         f"number >= 2, got {dim}")
+    return int(dim)
+
+
+def _check_base(base) -> float:
+    if isinstance(base, bool) or not isinstance(base, Real) or not math.isfinite(base) \
+            or base <= 0:
+        raise ValueError(f"the rotary base must be a positive finite number (10000 in RoPE's "
+                         f"paper, 100000 in SmolLM2), got {base!r}")
+    return float(base)
+
+
 def rotary_angles(positions, dim: int, base: float = 10000.0) -> np.ndarray:
     """The angle of every pair of columns at every position (notebook 14): (T, dim / 2).
 
     Pair i turns at the frequency base^(-2i / dim): pair 0 once per position (radian), the
     last pair slowest, so that near and far distances both leave a mark on the scores.
     """
-    if dim % 2:
-        raise ValueError(f"rotary positions turn pairs of columns: dim must be even, got {dim}")
+    dim, base = _check_rotary_dim(dim), _check_base(base)
     positions = check_positions(positions)
     frequencies = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
     return positions[:, None] * frequencies[None, :]
 
 
+def _check_rotated(X, angles) -> tuple[int, int]:
+    """(T, heads) for X (T, heads x 2 x angles.shape[1]); a clear error otherwise."""
+    if not isinstance(X, np.ndarray) or X.ndim != 2 or not np.issubdtype(X.dtype, np.floating):
+        raise TypeError(f"X must be a 2-D float array (tokens, heads x dim), got "
+                        f"{getattr(X, 'dtype', type(X).__name__)} "
+                        f"{getattr(X, 'shape', '')}: a rotation of whole numbers is not whole")
+    T, width = X.shape
+    angles = np.asarray(angles)
+    if angles.ndim != 2 or angles.shape[0] != T or angles.shape[1] == 0 \
+            or width % (2 * angles.shape[1]):
+        raise ValueError(f"angles {angles.shape} do not fit X {X.shape}: need one row per "
+                         "token and a whole number of heads of 2 x angles.shape[1] columns")
+    return T, width // (2 * angles.shape[1])
+
+
 def rotate_pairs(X: np.ndarray, angles: np.ndarray) -> np.ndarray:
-    """Turn each pair of columns (2i, 2i+1) of each head by its angle (notebook 14).
+    """Turn each pair of neighbouring columns (2i, 2i+1) of each head by its angle (notebook
+    14): the "interleaved" pairing of RoPE's paper, GPT-J and llama.cpp (notebook 18).
 
     X (T, n x dim) for n heads of dim columns, angles (T, dim / 2) -> (T, n x dim), the same
     dtype. Every head turns by the same angles: the position, not the head, sets them.
-    The pairs are neighbouring columns, as in the RoPE paper; transformers' Llama pairs
-    column i with column i + dim/2 instead, a fixed permutation of the same rotation.
+    transformers' Llama pairs column i with column i + dim/2 instead (rotate_halves), a fixed
+    permutation of the same rotation.
     """
-    T, width = X.shape
+    T, heads = _check_rotated(X, angles)
     half = angles.shape[1]
-    if angles.shape[0] != T or width % (2 * half):
-        raise ValueError(f"angles {angles.shape} do not fit X {X.shape}: need one row per "
-                         "token and a whole number of heads of 2 x angles.shape[1] columns")
-    pairs = X.reshape(T, width // (2 * half), half, 2)
+    pairs = X.reshape(T, heads, half, 2)
     cos = np.cos(angles).astype(X.dtype)[:, None, :]
     sin = np.sin(angles).astype(X.dtype)[:, None, :]
     first, second = pairs[..., 0], pairs[..., 1]
     turned = np.stack([first * cos - second * sin, first * sin + second * cos], axis=-1)
-    return turned.reshape(T, width)
+    return turned.reshape(T, X.shape[1])
+
+
+def rotate_halves(X: np.ndarray, angles: np.ndarray) -> np.ndarray:
+    """Turn column i of each head with column i + dim/2 by angle i (notebook 18): the "half"
+    pairing of transformers' rotate_half and of the hub's Llama checkpoints.
+
+    Shapes as rotate_pairs. It equals rotate_pairs on the columns reordered as 0, dim/2, 1,
+    dim/2 + 1, ...: llama.cpp's converter reorders the rows of Wq and Wk that way, so that a
+    GGUF file is right with rotate_pairs while the same model's safetensors are right with
+    this.
+    """
+    T, heads = _check_rotated(X, angles)
+    half = angles.shape[1]
+    parts = X.reshape(T, heads, 2, half)
+    cos = np.cos(angles).astype(X.dtype)[:, None, :]
+    sin = np.sin(angles).astype(X.dtype)[:, None, :]
+    first, second = parts[:, :, 0], parts[:, :, 1]
+    turned = np.stack([first * cos - second * sin, first * sin + second * cos], axis=2)
+    return turned.reshape(T, X.shape[1])
+
+
+ROTATIONS = {"interleaved": rotate_pairs, "half": rotate_halves}
+"""The rotation of each pairing (kvlib.ModelConfig.rope_pairing)."""
 
 
 @dataclass(frozen=True)
 class RotaryPositions:
     """The rotation of one chunk of tokens (notebook 14): made once per pass, used by every
-    layer on q and k. positions (T,), dim = the rotated columns per head."""
+    layer on q and k. positions (T,), dim = the rotated columns per head, pairing =
+    "interleaved" (rotate_pairs) or "half" (rotate_halves, notebook 18)."""
 
     positions: np.ndarray
     dim: int
     base: float = 10000.0
+    pairing: str = "interleaved"
 
     def __post_init__(self):
+        if self.pairing not in ROTATIONS:
+            raise ValueError(f"pairing must be one of {tuple(ROTATIONS)}, got {self.pairing!r}")
         object.__setattr__(self, "angles", rotary_angles(self.positions, self.dim, self.base))
 
     def rotate(self, X: np.ndarray) -> np.ndarray:
         """(T, n x dim) -> (T, n x dim): each head's pairs turned by its token's angles."""
-        return rotate_pairs(X, self.angles)
+        return ROTATIONS[self.pairing](X, self.angles)
+
+
+def rotary_positions(config, positions) -> RotaryPositions | None:
+    """The rotation a model applies at these positions (notebooks 14, 18), or None when it
+    has no rotary positions: the head size (the decoupled rotary part's with latent
+    attention), the config's base and its pairing."""
+    if config.positions != "rotary":
+        return None
+    dim = config.rope_head_dim if config.latent_dim is not None else config.head_dim
+    return RotaryPositions(positions, dim, config.rope_base, config.rope_pairing)

@@ -31,6 +31,8 @@ def configs(draw, *, latent=None, window=None, positions=None, context_length=40
         dtype=dtype,
         positions=scheme,
         norm=draw(st.sampled_from(kvlib.config.NORMS)),
+        mlp=draw(st.sampled_from(kvlib.config.MLPS)),
+        rope_pairing=draw(st.sampled_from(kvlib.config.ROPE_PAIRINGS)),
     )
     if use_latent:
         options["latent_dim"] = draw(st.integers(1, 8))

@@ -195,7 +195,7 @@ def gpt2_models(draw):
     """(params, config): random sizes, GPT-2's architecture (MHA, learned positions, layer
     norms, biases), seeded random weights with non-trivial gains and biases."""
     config = draw(configs(latent=False, window=False, positions="learned"))
-    config = config.replace(norm="layer", bias=True, n_kv_heads=None)
+    config = config.replace(norm="layer", bias=True, n_kv_heads=None, mlp="gelu")
     return kvlib.init_params(config, seed=draw(st.integers(0, 10_000))), config
 
 

@@ -125,7 +125,7 @@ def test_turning_keys_at_read_time_equals_caching_them_turned(model, data):
     every read. A decode step's attention weights from it, in every layer, equal those of
     kvlib.decode_step on its cache of keys turned once, at write time."""
     params, config = model
-    assume(config.norm == "none")
+    assume(config.norm == "none" and config.rope_pairing == "interleaved")   # the lesson's
     ids = token_lists(data.draw, config, min_size=2, max_size=10)
     _, cache = kvlib.prefill(params, ids[:-1])
     recorded = []
@@ -154,7 +154,7 @@ def test_turning_keys_at_read_time_equals_caching_them_turned(model, data):
 def test_the_fixed_continuation_equals_recomputation_for_random_rotary_models(model, data):
     """Exercise 1's solution, any split into chunks: positions P .. P+T-1 every time."""
     params, config = model
-    assume(config.norm == "none")
+    assume(config.norm == "none" and config.rope_pairing == "interleaved")   # the lesson's
     scope = {"np": np, "kvlib": kvlib}
     exec(ex14.SOLUTIONS[1], scope)
     ids = token_lists(data.draw, config, min_size=1, max_size=14)

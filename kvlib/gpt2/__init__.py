@@ -1,4 +1,6 @@
-"""GPT-2 in kvlib (issue 9; notebook 12): its weights, its tokenizer, and the file format.
+"""GPT-2 in kvlib (notebooks 12-13): its weights, its tokenizer, and the file format, under
+one name. The code lives with the other checkpoint formats in kvlib.checkpoints and with
+SmolLM2's tokenizer in kvlib.bpe; kvlib/gpt2/data/ holds GPT-2's vocabulary files.
 
 - `load(directory, dtype)` turns a GPT-2 checkpoint folder (the model hub's layout:
   config.json + model.safetensors) into kvlib params, memory-mapped; `save` writes one.
@@ -12,9 +14,9 @@
 Needs numpy and regex; no torch. Only download() needs a network (and huggingface_hub).
 """
 
-from .checkpoint import GPT2_124M, config_from_hub, load, save
-from .download import default_directory, download, find_weights
-from .safetensors import (
+from ..checkpoints.gpt2 import GPT2_124M, config_from_hub, load, save
+from ..checkpoints.download import default_directory, download, find_weights
+from ..checkpoints.safetensors import (
     DTYPES,
     bfloat16_to_float32,
     float32_to_bfloat16,
@@ -22,7 +24,7 @@ from .safetensors import (
     read_safetensors,
     write_safetensors,
 )
-from .tokenizer import (
+from ..bpe import (
     END_OF_TEXT,
     PRETOKENIZER_PATTERN,
     Tokenizer,

@@ -54,7 +54,7 @@ from ..model import (
     weighted_sum,
 )
 from ..params import Params
-from ..positions import RotaryPositions, add_positions
+from ..positions import add_positions, rotary_positions
 from ..roofline import cache_bytes, roofline_time, weights_bytes
 
 # ------------------------------------------------------------------------------ checks
@@ -264,9 +264,7 @@ def batched_decode_step(params: Params, token_ids, caches, *, attend=attend_per_
     positions = batch_positions(caches)
     X = embed_batch(params, ids, positions)   # before any append: a bad position changes nothing
     masks = sequence_masks(config, caches, positions)
-    rotary = None
-    if config.positions == "rotary":
-        rotary = RotaryPositions(positions, config.head_dim, config.rope_base)
+    rotary = rotary_positions(config, positions)
     saved = [cache.checkpoint() for cache in caches]
     try:
         for index, layer in enumerate(params.layers):

@@ -1,42 +1,72 @@
-"""GPT-2's tokenizer: byte-level BPE, written to be read (notebook 12).
+"""Byte-level BPE, the tokenizer of GPT-2 and of SmolLM2 (notebooks 12 and 18), written to be
+read.
 
 Text becomes ids in four steps:
-1. the pre-tokenizer pattern cuts the text into words, each with the space before it
-   ("Hello, I am" -> "Hello", ",", " I", " am");
+1. the pre-tokenizer cuts the text into words, each with the space before it
+   ("Hello, I am" -> "Hello", ",", " I", " am"); SmolLM2's first cuts every digit apart
+   ("2024" -> "2", "0", "2", "4"), then applies GPT-2's pattern to what is left;
 2. each word becomes its UTF-8 bytes, each byte shown as one printable character
    (`bytes_to_unicode`: the space is "Ġ", so " am" is written "Ġam");
 3. byte-pair encoding (`bpe`) starts from those single characters and merges adjacent pairs,
-   always the pair that ranks first among GPT-2's 50,000 learned merges, until no pair of
-   the word is a merge ("Ġ a m" -> "Ġa m" -> "Ġam");
-4. the vocabulary maps each resulting piece to its id (" am" -> 716).
+   always the pair that ranks first among the learned merges, until no pair of the word is
+   a merge ("Ġ a m" -> "Ġa m" -> "Ġam");
+4. the vocabulary maps each resulting piece to its id (" am" -> 716 for GPT-2).
 
-Any text can be encoded, whatever its script or emoji: the 256 single bytes are all in the
-vocabulary, so in the worst case a word stays a sequence of bytes. Decoding joins the pieces'
-bytes and reads them as UTF-8.
+Special tokens ("<|endoftext|>", SmolLM2's "<|im_start|>") are found in the text before
+step 1 and become their ids directly; they are never cut into pieces.
 
-The vocabulary and merges ship with kvlib (kvlib/gpt2/data/, OpenAI's files; see LICENSE
-there). The same tokenizer is `GPT2Tokenizer` in transformers and the "gpt2" encoding in
-tiktoken; tests/test_gpt2_tokenizer.py checks it against tiktoken.
+Any text can be encoded, whatever its script or emoji: GPT-2's vocabulary holds all 256
+single bytes, so in the worst case a word stays a sequence of bytes. SmolLM2's lacks 21 bytes
+that text almost never contains (controls such as 0x04, and 0xC0, 0xC1, 0xF1, 0xF2, 0xF5-0xFF,
+most of which valid UTF-8 never uses): those are left out of the ids, as llama.cpp does
+(`Tokenizer.missing_bytes` lists them). Decoding joins the pieces' bytes and reads them as
+UTF-8.
+
+GPT-2's vocabulary and merges ship with kvlib (kvlib/gpt2/data/, OpenAI's files; see LICENSE
+there); SmolLM2's come from its GGUF file (kvlib.checkpoints.gguf). GPT-2's is
+`GPT2Tokenizer` in transformers and the "gpt2" encoding in tiktoken
+(tests/test_gpt2_tokenizer.py checks it against tiktoken); SmolLM2's is checked against the
+`tokenizers` library (tests/test_smollm2_tokenizer.py).
 """
 
 from __future__ import annotations
 
+import heapq
 import json
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import regex
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parent / "gpt2" / "data"
 
 PRETOKENIZER_PATTERN = regex.compile(
     r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
 """GPT-2's: common English contractions; letters, digits or other symbols, each run with at
 most one space in front; whitespace (a run before a word leaves its last space to the word)."""
 
+_NUMBER = regex.compile(r"(\p{N})")
+
 END_OF_TEXT = "<|endoftext|>"
 """GPT-2's only special token, id 50256: it separates documents in training."""
+
+
+def gpt2_words(text: str) -> list[str]:
+    """GPT-2's pre-tokenizer (notebook 12): text -> words, by PRETOKENIZER_PATTERN."""
+    return PRETOKENIZER_PATTERN.findall(text)
+
+
+def smollm_words(text: str) -> list[str]:
+    """SmolLM2's pre-tokenizer (notebook 18; llama.cpp calls it "smollm"): every numeral
+    (\\p{N}) is a word of its own, then GPT-2's pattern cuts the rest. "in 2024." ->
+    ["in", " ", "2", "0", "2", "4", "."]: a number is always read digit by digit."""
+    words = []
+    for part in _NUMBER.split(text):
+        if part:
+            words.extend(PRETOKENIZER_PATTERN.findall(part))
+    return words
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -94,7 +124,7 @@ def read_merges(path) -> list[tuple[str, str]]:
 
 
 class Tokenizer:
-    """GPT-2's byte-level BPE tokenizer (notebook 12).
+    """A byte-level BPE tokenizer: GPT-2's (notebook 12) or SmolLM2's (notebook 18).
 
     >>> tokenizer = Tokenizer.gpt2()
     >>> tokenizer.encode("Hello, I am")
@@ -105,57 +135,71 @@ class Tokenizer:
     'Hello, I am'
 
     vocabulary: token (in bytes_to_unicode characters, "Ġam") -> id; merges: pairs of pieces,
-    highest priority first. The text "<|endoftext|>" inside encode's input becomes the special
-    token (id 50256), as in transformers' GPT2Tokenizer (tiktoken's encode refuses it unless
-    allowed_special says otherwise); encode_ordinary reads it as plain text instead.
+    highest priority first. pretokenize: text -> words (gpt2_words or smollm_words).
+    special_tokens: the tokens matched whole in encode's input before anything else (GPT-2:
+    "<|endoftext|>", as transformers' GPT2Tokenizer does; tiktoken's encode refuses it unless
+    allowed_special says otherwise); encode_ordinary reads them as plain text instead.
+    chat_template: a kvlib.chat.ChatTemplate for a chat model (SmolLM2), used by
+    apply_chat_template.
     """
 
-    def __init__(self, vocabulary: dict[str, int], merges: list[tuple[str, str]]):
+    def __init__(self, vocabulary: dict[str, int], merges: list[tuple[str, str]], *,
+                 pretokenize: Callable[[str], list[str]] = gpt2_words,
+                 special_tokens: Iterable[str] = (END_OF_TEXT,), chat_template=None):
         self.vocabulary = dict(vocabulary)
         self.merge_ranks = {tuple(pair): rank for rank, pair in enumerate(merges)}
+        self.pretokenize = pretokenize
+        self.special_tokens = tuple(special_tokens)
         self.byte_to_char = bytes_to_unicode()
         self.char_to_byte = {char: byte for byte, char in self.byte_to_char.items()}
         self._check_consistency()
         self.token_bytes = [b""] * len(self.vocabulary)
         for token, token_id in self.vocabulary.items():
             self.token_bytes[token_id] = bytes(self.char_to_byte[char] for char in token)
-        self.eot_id = self.vocabulary[END_OF_TEXT]
+        for token in self.special_tokens:     # their text, even if not byte characters
+            self.token_bytes[self.vocabulary[token]] = token.encode("utf-8")
+        self.eot_id = self.vocabulary.get(END_OF_TEXT)
+        self.missing_bytes = sorted(byte for byte, char in self.byte_to_char.items()
+                                    if char not in self.vocabulary)
+        # longest first, so that a special token is never cut by a shorter one inside it
+        self._special_pattern = regex.compile("(" + "|".join(
+            regex.escape(t) for t in sorted(self.special_tokens, key=len, reverse=True)) + ")"
+        ) if self.special_tokens else None
         self._bpe_cache: dict[str, tuple[str, ...]] = {}
+        self.chat_template = chat_template
 
     def _check_consistency(self) -> None:
         if sorted(self.vocabulary.values()) != list(range(len(self.vocabulary))):
             raise ValueError("the vocabulary's ids must be 0, 1, ..., n - 1, each once")
-        missing_bytes = set(self.byte_to_char.values()) - self.vocabulary.keys()
-        if missing_bytes:
-            raise ValueError(f"the vocabulary lacks the single-byte tokens "
-                             f"{sorted(missing_bytes)[:5]}: it cannot encode every text")
-        if END_OF_TEXT not in self.vocabulary:
-            raise ValueError(f"the vocabulary has no {END_OF_TEXT!r} token")
+        for token in self.special_tokens:
+            if not isinstance(token, str) or not token or token not in self.vocabulary:
+                raise ValueError(f"the special token {token!r} is not in the vocabulary")
         for left, right in self.merge_ranks:
             if left + right not in self.vocabulary:
                 raise ValueError(f"the merge {left!r} + {right!r} gives {left + right!r}, "
                                  "which is not in the vocabulary")
-        foreign = [token for token in self.vocabulary if token != END_OF_TEXT
+        foreign = [token for token in self.vocabulary if token not in self.special_tokens
                    and not set(token) <= self.char_to_byte.keys()]
         if foreign:
             raise ValueError(f"vocabulary tokens {foreign[:5]} use characters that stand for "
                              "no byte (see bytes_to_unicode)")
 
     @classmethod
-    def from_files(cls, vocabulary_path, merges_path) -> Tokenizer:
+    def from_files(cls, vocabulary_path, merges_path, **options) -> Tokenizer:
         """From a vocabulary (vocab.json / encoder.json) and merges (merges.txt / vocab.bpe)."""
-        return cls(read_vocabulary(vocabulary_path), read_merges(merges_path))
+        return cls(read_vocabulary(vocabulary_path), read_merges(merges_path), **options)
 
     @classmethod
-    def from_directory(cls, directory) -> Tokenizer:
+    def from_directory(cls, directory, **options) -> Tokenizer:
         """From a folder in the model hub's layout: vocab.json and merges.txt."""
         directory = Path(directory)
         missing = [name for name in ("vocab.json", "merges.txt")
                    if not (directory / name).is_file()]
         if missing:
-            raise FileNotFoundError(f"{directory} has no {' and no '.join(missing)}: a GPT-2 "
-                                    "tokenizer in the model hub's layout needs both")
-        return cls.from_files(directory / "vocab.json", directory / "merges.txt")
+            raise FileNotFoundError(f"{directory} has no {' and no '.join(missing)}: a "
+                                    "byte-level BPE tokenizer in the model hub's layout needs "
+                                    "both")
+        return cls.from_files(directory / "vocab.json", directory / "merges.txt", **options)
 
     @staticmethod
     def gpt2() -> Tokenizer:
@@ -166,36 +210,38 @@ class Tokenizer:
         return len(self.vocabulary)
 
     def __repr__(self) -> str:
-        return f"Tokenizer({len(self):,} tokens, {len(self.merge_ranks):,} merges)"
+        return (f"Tokenizer({len(self):,} tokens, {len(self.merge_ranks):,} merges, "
+                f"{len(self.special_tokens)} special)")
 
     def bpe(self, word: str) -> tuple[str, ...]:
         """One pre-token, in bytes_to_unicode characters -> its BPE pieces ("Ġam" -> ("Ġam",)).
 
-        Start from single characters; repeatedly merge every occurrence (left to right) of the
-        adjacent pair whose merge ranks first, until no adjacent pair is a merge.
+        Start from single characters; repeatedly merge the adjacent pair whose merge ranks
+        first (the leftmost such pair when it occurs several times), until no adjacent pair
+        is a merge. The pairs wait in a heap ordered by (rank, position), so a word of n
+        characters takes about n log n steps, not n^2: a pasted URL list or a base64 blob of
+        100,000 characters without a space is encoded in about a second (tiktoken and the
+        `tokenizers` library do the same).
         """
         if word in self._bpe_cache:
             return self._bpe_cache[word]
-        pieces = list(word)
-        while len(pieces) > 1:
-            pairs = zip(pieces, pieces[1:])
-            best = min(pairs, key=lambda pair: self.merge_ranks.get(pair, float("inf")))
-            if best not in self.merge_ranks:
-                break
-            pieces = merge_pair(pieces, best)
+        pieces = merge_by_rank(list(word), self.merge_ranks)
         if len(self._bpe_cache) >= 100_000:  # bounded: arbitrary text has no end of words
             self._bpe_cache.clear()
         self._bpe_cache[word] = tuple(pieces)
         return self._bpe_cache[word]
 
     def encode(self, text: str) -> list[int]:
-        """Text -> ids; "<|endoftext|>" in the text becomes the special token 50256."""
+        """Text -> ids; a special token in the text ("<|endoftext|>") becomes its own id."""
         _check_text(text)
+        if self._special_pattern is None:
+            return self._encode_words(text)
         ids = []
-        for number, part in enumerate(text.split(END_OF_TEXT)):
-            if number > 0:
-                ids.append(self.eot_id)
-            ids.extend(self._encode_words(part))
+        for number, part in enumerate(self._special_pattern.split(text)):
+            if number % 2:                       # the pattern's group: a special token
+                ids.append(self.vocabulary[part])
+            elif part:
+                ids.extend(self._encode_words(part))
         return ids
 
     def encode_ordinary(self, text: str) -> list[int]:
@@ -206,10 +252,23 @@ class Tokenizer:
     def _encode_words(self, text: str) -> list[int]:
         """Steps 1-4 of the module's docstring, on text already checked."""
         ids = []
-        for word in PRETOKENIZER_PATTERN.findall(text):
+        for word in self.pretokenize(text):
             characters = "".join(self.byte_to_char[byte] for byte in word.encode("utf-8"))
-            ids.extend(self.vocabulary[piece] for piece in self.bpe(characters))
+            # a byte with no token of its own (missing_bytes) is left out, as llama.cpp and
+            # the tokenizers library do; merges only ever make pieces in the vocabulary
+            ids.extend(self.vocabulary[piece] for piece in self.bpe(characters)
+                       if piece in self.vocabulary)
         return ids
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True,
+                            tokenize: bool = True):
+        """A conversation as the model reads it (notebook 18), as transformers' method of the
+        same name: messages [{"role": "user", "content": "..."}] -> ids (or the text, with
+        tokenize=False). add_generation_prompt opens the assistant's turn."""
+        if self.chat_template is None:
+            raise ValueError("this tokenizer has no chat template: it is not a chat model's")
+        text = self.chat_template.render(messages, add_generation_prompt)
+        return self.encode(text) if tokenize else text
 
     def decode(self, ids) -> str:
         """Ids -> text; a character whose UTF-8 bytes the ids leave incomplete shows as U+FFFD."""
@@ -248,17 +307,38 @@ class Tokenizer:
         return [int(i) for i in ids]
 
 
-def merge_pair(pieces: list[str], pair: tuple[str, str]) -> list[str]:
-    """Every occurrence of the adjacent pair, left to right, becomes one piece."""
-    merged, i = [], 0
-    while i < len(pieces):
-        if i + 1 < len(pieces) and (pieces[i], pieces[i + 1]) == pair:
-            merged.append(pieces[i] + pieces[i + 1])
-            i += 2
-        else:
-            merged.append(pieces[i])
-            i += 1
-    return merged
+def merge_by_rank(pieces: list[str], merge_ranks: dict[tuple[str, str], int]) -> list[str]:
+    """BPE's merge loop (step 3): merge the best-ranked adjacent pair, leftmost first, until
+    no adjacent pair is a merge; pieces -> the merged pieces.
+
+    The pieces form a linked list (previous / following index) and every adjacent pair that is
+    a merge waits in a heap keyed by (rank, position). A heap entry goes stale when one of its
+    two pieces has since been merged into something else; it is recognised by the pieces it
+    names and skipped.
+    """
+    following = list(range(1, len(pieces))) + [-1]
+    previous = list(range(-1, len(pieces) - 1))
+    heap = [(merge_ranks[pair], i, pair) for i, pair in enumerate(zip(pieces, pieces[1:]))
+            if pair in merge_ranks]
+    heapq.heapify(heap)
+
+    def push(i: int) -> None:                 # the pair starting at piece i, if a merge
+        j = following[i] if i >= 0 else -1
+        if j >= 0 and (pieces[i], pieces[j]) in merge_ranks:
+            heapq.heappush(heap, (merge_ranks[pieces[i], pieces[j]], i, (pieces[i], pieces[j])))
+
+    while heap:
+        _, i, pair = heapq.heappop(heap)
+        j = following[i] if pieces[i] is not None else -1
+        if j < 0 or (pieces[i], pieces[j]) != pair:
+            continue                          # stale: a piece of it was merged away
+        pieces[i], pieces[j] = pieces[i] + pieces[j], None
+        following[i] = following[j]
+        if following[j] >= 0:
+            previous[following[j]] = i
+        push(previous[i])
+        push(i)
+    return [piece for piece in pieces if piece is not None]
 
 
 def _check_text(text) -> None:

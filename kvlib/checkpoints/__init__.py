@@ -1,0 +1,15 @@
+"""Checkpoint formats and loaders, in one place (notebooks 12, 13 and 18).
+
+- safetensors: the model hub's tensor file, read and written with numpy alone;
+- gpt2: GPT-2 in the hub's layout (config.json + model.safetensors);
+- llama: Llama-architecture models in the hub's layout (SmolLM2's float checkpoint, a
+  transformers LlamaForCausalLM saved with save_pretrained), with the half-split rotary
+  pairing their q and k rows expect;
+- gguf: llama.cpp's GGUF files (read with its gguf package), dequantized once to float32,
+  with the interleaved pairing their reordered rows expect;
+- smollm2: SmolLM2-135M-Instruct from the package registry, offline;
+- download: the model hub's files, for users with a network (never called by tests).
+
+Each turns a file into kvlib Params; kvlib.forward, prefill, decode_step and generate run
+them all with the same loop.
+"""

