@@ -208,10 +208,11 @@ def gelu_mlp(X: np.ndarray, layer) -> np.ndarray:
 def silu(x: np.ndarray) -> np.ndarray:
     """SiLU, x * sigmoid(x) (notebook 18): any shape -> same shape.
 
-    sigmoid(x) is written 0.5 * (1 + tanh(x / 2)), the same function, because 1 / (1 +
-    exp(-x)) overflows exp for x below about -88 in float32.
+    sigmoid(x) = 1 / (1 + exp(-x)) overflows exp for x below about -88 in float32, so it is
+    computed from z = exp(-|x|), which never does: 1 / (1 + z) for x >= 0, z / (1 + z) below.
     """
-    return x * (0.5 * (1.0 + np.tanh(0.5 * x)))
+    z = np.exp(-np.abs(x))
+    return x * np.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
 
 
 def swiglu_mlp(X: np.ndarray, layer) -> np.ndarray:

