@@ -180,3 +180,32 @@ def test_the_chat_template_renders_as_transformers_renders_it(tokenizer):
 def test_bad_messages_are_refused_in_words(tokenizer, messages, error, words):
     with pytest.raises(error, match=words):
         tokenizer.apply_chat_template(messages)
+
+
+# --------------------------------------------------------------------------- the hub's files
+
+def test_the_hubs_layout_loads_through_the_llama_reader(tmp_path, params, tokenizer):
+    """download_hub's folder, written here: the tiny Llama transformers saved (hub layout),
+    SmolLM2's vocabulary, and a tokenizer_config.json like the hub's."""
+    import shutil
+
+    from kvlib.checkpoints import gguf
+
+    folder = smollm2.hub_directory(tmp_path)
+    reference = Path(__file__).parent / "data" / "llama-reference"
+    shutil.copytree(reference, folder, ignore=shutil.ignore_patterns("*.npz", "versions.json"))
+    converted = gguf.converted_directory(smollm2.find_gguf())
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(converted / name, folder / name)
+    special = {str(i): {"content": token, "special": True}
+               for i, token in enumerate(tokenizer.special_tokens)}
+    template = tokenizer.chat_template.source
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"added_tokens_decoder": special, "chat_template": template}))
+    hub = smollm2.load_smollm2_hub(tmp_path)
+    assert hub.config.rope_pairing == "half" and hub.config.n_layers == 3
+    again = smollm2.smollm2_hub_tokenizer(tmp_path)
+    text = "<|im_start|>user\nIn 2024?<|im_end|>"
+    assert again.encode(text) == tokenizer.encode(text)
+    messages = [{"role": "user", "content": "hi"}]
+    assert again.apply_chat_template(messages) == tokenizer.apply_chat_template(messages)
