@@ -130,6 +130,17 @@ def test_rotate_pairs_is_deepseeks_interleaved_rotation(case):
         close(reordered.reshape(T, width), case[f"interleave_{x}"])
 
 
+@pytest.mark.parametrize("case", cases("rotary"), ids=ids("rotary"))
+def test_reordered_columns_make_rotate_pairs_llamas_rotation(case):
+    """rotate_halves' docstring: llama.cpp's converter reorders each head's rows of q_proj
+    and k_proj (`permute` in convert_hf_to_gguf.py: reshape(2, dim/2), swap the axes) to
+    0, dim/2, 1, dim/2 + 1, ..., and then the interleaved pairing turns what Llama's
+    rotate_half turns (in that order)."""
+    dim, width = int(case["dim"]), case["q"].shape[1]
+    order = np.arange(width).reshape(-1, 2, dim // 2).swapaxes(1, 2).ravel()
+    close(kvlib.rotate_pairs(case["q"][:, order], case["angles"]), case["half_q"][:, order])
+
+
 def float32_angle_tolerance(case):
     """|x| times the largest angle error of transformers' float32 frequencies (angle x
     FLOAT32_FREQUENCIES) and of its float32 cos/sin (a few 1e-8), twice for the two
@@ -242,10 +253,16 @@ def latent_config(case):
 
 
 @pytest.mark.parametrize("case", cases("mla"), ids=ids("mla"))
-def test_the_softmax_scale_counts_the_rotary_columns(case):
+def test_the_softmax_scale_counts_the_rotary_columns(case, monkeypatch):
     assert case["scaling"] == pytest.approx(1 / np.sqrt(8 + 8), rel=1e-15)  # dh + dr
-    layer = latent_layer(case, latent_config(case))
+    config = latent_config(case)
+    layer, x = latent_layer(case, config), case["x"]
     assert latent._scale(layer, 4) == pytest.approx(float(case["scaling"]), rel=1e-15)
+    # the reference tells the scales apart: 1 / sqrt(dh) alone moves the output
+    monkeypatch.setattr(latent, "_scale", lambda layer, n_heads: 1 / np.sqrt(8))
+    wrong = latent.latent_attention(x, layer, 4, kvlib.causal_mask(len(x)),
+                                    rotary=RecordedRotation(case["angles"], config.rope_pairing))
+    assert np.abs(wrong @ layer.Wo - case["output"]).max() > 1e-2
 
 
 @pytest.mark.parametrize("form", [latent.latent_attention, latent.latent_attention_rebuilt])
@@ -303,6 +320,15 @@ def test_windowed_attention_is_mistral_attention(case):
     heads = kvlib.attention(kvlib.split_heads(Q, 4), kvlib.split_heads(K, 2),
                             kvlib.split_heads(V, 2), mask)
     close(kvlib.merge_heads(heads) @ layer.Wo, case["output"])
+    # the reference tells the masks apart: no window, a window one longer, no sinks
+    others = [kvlib.attention_mask(positions, positions),
+              kvlib.attention_mask(positions, positions, config.window + 1, config.sink_tokens)]
+    if config.sink_tokens:
+        others.append(kvlib.attention_mask(positions, positions, config.window))
+    for other in others:
+        heads = kvlib.attention(kvlib.split_heads(Q, 4), kvlib.split_heads(K, 2),
+                                kvlib.split_heads(V, 2), other)
+        assert np.abs(kvlib.merge_heads(heads) @ layer.Wo - case["output"]).max() > 1e-2
 
 
 @pytest.mark.parametrize("case", cases("window"), ids=ids("window"))
