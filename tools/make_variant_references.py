@@ -5,13 +5,16 @@ tests/test_variants_reference.py to check kvlib against without torch.
 Needs torch and transformers (never part of requirements.txt, `make test` or CI; see
 tools/README.md). Run by hand, from the repository root, in the reference environment:
 
-    PYTHONPATH=. .venv-reference/bin/python tools/make_variant_references.py
+    .venv-reference/bin/python tools/make_variant_references.py
 
-(kvlib is not imported: nothing here is computed by the code under test.) Everything runs
-in float64 from seeded generators; no download. It writes tests/data/variants-reference/
-reference.npz (about 290 KB) and versions.json (torch, transformers, Python, seed). Keys
-are `section.case.name`; weights keep transformers' names and layout, nn.Linear's
-(out, in), so the test does the mapping to kvlib's (in, out) itself.
+kvlib is not imported: nothing recorded here is computed by the code under test. Inputs
+and weights are float64 from a seeded generator (no download); where transformers itself
+computes in float32 whatever the model's dtype (its rotary inverse frequencies and cos/sin,
+the softmax of its eager attention), the record says so. It writes
+tests/data/variants-reference/reference.npz (about 290 KB; a rerun writes the same bytes)
+and versions.json (torch, transformers, Python, numpy, seed). Keys are
+`section.case.name`; weights keep transformers' names and layout, nn.Linear's (out, in), so
+that the test does the mapping to kvlib's (in, out) itself.
 
 - `rotary.{c}`: q and k (T, heads x dim) at `positions`, for a `base` and a head size `dim`.
   `inv_freq` is LlamaRotaryEmbedding's own (transformers computes it in float32, whatever
@@ -28,11 +31,13 @@ are `section.case.name`; weights keep transformers' names and layout, nn.Linear'
   (rotate_every_two: the interleaved pairs, kept in place), all in float64 (torch's default
   dtype set to float64 while its table is made): `q`, `positions`, `dim`, `sin`, `cos`,
   `rotated`. The one rotary reference whose frequencies are float64 end to end.
-- `gqa.{c}`: LlamaAttention (eager) with num_key_value_heads < num_attention_heads, on
-  `x` (T, d) with the causal mask of create_causal_mask; weights `q_proj.weight` ...
-  `o_proj.weight`, rotary `angles` (as above), `output` (T, d), `weights` (h, T, T);
-  `repeat_kv_in` (kv, S, dh) and `repeat_kv_out` (h, S, dh): its repeat_kv.
-- `mla.{c}`: DeepseekV3Attention (eager, q_lora_rank=None) with rope_interleave True and
+- `gqa.{c}`: LlamaAttention with `kv_heads` = num_key_value_heads < num_attention_heads,
+  on `x` (T, d) with the causal mask of create_causal_mask (`mask`, booleans); weights
+  `q_proj.weight` ... `o_proj.weight`, rotary `angles` (as above), `output` (T, d) from
+  the sdpa path (float64 throughout), `weights` (h, T, T) from the eager path (softmax in
+  float32); `repeat_kv_in` (kv, S, dh) and `repeat_kv_out` (h, S, dh): its repeat_kv.
+- `mla.{c}`: DeepseekV3Attention (q_lora_rank=None, both paths as for gqa) with
+  rope_interleave True and
   False; its kv_a_layernorm (an RMSNorm on the latent, which kvlib leaves out) is replaced
   by nn.Identity. Weights `q_proj.weight`, `kv_a_proj_with_mqa.weight`, `kv_b_proj.weight`,
   `o_proj.weight`; `scaling` (the module's softmax scale), `output`, `weights`.
@@ -42,9 +47,10 @@ are `section.case.name`; weights keep transformers' names and layout, nn.Linear'
   the last window - 1 keys; the key positions are read back from the keys it returns.
   transformers has no attention-sink mask: with `sinks` > 0, the keys below `sinks` are
   added with its own or_mask_function hook, and_masks(causal_mask_function, kv_idx < sinks).
-- `window.{c}`: MistralAttention (eager, GQA) with such a mask: `output` of the whole
-  sequence, and `chunk_output` of the last T - `prefix` tokens after the first `prefix`
-  went through a DynamicCache (sliding layer) with that cache's mask.
+- `window.{c}`: MistralAttention (sdpa, float64; `kv_heads` K/V heads) with such a mask:
+  `output` of the whole sequence and, with a `prefix`, `chunk_output` of the tokens after
+  it, once the first `prefix` went through a DynamicCache (sliding layer) with that cache's
+  mask.
 """
 
 from __future__ import annotations
@@ -186,22 +192,18 @@ def seeded(module: torch.nn.Module, generator) -> torch.nn.Module:
     return module
 
 
-def causal(config, x, positions, cache=None):
-    return create_causal_mask(config, x, None, cache, position_ids=positions[None])
-
-
-def both_ways(attention, x, angles, make_mask, cache=None, positions=None):
-    """Run an attention module twice: with "sdpa" (torch's scaled_dot_product_attention,
-    float64 throughout) for its output (T, d), and with "eager" for its weights (h, T, S)
-    (eager_attention_forward takes its softmax in float32 whatever the model's dtype) and
-    the mask as booleans (T, S), True = seen."""
-    positions = torch.arange(x.shape[1]) if positions is None else positions
+def both_ways(attention, x, angles):
+    """Run an attention module on x (1, T, d) with the causal mask twice: with "sdpa"
+    (torch's scaled_dot_product_attention, float64 throughout) for its output (T, d), and
+    with "eager" for its weights (h, T, T) (eager_attention_forward takes its softmax in
+    float32 whatever the model's dtype) and the mask as booleans (T, T), True = seen."""
+    positions = torch.arange(x.shape[1])
     results = {}
     for implementation in ("eager", "sdpa"):
         attention.config._attn_implementation = implementation
-        mask = make_mask(attention.config, x, positions, cache)
+        mask = create_causal_mask(attention.config, x, None, None, position_ids=positions[None])
         with torch.no_grad():
-            results[implementation] = attention(x, cos_sin(angles), mask, cache=cache), mask
+            results[implementation] = attention(x, cos_sin(angles), mask), mask
     (output, _), _ = results["sdpa"]
     (_, weights), mask = results["eager"]
     return output[0].numpy(), weights[0].numpy(), (mask[0, 0] == 0).numpy()
@@ -221,7 +223,7 @@ def gqa_record(generator) -> dict:
         x = torch.randn(1, tokens, config.hidden_size, generator=generator, dtype=torch.float64)
         positions = torch.arange(tokens)
         angles = model_angles(LlamaRotaryEmbedding, config, positions)
-        output, weights, mask = both_ways(attention, x, angles, causal)
+        output, weights, mask = both_ways(attention, x, angles)
         group = config.num_attention_heads // kv_heads
         keys = torch.randn(1, kv_heads, tokens, config.head_dim, generator=generator,
                            dtype=torch.float64)
@@ -246,7 +248,7 @@ def mla_record(generator) -> dict:
                         dtype=torch.float64)
         positions = torch.arange(MLA_TOKENS)
         angles = model_angles(DeepseekV3RotaryEmbedding, config, positions)   # on dr columns
-        output, weights, _ = both_ways(attention, x, angles, causal)
+        output, weights, _ = both_ways(attention, x, angles)
         record |= {f"mla.{c}.{name}": value for name, value in {
             "interleave": np.bool_(interleave), "scaling": np.float64(attention.scaling),
             "x": x[0].numpy(), "angles": angles.numpy(), "output": output,
@@ -326,17 +328,17 @@ def window_record(generator) -> dict:
         config._attn_implementation = "sdpa"          # float64 throughout (see both_ways)
         x = torch.randn(1, tokens, config.hidden_size, generator=generator, dtype=torch.float64)
         angles = model_angles(MistralRotaryEmbedding, config, torch.arange(tokens))
-        output = run_rows(attention, x, angles, sinks, slice(None))
-        chunk_output = output[prefix:]
+        record |= {f"window.{c}.{name}": value for name, value in {
+            "window": np.int64(window), "sinks": np.int64(sinks), "prefix": np.int64(prefix),
+            "kv_heads": np.int64(config.num_key_value_heads), "x": x[0].numpy(),
+            "angles": angles.numpy(),
+            "output": run_rows(attention, x, angles, sinks, slice(None)),
+        }.items()}
         if prefix:            # the sliding cache drops what the window no longer reaches
             cache = DynamicCache(config=config)
             run_rows(attention, x, angles, sinks, slice(0, prefix), cache)
-            chunk_output = run_rows(attention, x, angles, sinks, slice(prefix, None), cache)
-        record |= {f"window.{c}.{name}": value for name, value in {
-            "window": np.int64(window), "sinks": np.int64(sinks), "prefix": np.int64(prefix),
-            "x": x[0].numpy(), "angles": angles.numpy(), "output": output,
-            "chunk_output": chunk_output,
-        }.items()}
+            record[f"window.{c}.chunk_output"] = run_rows(attention, x, angles, sinks,
+                                                          slice(prefix, None), cache)
         record |= {f"window.{c}.{name}": tensor.detach().numpy()
                    for name, tensor in attention.state_dict().items()}
     return record
