@@ -38,8 +38,9 @@ that the test does the mapping to kvlib's (in, out) itself.
   float32); `repeat_kv_in` (kv, S, dh) and `repeat_kv_out` (h, S, dh): its repeat_kv.
 - `mla.{c}`: DeepseekV3Attention (q_lora_rank=None, both paths as for gqa) with
   rope_interleave True and False (`interleave`); its kv_a_layernorm (an RMSNorm on the
-  latent, which kvlib leaves out) is replaced by nn.Identity. Weights `q_proj.weight`, `kv_a_proj_with_mqa.weight`, `kv_b_proj.weight`,
-  `o_proj.weight`; `scaling` (the module's softmax scale), `output`, `weights`.
+  latent, which kvlib leaves out) is replaced by nn.Identity. Weights `q_proj.weight`,
+  `kv_a_proj_with_mqa.weight`, `kv_b_proj.weight`, `o_proj.weight`; `scaling` (the
+  module's softmax scale), `output`, `weights`.
 - `mask.{c}`: create_sliding_window_causal_mask (Mistral's config, eager) as booleans
   `allowed` (T, S) with `query_positions`, `key_positions`, `window`, `sinks`. With a prefix
   (`prefix` > 0), P tokens first go through a DynamicCache, whose sliding layer keeps only
