@@ -23,7 +23,14 @@ from .batch import attend_padded, attend_per_sequence, batched_decode_step, padd
 from .block_attention import block_attention, gather_attention
 from .block_manager import BlockManager
 from .blocks import BlockAllocator
-from .engine import Engine, RequestOutput, SamplingParams, StepRecord
+from .engine import (
+    Engine,
+    RequestOutput,
+    SamplingParams,
+    StaticBatchingEngine,
+    StepRecord,
+    summarize,
+)
 from .memory_plan import ContiguousArena, Request, blocks_for, memory_table, request_mix
 from .paged import PagedKVCache
 from .pool_timeline import PoolTimeline

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from numbers import Integral, Real
@@ -120,9 +121,11 @@ class RequestOutput:
 class StepRecord:
     """What one step did (engine.last_step, for notebook 24): scheduled_tokens {id: tokens},
     prefill_chunks {id: (first position, tokens)} and decodes [ids] among them, preempted,
-    finished, and the blocks hit (prefix cache), taken, freed and evicted."""
+    finished, and the blocks hit (prefix cache), taken, freed and evicted; seconds, how long
+    the step took on this machine."""
 
     step: int
+    seconds: float = 0.0
     scheduled_tokens: dict[int, int] = field(default_factory=dict)
     prefill_chunks: dict[int, tuple[int, int]] = field(default_factory=dict)
     decodes: list[int] = field(default_factory=list)
@@ -165,6 +168,7 @@ class Engine:
         self.stats = {"steps": 0, "scheduled_tokens": 0, "preemptions": 0,
                       "prefix_hit_tokens": 0, "prompt_tokens": 0, "evicted_blocks": 0}
         self.last_step = StepRecord(step=0)
+        self.seconds_at_step = [0.0]        # this machine's clock at the end of each step
         self._next_id = 0
 
     def __repr__(self) -> str:
@@ -313,6 +317,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """One step of the loop -> what each scheduled request produced. If the step fails
         (an error, an interrupt), the engine is left as it was before it."""
+        started = time.perf_counter()
         saved = self._checkpoint()
         self.step_count += 1
         record = StepRecord(step=self.step_count)
@@ -328,6 +333,8 @@ class Engine:
         self.stats["steps"] += 1
         self.stats["scheduled_tokens"] += sum(record.scheduled_tokens.values())
         self.stats["evicted_blocks"] += len(record.evicted_blocks)
+        record.seconds = time.perf_counter() - started
+        self.seconds_at_step.append(self.seconds_at_step[-1] + record.seconds)
         self.last_step = record
         return outputs
 
@@ -415,6 +422,50 @@ class Engine:
         self.allocator.check(holders)
 
 
+class StaticBatchingEngine(Engine):
+    """The engine with static batching instead of continuous batching (notebooks 21, 24):
+    waiting requests are admitted only when no request runs, whole prompts at once, and the
+    batch runs until its last request finishes. Everything else is the Engine's."""
+
+    def __init__(self, params: Params, **options):
+        super().__init__(params, **(options | {"enable_chunked_prefill": False}))
+
+    def schedule(self, record: StepRecord) -> None:
+        budget = self._schedule_running(record, self.max_num_batched_tokens)
+        if not self.running and not record.preempted:
+            self._schedule_waiting(record, budget)
+
+
+def summarize(engine: Engine, request_ids) -> dict[str, float]:
+    """The service a workload got (notebook 24), as medians over its requests: time to first
+    token (TTFT) and time per output token after it (TPOT), in steps and in this machine's
+    seconds, and throughput: output tokens per step and per second, over the whole run."""
+    requests = [engine.requests[i] for i in request_ids]
+    if any(r.status != "finished" for r in requests):
+        raise ValueError("summarize needs finished requests: run the engine to the end first")
+    clock = engine.seconds_at_step
+
+    def ttft(r, seconds):
+        times = clock if seconds else range(len(clock))
+        return times[r.first_token_step] - times[r.arrival_step]
+
+    def tpot(r, seconds):
+        if len(r.output) < 2:
+            return 0.0
+        times = clock if seconds else range(len(clock))
+        return (times[r.finished_step] - times[r.first_token_step]) / (len(r.output) - 1)
+
+    start = min(r.arrival_step for r in requests)
+    end = max(r.finished_step for r in requests)
+    tokens = sum(len(r.output) for r in requests)
+    return {"ttft_steps": float(np.median([ttft(r, False) for r in requests])),
+            "tpot_steps": float(np.median([tpot(r, False) for r in requests])),
+            "ttft_seconds": float(np.median([ttft(r, True) for r in requests])),
+            "tpot_seconds": float(np.median([tpot(r, True) for r in requests])),
+            "steps": end - start, "tokens_per_step": tokens / (end - start),
+            "tokens_per_second": tokens / (clock[end] - clock[start])}
+
+
 # ---------------------------------------------------------------------------------- the model
 
 def forward_step(params: Params, allocator: BlockManager, batch):
@@ -475,5 +526,5 @@ def write_rows(allocator: BlockManager, new_rows) -> None:
         allocator.values[layer, blocks, slots] = V
 
 
-__all__ = ["Engine", "RequestOutput", "SamplingParams", "StepRecord", "forward_step",
-           "write_rows"]
+__all__ = ["Engine", "RequestOutput", "SamplingParams", "StaticBatchingEngine", "StepRecord",
+           "forward_step", "summarize", "write_rows"]
