@@ -901,6 +901,7 @@ def test_the_explorer_shows_the_default_setting_measured_live(explorer, widget_m
     status = explorer.status.value
     assert "K int8 per channel (groups of 16), V int8 per token" in status
     assert f"{result['nbytes']:,} bytes for {len(story)} positions" in status
+    assert "K's newest 7 rows in float32)" in status and "V's" not in status   # 71 = 64 + 7
     assert explorer.message.value == ""
     assert result["tokens"] == q.greedy_tokens(params, story[:20], 12, QuantizedKVCache(
         params.config, PerChannel(8, 16), PerToken(8)))
@@ -928,6 +929,7 @@ def test_groupings_change_what_is_shown_and_results_are_kept(explorer):
     per_token = explorer.state["result"]
     assert per_token["keys"] == PerToken(8)
     assert "K int8 per token" in explorer.status.value
+    assert "no row in full precision" in explorer.status.value
     assert not explorer.figure.axes[0].images[0].get_array().mask.any()   # nothing exact
     explorer.controls["key_grouping"].value = "per channel"
     explorer.controls["key_grouping"].value = "per token"
@@ -995,6 +997,13 @@ def test_the_plots_label_what_they_draw():
     assert [t.get_text() for t in ax.texts] == ["6"]
     assert ax.get_yscale() == "log" and ax.get_title() == "t" and ax.get_ylabel()
     assert len(ax.lines) == 3                   # keys, values, one line between the 2 heads
+    fig.canvas.draw()                           # the legend sits above every point
+    legend = ax.get_legend().get_window_extent()
+    points = ax.transData.transform(np.column_stack([np.arange(8), np.abs(keys).max(0)]))
+    assert (points[:, 1] < legend.y0).all()
+    w22.draw_channel_sizes(ax, keys, values)
+    largest_two = {str(channel) for channel in np.argsort(np.abs(keys).max(0))[-2:]}
+    assert {t.get_text() for t in ax.texts} == largest_two and len(ax.texts) == 2
     fig, ax = plt.subplots()
     error = np.abs(rng.standard_normal((6, 4))) * 0.01
     error[4:] = 0
@@ -1002,6 +1011,23 @@ def test_the_plots_label_what_they_draw():
     assert image.get_array().mask[4:].all() and ax.get_xlabel() == "channel"
     assert isinstance(image.norm, matplotlib.colors.LogNorm)
     assert len(fig.axes) == 2                   # and its colour bar
+
+
+@pytest.mark.parametrize("residual, exact_token_rows, exact_channel_rows", [
+    (None, 0, 2),            # 14 rows, groups of 4: the newest, incomplete group
+    (8, 8, 6),               # KIVI: the newest 8 per token; per channel 14 - 8
+])
+def test_the_groupings_figure_whitens_the_rows_held_exactly(residual, exact_token_rows,
+                                                            exact_channel_rows):
+    fig, axes = plt.subplots(1, 2)
+    w22.draw_groupings(axes, n_positions=14, width=8, group_size=4, residual=residual)
+    for ax, exact in zip(axes, (exact_token_rows, exact_channel_rows)):
+        colours = ax.images[0].get_array()
+        white = np.all(colours == 1, axis=(1, 2))
+        assert white.tolist() == [i >= 14 - exact for i in range(14)]
+        assert bool(ax.texts) == bool(exact)
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        w22.draw_groupings(axes, group_size=4, residual=6)
 
 
 def test_the_quality_plot_draws_a_bar_per_setting():
@@ -1013,12 +1039,12 @@ def test_the_quality_plot_draws_a_bar_per_setting():
     fig, axes = plt.subplots(1, 2)
     w22.draw_quality(axes, qualities)
     for ax in axes:
-        assert len(ax.patches) == 3
+        assert sum(len(bars) for bars in ax.containers) == 3
         assert [t.get_text() for t in ax.get_xticklabels()] == [
             "K per token,\nV per token", "K per channel,\nV per token"]
     heights = sorted(patch.get_height() for patch in axes[0].patches)
     assert heights == sorted(100 * quality.agreement for quality in qualities)
-    assert axes[1].get_yscale() == "symlog"
+    assert axes[1].get_yscale() == "symlog" and "linear within ±0.001" in axes[1].get_ylabel()
     assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["int8", "int4"]
     assert w22.pairing_name(qualities[1]) == "K per channel, V per token"
     with pytest.raises(ValueError, match="two axes"):
