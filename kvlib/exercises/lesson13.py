@@ -193,9 +193,9 @@ def check_copy_window(answer) -> Feedback:
     if value == right:
         return Feedback(True, f"W = {right}. Each time the song is sung again, the copy head "
                         "reads every sound from where the song was made up: at the last singing "
-                        f"that is {farthest} positions back, though the sound was sung at most "
-                        f"{int(nearest.max())} back (the head skips that). A window of "
-                        f"{right - 1} would drop it; the name head would make do with "
+                        f"that is {farthest} positions back, though each sound had been sung at "
+                        f"most {int(nearest.max())} positions before (the head skips that). A "
+                        f"window of {right - 1} would drop it; the name head would make do with "
                         f"{int(name.max()) + 1}. The copy head is why the cache keeps every "
                         "position.")
     if value == farthest:
@@ -250,9 +250,9 @@ answer = widgets13.best_head(scores)                             # (1, 3)
     2: """
 recorded = []
 kvlib.forward(story, exercise_ids, record_attention=recorded)    # one (h, T, T) a layer
-copy_head = recorded[2][0]                                        # (T, T): layer 2, head 0
+copy_weights = recorded[2][0]                                     # (T, T): layer 2, head 0
 queries = [r.position - 1 for r in exercise_songs]                # before each repeated sound
-distances = widgets13.distances_read(copy_head, queries)          # positions back
+distances = widgets13.distances_read(copy_weights, queries)       # positions back
 answer = int(distances.max()) + 1                                 # and the query itself: 89
 """,
 }
