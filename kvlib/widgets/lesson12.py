@@ -130,6 +130,11 @@ def position_explorer(params, tokenizer, prompt: str):
         if difference < tolerance(params):
             verdict = (f"At position {p} the step equals full recomputation (its logits within "
                        f"{tolerance(params):.0e} of their size).")
+        elif said["step"] == said["right"]:
+            verdict = (f"At position {p} nothing crashes and the word is even the same, "
+                       f"{as_html(repr(said['step']))}, but with p = {p_step.max():.2f} instead "
+                       f"of {p_right.max():.2f}: the logits differ from full recomputation by "
+                       f"{difference:.2f} of their size.")
         else:
             verdict = (f"At position {p} nothing crashes, but the logits differ from full "
                        f"recomputation by {difference:.2f} of their size: the model writes "
