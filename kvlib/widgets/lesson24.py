@@ -120,8 +120,9 @@ def queue_status(engine: Engine) -> str:
     running = ", ".join(str(r.request_id) for r in engine.running) or "none"
     finished = sum(r.status == "finished" for r in engine.requests.values())
     stats = engine.stats
+    preemptions = plural(stats["preemptions"], "preemption")
     return (f"running: {running}; waiting: {waiting}; finished: {finished} of "
-            f"{len(engine.requests)}. Since the start: {plural(stats['preemptions'], 'preemption')}, "
+            f"{len(engine.requests)}. Since the start: {preemptions}, "
             f"{stats['prefix_hit_tokens']} of {stats['prompt_tokens']} prompt tokens from the "
             "prefix cache.")
 
