@@ -62,20 +62,23 @@ def prefill(params: Params, ids, cache):
 # ------------------------------------------------------------------------------ the bugs
 
 class JumpingOffset:
-    """tiny-llm PR #46: the offset that places the new token is added to instead of set, so it
-    doubles after the first decode step (6, then 12)."""
+    """tiny-llm PR #46: the offset that places the new token grows by the length of the chunk
+    that was fed, and the prompt's length is added once more after the first decode step: a
+    6-token prompt puts the first new token at 6 (right), the second at 12, then 13, 14, ..."""
 
     def __init__(self):
         self.offset = None
+        self.jump = None
 
     def __call__(self, params, token_id, cache):
         if self.offset is None:
-            self.offset = len(cache)
+            self.offset = self.jump = len(cache)
         positions = np.array([self.offset])
         logits = run_blocks(params, [token_id], positions, cache,
                             _mask(params, positions, cache),
                             rotary_positions(params.config, positions))
-        self.offset += self.offset         # the bug: should be self.offset = len(cache)
+        self.offset += self.jump           # the bug: the prompt's length, not the new token's 1
+        self.jump = 1
         return logits
 
 
@@ -161,9 +164,10 @@ def _fresh(params):
 
 
 class RolledBack:
-    """lablup/mlxcel #994: after every step a speculative draft's rejected token is rolled
+    """lablup/mlxcel #994: after every step a speculative guess is rejected and its row rolled
     back, by `by` positions: 1 is right; 2 is one too far (the step's own row is lost), 0 one
-    too short (the rejected row stays)."""
+    too short (the rejected row stays). mlxcel's bug was in the draft model's cache, where it
+    only starved the drafter; planted in the cache that produces the output, it changes it."""
 
     def __init__(self, by: int):
         self.by = by
@@ -176,9 +180,11 @@ class RolledBack:
 
 
 class CacheNeverRead:
-    """rasbt/LLMs-from-scratch PR #981: the cache is filled at every step but the model still
-    recomputes the whole sequence, so the answers are right and nothing is faster (9.00
-    tokens/s with and without the cache)."""
+    """rasbt/LLMs-from-scratch PR #981: the Qwen3.5 KV-cache notebook's streaming generate loop
+    called the model on the whole sequence at every step and never handed it the cache: the
+    answers were right and nothing was faster (9.00 tokens/s, against 9.02 for the notebook
+    without a cache). Planted here a little worse: the cache is filled at every step, and
+    still never read."""
 
     def __init__(self, prompt):
         self.ids = list(prompt)
@@ -252,12 +258,15 @@ BUGS = {
                   "key each block by its parent's key and its tokens, so a key stands for the "
                   "whole prefix"),
     "rollback": Bug("a draft cache rolled back one too far or too short", "lablup/mlxcel #994",
-                    "speculative decoding's output differs from plain decoding",
+                    "mlxcel's draft model lost one row too many and guessed worse (the output "
+                    "stays right, the speed-up shrinks); in the target's cache, as planted "
+                    "here, the output itself changes",
                     "truncate to exactly the accepted length: len(cache) - rejected"),
     "never read": Bug("a cache that is filled but never read",
                       "rasbt/LLMs-from-scratch PR #981",
-                      "the same 9.00 tokens/s with and without the cache",
-                      "feed only the new token and attend over the cache"),
+                      "right answers and no speed-up: 9.00 tokens/s with the cache, 9.02 "
+                      "without",
+                      "feed only the new token, and pass the cache so that it attends over it"),
     "rotary table": Bug("a rotary table sized for T instead of T0 + T",
                         "karpathy/nanochat PR #520",
                         "generation fails (or goes wrong) once the sequence outgrows the table",
