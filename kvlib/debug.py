@@ -39,6 +39,7 @@ from .cache import BaseKVCache, make_cache
 from .inference import check_ids
 from .params import Params
 from .positions import rotary_positions
+from .wrapping import wrapped
 
 WATCHED = ("project_qkv", "attention_weights", "weighted_sum", "decoder_block")
 """kvlib.model's functions whose results are recorded, by the name a loop calls them by."""
@@ -106,35 +107,25 @@ class Record:
 @contextlib.contextmanager
 def record():
     """Record kvlib's building blocks while the block runs -> a Record. The functions are
-    wrapped where loops look them up (kvlib, kvlib.model, kvlib.inference), and put back
-    afterwards, even if the block raises."""
-    import kvlib
-
+    wrapped where loops look them up (kvlib.wrapping), and put back afterwards, even if the
+    block raises."""
     recorded = Record()
-    saved = []
-    for name in WATCHED:
-        original = getattr(model, name)
 
-        def watched(*args, _original=original, _name=name, **kwargs):
-            if _name == "decoder_block":       # where this block's rows start
+    def watch(name, original):
+        def watched(*args, **kwargs):
+            if name == "decoder_block":       # where this block's rows start
                 cache = kwargs.get("cache", args[4] if len(args) > 4 else None)
                 layer = kwargs.get("layer_index", args[5] if len(args) > 5 else 0)
                 recorded.start = 0 if cache is None else cache.lengths[layer]
-            result = _original(*args, **kwargs)
-            recorded.add(_name, result)
-            if _name == "decoder_block":
+            result = original(*args, **kwargs)
+            recorded.add(name, result)
+            if name == "decoder_block":
                 recorded.start = None
             return result
+        return watched
 
-        for module in (kvlib, model, inference):
-            if getattr(module, name, None) is original:
-                saved.append((module, name, original))
-                setattr(module, name, watched)
-    try:
+    with wrapped(WATCHED, watch):
         yield recorded
-    finally:
-        for module, name, original in saved:
-            setattr(module, name, original)
 
 
 # ------------------------------------------------------------------------------ comparing
