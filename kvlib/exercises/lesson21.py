@@ -206,9 +206,9 @@ def check_compute_bound_batch(answer) -> Feedback:
                         "matter: each sequence reads its own, at about 1 FLOP per byte (MHA), "
                         "whatever the batch.")
     if batches[0] - 1 < value < batches[1] + 1 and not value.is_integer():
-        return Feedback(False, f"{value:g} sequences: a batch size is a whole number. The "
-                        f"ridge point is about {exact:.1f}: give the batch from which the work "
-                        "is compute-bound, or the ridge itself to the digits you computed.")
+        return Feedback(False, f"{value:g} sequences: a batch size is a whole number. Give "
+                        "the whole batch from which the work is compute-bound, or the ridge "
+                        "point itself to the digits you computed.")
     for wrong, explanation in _batch_mistakes(rate, bandwidth):
         if abs(value - wrong) <= 0.01 * abs(wrong) + (0.5 if abs(wrong) >= 10 else 0.0):
             return Feedback(False, f"{value:g} is not it: {explanation}")
