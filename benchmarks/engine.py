@@ -108,7 +108,7 @@ def main() -> None:
           f"{ARGS.rounds} round(s), medians\n")
     rows = []
     for name, runs in results.items():
-        def median(key):
+        def median(key, runs=runs):
             return float(np.median([run[key] for run in runs]))
         rows.append((name, f"{median('tokens_per_second'):.1f}",
                      f"{median('ttft_seconds') * 1000:.0f} ms",

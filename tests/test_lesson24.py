@@ -8,7 +8,13 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-from checker_cases import assert_answers_in_words, correct, not_yet, odd_answers  # noqa: E402
+from checker_cases import (  # noqa: E402
+    assert_answers_in_words,
+    case_id,
+    correct,
+    not_yet,
+    odd_answers,
+)
 
 import kvlib  # noqa: E402
 from kvlib.checkpoints import smollm2  # noqa: E402
@@ -95,7 +101,7 @@ def test_exercise_1_accepts_the_answer_in_any_form(answer):
     correct(ex24.check_schedule(answer), "request 3 would need 2 blocks")
 
 
-@pytest.mark.parametrize("label, answer", odd_answers())
+@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
 def test_exercise_1_answers_anything_in_words(label, answer):
     assert_answers_in_words(ex24.check_schedule, answer)
 
@@ -121,7 +127,7 @@ def test_exercise_2_accepts_other_correct_forms():
         correct(ex24.check_tokens_to_look_up(function), "last token always runs")
 
 
-@pytest.mark.parametrize("label, answer", odd_answers())
+@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
 def test_exercise_2_answers_anything_in_words(label, answer):
     assert_answers_in_words(ex24.check_tokens_to_look_up, answer)
 
@@ -139,7 +145,7 @@ def test_exercise_3_accepts_the_letter_in_any_form(answer):
     correct(ex24.check_static_ttft(answer), "continuous batching")
 
 
-@pytest.mark.parametrize("label, answer", odd_answers())
+@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
 def test_exercise_3_answers_anything_in_words(label, answer):
     assert_answers_in_words(ex24.check_static_ttft, answer)
 
