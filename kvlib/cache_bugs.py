@@ -83,7 +83,9 @@ class JumpingOffset:
 
 
 def prefill_without_mask(params, ids, cache):
-    """Mikyx-1/TinyLLM #17: the prompt's pass runs without the causal mask."""
+    """Mikyx-1/TinyLLM #17: the mask was applied only `if cache is None`, so the prompt's
+    pass, which runs with a cache attached, ran without it: every prompt position read the
+    positions after it, and that went into the cached K and V."""
     positions = np.arange(len(cache), len(cache) + len(ids))
     return run_blocks(params, ids, positions, cache, None,
                       rotary_positions(params.config, positions)), cache
@@ -238,8 +240,9 @@ BUGS = {
                   "the first new token is right, then the text turns to garbage",
                   "set the offset to len(cache) before each step; never add to it"),
     "mask": Bug("no causal mask in a multi-token prefill", "Mikyx-1/TinyLLM #17",
-                "the prompt's logits look too good (each position sees its answer); "
-                "generation is off from the first token",
+                "generate() wrote garbage within a token or two although the training loss was "
+                "low and teacher-forced passes predicted every token: training never passes "
+                "a cache, so it never took the branch that skipped the mask",
                 "pass the causal mask (aligned to the end) whenever more than one query runs"),
     "top-left": Bug("a causal mask aligned to the top-left with one query",
                     "pytorch/pytorch #144858 (is_causal in scaled_dot_product_attention)",

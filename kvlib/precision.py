@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 
 from .cache import KVCache
-from .checkpoints.safetensors import bfloat16_to_float32, float32_to_bfloat16
 from .inference import _embed, _logits, _run_blocks, check_ids, decode_step, forward, prefill
 from .model import attention_mask
 from .params import Params
@@ -72,9 +71,26 @@ def round_to(x, number_format: str) -> np.ndarray:
     if number_format == "float64":
         return x
     if number_format == "bfloat16":
-        return bfloat16_to_float32(float32_to_bfloat16(x.astype(np.float32))).astype(x.dtype)
+        return _round_to_bfloat16(x.astype(np.float32)).astype(x.dtype, copy=False)
     with np.errstate(over="ignore"):
         return x.astype(number_format).astype(x.dtype)
+
+
+def _round_to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 -> float32 holding the nearest bfloat16 (the top 16 bits), ties to even: the
+    rule of kvlib.checkpoints.safetensors.float32_to_bfloat16, done in place on 32 bits, which
+    is several times faster on SmolLM2's 135 million weights. The carry of the rounding
+    cannot overflow 32 bits except in NaNs, which are put back as they were."""
+    bits = x.view(np.uint32)
+    rounded = (bits >> 16) & 1
+    rounded += bits
+    rounded += 0x7FFF
+    rounded &= 0xFFFF0000
+    result = rounded.view(np.float32)
+    nan = np.isnan(x)
+    if nan.any():
+        result[nan] = x[nan]
+    return result
 
 
 def _converted(obj, convert) -> dict:

@@ -15,7 +15,7 @@ from strategies import configs, token_lists
 
 import kvlib
 from kvlib import precision
-from kvlib.checkpoints.safetensors import bfloat16_to_float32
+from kvlib.checkpoints.safetensors import bfloat16_to_float32, float32_to_bfloat16
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,6 +37,19 @@ def test_rounding_to_bfloat16_keeps_eight_bits_of_mantissa_to_nearest_even():
     assert (bits & 0xFFFF == 0).all(), "a bfloat16 is a float32 with 16 low bits of zero"
     assert np.array_equal(bfloat16_to_float32((bits >> 16).astype(np.uint16)), rounded)
     assert precision.round_to(x.astype(np.float64), "bfloat16").dtype == np.float64
+
+
+def test_the_fast_bfloat16_rounding_is_the_safetensors_rule_on_every_kind_of_number():
+    """Every 4099th bit pattern of 32 bits: normal, subnormal, zero, infinite, NaN, both signs,
+    and the largest floats, which round up to infinity."""
+    x = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([x, np.array([3.4e38, -3.4e38, np.inf, -np.inf, 0.0, -0.0],
+                                    np.float32)])
+    ours = precision.round_to(x, "bfloat16")
+    theirs = bfloat16_to_float32(float32_to_bfloat16(x))
+    assert np.array_equal(np.isnan(ours), np.isnan(theirs))
+    finite = ~np.isnan(ours)
+    assert np.array_equal(ours.view(np.uint32)[finite], theirs.view(np.uint32)[finite])
 
 
 def test_float64_and_float32_change_nothing_they_cannot_hold():

@@ -208,8 +208,12 @@ def main(argv: list[str]) -> None:
                  "command": "python tools/measure_smollm2.py [parts]"}
     for name in argv or list(PARTS):
         started = time.monotonic()
-        measured[name] = PARTS[name](params, ids)
+        result = PARTS[name](params, ids)
         print(f"{name}: {time.monotonic() - started:.0f} s", flush=True)
+        if path.is_file():          # read again: another run may have written a part since
+            measured = json.loads(path.read_text()) | {key: measured[key] for key in
+                                                       ("text", "ids", "command")}
+        measured[name] = result
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(measured, indent=1) + "\n")
 
