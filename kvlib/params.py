@@ -183,6 +183,22 @@ class Params:
         return Params(self.config.replace(**changes), self.embedding, self.layers,
                       self.position_table, self.ln_f_gain, self.ln_f_bias)
 
+    def first_layers(self, n_layers: int) -> Params:
+        """The model cut after its first n_layers blocks (notebooks 22 and 23): the same
+        embedding, blocks 0 .. n_layers - 1, the final norm and the (tied) unembedding. An
+        early exit: its cache holds exactly the first n_layers layers of the whole model's,
+        and its logits are what the unembedding reads from the stream at that depth (a
+        self-speculative draft). The arrays are shared, not copied."""
+        if isinstance(n_layers, bool) or not isinstance(n_layers, (int, np.integer)):
+            raise TypeError(f"n_layers must be a whole number, got {n_layers!r}")
+        if not 1 <= n_layers <= self.config.n_layers:
+            raise ValueError(f"n_layers must be between 1 and the model's "
+                             f"{self.config.n_layers} layers, got {n_layers}")
+        n_layers = int(n_layers)
+        return Params(self.config.replace(n_layers=n_layers), self.embedding,
+                      self.layers[:n_layers], self.position_table, self.ln_f_gain,
+                      self.ln_f_bias)
+
 
 def _check_arrays(where: str, obj, shapes: dict, config: ModelConfig) -> None:
     for f in fields(obj):

@@ -25,7 +25,18 @@ Parts:
   decode steps: 1024 steps a configuration, the slow part);
 - engine (notebook 24): the lesson's chat workload (kvlib.widgets.lesson24.workload) served by
   the engine and its variants, counted in steps (no seconds: those go to
-  benchmarks/engine.py), with every variant's outputs checked equal.
+  benchmarks/engine.py), with every variant's outputs checked equal;
+- kivi_free (notebook 22): free-running greedy decoding of FREE_TOKENS tokens after each of
+  the KIVI_FREE_PROMPTS (chat requests, rendered with the chat template) with the plain cache
+  and with each configuration of the kivi part: the tokens, how many match the plain
+  cache's before the first difference, and the fraction equal overall (about 2 minutes);
+- speculative (notebook 23): greedy speculative decoding without a second model on the
+  SPECULATIVE_PROMPTS, FREE_TOKENS new tokens each: prompt lookup (kvlib's
+  PromptLookupDrafter) at every k of SPECULATION_LENGTHS, and self-speculation (the first
+  layers of SmolLM2 as its own draft): the greedy agreement of every exit in EXITS, and the
+  decoder run with the exits in SELF_DRAFT_EXITS. Counted in target passes (rounds), never
+  seconds; every output is checked equal to plain greedy decoding, and every
+  self-speculative run's rounds to replay_greedy (about 6 minutes).
 """
 
 from __future__ import annotations
@@ -45,7 +56,7 @@ import numpy as np  # noqa: E402
 import kvlib  # noqa: E402
 from kvlib import model as steps  # noqa: E402
 from kvlib.checkpoints import smollm2  # noqa: E402
-from kvlib.serving import quantized  # noqa: E402
+from kvlib.serving import quantized, speculative  # noqa: E402
 
 N_TOKENS = 1024
 FIRST_QUERY = 64          # sinks: query positions from here on
@@ -188,8 +199,122 @@ def run_engine(params, ids) -> dict:
     return {"rows": rows, "outputs": outputs[0]}
 
 
+FREE_TOKENS = 48
+KIVI_FREE_PROMPTS = (
+    "Give me three tips for learning to cook, with a sentence on each.",
+    "Write a short story about a robot who learns to paint.",
+    "Explain in a few sentences why the sky is blue.",
+    "Write a Python function that checks whether a word is a palindrome, and explain it.",
+)
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """A user's request as SmolLM2 reads it: the chat template, the assistant's turn open."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}])
+
+
+def agreement(tokens, reference) -> dict:
+    """How far two greedy continuations go together: the tokens before the first
+    difference, and the fraction of positions equal."""
+    same = [a == b for a, b in zip(tokens, reference)]
+    return {"matching_prefix": same.index(False) if False in same else len(same),
+            "fraction_equal": float(np.mean(same))}
+
+
+def run_kivi_free(params, ids) -> dict:
+    tokenizer = kvlib.smollm2_tokenizer()
+    prompts = []
+    for text in KIVI_FREE_PROMPTS:
+        prompt = chat_ids(tokenizer, text)
+        plain = quantized.greedy_tokens(params, prompt, FREE_TOKENS,
+                                        kvlib.make_cache(params.config))
+        if plain != kvlib.generate(params, prompt, FREE_TOKENS):
+            raise SystemExit("greedy_tokens with a plain cache is not kvlib.generate")
+        rows = []
+        for bits, axes, keys, values in KIVI:
+            cache = quantized.QuantizedKVCache(params.config, keys=keys, values=values)
+            tokens = quantized.greedy_tokens(params, prompt, FREE_TOKENS, cache)
+            rows.append({"bits": bits, "axes": axes, "tokens": tokens} |
+                        agreement(tokens, plain))
+        prompts.append({"text": text, "prompt_length": len(prompt), "plain": plain,
+                        "rows": rows})
+    return {"new_tokens": FREE_TOKENS, "prompts": prompts}
+
+
+PASSAGE = ("The KV cache keeps the keys and values of every earlier token, so that a decode "
+           "step computes only the new token's row. Its size grows with the number of layers, "
+           "the number of K/V heads, the head size and the length of the sequence. Serving "
+           "engines store it in blocks, share the blocks of a common prefix, and quantize it "
+           "when memory is short.")
+FUNCTION = """def mean(values):
+    total = 0
+    for value in values:
+        total += value
+    return total / len(values)"""
+SPECULATIVE_PROMPTS = {
+    "repeat a passage": f"Repeat the following text exactly, word for word:\n\n{PASSAGE}",
+    "fix a function": "This Python function fails on an empty list. Fix it and show the "
+                      f"whole function:\n\n{FUNCTION}",
+    "three tips": KIVI_FREE_PROMPTS[0],
+    "a short story": KIVI_FREE_PROMPTS[1],
+}
+SPECULATION_LENGTHS = (2, 4, 8)
+EXITS = (4, 8, 12, 16, 20, 24, 26, 28, 29)
+SELF_DRAFT_EXITS = (15, 27)
+
+
+def run_stats(decoder) -> dict:
+    """A finished SpeculativeDecoder's counts, and every round's proposals and acceptances."""
+    stats = decoder.stats()
+    return {"rounds": stats.rounds, "proposed": stats.proposed, "judged": stats.judged,
+            "accepted": stats.accepted, "new_tokens": stats.new_tokens,
+            "proposals_per_round": [len(step.proposals) for step in decoder.steps],
+            "accepted_per_round": [step.accepted for step in decoder.steps]}
+
+
+def run_speculative(params, ids) -> dict:
+    tokenizer = kvlib.smollm2_tokenizer()
+    prompts = {}
+    for name, text in SPECULATIVE_PROMPTS.items():
+        prompt = chat_ids(tokenizer, text)
+        reference = kvlib.generate(params, prompt, FREE_TOKENS)
+        lookup = {}
+        for k in SPECULATION_LENGTHS:
+            decoder = speculative.SpeculativeDecoder(
+                params, speculative.PromptLookupDrafter(), prompt, k)
+            if decoder.generate(FREE_TOKENS) != reference:
+                raise SystemExit(f"prompt lookup changed the greedy output ({name}, k={k})")
+            lookup[k] = run_stats(decoder)
+        exits = {n: speculative.greedy_agreements(params, params.first_layers(n), prompt,
+                                                  reference)
+                 for n in sorted(set(EXITS) | set(SELF_DRAFT_EXITS))}
+        self_drafts = {}
+        for n in SELF_DRAFT_EXITS:
+            self_drafts[n] = {}
+            for k in SPECULATION_LENGTHS:
+                decoder = speculative.SpeculativeDecoder(params, params.first_layers(n),
+                                                         prompt, k)
+                if decoder.generate(FREE_TOKENS) != reference:
+                    raise SystemExit(f"self-speculation changed the greedy output ({name}, "
+                                     f"{n} layers, k={k})")
+                if [s.accepted for s in decoder.steps] != \
+                        speculative.replay_greedy(exits[n], k):
+                    raise SystemExit(f"self-speculation's rounds are not replay_greedy's "
+                                     f"({name}, {n} layers, k={k})")
+                self_drafts[n][k] = run_stats(decoder)
+        prompts[name] = {
+            "text": text, "prompt_length": len(prompt), "reference": reference,
+            "lookup": lookup,
+            "agreements": {n: agreements.astype(int).tolist()
+                           for n, agreements in exits.items()},
+            "self_draft": self_drafts}
+    return {"new_tokens": FREE_TOKENS, "lookup": {"max_ngram": 3, "min_ngram": 1},
+            "prompts": prompts}
+
+
 PARTS = {"pairing": run_pairing, "sinks": run_sinks, "windows": run_windows,
-         "outliers": run_outliers, "kivi": run_kivi, "engine": run_engine}
+         "outliers": run_outliers, "kivi": run_kivi, "engine": run_engine,
+         "kivi_free": run_kivi_free, "speculative": run_speculative}
 
 
 def main(argv: list[str]) -> None:

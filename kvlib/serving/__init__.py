@@ -12,7 +12,8 @@ inference, never imported by them.
   scheduler.Request carries an id and an arrival in steps or seconds).
 - quantized.QuantizedKVCache: K and V stored in 8, 4 or 2 bits with scales per token or per
   channel (notebook 22).
-- speculative: a draft proposes, the target verifies in one pass (notebook 23).
+- speculative: a draft proposes, the target verifies in one pass; the draft a small model,
+  the target's own first layers or prompt lookup (no model) (notebook 23).
 - engine.Engine: the serving loop built from the parts above, one step at a time (scheduling
   with a token budget, chunked prefill, preemption, prefix caching as blocks fill, one batched
   model step), on block_manager.BlockManager's pool, with block_attention reading the blocks
@@ -46,6 +47,8 @@ from .quantized import PerChannel, PerToken, QuantizedKVCache
 from .scheduler import ContinuousBatching, ModelRunner, StaticBatching, serve
 from .speculative import (
     GreedyAcceptance,
+    ModelDrafter,
+    PromptLookupDrafter,
     SamplingAcceptance,
     SpeculativeDecoder,
     speculative_generate,

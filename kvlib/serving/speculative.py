@@ -12,6 +12,11 @@ when all k pass), and both caches are truncated back to what was kept (cache.tru
 The pieces, one job each:
 
 - ``propose``: the draft's k guesses and its distribution at each, (k,) and (k, V);
+- a drafter is whatever proposes the guesses: ``ModelDrafter`` (a draft model and its cache;
+  a kvlib Params given as the draft becomes one, and ``target.first_layers(n)`` makes the
+  target's own first layers a draft: self-speculation) or ``PromptLookupDrafter`` (no model:
+  the tokens that followed the last n-gram's earlier occurrence in the prompt and output,
+  ``prompt_lookup``);
 - ``verify``: the target's k + 1 rows of logits, in one pass;
 - ``GreedyAcceptance``: keep a guess when it is the target's argmax. The output is exactly
   the target's own greedy tokens;
@@ -57,16 +62,21 @@ def check_speculation_length(k) -> int:
     return int(k)
 
 
+def check_model(name: str, params: Params) -> None:
+    """Refuse, saying why, a target or draft model speculative decoding cannot run."""
+    if not isinstance(params, Params):
+        raise TypeError(f"the {name} must be kvlib Params (kvlib.init_params or "
+                        f"kvlib.gpt2.load), got {type(params).__name__}")
+    if params.config.window is not None:
+        raise ValueError(f"the {name} has a sliding window: its ring-buffer cache cannot "
+                         "be truncated back past positions it overwrote (notebook 17), "
+                         "which speculative decoding does after every rejection")
+
+
 def check_pair(target: Params, draft: Params) -> None:
     """Refuse a target and a draft that cannot work together, saying why (notebook 23)."""
-    for name, params in (("target", target), ("draft", draft)):
-        if not isinstance(params, Params):
-            raise TypeError(f"the {name} must be kvlib Params (kvlib.init_params or "
-                            f"kvlib.gpt2.load), got {type(params).__name__}")
-        if params.config.window is not None:
-            raise ValueError(f"the {name} has a sliding window: its ring-buffer cache cannot "
-                             "be truncated back past positions it overwrote (notebook 17), "
-                             "which speculative decoding does after every rejection")
+    check_model("target", target)
+    check_model("draft", draft)
     if target.config.vocab_size != draft.config.vocab_size:
         raise ValueError(
             f"the draft and the target have different vocabularies ({draft.config.vocab_size} "
@@ -135,6 +145,14 @@ def residual_distribution(p, q) -> np.ndarray:
     return p if total <= 0 else excess / total
 
 
+def certain(token: int, vocab_size: int) -> np.ndarray:
+    """The distribution of a guess made without doubt (notebook 23): one-hot (V,) at token.
+    Greedy drafts and prompt lookup's guesses have it."""
+    distribution = np.zeros(vocab_size)
+    distribution[token] = 1.0
+    return distribution
+
+
 def _sample(rng: np.random.Generator, probabilities: np.ndarray) -> int:
     probabilities = np.asarray(probabilities, dtype=np.float64)
     return int(rng.choice(len(probabilities), p=probabilities / probabilities.sum()))
@@ -167,9 +185,7 @@ class GreedyAcceptance:
         """The draft's proposal from its logits row (V,): (argmax, its distribution, one-hot:
         next_token_probabilities at temperature 0, built directly, as it runs every pass)."""
         token = int(np.argmax(logits_row))
-        one_hot = np.zeros(len(logits_row))
-        one_hot[token] = 1.0
-        return token, one_hot
+        return token, certain(token, len(logits_row))
 
     def verdict(self, proposals, draft_probabilities, target_logits) -> Verdict:
         """Keep proposals while each is the argmax of the target's row before it; then the
@@ -221,10 +237,16 @@ class SamplingAcceptance:
 
     def verdict(self, proposals, draft_probabilities, target_logits) -> Verdict:
         """Accept each proposal with min(1, p/q) in turn; at the first rejection draw from
-        the residual; after k acceptances draw the bonus from the last row."""
+        the residual; after k acceptances draw the bonus from the last row.
+        draft_probabilities None: a drafter without a distribution (prompt lookup) is
+        certain of its guesses, q one-hot, so each is kept with chance p(x) (vLLM's ngram
+        drafts are judged the same way, with a draft probability of 1)."""
+        if draft_probabilities is None:
+            draft_probabilities = [None] * len(proposals)
         accepted, acceptance = 0, []
         for proposal, q, row in zip(proposals, draft_probabilities, target_logits):
             p = self.distribution(row)
+            q = certain(proposal, p.size) if q is None else q
             chance = acceptance_probability(p, q, proposal)
             acceptance.append(chance)
             if self.rng.random() >= chance:
@@ -233,6 +255,26 @@ class SamplingAcceptance:
             accepted += 1
         bonus = _sample(self.rng, self.distribution(target_logits[accepted]))
         return Verdict(accepted, bonus, tuple(acceptance))
+
+
+def _check_proposal(proposal, k: int, vocab_size: int) -> None:
+    """Refuse, in words, what a drafter returned if the round cannot use it."""
+    if not isinstance(proposal, Proposal):
+        raise TypeError(f"a drafter's propose must return a Proposal(tokens, probabilities), "
+                        f"got {type(proposal).__name__}")
+    tokens = proposal.tokens
+    if len(tokens) > k:
+        raise ValueError(f"the drafter proposed {len(tokens)} tokens where at most {k} "
+                         "were asked for")
+    if any(isinstance(t, bool) or not isinstance(t, Integral) or not 0 <= t < vocab_size
+           for t in tokens):
+        raise ValueError(f"the drafter's proposals must be token ids between 0 and "
+                         f"{vocab_size - 1}, got {list(tokens)}")
+    probabilities = proposal.probabilities
+    if probabilities is not None and np.shape(probabilities) != (len(tokens), vocab_size):
+        raise ValueError(f"the drafter's probabilities must be (proposals, V) = "
+                         f"({len(tokens)}, {vocab_size}) or None, got shape "
+                         f"{np.shape(probabilities)}")
 
 
 def _check_acceptance(acceptance):
@@ -247,7 +289,9 @@ def _check_acceptance(acceptance):
 @dataclass(frozen=True)
 class Proposal:
     """The draft's guesses for one round: tokens (k,) and its distribution before each,
-    probabilities (k, V) (one-hot when greedy)."""
+    probabilities (k, V) (one-hot when greedy), or None from a drafter without a
+    distribution (prompt lookup: its guesses count as certain). A drafter may propose
+    fewer than k tokens, or none."""
 
     tokens: tuple[int, ...]
     probabilities: np.ndarray
@@ -284,6 +328,170 @@ def verify(target: Params, cache: BaseKVCache, unseen, proposals) -> np.ndarray:
     """
     logits, _ = prefill(target, list(unseen) + list(proposals), cache)
     return logits[-(len(proposals) + 1):]
+
+
+# -------------------------------------------------------------------------- drafters
+
+class Drafter:
+    """Whatever proposes a round's guesses (notebook 23). SpeculativeDecoder asks it for:
+
+    - ``propose(sequence, k, choose)``: a Proposal of at most k tokens after the sequence
+      (its ids so far, (n,)); choose is the acceptance rule's logits row -> (token,
+      distribution), for drafters that have logits;
+    - ``truncate(n_tokens)``: after the verdict, forget what follows the sequence's first
+      n_tokens (a cache to cut back);
+    - ``room(n_tokens)``: how many proposals it can make after n_tokens (None: no limit of
+      its own); ``check(target, prompt_length)``: refuse, in words, a target it cannot
+      serve; ``cached``: positions it caches; ``checkpoint()`` / ``restore(state)``: put
+      back its state when a round fails half-way.
+
+    This base class is a drafter with no state of its own; a subclass writes ``propose``.
+    """
+
+    name = "drafter"
+    cached = 0
+    """Positions it caches: none."""
+
+    def propose(self, sequence, k: int, choose) -> Proposal:
+        raise NotImplementedError(f"{type(self).__name__} must define propose(sequence, k, "
+                                  "choose) -> Proposal")
+
+    def check(self, target: Params, prompt_length: int) -> None:
+        """Nothing to refuse."""
+
+    def room(self, n_tokens: int) -> int | None:
+        """No context of its own: only the target's limits the proposals."""
+        return None
+
+    def truncate(self, n_tokens: int) -> None:
+        """Nothing to forget."""
+
+    def checkpoint(self):
+        return None
+
+    def restore(self, state) -> None:
+        """No state to put back."""
+
+
+class ModelDrafter(Drafter):
+    """A draft model and its own cache (notebook 23): the drafter of the first half of the
+    lesson. Any kvlib Params will do, as long as it has the target's vocabulary: a small
+    model trained apart, or the target's own first layers, ``target.first_layers(n)``
+    (self-speculation: an early exit, LayerSkip's draft, with the target's own weights).
+
+    Its cache holds a prefix of the sequence: all but the last token, or one token less
+    after a round whose k proposals were all kept (the last was never fed to it).
+    """
+
+    name = "draft model"
+
+    def __init__(self, params: Params, cache: BaseKVCache | None = None):
+        if not isinstance(params, Params):
+            raise TypeError(f"a ModelDrafter needs kvlib Params, got {type(params).__name__}")
+        self.params = params
+        self.cache = _empty_cache("draft", cache, params)
+
+    def __repr__(self) -> str:
+        return (f"ModelDrafter({self.params.config.n_layers} layers; cache of "
+                f"{len(self.cache)} positions)")
+
+    def check(self, target: Params, prompt_length: int) -> None:
+        check_pair(target, self.params)
+        if prompt_length > self.params.config.context_length:
+            raise ValueError(f"the prompt has {prompt_length} tokens but the draft's context "
+                             f"length is {self.params.config.context_length}")
+
+    def room(self, n_tokens: int) -> int:
+        """Proposals the draft can make after a sequence of n_tokens: its context (or its
+        cache's capacity) minus what it must hold; it never feeds its last proposal."""
+        return _room(self.params, self.cache) - n_tokens + 1
+
+    def propose(self, sequence, k: int, choose) -> Proposal:
+        """k guesses after the sequence (ids, (n,)): feed what the cache lacks, then decode
+        (``propose``). choose: the acceptance rule's logits row -> (token, distribution)."""
+        return propose(self.params, self.cache, sequence[len(self.cache):], k, choose)
+
+    def truncate(self, n_tokens: int) -> None:
+        """Keep at most the sequence's first n_tokens positions in the cache."""
+        self.cache.truncate(min(len(self.cache), n_tokens))
+
+    @property
+    def cached(self) -> int:
+        return len(self.cache)
+
+    def checkpoint(self):
+        return self.cache.checkpoint()
+
+    def restore(self, state) -> None:
+        self.cache.restore(state)
+
+
+def prompt_lookup(sequence, k: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[int, ...]:
+    """Prompt-lookup drafting (notebook 23): up to k guesses copied from earlier text.
+
+    sequence: the ids so far (n,), prompt and output. For n from max_ngram down to min_ngram,
+    take the last n ids and find their first earlier occurrence in the sequence; the guesses
+    are the (up to k) ids that followed it. No occurrence of any length: no guesses, ().
+    The longest n-gram wins, and of its occurrences the first, as in transformers'
+    PromptLookupCandidateGenerator and vLLM's ngram proposer.
+    """
+    k = check_speculation_length(k)
+    max_ngram, min_ngram = _check_ngrams(max_ngram, min_ngram)
+    ids = np.asarray(sequence)
+    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+        raise TypeError(f"sequence must be a list of token ids (n,), got {ids.dtype} of "
+                        f"shape {ids.shape}")
+    for n in range(min(max_ngram, len(ids) - 1), min_ngram - 1, -1):
+        # windows[i] = ids[i : i + n] over ids[:-1]: every n-gram but the last one itself
+        windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)
+        found = np.flatnonzero((windows == ids[-n:]).all(axis=1))
+        if found.size:
+            start = int(found[0]) + n           # what followed the first occurrence
+            return tuple(int(i) for i in ids[start:start + k])
+    return ()
+
+
+def _check_ngrams(max_ngram, min_ngram) -> tuple[int, int]:
+    max_ngram = whole_number("max_ngram", max_ngram, 1)
+    min_ngram = whole_number("min_ngram", min_ngram, 1)
+    if min_ngram > max_ngram:
+        raise ValueError(f"min_ngram ({min_ngram}) must not be above max_ngram ({max_ngram})")
+    return max_ngram, min_ngram
+
+
+class PromptLookupDrafter(Drafter):
+    """Guesses without a model (notebook 23): ``prompt_lookup`` over the prompt and the
+    output so far. Worth it where the output repeats its input (a passage to repeat or
+    summarize, code to edit, names): transformers' ``prompt_lookup_num_tokens``, vLLM's
+    ``ngram`` method. It has no cache and no distribution: its guesses count as certain
+    (probabilities None), and a round it cannot guess in is the target's own step."""
+
+    name = "prompt lookup"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.max_ngram, self.min_ngram = _check_ngrams(max_ngram, min_ngram)
+
+    def __repr__(self) -> str:
+        return f"PromptLookupDrafter(max_ngram={self.max_ngram}, min_ngram={self.min_ngram})"
+
+    def propose(self, sequence, k: int, choose=None) -> Proposal:
+        """Up to k guesses (``prompt_lookup``); choose is not used (no logits to choose
+        from)."""
+        return Proposal(prompt_lookup(sequence, k, self.max_ngram, self.min_ngram), None)
+
+
+def as_drafter(draft, cache: BaseKVCache | None = None) -> Drafter:
+    """The drafter for SpeculativeDecoder's draft argument: kvlib Params become a
+    ModelDrafter with the given cache (a fresh one by default); a Drafter is used as it is."""
+    if isinstance(draft, Params):
+        return ModelDrafter(draft, cache)
+    if isinstance(draft, Drafter):
+        if cache is not None:
+            raise ValueError("draft_cache goes with a draft model given as Params; a drafter "
+                             "brings its own cache (ModelDrafter(params, cache)) or none")
+        return draft
+    raise TypeError(f"the draft must be kvlib Params (a draft model) or a Drafter "
+                    f"(ModelDrafter, PromptLookupDrafter), got {type(draft).__name__}")
 
 
 # -------------------------------------------------------------------------- the loop
@@ -392,38 +600,53 @@ class SpeculativeDecoder:
     3. the acceptance rule keeps a prefix of the proposals and adds one token of the target's;
     4. both caches are truncated back to the sequence (without its new last token).
 
-    acceptance: GreedyAcceptance() (the default: exactly the target's greedy tokens) or
-    SamplingAcceptance(temperature, top_k, seed). Caches may be given (empty, for example a
-    kvlib.serving.PagedKVCache); by default each model gets the one it needs. If a round
-    fails half-way, the caches and the sequence are left as they were.
+    draft: a draft model (kvlib Params, with the target's vocabulary; ``target.first_layers(n)``
+    for self-speculation) or any Drafter, such as PromptLookupDrafter() (no model: steps 1
+    and 4 have no draft pass and no draft cache; a round without a guess is the target's own
+    step). acceptance: GreedyAcceptance() (the default: exactly the target's greedy tokens)
+    or SamplingAcceptance(temperature, top_k, seed). Caches may be given (empty, for example
+    a kvlib.serving.PagedKVCache; draft_cache only with a draft model); by default each
+    model gets the one it needs. If a round fails half-way, the caches and the sequence are
+    left as they were.
     """
 
-    def __init__(self, target: Params, draft: Params, prompt, k: int = 4, acceptance=None,
-                 target_cache: BaseKVCache | None = None,
+    def __init__(self, target: Params, draft: Params | Drafter, prompt, k: int = 4,
+                 acceptance=None, target_cache: BaseKVCache | None = None,
                  draft_cache: BaseKVCache | None = None):
-        check_pair(target, draft)
+        check_model("target", target)
+        self.drafter = as_drafter(draft, draft_cache)
         self.k = check_speculation_length(k)
         prompt = check_ids(prompt, target)
+        self.drafter.check(target, len(prompt))
         if len(prompt) > target.config.context_length:
             raise ValueError(f"the prompt has {len(prompt)} tokens but the target's context "
                              f"length is {target.config.context_length}")
-        if len(prompt) > draft.config.context_length:
-            raise ValueError(f"the prompt has {len(prompt)} tokens but the draft's context "
-                             f"length is {draft.config.context_length}")
         self.target, self.draft = target, draft
         self.acceptance = _check_acceptance(GreedyAcceptance() if acceptance is None
                                             else acceptance)
         self.target_cache = _empty_cache("target", target_cache, target)
-        self.draft_cache = _empty_cache("draft", draft_cache, draft)
         self.prompt_length = len(prompt)
         self.sequence: list[int] = [int(i) for i in prompt]
         self.steps: list[SpeculativeStep] = []
 
     def __repr__(self) -> str:
         rounds = "1 round" if len(self.steps) == 1 else f"{len(self.steps)} rounds"
+        drafter = (f"draft cache {len(self.draft_cache)} positions"
+                   if isinstance(self.drafter, ModelDrafter) else self.drafter.name)
         return (f"SpeculativeDecoder(k={self.k}, {self.acceptance.name}, "
                 f"{len(self.sequence)} tokens, {rounds}; target cache "
-                f"{len(self.target_cache)}, draft cache {len(self.draft_cache)} positions)")
+                f"{len(self.target_cache)}, {drafter})")
+
+    @property
+    def draft_cache(self) -> BaseKVCache | None:
+        """The draft model's cache (None for a drafter without one)."""
+        return getattr(self.drafter, "cache", None)
+
+    @draft_cache.setter
+    def draft_cache(self, cache: BaseKVCache) -> None:
+        if not isinstance(self.drafter, ModelDrafter):
+            raise TypeError(f"a {self.drafter.name} drafter has no cache to replace")
+        self.drafter.cache = cache
 
     @property
     def generated(self) -> list[int]:
@@ -437,9 +660,8 @@ class SpeculativeDecoder:
         """How many proposals the next round can take before a context is full (it may be
         0: the target's own step, no draft)."""
         n = len(self.sequence)
-        target_room = _room(self.target, self.target_cache) - n
-        draft_room = _room(self.draft, self.draft_cache) - n + 1
-        return max(0, min(target_room, draft_room))
+        rooms = [_room(self.target, self.target_cache) - n, self.drafter.room(n)]
+        return max(0, min(room for room in rooms if room is not None))
 
     def step(self, k: int | None = None) -> SpeculativeStep:
         """One round with k proposals (default self.k; fewer when the context is nearly
@@ -452,17 +674,17 @@ class SpeculativeDecoder:
         return self._round(min(k, self.room()))
 
     def _round(self, k: int) -> SpeculativeStep:
-        target_cache, draft_cache = self.target_cache, self.draft_cache
-        target_before, draft_before = len(target_cache), len(draft_cache)
+        target_cache, drafter = self.target_cache, self.drafter
+        target_before, draft_before = len(target_cache), drafter.cached
         start = len(self.sequence)
-        saved = (target_cache.checkpoint(), draft_cache.checkpoint(), self._random_state())
+        saved = (target_cache.checkpoint(), drafter.checkpoint(), self._random_state())
         try:
             if k == 0:      # no room for a proposal: the target's own step
                 proposal = Proposal((), np.zeros((0, self.target.config.vocab_size)))
             else:
-                proposal = propose(self.draft, draft_cache, self.sequence[draft_before:], k,
-                                   self.acceptance.choose)
-            draft_after = len(draft_cache)
+                proposal = drafter.propose(self.sequence, k, self.acceptance.choose)
+                _check_proposal(proposal, k, self.target.config.vocab_size)
+            draft_after = drafter.cached
             rows = verify(self.target, target_cache, self.sequence[target_before:],
                           proposal.tokens)
             target_after = len(target_cache)
@@ -470,10 +692,10 @@ class SpeculativeDecoder:
             self.sequence.extend(proposal.tokens[: verdict.accepted] + (verdict.next_token,))
             held = len(self.sequence) - 1
             target_cache.truncate(held)
-            draft_cache.truncate(min(len(draft_cache), held))
+            drafter.truncate(held)
         except BaseException:     # an error or a KeyboardInterrupt: leave everything as it was
             target_cache.restore(saved[0])
-            draft_cache.restore(saved[1])
+            drafter.restore(saved[1])
             self._set_random_state(saved[2])
             del self.sequence[start:]
             raise
@@ -481,7 +703,7 @@ class SpeculativeDecoder:
             start=start, proposals=proposal.tokens, accepted=verdict.accepted,
             next_token=verdict.next_token, acceptance=verdict.acceptance,
             target_lengths=(target_before, target_after, len(target_cache)),
-            draft_lengths=(draft_before, draft_after, len(draft_cache)))
+            draft_lengths=(draft_before, draft_after, drafter.cached))
         self.steps.append(step)
         return step
 
@@ -510,10 +732,11 @@ class SpeculativeDecoder:
         return self.sequence[start:]
 
 
-def speculative_generate(target: Params, draft: Params, prompt, max_new_tokens: int,
-                         k: int = 4, temperature: float = 0.0, top_k: int | None = None,
-                         seed: int | None = None) -> list[int]:
+def speculative_generate(target: Params, draft: Params | Drafter, prompt,
+                         max_new_tokens: int, k: int = 4, temperature: float = 0.0,
+                         top_k: int | None = None, seed: int | None = None) -> list[int]:
     """kvlib.generate with a draft (notebook 23): prompt ids (P,) -> max_new_tokens new ids.
+    draft: a draft model (Params) or a Drafter (PromptLookupDrafter()).
 
     Greedy at temperature 0: exactly kvlib.generate(target, prompt, max_new_tokens). At a
     positive temperature, sampled by speculative sampling, distributed as the target's
