@@ -2,7 +2,7 @@
 keep the numbers small (kvlib/models/precision.json; the lesson loads it with
 kvlib.precision.measured()).
 
-    python tools/measure_precision.py                  # both models (about 25 minutes idle)
+    python tools/measure_precision.py                  # both models (about 15 minutes)
     python tools/measure_precision.py stories          # one; the other is kept
     python tools/measure_precision.py gpt2             # GPT-2 124M, when it is downloaded
 
@@ -43,7 +43,7 @@ from kvlib import precision  # noqa: E402
 
 PROMPT = 16
 PADDING = 5
-SIZES = {"stories": (48, 96), "smollm2": (8, 64), "gpt2": (8, 64)}   # windows, tokens each
+SIZES = {"stories": (48, 96), "smollm2": (16, 64), "gpt2": (16, 64)}   # windows, tokens each
 
 
 def story_windows(n: int, length: int) -> list[list[int]]:
