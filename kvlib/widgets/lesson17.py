@@ -266,7 +266,7 @@ def draw_loss_by_position(ax, curves: dict, window: int, smoothing: int = 8,
     ax.axvline(window, color="#888888", ls="--", lw=1)
     _draw_baselines(ax, baselines)
     ax.set_xlabel("position of the predicted token")
-    ax.set_ylabel(f"loss (nats), mean over {smoothing} positions")
+    ax.set_ylabel(f"loss (nats), mean over {plural(smoothing, 'position')}")
     ax.set_title(f"Where the loss comes from: W = {window}")
     ax.grid(alpha=0.3)
     _legend_above_the_data(ax)
