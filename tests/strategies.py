@@ -8,9 +8,9 @@ import kvlib
 
 @st.composite
 def configs(draw, *, latent=None, window=None, positions=None, context_length=40,
-            dtype="float64"):
+            dtype="float64", norm=None, rope_pairing=None):
     """A small random ModelConfig. latent / window: True forces the option, False forbids
-    it, None lets hypothesis choose; positions: a scheme, or None for any."""
+    it, None lets hypothesis choose; positions, norm, rope_pairing: a value, or None for any."""
     kinds = ["plain", "window", "latent"]     # kvlib does not combine a window and a latent
     if latent is not None:
         kinds = [k for k in kinds if (k == "latent") == latent]
@@ -30,9 +30,9 @@ def configs(draw, *, latent=None, window=None, positions=None, context_length=40
         context_length=context_length,
         dtype=dtype,
         positions=scheme,
-        norm=draw(st.sampled_from(kvlib.config.NORMS)),
+        norm=norm or draw(st.sampled_from(kvlib.config.NORMS)),
         mlp=draw(st.sampled_from(kvlib.config.MLPS)),
-        rope_pairing=draw(st.sampled_from(kvlib.config.ROPE_PAIRINGS)),
+        rope_pairing=rope_pairing or draw(st.sampled_from(kvlib.config.ROPE_PAIRINGS)),
     )
     if use_latent:
         options["latent_dim"] = draw(st.integers(1, 8))

@@ -20,10 +20,11 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parent.parent
 BINDER = ROOT / "binder"
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-# What the notebooks import or need to render their widgets in JupyterLab (regex: the GPT-2
-# tokenizer; postBuild installs kvlib with --no-deps, so its dependencies must be pinned here).
-NEEDED = {"numpy", "regex", "matplotlib", "ipywidgets", "ipykernel", "ipython", "jupyterlab",
-          "jupyterlab-widgets", "widgetsnbextension"}
+# What the notebooks import or need to render their widgets in JupyterLab (regex: the BPE
+# tokenizers; gguf and jinja2: SmolLM2's file and chat template; postBuild installs kvlib with
+# --no-deps, so its dependencies must be pinned here).
+NEEDED = {"numpy", "regex", "gguf", "jinja2", "matplotlib", "ipywidgets", "ipykernel", "ipython",
+          "jupyterlab", "jupyterlab-widgets", "widgetsnbextension"}
 SLUG = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
 BRANCH = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # main, or a tag for a class (make links BRANCH=...)
 BADGE = re.compile(
@@ -78,6 +79,22 @@ def test_postbuild_installs_kvlib_without_resolving_again():
         assert "--no-deps" in line, f"without --no-deps pip may re-resolve the pins: {line}"
         assert re.search(r"(-e|--editable) \.(\s|$)", line), f"installs kvlib editable: {line}"
     assert os.access(path, os.X_OK), "binder/postBuild must be executable (chmod +x)"
+
+
+def test_postbuild_fetches_smollm2_and_fails_the_build_without_it():
+    text = (BINDER / "postBuild").read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if "fetch_smollm2.py" in line]
+    assert lines and not any("||" in line for line in lines), \
+        "notebooks 18 on need SmolLM2: postBuild must fetch it, and a failure must stop the build"
+
+
+def test_binder_start_gives_every_kernel_one_blas_thread():
+    path = BINDER / "start"
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("#!/bin/bash\n") and os.access(path, os.X_OK)
+    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        assert re.search(rf"\b{variable}=1\b", text), variable
+    assert text.rstrip().endswith('exec "$@"'), "start must hand over to JupyterLab"
 
 
 def test_no_other_binder_configuration_overrides_these_files():

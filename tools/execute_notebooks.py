@@ -27,6 +27,7 @@ and the cells' execution timestamps are dropped.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,9 @@ TIMINGS_TAG = "timings"
 TIMINGS_NOTE = ("[measured on the machine that runs this cell, so not saved with the notebook: "
                 "run the cell to see the numbers]\n")
 CELL_TIMEOUT_SECONDS = 300
+# the kernels inherit the environment: one BLAS thread, as `make lab` and Binder give them
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
 
 
 def poll_in_steps(channel) -> None:

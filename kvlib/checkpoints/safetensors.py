@@ -235,6 +235,17 @@ def float32_to_bfloat16(values) -> np.ndarray:
     return np.where(np.isnan(values), quiet_nan, rounded)
 
 
+def in_dtype(array: np.ndarray, stored: str, dtype) -> np.ndarray:
+    """A tensor read by read_safetensors, as numbers of dtype (notebooks 12, 18): BF16 bits
+    become float32 first; a view of the mapped file when nothing needs converting, a copy
+    otherwise. stored is the header's dtype name ("F32", "F16", "BF16", ...)."""
+    if stored == "BF16":
+        array = bfloat16_to_float32(array)
+    if array.dtype == np.dtype(dtype):
+        return array.view(np.ndarray)
+    return array.astype(dtype)
+
+
 def write_safetensors(path, tensors: Mapping[str, np.ndarray], metadata=None, *,
                       bfloat16: Iterable[str] = ()) -> None:
     """Write tensors to a safetensors file the reference implementation reads (notebook 12).

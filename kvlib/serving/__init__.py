@@ -13,10 +13,24 @@ inference, never imported by them.
 - quantized.QuantizedKVCache: K and V stored in 8, 4 or 2 bits with scales per token or per
   channel (notebook 22).
 - speculative: a draft proposes, the target verifies in one pass (notebook 23).
+- engine.Engine: the serving loop built from the parts above, one step at a time (scheduling
+  with a token budget, chunked prefill, preemption, prefix caching as blocks fill, one batched
+  model step), on block_manager.BlockManager's pool, with block_attention reading the blocks
+  in place (notebook 24).
 """
 
 from .batch import attend_padded, attend_per_sequence, batched_decode_step, padding_mask
+from .block_attention import block_attention, gather_attention
+from .block_manager import BlockManager
 from .blocks import BlockAllocator
+from .engine import (
+    Engine,
+    RequestOutput,
+    SamplingParams,
+    StaticBatchingEngine,
+    StepRecord,
+    summarize,
+)
 from .memory_plan import ContiguousArena, Request, blocks_for, memory_table, request_mix
 from .paged import PagedKVCache
 from .pool_timeline import PoolTimeline

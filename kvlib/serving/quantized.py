@@ -9,10 +9,16 @@ packed two and four to a byte, so that nbytes counts what a real cache would hol
 
 Which numbers share a scale is the grouping, chosen for K and V separately:
 
-- PerToken(bits): one scale per cached row, a token's K (or V) in one layer, all K/V heads;
-- PerChannel(bits, group_size): one scale per column over a group of group_size positions.
-  The newest group is kept in full precision until it is full, then quantized (KIVI's
-  residual).
+- PerToken(bits, residual=0): one scale per cached row, a token's K (or V) in one layer,
+  all K/V heads; with residual=R the newest R rows stay in full precision (KIVI's values);
+- PerChannel(bits, group_size, residual=None): one scale per column over a group of G =
+  group_size positions. The newest rows are kept in full precision until R = residual of
+  them (a multiple of G, by default G) have arrived, then quantized G at a time (KIVI's
+  keys).
+
+KIVI itself (Liu et al., ICML 2024; github.com/jy-yuan/KIVI, models/llama_kivi.py) is
+PerChannel(bits, G, R) for the keys with PerToken(bits, R) for the values, at 2 or 4 bits
+with asymmetric codes (a zero point), and per-token groups of G channels within a row.
 
 QuantizedKVCache(config, keys=..., values=...) stores K and V this way, and kvlib.prefill and
 kvlib.decode_step run on it unchanged. Everything attention reads comes back through the
@@ -208,32 +214,72 @@ def _check_quantizable(rows: np.ndarray, what: str, bits: int) -> None:
                          f"float16 scales at {bits} bits (at most {limit:.4g})")
 
 
+def _check_truncate(grouping, length: int, n: int) -> None:
+    """Refuse to cut a store of `length` positions back to n when the full-precision rows that
+    n positions held are gone (quantized since): the state of n positions cannot be rebuilt.
+    Allowed: n positions needing no full-precision row, or needing only rows still held."""
+    needed_from, held_from = grouping.quantized_positions(n), grouping.quantized_positions(length)
+    if needed_from < n and needed_from < held_from:
+        def rows(first, last):
+            return f"row {first}" if first == last else f"rows {first}-{last}"
+        lost = rows(needed_from, held_from - 1)
+        raise ValueError(
+            f"cannot truncate this cache from {length} to {n} positions: {n} positions held "
+            f"{rows(needed_from, n - 1)} in full precision ({grouping.name}), and {lost} "
+            f"{'is' if needed_from == held_from - 1 else 'are'} already quantized since. "
+            f"{grouping.truncation_hint()}, or keep a checkpoint() from before and restore() it")
+
+
 @dataclass(frozen=True)
 class PerToken:
     """One scale per cached row (notebook 22): a token's K (or V) in one layer, over all
-    its K/V heads. Rows are quantized as they arrive. What KIVI uses for the values."""
+    its K/V heads. A row can be quantized the moment it arrives (residual=0, the default).
+
+    With residual=R, the newest R rows are held in full precision, and each row is quantized
+    when it falls out of them: what KIVI does with the values.
+    """
 
     bits: int = 8
+    residual: int = 0
 
     def __post_init__(self):
         _check_bits(self.bits)
+        whole_number("residual", self.residual, 0)
 
     @property
     def name(self) -> str:
-        return f"int{self.bits} per token"
+        text = f"int{self.bits} per token"
+        return text + (f", the newest {self.residual} in full precision" if self.residual else "")
+
+    def quantized_positions(self, n_positions: int) -> int:
+        """How many of n_positions are read back quantized: all but the newest `residual`."""
+        return max(0, whole_number("n_positions", n_positions, 0) - self.residual)
+
+    def truncation_hint(self) -> str:
+        return f"Truncate only while the cache holds at most {self.residual} positions"
 
     def round_trip(self, rows) -> np.ndarray:
-        """What the cache holds for rows (n, w) stored from position 0: each row read back."""
-        return round_trip(rows, self.bits, axis=1)
+        """What the cache holds for rows (n, w) stored from position 0: each row but the
+        newest `residual` read back with its own scale, those as they were."""
+        rows = _as_float_array(rows, "rows")
+        held = rows.astype(np.float64, copy=True)
+        old = self.quantized_positions(len(rows))
+        if old:
+            held[:old] = round_trip(rows[:old], self.bits, axis=1)
+        return held
 
     def bytes_per_token(self, width: int) -> float:
-        """Bytes one position costs in one layer: its packed codes and its float16 scale."""
+        """Bytes one quantized position costs in one layer: its packed codes and its float16
+        scale."""
         return packed_width(width, self.bits) + SCALE_BYTES
 
     def nbytes(self, n_positions: int, width: int, residual_bytes: int) -> int:
-        """Bytes held for n_positions rows of width numbers (residual_bytes is unused: no row
-        is kept in full precision)."""
-        return whole_number("n_positions", n_positions, 0) * int(self.bytes_per_token(width))
+        """Bytes held for n_positions rows of width numbers: codes and scales of the quantized
+        rows, and the residual rows at residual_bytes a number."""
+        old = self.quantized_positions(n_positions)
+        residual_bytes = whole_number("residual_bytes", residual_bytes, 1)
+        return old * int(self.bytes_per_token(width)) + (n_positions - old) * width * \
+            residual_bytes
 
     def store(self, n_layers: int, capacity: int, width: int, dtype) -> PerTokenStore:
         return PerTokenStore(self, n_layers, capacity, width, dtype)
@@ -243,29 +289,45 @@ class PerToken:
 class PerChannel:
     """One scale per column over each group of group_size positions (notebook 22).
 
-    A group is quantized when its last position arrives; until then its rows are held in
-    full precision (KIVI's residual), so at most group_size - 1 rows are. What KIVI uses
-    for the keys, whose outlier channels would otherwise set every token's scale.
+    The newest rows are held in full precision until `residual` of them have arrived (R, a
+    multiple of group_size G; by default R = G); then all R are quantized, G rows at a time,
+    and the residual starts again empty. So at most R - 1 rows are in full precision. What
+    KIVI does with the keys (its code takes G and R apart: G = 32 with R = 128, for example),
+    whose outlier channels would otherwise set every token's scale.
     """
 
     bits: int = 8
     group_size: int = 32
+    residual: int | None = None
 
     def __post_init__(self):
         _check_bits(self.bits)
         whole_number("group_size", self.group_size, 1)
+        if self.residual is None:
+            object.__setattr__(self, "residual", self.group_size)
+        whole_number("residual", self.residual, 1)
+        if self.residual % self.group_size:
+            raise ValueError(f"residual must be a multiple of group_size ({self.group_size}): "
+                             f"a full residual is quantized as whole groups, got "
+                             f"{self.residual}")
 
     @property
     def name(self) -> str:
-        return f"int{self.bits} per channel (groups of {self.group_size})"
+        text = f"int{self.bits} per channel (groups of {self.group_size}"
+        if self.residual != self.group_size:
+            text += f", residual {self.residual}"
+        return text + ")"
 
     def quantized_positions(self, n_positions: int) -> int:
-        """How many of n_positions are quantized: the full groups (the rest is the residual)."""
-        return whole_number("n_positions", n_positions, 0) // self.group_size * self.group_size
+        """How many of n_positions are quantized: the whole residuals (the rest is held)."""
+        return whole_number("n_positions", n_positions, 0) // self.residual * self.residual
+
+    def truncation_hint(self) -> str:
+        return f"Truncate to a multiple of {self.residual}"
 
     def round_trip(self, rows) -> np.ndarray:
-        """What the cache holds for rows (n, w) stored from position 0: every full group
-        read back with its column scales, the last incomplete group as it was."""
+        """What the cache holds for rows (n, w) stored from position 0: every group of the
+        quantized positions read back with its column scales, the residual as it was."""
         rows = _as_float_array(rows, "rows")
         held = rows.astype(np.float64, copy=True)
         for start in range(0, self.quantized_positions(len(rows)), self.group_size):
@@ -279,12 +341,13 @@ class PerChannel:
         return packed_width(width, self.bits) + SCALE_BYTES * width / self.group_size
 
     def nbytes(self, n_positions: int, width: int, residual_bytes: int) -> int:
-        """Bytes held for n_positions rows: codes and scales of the full groups, and the
+        """Bytes held for n_positions rows: codes and scales of the quantized groups, and the
         residual rows at residual_bytes a number."""
-        groups, rest = divmod(whole_number("n_positions", n_positions, 0), self.group_size)
+        full = self.quantized_positions(n_positions)
         group_bytes = self.group_size * packed_width(width, self.bits) + width * SCALE_BYTES
         residual_bytes = whole_number("residual_bytes", residual_bytes, 1)
-        return groups * group_bytes + rest * width * residual_bytes
+        return full // self.group_size * group_bytes + (n_positions - full) * width * \
+            residual_bytes
 
     def store(self, n_layers: int, capacity: int, width: int, dtype) -> PerChannelStore:
         return PerChannelStore(self, n_layers, capacity, width, dtype)
@@ -294,88 +357,96 @@ class PerChannel:
 
 class PerTokenStore:
     """K or V of every layer, per-token quantized: packed codes (layers, capacity, bytes a
-    row) and one float16 scale per row (layers, capacity)."""
+    row), one float16 scale per row (layers, capacity), and the newest `residual` rows in
+    full precision, a ring (layers, R, width): position p sits in residual row p % R."""
 
     def __init__(self, grouping: PerToken, n_layers: int, capacity: int, width: int, dtype):
         self.grouping, self.width, self.dtype = grouping, width, np.dtype(dtype)
         self.codes = np.zeros((n_layers, capacity, packed_width(width, grouping.bits)),
                               dtype=np.uint8)
         self.scales = np.zeros((n_layers, capacity), dtype=SCALE_DTYPE)
+        self.residual = np.zeros((n_layers, grouping.residual, width), dtype=self.dtype)
 
     def write(self, layer: int, start: int, rows: np.ndarray) -> None:
-        bits, end = self.grouping.bits, start + len(rows)
+        bits, size, end = self.grouping.bits, self.grouping.residual, start + len(rows)
+        # a row's codes depend on that row alone: made now, read once it leaves the residual
         scales = symmetric_scales(rows, bits, axis=1)
         self.codes[layer, start:end] = pack_codes(quantize(rows, scales, bits), bits)
         self.scales[layer, start:end] = scales[:, 0]
+        if size:
+            newest = np.arange(max(start, end - size), end)
+            self.residual[layer, newest % size] = rows[newest - start]
 
     def read(self, layer: int, n: int) -> np.ndarray:
-        codes = unpack_codes(self.codes[layer, :n], self.grouping.bits, self.width)
-        return dequantize(codes, self.scales[layer, :n, None], self.dtype)
+        old, size = self.grouping.quantized_positions(n), self.grouping.residual
+        codes = unpack_codes(self.codes[layer, :old], self.grouping.bits, self.width)
+        quantized = dequantize(codes, self.scales[layer, :old, None], self.dtype)
+        if not size:
+            return quantized
+        return np.concatenate([quantized, self.residual[layer, np.arange(old, n) % size]])
 
     def check_truncate(self, length: int, n: int) -> None:
-        """Any length can be cut back to: every row was quantized on its own."""
+        """Any length can be cut back to without a residual; with one, only lengths whose
+        full-precision rows are still held."""
+        _check_truncate(self.grouping, length, n)
 
     def checkpoint(self):
-        return None
+        return self.residual.copy()
 
     def restore(self, state) -> None:
-        """Rows past a layer's length are never read: the lengths alone restore the store."""
+        """Rows past a layer's length are never read: the lengths and the residual restore
+        the store."""
+        self.residual[...] = state
 
     def nbytes(self, layer: int, n: int) -> int:
-        return self.codes[layer, :n].nbytes + self.scales[layer, :n].nbytes
+        old = self.grouping.quantized_positions(n)
+        return (self.codes[layer, :old].nbytes + self.scales[layer, :old].nbytes
+                + (n - old) * self.width * self.dtype.itemsize)
 
 
 class PerChannelStore:
     """K or V of every layer, per-channel quantized in groups of G positions: packed codes
     (layers, capacity, bytes a row), float16 scales per group and column (layers, groups,
-    width), and the newest, incomplete group's rows in full precision (layers, G, width):
-    position p sits in residual row p % G until its group is full."""
+    width), and the residual's rows in full precision (layers, R, width): position p sits in
+    residual row p % R until R rows have arrived and are quantized."""
 
     def __init__(self, grouping: PerChannel, n_layers: int, capacity: int, width: int, dtype):
         self.grouping, self.width, self.dtype = grouping, width, np.dtype(dtype)
-        size = grouping.group_size
         self.codes = np.zeros((n_layers, capacity, packed_width(width, grouping.bits)),
                               dtype=np.uint8)
-        self.scales = np.zeros((n_layers, -(-capacity // size), width), dtype=SCALE_DTYPE)
-        self.residual = np.zeros((n_layers, size, width), dtype=self.dtype)
+        self.scales = np.zeros((n_layers, -(-capacity // grouping.group_size), width),
+                               dtype=SCALE_DTYPE)
+        self.residual = np.zeros((n_layers, grouping.residual, width), dtype=self.dtype)
 
     def write(self, layer: int, start: int, rows: np.ndarray) -> None:
-        size, bits = self.grouping.group_size, self.grouping.bits
+        size, group, bits = self.grouping.residual, self.grouping.group_size, self.grouping.bits
         position = start
         while position < start + len(rows):
-            # the rows up to the end of position's group (or of the chunk)
+            # the rows up to the end of position's residual (or of the chunk)
             end = min(start + len(rows), (position // size + 1) * size)
             self.residual[layer, position % size:(end - 1) % size + 1] = \
                 rows[position - start:end - start]
-            if end % size == 0:                   # the group is full: quantize it
-                group = self.residual[layer]
-                scales = symmetric_scales(group, bits, axis=0)
-                self.codes[layer, end - size:end] = pack_codes(quantize(group, scales, bits),
-                                                               bits)
-                self.scales[layer, end // size - 1] = scales[0]
+            if end % size == 0:                   # the residual is full: quantize its groups
+                groups = self.residual[layer].reshape(size // group, group, self.width)
+                scales = symmetric_scales(groups, bits, axis=1)       # (R / G, 1, width)
+                codes = quantize(groups, scales, bits).reshape(size, self.width)
+                self.codes[layer, end - size:end] = pack_codes(codes, bits)
+                self.scales[layer, (end - size) // group:end // group] = scales[:, 0]
             position = end
 
     def read(self, layer: int, n: int) -> np.ndarray:
-        size, bits = self.grouping.group_size, self.grouping.bits
+        group, bits = self.grouping.group_size, self.grouping.bits
         full = self.grouping.quantized_positions(n)
         codes = unpack_codes(self.codes[layer, :full], bits, self.width)
-        scales = np.repeat(self.scales[layer, :full // size], size, axis=0)
+        scales = np.repeat(self.scales[layer, :full // group], group, axis=0)
         quantized = dequantize(codes, scales, self.dtype)
         return np.concatenate([quantized, self.residual[layer, :n - full]])
 
     def check_truncate(self, length: int, n: int) -> None:
-        """Cutting back into a group that was quantized since would need its full-precision
-        rows, which are gone: refused. A multiple of G, or a length within the residual, is
-        exactly the state the cache had then."""
-        size = self.grouping.group_size
-        if n % size and n < self.grouping.quantized_positions(length):
-            start = n // size * size
-            raise ValueError(
-                f"cannot truncate this cache from {length} to {n} positions: the group of "
-                f"positions {start}-{start + size - 1} is already quantized per channel, and "
-                f"the full-precision rows {start}-{n - 1} that {n} positions held are gone. "
-                f"Truncate to a multiple of {size}, or keep a checkpoint() from before and "
-                "restore() it")
+        """Cutting back into a residual that was quantized since would need its
+        full-precision rows, which are gone: refused. A multiple of R, or a length within the
+        current residual, is exactly the state the cache had then."""
+        _check_truncate(self.grouping, length, n)
 
     def checkpoint(self):
         return self.residual.copy()
@@ -384,8 +455,8 @@ class PerChannelStore:
         self.residual[...] = state
 
     def nbytes(self, layer: int, n: int) -> int:
-        size, full = self.grouping.group_size, self.grouping.quantized_positions(n)
-        return (self.codes[layer, :full].nbytes + self.scales[layer, :full // size].nbytes
+        group, full = self.grouping.group_size, self.grouping.quantized_positions(n)
+        return (self.codes[layer, :full].nbytes + self.scales[layer, :full // group].nbytes
                 + self.residual[layer, :n - full].nbytes)
 
 
@@ -393,21 +464,23 @@ class PerChannelStore:
 
 def _check_grouping(name: str, grouping):
     if not isinstance(grouping, (PerToken, PerChannel)):
-        raise TypeError(f"{name} must be a grouping, PerToken(bits) or PerChannel(bits, "
-                        f"group_size), got {grouping!r}")
+        raise TypeError(f"{name} must be a grouping, PerToken(bits, residual) or "
+                        f"PerChannel(bits, group_size, residual), got {grouping!r}")
     return grouping
 
 
 class QuantizedKVCache(BaseKVCache):
     """A contiguous cache whose K and V are stored in a few bits (notebook 22).
 
-    keys and values are groupings, chosen separately: PerToken(bits) or PerChannel(bits,
-    group_size). The default is KIVI's pairing at 8 bits: keys per channel, values per
-    token. append quantizes the new rows and returns what attention reads: every held row,
+    keys and values are groupings, chosen separately: PerToken(bits, residual) or
+    PerChannel(bits, group_size, residual). The default is KIVI's axes at 8 bits, keys per
+    channel in groups of 32, values per token, with no residual beyond the keys' incomplete
+    group (KIVI also keeps the newest R rows of each in full precision: pass residual=R to
+    both). append quantizes the new rows and returns what attention reads: every held row,
     dequantized (the new ones too). ``nbytes`` is the bytes really held: packed codes,
-    float16 scales, and the full-precision residual rows of a per-channel grouping.
+    float16 scales, and the full-precision residual rows.
     ``key_store`` and ``value_store`` hold them (a PerTokenStore or a PerChannelStore:
-    ``codes``, ``scales`` and, per channel, ``residual``).
+    ``codes``, ``scales`` and ``residual``).
     """
 
     def __init__(self, config: ModelConfig, keys: PerToken | PerChannel = PerChannel(8),
@@ -457,8 +530,10 @@ class QuantizedKVCache(BaseKVCache):
         return self.keys(layer), self.values(layer)
 
     def truncate(self, n: int) -> None:
-        """Keep positions 0 .. n-1 (notebook 23). With a per-channel grouping, only to a
-        multiple of its group size or within the full-precision residual."""
+        """Keep positions 0 .. n-1 (notebook 23), to exactly the state the cache had then;
+        refused when rows that n positions held in full precision are quantized since (per
+        channel: cut to a multiple of the residual or within it; per token with a residual:
+        only while at most R positions are held)."""
         n = self._check_truncate(n)
         for store in (self.key_store, self.value_store):
             store.check_truncate(len(self), n)
@@ -611,7 +686,7 @@ def greedy_agreement(logits, reference_logits) -> float:
 @dataclass(frozen=True)
 class Quality:
     """What a quantized cache does to a model's predictions over some sequences (notebook
-    20): the error it adds to the logits (mean and largest |difference|), the mean next-token
+    22): the error it adds to the logits (mean and largest |difference|), the mean next-token
     loss (nats) with it and with the plain cache, and the fraction of positions where the
     greedy pick stays the same. bytes_per_token is the cache's, once its groups are full."""
 

@@ -56,11 +56,17 @@ def channel_sizes(rows: np.ndarray) -> np.ndarray:
     return np.abs(rows).max(axis=0)
 
 
+LEGEND_ROOM = 0.45
+"""On the channel plot's log axis, the room above the largest number for the legend and the
+labels, as a power of the data's own range: the top 30% of the axis stays empty."""
+
+
 def draw_channel_sizes(ax, keys: np.ndarray, values: np.ndarray, title: str = "",
-                       head_dim: int | None = None, n_marked: int = 3) -> None:
+                       head_dim: int | None = None, n_marked: int = 2) -> None:
     """Each channel's largest |number| in a layer's keys and values (notebook 22), channels
     on the x axis, on a log scale; the n_marked largest key channels are labelled. Lines
-    between heads when head_dim is given."""
+    between heads when head_dim is given. The axis leaves room above the data, so that the
+    legend covers no point and no label."""
     key_sizes, value_sizes = channel_sizes(keys), channel_sizes(values)
     ax.clear()
     channels = np.arange(len(key_sizes))
@@ -76,6 +82,10 @@ def draw_channel_sizes(ax, keys: np.ndarray, values: np.ndarray, title: str = ""
         for start in range(head_dim, len(key_sizes), head_dim):
             ax.axvline(start - 0.5, color="grey", linewidth=0.5, linestyle=":")
     ax.set_yscale("log")
+    low = float(min(key_sizes.min(), value_sizes.min())) / 1.5
+    high = float(max(key_sizes.max(), value_sizes.max()))
+    if low > 0:
+        ax.set_ylim(low, high * (high / low) ** LEGEND_ROOM)
     ax.set_xlabel("channel (column of the cached row)" + (f"; heads of {head_dim}, dotted"
                                                           if head_dim else ""))
     ax.set_ylabel("largest |number| over the positions")
@@ -84,24 +94,29 @@ def draw_channel_sizes(ax, keys: np.ndarray, values: np.ndarray, title: str = ""
     ax.set_title(title)
 
 
-def draw_groupings(axes, n_positions: int = 12, width: int = 8, group_size: int = 4) -> None:
+def draw_groupings(axes, n_positions: int = 12, width: int = 8, group_size: int = 4,
+                   residual: int | None = None) -> None:
     """Which numbers share a scale (notebook 22), on a grid of n_positions cached rows of
-    width numbers: per token, every row is a group; per channel, every column of every
-    group_size rows is one, and the newest, incomplete group is held in full precision.
-    Groups alternate in two shades; each carries one scale."""
+    width numbers: per token (axes[0]) every row is a group, per channel (axes[1]) every
+    column of every group_size rows. Groups alternate in two shades; each carries one scale.
+    Rows held in full precision are white: per channel, those after the last whole residual
+    of `residual` rows (by default group_size: the newest, incomplete group); per token, with
+    a residual, the newest `residual` rows (KIVI's values; without one, none)."""
     if len(axes) != 2:
         raise ValueError("draw_groupings needs two axes")
+    token = PerToken(8, residual or 0)
+    channel = PerChannel(8, group_size, residual)
     cmap = matplotlib.colormaps[COLORMAP]
     shades = np.array([cmap(0.35), cmap(0.75)])
     rows, columns = np.arange(n_positions)[:, None], np.arange(width)[None, :]
     per_token = shades[(rows + 0 * columns) % 2]
-    group = rows // group_size
-    per_channel = shades[(group + columns) % 2]
-    residual = rows >= n_positions // group_size * group_size
-    per_channel[np.broadcast_to(residual, (n_positions, width))] = (1, 1, 1, 1)
-    for ax, colours, title in ((axes[0], per_token, "per token: one scale per row"),
-                               (axes[1], per_channel, f"per channel: one scale per column "
-                                                      f"of {group_size} rows")):
+    per_channel = shades[(rows // group_size + columns) % 2]
+    panels = ((axes[0], per_token, token, "per token: one scale per row"),
+              (axes[1], per_channel, channel,
+               f"per channel: one scale per column of {group_size} rows"))
+    for ax, colours, grouping, title in panels:
+        exact_from = grouping.quantized_positions(n_positions)
+        colours[exact_from:] = (1, 1, 1, 1)
         ax.clear()
         ax.imshow(colours, aspect="auto", interpolation="nearest")
         ax.set_xticks(range(width))
@@ -113,10 +128,15 @@ def draw_groupings(axes, n_positions: int = 12, width: int = 8, group_size: int 
         ax.set_xlabel("channel")
         ax.set_ylabel("position")
         ax.set_title(title, fontsize=10)
-    start = n_positions // group_size * group_size
-    if start < n_positions:
-        axes[1].text(width / 2 - 0.5, (start + n_positions - 1) / 2, "full precision\n"
-                     "(the newest group, not yet full)", ha="center", va="center", fontsize=8)
+        if exact_from < n_positions:
+            if grouping is token:
+                note = f"full precision\n(the newest {token.residual} rows)"
+            elif channel.residual == group_size:
+                note = "full precision\n(the newest group, not yet full)"
+            else:
+                note = f"full precision\n(the residual, until {channel.residual} rows)"
+            ax.text(width / 2 - 0.5, (exact_from + n_positions - 1) / 2, note, ha="center",
+                    va="center", fontsize=8)
 
 
 def error_norm(scale: float) -> LogNorm:
@@ -150,11 +170,17 @@ def pairing_name(quality) -> str:
     return f"K {kind(quality.keys)}, V {kind(quality.values)}"
 
 
+LINEAR_LOSS = 1e-3
+"""The quality plot's loss axis is linear within +-LINEAR_LOSS nats, logarithmic beyond."""
+
+
 def draw_quality(axes, qualities) -> None:
     """The quality table as grouped bars (notebook 22): for each pairing of groupings, a bar
     per bit width; the share of greedy picks left unchanged (%) on axes[0], the held-out
-    loss added (nats per token, symmetric log scale: quantization noise can also lower it a
-    little) on axes[1]. qualities: kvlib.serving.quantized.Quality, any order."""
+    loss added (nats per token) on axes[1]. That axis is symmetric-logarithmic: linear
+    within +-LINEAR_LOSS (shaded), where int8's changes sit, up or down (quantization noise
+    can also lower the loss a little), and logarithmic beyond, where int4's hundredths and
+    int2's whole nats sit. qualities: kvlib.serving.quantized.Quality, any order."""
     if len(axes) != 2 or not qualities:
         raise ValueError("draw_quality needs two axes and at least one setting")
     pairings = list(dict.fromkeys(pairing_name(q) for q in qualities))
@@ -165,7 +191,8 @@ def draw_quality(axes, qualities) -> None:
     bar = 0.8 / len(widths)
     for ax, value, label in ((axes[0], lambda q: 100 * q.agreement, "greedy picks unchanged (%)"),
                              (axes[1], lambda q: q.added_loss,
-                              "held-out loss added (nats per token)")):
+                              f"held-out loss added (nats per token)\nlinear within "
+                              f"±{LINEAR_LOSS:g} (shaded), logarithmic beyond")):
         ax.clear()
         for i, bits in enumerate(widths):
             chosen = {pairing_name(q): q for q in qualities if q.keys.bits == bits}
@@ -176,15 +203,16 @@ def draw_quality(axes, qualities) -> None:
                    linewidth=0.5, label=f"int{bits}")
         ax.set_xticks(range(len(pairings)), [p.replace(", ", ",\n") for p in pairings],
                       fontsize=8)
-        ax.set_ylabel(label)
+        ax.set_ylabel(label, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylim(0, 112)
     axes[0].set_yticks(range(0, 101, 20))
     axes[0].legend(loc="upper center", ncol=len(widths), fontsize=8)
     axes[0].set_title("how often the greedy token stays the same")
-    axes[1].set_yscale("symlog", linthresh=1e-3)
+    axes[1].set_yscale("symlog", linthresh=LINEAR_LOSS)
+    axes[1].axhspan(-LINEAR_LOSS, LINEAR_LOSS, color="0.9", zorder=0)
     lowest = min(q.added_loss for q in qualities)
-    axes[1].set_ylim(bottom=min(-1e-3, 2 * lowest))
+    axes[1].set_ylim(bottom=min(-LINEAR_LOSS, 2 * lowest))
     axes[1].axhline(0, color="black", linewidth=0.5)
     axes[1].set_title("what the cache costs in held-out loss")
 
@@ -192,6 +220,17 @@ def draw_quality(axes, qualities) -> None:
 def _relative_rms(error: np.ndarray, exact: np.ndarray) -> float:
     """RMS of the error over the RMS of the numbers themselves (notebook 22)."""
     return float(np.sqrt(np.mean(error ** 2)) / np.sqrt(np.mean(exact ** 2)))
+
+
+def _full_precision_rows(keys, values, n_positions: int, dtype: str) -> str:
+    """Which of n_positions rows a cache holds in full precision, in words: "K's newest 8
+    rows in float32", "no row in full precision"."""
+    held = []
+    for name, grouping in (("K", keys), ("V", values)):
+        exact = n_positions - grouping.quantized_positions(n_positions)
+        if exact:
+            held.append(f"{name}'s newest {exact} row{'s' if exact > 1 else ''}")
+    return " and ".join(held) + f" in {dtype}" if held else "no row in full precision"
 
 
 def _tokens_html(tokens, reference) -> str:
@@ -355,8 +394,8 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
             f"({float16_bytes / result['bytes_per_token']:.2f}x less than float16's "
             f"{float16_bytes:,}, {own_bytes / result['bytes_per_token']:.1f}x less than "
             f"kvlib's {config.dtype}); the live cache holds {result['nbytes']:,} bytes for "
-            f"{T} positions ({per_token:,.1f} a position, the newest group's rows in "
-            f"{config.dtype}).",
+            f"{T} positions ({per_token:,.1f} a position, "
+            f"{_full_precision_rows(result['keys'], result['values'], T, config.dtype)}).",
             f"Error of the cached numbers, RMS relative to their own: keys "
             f"{100 * result['key_rms']:.2f}%, values {100 * result['value_rms']:.2f}%.",
             f"Along the story: logits off by {result['logit_error']:.4f} on average; loss "

@@ -81,6 +81,8 @@ class LabServer:
                if k not in ("JUPYTER_PATH", "PYTHONPATH", "JUPYTER_TOKEN")}
         env.update(JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
                    JUPYTER_RUNTIME_DIR=str(home / "runtime"), IPYTHONDIR=str(home / "ipython"))
+        for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(variable, "1")    # as binder/start and `make lab` give the kernels
         self.log_path = home / "server.log"
         command = [
             sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",

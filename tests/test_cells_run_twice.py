@@ -1,0 +1,95 @@
+"""Every cell of every notebook gives the same output when it is run twice in a row.
+
+In class, a cell is often run again: to show it once more, after a typo in the next one, by a
+student who clicked twice. A cell that changes state (appends to a cache, takes blocks from a
+pool, advances a generator) must rebuild that state itself, or its second run prints
+something else, fails its own asserts, or breaks the cells after it. nbval runs each cell once;
+this runs each cell twice, one right after the other, in one kernel per notebook, and compares
+the two runs' text outputs (sanitized as nbval's are; for cells that measure this machine or
+show a widget, the number and kinds of outputs).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def sanitizers() -> list[tuple[re.Pattern, str]]:
+    """The regex / replace pairs of tests/nbval_sanitize.cfg."""
+    lines = (ROOT / "tests" / "nbval_sanitize.cfg").read_text(encoding="utf-8").splitlines()
+    pairs, pattern = [], None
+    for line in lines:
+        if line.startswith("regex:"):
+            pattern = re.compile(line.split(":", 1)[1].strip())
+        elif line.startswith("replace:") and pattern is not None:
+            pairs.append((pattern, line.split(":", 1)[1].strip()))
+            pattern = None
+    return pairs
+
+
+SANITIZERS = sanitizers()
+
+
+def summary(outputs, exact: bool) -> list:
+    """What must agree between two runs: the kinds of outputs, and with exact=True their text."""
+    kept = []
+    for output in outputs:
+        kind = output["output_type"]
+        if kind == "error":
+            kept.append(("error", output["ename"], output["evalue"]))
+            continue
+        if kind == "stream":     # one print may arrive in several pieces: join them
+            if kept and kept[-1][:2] == (kind, output["name"]):
+                text = kept.pop()[2] + output["text"] if exact else None
+            else:
+                text = output["text"] if exact else None
+            kept.append((kind, output["name"], text))
+            continue
+        data = output.get("data", {})
+        text = data.get("text/plain", "") if exact and WIDGET_VIEW not in data else None
+        kept.append((kind, tuple(sorted(data)), text))
+    if exact:
+        sanitized = []
+        for entry in kept:
+            text = entry[-1]
+            for pattern, replacement in SANITIZERS:
+                text = pattern.sub(replacement, text) if isinstance(text, str) else text
+            sanitized.append(entry[:-1] + (text,))
+        kept = sanitized
+    return kept
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_cell_gives_the_same_output_when_run_twice(path):
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(notebook, timeout=300, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(path.parent)}})
+    differences = []
+    with client.setup_kernel():
+        for index, cell in enumerate(notebook.cells):
+            if cell.cell_type != "code" or not cell.source.strip():
+                continue
+            tags = set(cell.metadata.get("tags", []))
+            exact = not tags & {"timings", "nbval-ignore-output"}
+            runs = []
+            for _ in range(2):
+                client.execute_cell(cell, index, store_history=True)
+                runs.append(summary(cell.outputs, exact))
+                cell.outputs = []
+            if runs[0] != runs[1]:
+                first_line = cell.source.split("\n")[0][:70]
+                differences.append(f"cell {index} ({first_line!r}): first run {runs[0]!r:.300}"
+                                   f"\n    second run {runs[1]!r:.300}")
+            if any(entry[0] == "error" for entry in runs[1]):
+                break       # the cells after it would fail for this one's sake
+    assert not differences, "cells that print something else when run again:\n" + \
+        "\n".join(differences)

@@ -1,0 +1,317 @@
+"""kvlib.serving.Engine and block attention (notebook 24), by property tests over random
+workloads: every request's tokens equal decoding it alone, the pool stays consistent after
+every step, no block leaks, a step never exceeds its token budget, prefix blocks are reused
+while their first request still runs, preemption changes no output, and a failed step changes
+nothing."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import configs
+
+import kvlib
+from kvlib.serving import Engine, SamplingParams
+from kvlib.serving import engine as engine_module
+from kvlib.serving.block_attention import attention_bytes, block_attention, gather_attention
+from kvlib.serving.block_manager import BlockManager
+
+PROPERTY = settings(max_examples=40, deadline=None)
+STORIES = Path(kvlib.__file__).parent / "models" / "stories"
+
+
+# --------------------------------------------------------------------------- block attention
+
+@PROPERTY
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 5), st.integers(1, 6),
+       st.integers(0, 30), st.integers(1, 6), st.integers(0, 10_000))
+def test_block_attention_equals_gathering_then_attending(kv_heads, group, head_dim, block_size,
+                                                         n_cached, T, seed):
+    rng = np.random.default_rng(seed)
+    width = kv_heads * head_dim
+    n_blocks = -(-n_cached // block_size) + 3
+    keys = rng.standard_normal((n_blocks, block_size, width))
+    values = rng.standard_normal((n_blocks, block_size, width))
+    table = list(rng.permutation(n_blocks)[:-(-n_cached // block_size)]) if n_cached else []
+    Q = rng.standard_normal((kv_heads * group, T, head_dim)) * 3   # sharp softmaxes too
+    positions = n_cached + np.arange(T)
+    new_keys, new_values = rng.standard_normal((2, T, width))
+    got = block_attention(Q, positions, keys, values, table, n_cached, new_keys, new_values)
+    want = gather_attention(Q, positions, keys, values, table, n_cached, new_keys, new_values)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_block_attention_reads_each_block_once_where_the_gather_moves_it_three_times():
+    assert attention_bytes(100, 192, 4, gather=False) == 2 * 100 * 192 * 4
+    assert attention_bytes(100, 192, 4, gather=True) == 3 * 2 * 100 * 192 * 4
+
+
+# --------------------------------------------------------------------------- workloads
+
+def alone(params, prompt, sampling):
+    """The reference: one request decoded by itself with kvlib.generate."""
+    new = kvlib.generate(params, prompt, sampling.max_tokens, temperature=sampling.temperature,
+                         seed=sampling.seed)
+    for index, token in enumerate(new):
+        if token in sampling.stop_token_ids:
+            return new[:index + 1]
+    return new
+
+
+@st.composite
+def workloads(draw, vocab_size: int, max_prompt: int = 14):
+    """Prompts sharing a random prefix, their arrival steps, and their sampling."""
+    prefix = draw(st.lists(st.integers(0, vocab_size - 1), min_size=0, max_size=12))
+    n = draw(st.integers(1, 6))
+    requests = []
+    for _ in range(n):
+        own = draw(st.lists(st.integers(0, vocab_size - 1), min_size=1, max_size=max_prompt))
+        shared = prefix[:draw(st.integers(0, len(prefix)))]
+        sampled = draw(st.booleans())
+        sampling = SamplingParams(max_tokens=draw(st.integers(1, 8)),
+                                  temperature=0.8 if sampled else 0.0,
+                                  seed=draw(st.integers(0, 99)) if sampled else None)
+        requests.append((draw(st.integers(0, 6)), shared + own, sampling))
+    return requests
+
+
+def run(engine, requests):
+    """Add each request at its arrival step, step to the end, checking the pool and the
+    budget after every step -> each request's output, in the order given."""
+    ids, step = {}, 0
+    pending = sorted(range(len(requests)), key=lambda i: requests[i][0])
+    while pending or engine.has_unfinished_requests():
+        while pending and requests[pending[0]][0] <= step:
+            index = pending.pop(0)
+            ids[index] = engine.add_request(requests[index][1], requests[index][2])
+        engine.step()
+        engine.check()
+        assert sum(engine.last_step.scheduled_tokens.values()) <= engine.max_num_batched_tokens
+        step += 1
+        assert step < 2000, "the engine made no progress"
+    assert engine.allocator.n_held == 0, "blocks leaked"
+    return [engine.requests[ids[i]].output for i in range(len(requests))]
+
+
+@settings(max_examples=80, deadline=None)
+@given(configs(latent=False, window=False, context_length=48), st.integers(0, 10_000),
+       st.data())
+def test_every_request_equals_decoding_it_alone(config, seed, data):
+    params = kvlib.init_params(config, seed=seed)
+    requests = data.draw(workloads(config.vocab_size))
+    block_size = data.draw(st.integers(1, 6))
+    longest = max(len(p) + s.max_tokens for _, p, s in requests)
+    n_blocks = data.draw(st.integers(-(-longest // block_size), 3 * -(-longest // block_size)))
+    engine = Engine(params, block_size=block_size, n_blocks=n_blocks,
+                    max_num_batched_tokens=data.draw(st.integers(1, 24)),
+                    max_num_seqs=data.draw(st.integers(1, 6)),
+                    enable_prefix_caching=data.draw(st.booleans()))
+    outputs = run(engine, requests)
+    for (_, prompt, sampling), output in zip(requests, outputs):
+        assert output == alone(params, prompt, sampling)
+
+
+@pytest.fixture(scope="module")
+def story():
+    from kvlib import gpt2
+
+    return gpt2.load(STORIES, dtype="float32")
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.data())
+def test_the_trained_story_model_in_float32_equals_decoding_alone(story, data):
+    from kvlib.stories import corpus
+
+    sequences = corpus.story_sequences(4, corpus.HELD_OUT_SEED)
+    requests = []
+    for row in range(data.draw(st.integers(2, 4))):
+        length = data.draw(st.integers(8, 60))
+        requests.append((data.draw(st.integers(0, 4)), sequences[row][:length].tolist(),
+                         SamplingParams(max_tokens=data.draw(st.integers(2, 10)))))
+    engine = Engine(story, block_size=8, n_blocks=data.draw(st.integers(9, 30)),
+                    max_num_batched_tokens=data.draw(st.integers(8, 64)))
+    for (_, prompt, sampling), output in zip(requests, run(engine, requests)):
+        assert output == alone(story, prompt, sampling)
+
+
+# --------------------------------------------------------------------------- named behaviours
+
+def toy():
+    config = kvlib.ModelConfig(vocab_size=30, d_model=8, n_heads=4, n_kv_heads=2, n_layers=2,
+                               d_ff=16, context_length=64, positions="rotary", norm="rms",
+                               mlp="swiglu")
+    return kvlib.init_params(config, seed=5)
+
+
+SYSTEM = list(range(1, 18))                          # 17 tokens: 4 full blocks of 4
+
+
+def test_a_second_request_reuses_every_full_block_while_the_first_still_runs():
+    engine = Engine(toy(), block_size=4, n_blocks=32, max_num_batched_tokens=64)
+    first = engine.add_request(SYSTEM + [20, 21], SamplingParams(max_tokens=10))
+    engine.step()                                           # the first prefills, then decodes
+    assert engine.requests[first].status == "running"
+    second = engine.add_request(SYSTEM + [22], SamplingParams(max_tokens=3))
+    engine.step()
+    assert engine.last_step.hit_blocks[second] == engine.requests[first].block_table[:4]
+    assert engine.last_step.scheduled_tokens[second] == 18 - 16       # only its own tokens
+    assert engine.stats["prefix_hit_tokens"] == 16
+
+
+def test_the_last_prompt_token_always_runs_even_when_its_block_is_cached():
+    engine = Engine(toy(), block_size=4, n_blocks=32)
+    engine.generate([SYSTEM[:16]], SamplingParams(max_tokens=2))     # 16 tokens: 4 blocks
+    engine.add_request(SYSTEM[:16], SamplingParams(max_tokens=2))
+    engine.step()
+    assert len(next(iter(engine.last_step.hit_blocks.values()))) == 3
+    assert list(engine.last_step.scheduled_tokens.values()) == [4]
+
+
+def test_a_pool_too_small_preempts_the_newest_and_its_output_is_unchanged():
+    params = toy()
+    prompts = [[3, 4, 5, 6, 7, 8, 9, 10][:n] for n in (8, 7, 6)]
+    sampling = SamplingParams(max_tokens=12)
+    engine = Engine(params, block_size=4, n_blocks=9, max_num_batched_tokens=32)
+    ids = [engine.add_request(p, sampling) for p in prompts]
+    preempted = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check()
+        preempted += engine.last_step.preempted
+    assert preempted and preempted[0] == ids[-1], "the newest goes first"
+    assert engine.stats["preemptions"] == len(preempted)
+    for i, prompt in zip(ids, prompts):
+        assert engine.requests[i].output == kvlib.generate(params, prompt, 12)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_of_the_budget():
+    engine = Engine(toy(), block_size=4, n_blocks=32, max_num_batched_tokens=5)
+    request = engine.add_request(list(range(1, 24)), SamplingParams(max_tokens=2))
+    chunks = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        chunks.append(engine.last_step.prefill_chunks.get(request))
+    assert chunks[:5] == [(0, 5), (5, 5), (10, 5), (15, 5), (20, 3)]
+
+
+def test_a_request_that_does_not_fit_waits_and_is_never_skipped():
+    engine = Engine(toy(), block_size=4, n_blocks=6, max_num_batched_tokens=64,
+                    enable_prefix_caching=False)
+    running = engine.add_request(list(range(1, 14)), SamplingParams(max_tokens=3))  # 4 blocks
+    engine.step()
+    big = engine.add_request(list(range(1, 10)), SamplingParams(max_tokens=2))      # needs 3
+    small = engine.add_request([1, 2], SamplingParams(max_tokens=2))                # needs 1
+    engine.step()
+    assert set(engine.last_step.scheduled_tokens) == {running}    # 2 free: big waits, so
+    assert engine.requests[small].status == "waiting"            # small waits behind it
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.requests[big].first_admitted_step <= engine.requests[small].first_admitted_step
+
+
+def test_finished_requests_free_their_blocks_and_cached_ones_stay():
+    engine = Engine(toy(), block_size=4, n_blocks=16)
+    engine.generate([SYSTEM], SamplingParams(max_tokens=3))
+    assert engine.allocator.n_held == 0
+    assert len(engine.allocator.cached) == 4 and len(engine.allocator.idle) == 4
+    without = Engine(toy(), block_size=4, n_blocks=16, enable_prefix_caching=False)
+    without.generate([SYSTEM], SamplingParams(max_tokens=3))
+    assert not without.allocator.cached and without.allocator.n_free == 16
+
+
+def test_never_cached_blocks_are_taken_before_cached_ones_then_least_recent_first():
+    manager = BlockManager(toy().config, n_blocks=3, block_size=2)
+    a, _ = manager.take()
+    b, _ = manager.take()
+    manager.cache(a, b"key a")
+    manager.cache(b, b"key b")
+    manager.release(b)              # b idle first, then a: b is the least recently released
+    manager.release(a)
+    assert manager.take() == (2, None)          # the free block before any cached one
+    assert manager.take() == (b, b)             # then the least recently released
+    assert b"key b" not in manager.cached and b"key a" in manager.cached
+
+
+def test_a_step_that_fails_changes_nothing(monkeypatch):
+    params = toy()
+    engine = Engine(params, block_size=4, n_blocks=8, max_num_batched_tokens=6)
+    ids = [engine.add_request(p, SamplingParams(max_tokens=5)) for p in
+           ([1, 2, 3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14, 15])]
+    for _ in range(3):
+        engine.step()
+    before = (engine.allocator.ref_counts[:], dict(engine.allocator.cached),
+              list(engine.allocator.free), [(r.request_id, r.num_computed_tokens,
+                                             list(r.block_table), list(r.tokens), r.status)
+                                            for r in engine.requests.values()],
+              dict(engine.stats))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_module, "forward_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        engine.step()
+    after = (engine.allocator.ref_counts[:], dict(engine.allocator.cached),
+             list(engine.allocator.free), [(r.request_id, r.num_computed_tokens,
+                                            list(r.block_table), list(r.tokens), r.status)
+                                           for r in engine.requests.values()],
+             dict(engine.stats))
+    assert after == before
+    monkeypatch.undo()
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check()
+    for i, prompt in zip(ids, ([1, 2, 3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14, 15])):
+        assert engine.requests[i].output == kvlib.generate(params, prompt, 5)
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda e: e.add_request("hello"), TypeError, "token ids"),
+    (lambda e: e.add_request([99]), ValueError, "outside the vocabulary"),
+    (lambda e: e.add_request([1], SamplingParams(max_tokens=65)), ValueError, "context length"),
+    (lambda e: e.add_request(list(range(1, 30)), SamplingParams(max_tokens=10)), ValueError,
+     "could never finish"),
+    (lambda e: e.add_request([1], {"max_tokens": 3}), TypeError, "SamplingParams"),
+    (lambda e: e.generate([[1]], [SamplingParams(), SamplingParams()]), ValueError, "2 Sampl"),
+    (lambda e: e.generate("1 2 3"), TypeError, "list of prompts"),
+])
+def test_bad_requests_are_refused_in_words_and_change_nothing(call, error, words):
+    engine = Engine(toy(), block_size=4, n_blocks=8)
+    with pytest.raises(error, match=words):
+        call(engine)
+    assert not engine.has_unfinished_requests() and engine.allocator.n_free == 8
+
+
+@pytest.mark.parametrize("options, error, words", [
+    (dict(max_tokens=0), ValueError, "at least 1"),
+    (dict(temperature=-1), ValueError, "temperature"),
+    (dict(temperature=float("nan")), ValueError, "temperature"),
+    (dict(seed=-2), ValueError, "at least 0"),
+    (dict(stop_token_ids="2"), TypeError, "stop_token_ids"),
+])
+def test_bad_sampling_params_are_refused_in_words(options, error, words):
+    with pytest.raises(error, match=words):
+        SamplingParams(**options)
+
+
+@pytest.mark.parametrize("options, error, words", [
+    (dict(n_blocks=0), ValueError, "n_blocks"), (dict(block_size=1.5), TypeError, "block_size"),
+    (dict(max_num_batched_tokens=0), ValueError, "max_num_batched_tokens"),
+    (dict(n_blocks=2**40), ValueError, "far more cache"),
+    (dict(enable_prefix_caching="yes"), TypeError, "True or False"),
+])
+def test_bad_engine_settings_are_refused_in_words(options, error, words):
+    with pytest.raises(error, match=words):
+        Engine(toy(), **options)
+    with pytest.raises(ValueError, match="latent"):
+        Engine(kvlib.init_params(kvlib.ModelConfig(latent_dim=2)))
+
+
+def test_without_chunked_prefill_a_request_longer_than_the_budget_is_refused():
+    engine = Engine(toy(), block_size=4, n_blocks=16, max_num_batched_tokens=8,
+                    enable_chunked_prefill=False)
+    with pytest.raises(ValueError, match="must fit one step"):
+        engine.add_request(list(range(1, 10)), SamplingParams(max_tokens=2))

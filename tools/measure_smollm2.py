@@ -1,0 +1,200 @@
+"""Measure SmolLM2-135M-Instruct for the lessons, once, and keep the numbers small
+(kvlib/models/smollm2/measured.json; the lessons load it with
+kvlib.checkpoints.smollm2.measured()).
+
+    python tools/measure_smollm2.py                 # every part (about 10 minutes, one thread)
+    python tools/measure_smollm2.py pairing sinks   # some parts; the others are kept
+
+The text: the first 1024 tokens of Python's own documentation of its keywords and statements
+(pydoc_data.topics, the topics in sorted order, joined by blank lines), whose ids are kept in
+the file so that the lessons and a later Python read the same tokens. Every loss is the mean
+next-token loss in nats over those 1024 tokens (1023 predictions), computed by a full forward
+(kvlib.forward) unless said otherwise.
+
+Parts:
+- pairing (notebook 18): the loss with the GGUF's interleaved pairing and with the wrong
+  (half) one, how often their top-1 tokens agree, and their largest logit difference;
+- sinks (notebook 17): the mean attention every head puts on position 0, over query positions
+  64-1023, against the even share 1/(t+1);
+- windows (notebook 17): the loss with a sliding window of 64 and 256, with 0 and 4 attention
+  sinks, keys at their original positions (kvlib's sliding window) and, for 4 sinks, at their
+  positions inside the cache as StreamingLLM assigns them;
+- outliers (notebook 22): each cached key and value channel's mean |x| after a prefill of the
+  text, the largest channel over the median, per layer and K/V head;
+- kivi (notebook 22): the loss with quantized caches (kvlib.serving.quantized, teacher-forced
+  decode steps: 1024 steps a configuration, the slow part).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+import kvlib  # noqa: E402
+from kvlib import model as steps  # noqa: E402
+from kvlib.checkpoints import smollm2  # noqa: E402
+from kvlib.serving import quantized  # noqa: E402
+
+N_TOKENS = 1024
+FIRST_QUERY = 64          # sinks: query positions from here on
+WINDOWS = (64, 256)
+SINKS = (0, 4)
+
+
+def text_ids(tokenizer) -> list[int]:
+    from pydoc_data import topics
+
+    text = "\n\n".join(topics.topics[key] for key in sorted(topics.topics))
+    return tokenizer.encode(text)[:N_TOKENS]
+
+
+def loss(params, ids) -> float:
+    return float(kvlib.next_token_losses(kvlib.forward(params, ids), ids).mean())
+
+
+def run_pairing(params, ids) -> dict:
+    right = kvlib.forward(params, ids)
+    wrong = kvlib.forward(params.with_config(rope_pairing="half"), ids)
+    return {"loss": float(kvlib.next_token_losses(right, ids).mean()),
+            "wrong_pairing_loss": float(kvlib.next_token_losses(wrong, ids).mean()),
+            "top1_agreement": float((right.argmax(1) == wrong.argmax(1)).mean()),
+            "largest_logit_difference": float(np.abs(right - wrong).max())}
+
+
+def layer_by_layer(params, ids, visit) -> None:
+    """kvlib.forward's loop, written out so that each layer's attention weights (h, T, T)
+    can be looked at and dropped (all 30 at once would take 1.1 GB): visit(index, weights)."""
+    config = params.config
+    positions = np.arange(len(ids))
+    X = kvlib.embed(np.asarray(ids), params.embedding)
+    rotary = kvlib.rotary_positions(config, positions)
+    mask = kvlib.causal_mask(len(ids))
+    for index, layer in enumerate(params.layers):
+        recorded = []
+        X = kvlib.decoder_block(X, layer, config.n_heads, mask=mask, record_attention=recorded,
+                                rotary=rotary, norm_epsilon=config.norm_epsilon)
+        visit(index, recorded[0])
+
+
+def run_sinks(params, ids) -> dict:
+    on_first = np.zeros((params.config.n_layers, params.config.n_heads))
+
+    def visit(index, weights):
+        on_first[index] = weights[:, FIRST_QUERY:, 0].mean(axis=1)
+
+    layer_by_layer(params, ids, visit)
+    even = float(np.mean(1.0 / (np.arange(FIRST_QUERY, len(ids)) + 1)))
+    return {"first_query": FIRST_QUERY, "attention_on_position_0": on_first.round(4).tolist(),
+            "even_share": even}
+
+
+def streaming_forward(params, ids, window: int, sinks: int) -> np.ndarray:
+    """Logits with StreamingLLM's positions: a query that has pushed keys out of the window
+    sees the sinks as if they sat right before the window (their positions inside the cache),
+    not at their original positions. Rotary scores depend on distances only, so the window's
+    keys score as usual; only a sink's distance changes, to (sinks + window - 1) - s."""
+    config = params.config
+    T = len(ids)
+    positions = np.arange(T)
+    X = kvlib.embed(np.asarray(ids), params.embedding)
+    rotary = kvlib.rotary_positions(config, positions)
+    at_cache_end = kvlib.rotary_positions(config, np.full(T, sinks + window - 1))
+    mask = kvlib.attention_mask(positions, positions, window, sinks)
+    evicting = positions >= sinks + window             # queries that see the sinks moved
+    for layer in params.layers:
+        normed = steps.normalize(X, layer.ln_1_gain, layer.ln_1_bias, config.norm_epsilon)
+        Q, K, V = steps.project_qkv(normed, layer)
+        Qh = steps.split_heads(rotary.rotate(Q), config.n_heads)
+        Kh = steps.split_heads(rotary.rotate(K), config.kv_heads)
+        scores = steps.attention_scores(Qh, Kh)
+        moved = steps.attention_scores(
+            steps.split_heads(at_cache_end.rotate(Q), config.n_heads), Kh[:, :sinks])
+        scores[:, evicting, :sinks] = moved[:, evicting]
+        weights = steps.softmax(steps.apply_mask(scores, mask))
+        heads = steps.weighted_sum(weights, steps.split_heads(V, config.kv_heads))
+        H = X + steps.output_projection(steps.merge_heads(heads), layer.Wo, layer.bo)
+        X = H + steps.mlp(steps.normalize(H, layer.ln_2_gain, layer.ln_2_bias,
+                                          config.norm_epsilon), layer)
+    X = steps.normalize(X, params.ln_f_gain, params.ln_f_bias, config.norm_epsilon)
+    return steps.unembed(X, params.embedding)
+
+
+def run_windows(params, ids) -> dict:
+    rows = []
+    for window in WINDOWS:
+        for sinks in SINKS:
+            windowed = params.with_config(window=window, sink_tokens=sinks)
+            rows.append({"window": window, "sinks": sinks, "positions": "original",
+                         "loss": loss(windowed, ids)})
+        streaming = streaming_forward(params, ids, window, 4)
+        rows.append({"window": window, "sinks": 4, "positions": "inside the cache",
+                     "loss": float(kvlib.next_token_losses(streaming, ids).mean())})
+    return {"rows": rows}
+
+
+def run_outliers(params, ids) -> dict:
+    _, cache = kvlib.prefill(params, ids, last_only=True)
+    config, heads = params.config, params.config.kv_heads
+    ratios = {"keys": [], "values": []}
+    for layer in range(config.n_layers):
+        for name, rows in (("keys", cache.keys(layer)), ("values", cache.values(layer))):
+            size = np.abs(kvlib.split_heads(rows, heads)).mean(axis=1)       # (kv, dh)
+            ratios[name].append((size.max(axis=1) / np.median(size, axis=1)).round(3).tolist())
+    return {"largest_over_median": ratios}
+
+
+KIVI = [("int4", "keys per channel", quantized.PerChannel(4), quantized.PerToken(4)),
+        ("int4", "keys per token", quantized.PerToken(4), quantized.PerToken(4)),
+        ("int2", "keys per channel", quantized.PerChannel(2), quantized.PerToken(2)),
+        ("int2", "keys per token", quantized.PerToken(2), quantized.PerToken(2))]
+
+
+def run_kivi(params, ids) -> dict:
+    plain = kvlib.forward(params, ids)
+    rows = []
+    for bits, axes, keys, values in KIVI:
+        cache = quantized.QuantizedKVCache(params.config, keys=keys, values=values)
+        logits = quantized.decoded_logits(params, ids, cache)
+        rows.append({"bits": bits, "axes": axes, "keys": keys.name, "values": values.name,
+                     "loss": quantized.next_token_loss(logits, ids),
+                     "greedy_agreement": quantized.greedy_agreement(logits, plain)})
+    return {"plain_loss": quantized.next_token_loss(plain, ids), "rows": rows}
+
+
+PARTS = {"pairing": run_pairing, "sinks": run_sinks, "windows": run_windows,
+         "outliers": run_outliers, "kivi": run_kivi}
+
+
+def main(argv: list[str]) -> None:
+    unknown = set(argv) - set(PARTS)
+    if unknown:
+        raise SystemExit(f"unknown parts {sorted(unknown)}; choose from {sorted(PARTS)}")
+    params, tokenizer = kvlib.load_smollm2(), kvlib.smollm2_tokenizer()
+    ids = text_ids(tokenizer)
+    path = smollm2.MEASURED
+    measured = json.loads(path.read_text()) if path.is_file() else {}
+    if measured.get("ids", ids) != ids:
+        raise SystemExit("this Python's pydoc_data gives other tokens than the kept ones: "
+                         "remove the file to measure everything again")
+    measured |= {"text": "pydoc_data.topics, sorted topics joined by blank lines, first "
+                         f"{N_TOKENS} tokens", "ids": ids,
+                 "command": "python tools/measure_smollm2.py [parts]"}
+    for name in argv or list(PARTS):
+        started = time.monotonic()
+        measured[name] = PARTS[name](params, ids)
+        print(f"{name}: {time.monotonic() - started:.0f} s", flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(measured, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
