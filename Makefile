@@ -62,7 +62,7 @@ notebooks: $(READY) smollm2
 benchmark: $(READY)
 	$(BIN)/python benchmarks/decode.py
 
-# GPT-2 124M's published weights for notebook 12 (548 MB, once; needs a network), into
+# GPT-2 124M's published weights for notebook 13 (548 MB, once; needs a network), into
 # $KVLIB_GPT2_DIR or ~/.cache/kvlib/gpt2, where kvlib.gpt2.find_weights() looks.
 gpt2: $(READY)
 	$(BIN)/python tools/fetch_gpt2.py

@@ -1,4 +1,4 @@
-"""Byte-level BPE, the tokenizer of GPT-2 and of SmolLM2 (notebooks 12 and 18), written to be
+"""Byte-level BPE, the tokenizer of GPT-2 and of SmolLM2 (notebooks 13 and 18), written to be
 read.
 
 Text becomes ids in four steps:
@@ -54,7 +54,7 @@ END_OF_TEXT = "<|endoftext|>"
 
 
 def gpt2_words(text: str) -> list[str]:
-    """GPT-2's pre-tokenizer (notebook 12): text -> words, by PRETOKENIZER_PATTERN."""
+    """GPT-2's pre-tokenizer (notebook 13): text -> words, by PRETOKENIZER_PATTERN."""
     return PRETOKENIZER_PATTERN.findall(text)
 
 
@@ -70,7 +70,7 @@ def smollm_words(text: str) -> list[str]:
 
 
 def bytes_to_unicode() -> dict[int, str]:
-    """Byte value (0-255) -> the printable character GPT-2 writes it as (notebook 12).
+    """Byte value (0-255) -> the printable character GPT-2 writes it as (notebook 13).
 
     The vocabulary files are text, and a byte such as the space or a newline would be hard to
     see in them, so each byte gets a visible stand-in. The 188 bytes that are printable
@@ -124,7 +124,7 @@ def read_merges(path) -> list[tuple[str, str]]:
 
 
 class Tokenizer:
-    """A byte-level BPE tokenizer: GPT-2's (notebook 12) or SmolLM2's (notebook 18).
+    """A byte-level BPE tokenizer: GPT-2's (notebook 13) or SmolLM2's (notebook 18).
 
     >>> tokenizer = Tokenizer.gpt2()
     >>> tokenizer.encode("Hello, I am")

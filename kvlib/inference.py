@@ -158,7 +158,7 @@ def prefill(params: Params, ids, cache: BaseKVCache | None = None, *, last_only:
     chunk of a long prompt, or the next turn of a chat): the T new queries see all P cached
     positions and, among the new ones, only the earlier ones: the causal mask is (T, P + T),
     aligned to the end. Prefilling in chunks gives the same logits as prefilling at once.
-    With positions (notebooks 12-14) the chunk's tokens sit at P .. P+T-1. Without a cache,
+    With positions (notebooks 12 and 14) the chunk's tokens sit at P .. P+T-1. Without a cache,
     one of the kind the model needs is made (kvlib.make_cache). If the call fails, the
     cache is left as it was.
     """
@@ -263,7 +263,7 @@ def next_token_probabilities(logits_row, temperature: float = 1.0, top_k: int | 
 
 
 def next_token_losses(logits, ids) -> np.ndarray:
-    """The loss of each next-token prediction, in nats (notebook 12): logits (T, V) of a
+    """The loss of each next-token prediction, in nats (notebook 13): logits (T, V) of a
     sequence of ids (T,) -> (T - 1,), -log p(ids[t + 1]) under row t (the last row predicts
     nothing). Its mean is the loss a model is trained and measured on."""
     logits = np.asarray(logits, dtype=np.float64)

@@ -1,4 +1,4 @@
-"""Where a token sits (notebooks 12-14): learned absolute positions (GPT-2) and rotary
+"""Where a token sits (notebooks 12 and 14): learned absolute positions (GPT-2) and rotary
 positions (RoPE: Su et al. 2021, used by Llama, Mistral, Qwen, DeepSeek).
 
 Attention by itself does not know the order of its keys: permute the cached rows and every

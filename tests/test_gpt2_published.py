@@ -3,7 +3,7 @@
 Runs only where the weights are downloaded (kvlib.gpt2.find_weights(): $KVLIB_GPT2_DIR, else
 ~/.cache/kvlib/gpt2; `make gpt2` or kvlib.gpt2.download() fetches them). CI has no network and
 skips it, saying why. The expected text is the issue's, written out here again, so that
-notebook 12's copy (kvlib.widgets.lesson12) is checked against it too.
+notebook 13's copy (kvlib.widgets.lesson13) is checked against it too.
 """
 
 import json
@@ -13,7 +13,7 @@ import pytest
 
 import kvlib
 from kvlib import gpt2
-from kvlib.widgets import lesson12
+from kvlib.widgets import lesson13
 
 PROMPT = "Alan Turing theorized that computers would one day become"
 CONTINUATION = (" the most powerful machines on the planet.\n\nThe computer is a machine that "
@@ -30,8 +30,8 @@ needs_weights = pytest.mark.skipif(
 
 
 def test_notebook_12_checks_the_same_text():
-    assert (lesson12.PUBLISHED_PROMPT, lesson12.PUBLISHED_CONTINUATION,
-            lesson12.PUBLISHED_NEW_TOKENS) == (PROMPT, CONTINUATION, NEW_TOKENS)
+    assert (lesson13.PUBLISHED_PROMPT, lesson13.PUBLISHED_CONTINUATION,
+            lesson13.PUBLISHED_NEW_TOKENS) == (PROMPT, CONTINUATION, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

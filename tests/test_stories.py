@@ -1,5 +1,6 @@
 """The stories grammar, its tokenizer, the packed sequences and the shipped model files
-(notebook 12), without torch: the behaviour of the models is in test_stories_model.py."""
+(notebooks 12 and 13), without torch: the behaviour of the models is in
+test_stories_model.py."""
 
 import json
 import struct

@@ -1,4 +1,4 @@
-"""The shipped stories models, run by kvlib in numpy (notebook 12): held-out loss far below a
+"""The shipped stories models, run by kvlib in numpy (notebook 13): held-out loss far below a
 bigram baseline, grammatical greedy continuations, the forced names predicted, and what
 the heads do: no previous-token head; a head that copies a song sung again from its earlier
 occurrence; one head that, before a forced name, looks at the latest name (the other
@@ -148,7 +148,7 @@ def name_weights(run: Run, sequences: np.ndarray):
 
 
 def test_no_head_of_the_target_attends_mostly_to_the_previous_token(target):
-    # measured, and what notebook 12 says: this grammar's next word depends on the slot,
+    # measured, and what notebook 13 says: this grammar's next word depends on the slot,
     # not on the word before, so training grew no previous-token head
     head = measured(TARGET)["previous_token_head"]
     weights = previous_token_weight(target)

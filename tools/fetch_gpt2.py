@@ -1,4 +1,4 @@
-"""Download GPT-2 124M's published weights for notebook 12 (`make gpt2`; binder/postBuild).
+"""Download GPT-2 124M's published weights for notebook 13 (`make gpt2`; binder/postBuild).
 
     python tools/fetch_gpt2.py            # into $KVLIB_GPT2_DIR, else ~/.cache/kvlib/gpt2
     python tools/fetch_gpt2.py DIR        # into DIR (then set KVLIB_GPT2_DIR=DIR)
@@ -37,7 +37,7 @@ def hub_host() -> str:
     return urlparse(constants.ENDPOINT).hostname
 
 
-LATER = "notebook 12 says how to download it later"
+LATER = "notebook 13 says how to download it later"
 
 
 def fetch(directory=None) -> Path:

@@ -4,9 +4,8 @@ Exercise 1 is the offset bug of learned positions: a hand-written decode step th
 0 of the position table (wpe[0]) to every new token, so that each one looks like the first
 token of a text. Nothing crashes; only the comparison with a full recomputation catches it.
 Exercise 2 sizes the cache of another GPT-2 (XL) from its config, a transfer of the
-notebook's formula. Exercise 3 finds, on the trained story model and another story of its
-grammar, the head that decides a forced name: the one that looks at the latest name (the
-other character's), so that the model answers by elimination.
+notebook's formula. (Finding the head that decides a name, exercise 3 until the lesson was
+split, is exercise 1 of notebook 13, kvlib.exercises.lesson13.)
 """
 
 from __future__ import annotations
@@ -237,119 +236,6 @@ def check_xl_cache(answer) -> Feedback:
                     "the width of a cached row x bytes a number, with GPT-2 XL's sizes.")
 
 
-# Exercise 3 ------------------------------------------------------------------------------
-
-EXERCISE_SEED = 12
-"""The seed of the exercise's story: kvlib.stories.generate_story(np.random.default_rng(12))."""
-
-
-def story_model_directory():
-    """The trained story model's folder, kvlib/models/stories (it ships with kvlib)."""
-    from pathlib import Path
-
-    return Path(kvlib.__file__).resolve().parent / "models" / "stories"
-
-
-@lru_cache(maxsize=1)
-def story_model():
-    """(params in float64, tokenizer) of the trained story model, made once."""
-    from kvlib import gpt2, stories
-
-    directory = story_model_directory()
-    return (gpt2.load(directory, dtype="float64"),
-            stories.StoryTokenizer.from_directory(directory))
-
-
-def exercise_story() -> str:
-    """Another story of the grammar than the notebook's, always the same (seeded)."""
-    from kvlib import stories
-
-    return stories.generate_story(np.random.default_rng(EXERCISE_SEED))
-
-
-def name_head_scores() -> dict[str, np.ndarray]:
-    """On the exercise's story, per layer and head (L, h), from the query before each forced
-    name: the weight on the latest name of either character ("latest", what decides the
-    name), on the earlier occurrences of the name that comes next ("earlier"), on the other
-    character's ("distractor"); and the mean weight of every query on the previous token
-    ("previous"). The arrays are shared and read-only."""
-    return dict(_name_head_scores())
-
-
-@lru_cache(maxsize=1)
-def _name_head_scores() -> dict[str, np.ndarray]:
-    from kvlib import stories
-    from kvlib.widgets.lesson12 import forced_name_weights, previous_token_scores
-
-    params, tokenizer = story_model()
-    ids = tokenizer.encode(exercise_story())
-    recorded = []
-    kvlib.forward(params, ids, record_attention=recorded)
-    repeats = stories.forced_repeats(tokenizer.tokens(ids), "name")
-    scores = forced_name_weights(recorded, repeats)
-    scores["previous"] = previous_token_scores(recorded)
-    for table in scores.values():
-        table.setflags(write=False)             # made once, shared by every call
-    return scores
-
-
-def _argmax(scores: np.ndarray) -> tuple[int, int]:
-    layer, head = np.unravel_index(int(np.argmax(scores)), scores.shape)
-    return int(layer), int(head)
-
-
-@checker
-def check_name_head(answer) -> Feedback:
-    """Exercise 3: (layer, head), counted from 0, of the head that decides a forced name: the
-    one with the most weight on the latest name (Repeat.latest) from the query before each
-    forced name of the exercise's story."""
-    from .base import whole_numbers
-
-    chosen = whole_numbers(answer, 2, "answer")
-    if isinstance(chosen, Feedback):
-        return chosen
-    scores = name_head_scores()
-    latest = scores["latest"]
-    n_layers, n_heads = latest.shape
-    best = _argmax(latest)
-    layer, head = chosen
-    if chosen == best:
-        message = (f"layer {layer}, head {head}: from the word before each forced name it puts "
-                   f"{latest[best]:.2f} of its weight on the latest name, and that name is the "
-                   f"other character's ({scores['distractor'][best]:.2f} on the other "
-                   f"character, {scores['earlier'][best]:.2f} on the name that comes next). The "
-                   "model writes the name this head did not see: it answers by elimination.")
-        if _argmax(scores["previous"]) == best:
-            message += (f" It is also the head with the most weight on the previous token, "
-                        f"only {scores['previous'][best]:.2f}: no head of this model is a "
-                        "previous-token head.")
-        return Feedback(True, message)
-    if (layer - 1, head - 1) == best:
-        return Feedback(False, f"({layer}, {head}) counts from 1: Python's layers and heads "
-                        f"count from 0, so the head you found is ({layer - 1}, {head - 1}).")
-    if (head, layer) == best:
-        return Feedback(False, f"layer and head swapped: you found layer {head}, head {layer}; "
-                        "write answer = (layer, head).")
-    if not (0 <= layer < n_layers and 0 <= head < n_heads):
-        return Feedback(False, f"there is no layer {layer}, head {head}: the model has layers "
-                        f"0 to {n_layers - 1} and heads 0 to {n_heads - 1}.")
-    if chosen == _argmax(scores["earlier"]):
-        return Feedback(False, f"layer {layer}, head {head} has the most weight on the earlier "
-                        "occurrences of the name that comes next (r.earlier), but only "
-                        f"{scores['earlier'][chosen]:.2f}: no head copies the right name. Score "
-                        "each head by its weight on the latest name, r.latest, instead.")
-    if chosen == _argmax(scores["previous"]):
-        return Feedback(False, f"layer {layer}, head {head} has the most weight on the previous "
-                        f"token ({scores['previous'][chosen]:.2f}), which is not what decides a "
-                        "name. Score each head by its weight on r.latest from the query "
-                        "r.position - 1.")
-    return Feedback(False, f"layer {layer}, head {head} puts {latest[chosen]:.2f} of its weight "
-                    "on the latest name, from the word before a forced name; another head puts "
-                    f"{latest[best] - latest[chosen]:.2f} more. Average, over the forced names, "
-                    "the weight from the query r.position - 1 on r.latest, for every layer and "
-                    "head, and take the largest.")
-
-
 # Solutions -------------------------------------------------------------------------------
 
 SOLUTIONS = {
@@ -369,14 +255,6 @@ answer = decode_step_fixed
     2: """
 layers, d_model, tokens, float16 = 48, 1600, 1024, 2
 answer = 2 * layers * tokens * d_model * float16     # K and V: 314,572,800 bytes, 300 MiB
-""",
-    3: """
-recorded = []
-kvlib.forward(story, exercise_ids, record_attention=recorded)   # one (h, T, T) a layer
-weights = np.stack(recorded)                                     # (layers, heads, T, T)
-scores = np.mean([weights[:, :, r.position - 1, r.latest] for r in exercise_repeats],
-                 axis=0)                                         # (layers, heads)
-answer = widgets12.best_head(scores)                             # (1, 3)
 """,
 }
 

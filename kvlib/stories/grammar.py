@@ -483,7 +483,7 @@ def is_grammatical(text: str, allow_unfinished: bool = False) -> bool:
 
 @dataclass(frozen=True)
 class Repeat:
-    """A position whose word the story forces to repeat an earlier one (notebook 12).
+    """A position whose word the story forces to repeat an earlier one (notebook 13).
 
     position: where the word is (its query, the one that predicts it, is position - 1);
     kind: "name" (the other character, a thing's owner), "thing" (the noun after its
@@ -502,7 +502,7 @@ class Repeat:
     @property
     def latest(self) -> int | None:
         """The most recent earlier word of the same kind (either list), or None: where the
-        trained model's name head looks (notebook 12)."""
+        trained model's name head looks (notebook 13)."""
         return max(self.earlier + self.distractor, default=None)
 
 

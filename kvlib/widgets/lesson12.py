@@ -1,51 +1,27 @@
-"""Notebook 12: the decode loop on a real model, and what its heads read.
+"""Notebook 12: the decode loop on a real model, and the position of a decode step.
 
-- ``draw_reading(ax, labels, weights)`` lays a text out token by token on a grid, each cell
-  coloured by the attention weight the newest token puts on it: which earlier position the
-  new token reads from.
-- ``reading_explorer(params, tokenizer, prompt)`` decodes one token a click with
-  ``kvlib.decode_step`` and draws, for the chosen layer and head, what the new token read;
-  every step is checked against a full recomputation with ``kvlib.forward``.
-- ``previous_token_scores``, ``weight_on`` and ``forced_name_weights`` measure heads from
-  recorded attention weights; ``draw_head`` draws one head's weights with token labels and
-  ``draw_head_table`` a score for every layer and head.
-- GPT-2 124M: the published prompt and continuation, and what to print when the weights are
-  not on this machine (``gpt2_status``).
+- ``relative_difference`` and ``TOLERANCES``: how close cached decoding must come to a full
+  recomputation (notebook 08's check, in float64 or float32).
+- ``step_at_position(params, ids, token, position)``: the decode step after a prompt whose
+  new token gets the row of the position table you choose; ``draw_next_words`` compares its
+  next-word probabilities with a full recomputation's.
+- ``position_explorer(params, tokenizer, prompt)``: the same, with a slider for the position.
 """
 
 from __future__ import annotations
 
-import html
-import textwrap
-
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.patches import Rectangle
 
 import kvlib
 from kvlib import plots
-from kvlib.gpt2 import default_directory
 
-from .base import LiveFigure, plural, safely
-
-PUBLISHED_PROMPT = "Alan Turing theorized that computers would one day become"
-PUBLISHED_CONTINUATION = (
-    " the most powerful machines on the planet.\n\nThe computer is a machine that can perform "
-    "complex calculations, and it can perform these calculations in a way that is very "
-    "similar to the human brain.")
-"""Greedy GPT-2 124M after PUBLISHED_PROMPT, 40 new tokens: the reference output that
-independent numpy, JAX and MLX ports of GPT-2 agree on (issue 9)."""
-PUBLISHED_NEW_TOKENS = 40
+from .base import LiveFigure, as_html, safely
 
 TOLERANCES = {"float64": 1e-10, "float32": 1e-5}
 """How close cached decoding must come to full recomputation, relative to the logits' size:
 notebook 08's 1e-10 in float64; in float32 the same check scaled by its spacing (1.2e-7)."""
-
-COLUMNS = 16             # tokens per row of the reading grid
-MIN_ROWS = 4             # a short text still gets cells of a readable height
-LABEL_CHARACTERS = 9     # longer tokens are cut, with an ellipsis
-
 
 def relative_difference(logits, reference) -> float:
     """max |logits - reference| / max |reference| (notebook 08)."""
@@ -58,352 +34,140 @@ def tolerance(params) -> float:
     return TOLERANCES[params.config.dtype]
 
 
-# ---------------------------------------------------------------------------------- GPT-2
 
-def gpt2_status(directory) -> str:
-    """What notebook 12 prints about GPT-2 124M's weights: where they are, or how to get them."""
-    if directory is not None:
-        return f"GPT-2 124M's weights are in {directory}: the GPT-2 cells below run."
-    return textwrap.dedent(f"""\
-        GPT-2 124M's weights are not on this machine, so the GPT-2 cells below skip.
-        To get them (548 MB, once, with a network), either
-          - run  kvlib.gpt2.download()  in a cell of this notebook, or
-          - run  make gpt2  in a terminal, in the repository's folder;
-        they go to {default_directory()} (or to $KVLIB_GPT2_DIR if you set it).
-        Then run this notebook again from the top.""")
+# ---------------------------------------------------------------------------- the position
+
+TOP_WORDS = 8            # the words shown: the most likely under full recomputation
 
 
-SKIPPED = "skipped: GPT-2 124M's weights are not on this machine (see above)"
+def step_at_position(params, ids, token: int, position) -> np.ndarray:
+    """The decode step after the prompt `ids` (a fresh prefill) whose new token gets row
+    `position` of the position table (notebook 12): -> logits (V,). At position len(ids)
+    it is kvlib.decode_step; at any other row it is the classic bug of exercise 1."""
+    from kvlib.exercises.lesson12 import decode_at_position
 
-REAL_SENTENCE = "Alan Turing was born in London in 1912, and he studied mathematics at Cambridge."
-"""The real sentence notebook 12 feeds GPT-2 124M twice, for its heads."""
-CLEAR_HEAD = 0.5
-"""A head whose score passes this does its job plainly: more than half of its weight (a
-uniform head over 20-odd positions would put a few percent on any one)."""
-COPIED_AT_LEAST = 0.8
-"""In the second copy of a sentence GPT-2 124M predicts most next tokens by copying them."""
-
-
-# ---------------------------------------------------------------------------------- heads
-
-def previous_token_scores(recorded) -> np.ndarray:
-    """For every layer and head, the mean weight a query puts on the position just before it
-    (notebook 12): recorded = one (h, T, T) array per layer (record_attention of a forward
-    pass over T >= 2 tokens) -> (L, h). 1 is a perfect previous-token head."""
-    weights = np.stack([np.asarray(w) for w in recorded])          # (L, h, T, T)
-    T = weights.shape[-1]
-    if T < 2:
-        raise ValueError("a previous-token score needs at least 2 tokens")
-    return weights[..., np.arange(1, T), np.arange(T - 1)].mean(axis=-1)
+    _, cache = kvlib.prefill(params, ids)
+    return decode_at_position(params, token, cache, position)[-1]
 
 
-def weight_on(recorded, query: int, keys) -> np.ndarray:
-    """For every layer and head, the weight the query at position `query` puts on the
-    positions `keys`, added up (notebook 12): -> (L, h)."""
-    weights = np.stack([np.asarray(w) for w in recorded])          # (L, h, T, S)
-    return weights[:, :, query, list(keys)].sum(axis=-1)
+def top_words(right, step, count: int = TOP_WORDS) -> list[int]:
+    """Ids of the `count` most likely words under `right` (V,), and the step's own choice
+    when it is not among them."""
+    chosen = [int(i) for i in np.argsort(-np.asarray(right), kind="stable")[:count]]
+    best = int(np.argmax(step))
+    return chosen if best in chosen else chosen + [best]
 
 
-def forced_name_weights(recorded, repeats) -> dict[str, np.ndarray]:
-    """Where a story forces a name (kvlib.stories.forced_repeats(words, "name")): for every
-    layer and head, the mean weight the query before the name (r.position - 1) puts on the
-    latest name of either character (r.latest), on the earlier occurrences of the name that
-    comes next (r.earlier) and on the other character's (r.distractor) (notebook 12).
-
-    recorded: one (h, T, T) array per layer (record_attention of a forward over the story);
-    -> {"latest", "earlier", "distractor"}: (L, h) each.
-    """
-    repeats = [r for r in repeats if r.latest is not None]
-    if not repeats:
-        raise ValueError("no forced name with an earlier name before it: nothing to measure")
-    weights = np.stack([np.asarray(w) for w in recorded])          # (L, h, T, T)
-    rows = [weights[:, :, r.position - 1] for r in repeats]        # (L, h, T) each
-    return {
-        "latest": np.mean([row[..., r.latest] for row, r in zip(rows, repeats)], axis=0),
-        "earlier": np.mean([row[..., list(r.earlier)].sum(-1) for row, r in zip(rows, repeats)],
-                           axis=0),
-        "distractor": np.mean([row[..., list(r.distractor)].sum(-1)
-                               for row, r in zip(rows, repeats)], axis=0),
-    }
-
-
-def draw_head_table(ax, scores, title: str, vmax: float = 1.0):
-    """An (L, h) table of head scores as a heatmap, layers down and heads across, each cell
-    labelled with its value (notebook 12); the colours run from 0 to vmax for every table, so
-    that tables side by side compare."""
-    scores = np.asarray(scores, dtype=float)
-    image = ax.imshow(scores, cmap=plots.COLORMAP, vmin=0.0, vmax=vmax)
-    n_layers, n_heads = scores.shape
-    ax.set_xticks(range(n_heads), [f"head {h}" for h in range(n_heads)], fontsize=8)
-    ax.set_yticks(range(n_layers), [f"layer {i}" for i in range(n_layers)], fontsize=8)
-    for (layer, head), value in np.ndenumerate(scores):
-        light = image.norm(value) > 0.55
-        ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=8,
-                color="black" if light else "white")
-    ax.set_title(title, fontsize=9)
-    return image
-
-
-def induction_scores(recorded, half: int) -> np.ndarray:
-    """For a text made of one piece of `half` tokens said twice: for every layer and head, the
-    mean weight a query in the second copy (at half + i) puts on the token that followed its
-    own token in the first copy (at i + 1), over i = 0 .. half - 2 (notebook 12): -> (L, h).
-    An induction head, the mechanism that lets a model copy what it has read, scores near 1."""
-    weights = np.stack([np.asarray(w) for w in recorded])          # (L, h, 2 half, 2 half)
-    if weights.shape[-1] != 2 * half or half < 2:
-        raise ValueError(f"induction scores need a text of twice {half} >= 2 tokens, got "
-                         f"{weights.shape[-1]} positions")
-    i = np.arange(half - 1)
-    return weights[..., half + i, i + 1].mean(axis=-1)
-
-
-def copied_fraction(logits, ids, half: int) -> float:
-    """Share of the second copy's tokens (after its first) the model predicted greedily from
-    the position before them (notebook 12): logits (2 half, V) of a text said twice."""
-    predicted = np.argmax(np.asarray(logits)[half:-1], axis=-1)
-    return float(np.mean(predicted == np.asarray(ids)[half + 1:]))
-
-
-def best_head(scores: np.ndarray) -> tuple[int, int]:
-    """(layer, head) of the largest score in an (L, h) table."""
-    layer, head = np.unravel_index(int(np.argmax(scores)), np.shape(scores))
-    return int(layer), int(head)
-
-
-def short_labels(labels) -> list[str]:
-    """Token labels for plots: newlines shown as ⏎, long tokens cut."""
-    shown = []
-    for label in labels:
-        label = str(label).replace("\n", "⏎")
-        shown.append(label if len(label) <= LABEL_CHARACTERS
-                     else label[:LABEL_CHARACTERS - 1] + "…")
-    return shown
-
-
-def draw_head(ax, weights, labels, title: str, max_labels: int = 40):
-    """One head's attention weights (T, T) with token labels on both axes, masked future cells
-    hatched; the colours span the weights on show (notebook 12)."""
-    weights = np.asarray(weights, dtype=float)
-    labels = short_labels(labels)
-    T = weights.shape[0]
-    plots.attention_heatmap(weights, labels, labels, mask=kvlib.causal_mask(T), ax=ax,
-                            title=title, show_values=False, colorbar=True, vmin=0.0,
-                            vmax=float(weights.max()), max_labels=max_labels)
-    ax.tick_params(axis="x", labelrotation=90, labelsize=7)
-    ax.tick_params(axis="y", labelsize=7)
+def draw_next_words(ax, vocabulary, right, step, position: int, title: str | None = None):
+    """Next-word probabilities (V,) of a full recomputation and of a decode step whose token
+    sat at `position`, as pairs of bars over the likeliest words (notebook 12)."""
+    right, step = np.asarray(right, dtype=float), np.asarray(step, dtype=float)
+    if right.shape != step.shape or right.ndim != 1:
+        raise ValueError(f"need two probability rows (V,), got {right.shape} and {step.shape}")
+    shown = top_words(right, step)
+    x = np.arange(len(shown))
+    ax.clear()
+    colours = plt.get_cmap(plots.COLORMAP)([0.2, 0.75])
+    ax.bar(x - 0.2, right[shown], width=0.4, color=colours[0], edgecolor="black", lw=0.5,
+           label="full recomputation (kvlib.forward)")
+    ax.bar(x + 0.2, step[shown], width=0.4, color=colours[1], edgecolor="black", lw=0.5,
+           label=f"decode step, new token at position {position}")
+    ax.set_xticks(x, [vocabulary[i] for i in shown])
+    ax.set_ylim(0, 1.3)                         # room for the legend above p = 1
+    ax.set_yticks(np.linspace(0, 1, 6))
+    ax.set_xlabel("next word (the likeliest under full recomputation)")
+    ax.set_ylabel("probability")
+    ax.set_title(title or "The next word, with the new token at a chosen position")
+    ax.legend(loc="upper left", fontsize=8, ncol=2)
     return ax
 
 
-# ---------------------------------------------------------------------------------- reading
+def position_explorer(params, tokenizer, prompt: str):
+    """A decode step at the position you choose (notebook 12).
 
-def reading_grid(weights, columns: int = COLUMNS, min_rows: int = MIN_ROWS) -> np.ndarray:
-    """Weights over S positions laid out row by row, `columns` a row: (max(min_rows,
-    ceil(S / columns)), columns), the cells after the last position masked."""
-    weights = np.asarray(weights, dtype=float)
-    rows = max(min_rows, -(-len(weights) // columns))
-    cells = np.zeros(rows * columns)
-    cells[: len(weights)] = weights
-    hidden = np.arange(rows * columns) >= len(weights)
-    return np.ma.masked_array(cells, mask=hidden).reshape(rows, columns)
+    The prompt is prefilled; the model's next word is fed to a decode step whose new token
+    gets the row of the position table under the slider (len(cache) to start with). The
+    figure compares the next-word probabilities with a full recomputation's, and the status
+    line says how far apart the logits are.
 
-
-class ReadingPicture:
-    """What the newest token reads (notebook 12), drawn into one Axes and updated in place:
-    the text token by token on a grid, each cell coloured by the newest query's attention
-    weight on that position, the newest token (the query itself, last) framed with a dashed
-    line and the position read most with a white frame.
-
-    update() reuses the image, the labels and the frames; only a new row of the grid (every
-    COLUMNS tokens) rebuilds the Axes. A click in the widget then costs a few set_text calls,
-    not a few hundred new artists.
-    """
-
-    def __init__(self, ax, columns: int = COLUMNS, min_rows: int = MIN_ROWS):
-        self.ax, self.columns, self.min_rows = ax, columns, min_rows
-        self.image, self.texts, self.frames = None, [], []
-
-    def _build(self, shape) -> None:
-        ax = self.ax
-        ax.clear()
-        cmap = plt.get_cmap(plots.COLORMAP).with_extremes(bad="white")
-        self.image = ax.imshow(np.ma.masked_array(np.zeros(shape), mask=True), cmap=cmap,
-                               vmin=0.0, vmax=1.0, aspect="auto")
-        self.texts = []
-        self.frames = [ax.add_patch(Rectangle((-0.5, -0.5), 1, 1, fill=False, edgecolor=color,
-                                              linestyle=style, linewidth=width))
-                       for color, style, width in (("black", "-", 4.5), ("white", "-", 2.0),
-                                                   ("black", "--", 1.8))]
-        ax.set_xticks(range(self.columns), [str(c) for c in range(self.columns)], fontsize=7)
-        ax.set_yticks(range(shape[0]), [str(r * self.columns) for r in range(shape[0])],
-                      fontsize=7)
-        ax.set_xlabel("position = the row's first position (left) + the column; white frame: "
-                      "read most; dashed: the newest token")
-        ax.set_ylabel("first position of the row")
-
-    def update(self, labels, weights, title: str | None = None) -> int:
-        """Show the weights (S,) of the newest query over the S tokens labelled `labels`;
-        returns the position of the largest weight."""
-        weights = np.asarray(weights, dtype=float)
-        if weights.ndim != 1 or len(weights) != len(labels) or len(weights) == 0:
-            raise ValueError(f"need one weight per token: got weights of shape "
-                             f"{weights.shape} and {len(labels)} labels")
-        grid = reading_grid(weights, self.columns, self.min_rows)
-        if self.image is None or self.image.get_array().shape != grid.shape:
-            self._build(grid.shape)
-        top = float(weights.max())
-        self.image.set_data(grid)
-        self.image.set_clim(0.0, top if top > 0 else 1.0)
-        bright = self.image.norm(weights) > 0.55
-        labels = short_labels(labels)
-        for text in self.texts[len(labels):]:
-            text.remove()
-        del self.texts[len(labels):]
-        for position in range(len(self.texts), len(labels)):
-            row, column = divmod(position, self.columns)
-            self.texts.append(self.ax.text(column, row, "", ha="center", va="center",
-                                           fontsize=7))
-        for text, label, light in zip(self.texts, labels, bright):
-            text.set_text(label)
-            text.set_color("black" if light else "white")
-        most = int(np.argmax(weights))
-        for frame, position in zip(self.frames, (most, most, len(weights) - 1)):
-            row, column = divmod(position, self.columns)
-            frame.set_xy((column - 0.5, row - 0.5))
-        self.ax.set_title(title or "What the newest token reads")
-        return most
-
-
-def draw_reading(ax, labels, weights, title: str | None = None, columns: int = COLUMNS,
-                 min_rows: int = 1):
-    """A ReadingPicture of the weights (S,) over S labelled tokens (notebook 12): the plain
-    figure before the widget, as many rows as the text needs. Returns (image, position of
-    the largest weight)."""
-    picture = ReadingPicture(ax, columns, min_rows)
-    most = picture.update(labels, weights, title)
-    return picture.image, most
-
-
-def reading_explorer(params, tokenizer, prompt: str, layer: int = 0, head: int = 0):
-    """Greedy decoding one click at a time on a real model, and what the new token reads
-    (notebook 12).
-
-    Each click on "Decode next token" feeds the greedy choice to kvlib.decode_step; the
-    figure shows the new token's attention, in the chosen layer and head, over every cached
-    position, and the status line names the position it reads most. Every step is compared
-    with kvlib.forward on the whole sequence (within TOLERANCES of the logits' size).
-
-    Returns a VBox with ``decode``, ``reset`` (Buttons), ``prompt`` (Text), ``layer``,
-    ``head`` (Dropdowns), ``status``, ``check``, ``message`` (HTML), ``figure``, ``controls``,
-    ``cache()``, ``sequence()`` and ``reading()`` (the last drawing: its weights and the
-    position read most).
+    Returns a VBox with ``prompt`` (Text), ``position`` (IntSlider), ``status``, ``message``
+    (HTML), ``figure``, ``controls`` and ``state`` (the last comparison: position, difference,
+    the two next words).
     """
     config = params.config
-    decode = widgets.Button(description="Decode next token", button_style="primary")
-    reset = widgets.Button(description="Reset")
     text = widgets.Text(value=prompt, description="prompt", continuous_update=False,
-                        layout=widgets.Layout(width="40em"))
-    layer_box = widgets.Dropdown(options=[(f"layer {i}", i) for i in range(config.n_layers)],
-                                 value=layer, description="layer")
-    head_box = widgets.Dropdown(options=[(f"head {i}", i) for i in range(config.n_heads)],
-                                value=head, description="head")
-    status, check, message = widgets.HTML(), widgets.HTML(), widgets.HTML()
-    live = LiveFigure(figsize=(11, 5.2))
-    picture = ReadingPicture(live.ax)
+                        layout=widgets.Layout(width="48em"))
+    position = widgets.IntSlider(min=0, max=config.context_length - 1, description="position",
+                                 continuous_update=False, layout=widgets.Layout(width="40em"))
+    status, message = widgets.HTML(), widgets.HTML()
+    live = LiveFigure(figsize=(9, 3.6), layout="constrained")
     state = {}
 
-    def compare(logits, what):
-        full = kvlib.forward(params, state["sequence"], last_only=True)
-        difference = relative_difference(logits[-1:], full)
-        limit = tolerance(params)
-        verdict = "equals" if difference < limit else "<b>differs from</b>"
-        check.value = (f"{what} {verdict} full recomputation (kvlib.forward): the logits "
-                       f"differ by {difference:.0e} of their size (tolerance {limit:.0e}, "
-                       f"{config.dtype})")
-        state["difference"] = difference
+    def read_prompt():
+        ids = tokenizer.encode(text.value)
+        if not 1 <= len(ids) < config.context_length:
+            raise ValueError(f"the prompt has {len(ids)} tokens; it needs 1 to "
+                             f"{config.context_length - 1} to leave room for a new one")
+        token = int(np.argmax(kvlib.forward(params, ids, last_only=True)[-1]))
+        right = kvlib.forward(params, ids + [token], last_only=True)[-1]
+        state.clear()                       # a prompt that works: no error left over
+        state.update(ids=ids, token=token, right=right)
 
-    def draw():
-        sequence = state["sequence"]
-        labels = tokenizer.tokens(sequence)
-        weights = state["weights"][int(layer_box.value)][int(head_box.value), -1]
-        newest = len(sequence) - 1
-        image = picture.image
-        most = picture.update(labels, weights,
-                              title=f"layer {layer_box.value}, head {head_box.value}: what "
-                                    f"{labels[-1]!r} (position {newest}) reads")
-        state["reading"] = {"weights": weights, "most": most}
-        if "colorbar" not in state:
-            state["colorbar"] = live.figure.colorbar(picture.image, ax=live.ax, fraction=0.03,
-                                                     pad=0.02, label="attention weight")
-        elif picture.image is not image:
-            state["colorbar"].update_normal(picture.image)
-        generated = tokenizer.decode(state["generated"]) if state["generated"] else ""
-        status.value = (
-            f"Cache holds {plural(len(sequence), 'position')}. The newest token "
-            f"{html.escape(repr(labels[-1]))} (position {newest}) puts {weights[most]:.2f} of "
-            f"this head's weight on {html.escape(repr(labels[most]))} at position {most}"
-            + (" (itself)" if most == newest else "") + ". Generated so far: "
-            + html.escape(generated))
-        full = len(sequence) >= state["cache"].capacity
-        decode.disabled = full or state.get("invalid", False)
-        if full:
-            status.value += (f"<br><b>The context is full</b> ({state['cache'].capacity} "
-                             "positions): press Reset to start again.")
+    def redraw():
+        ids, token, right = state["ids"], state["token"], state["right"]
+        p = int(position.value)
+        step = step_at_position(params, ids, token, p)
+        difference = relative_difference(step, right)
+        p_right, p_step = kvlib.softmax(right), kvlib.softmax(step)
+        words = tokenizer.vocabulary
+        said = {"right": words[int(np.argmax(right))], "step": words[int(np.argmax(step))]}
+        state.update(position=p, difference=difference, words=said)
+        draw_next_words(live.ax, words, p_right, p_step, p,
+                        title=f"After {words[token]!r}, fed at position {p} "
+                              f"(len(cache) = {len(ids)})")
+        where = (f"The cache holds {len(ids)} positions, so the new token "
+                 f"{as_html(repr(words[token]))} belongs at position {len(ids)}. ")
+        if difference < tolerance(params):
+            verdict = (f"At position {p} the step equals full recomputation (its logits within "
+                       f"{tolerance(params):.0e} of their size).")
+        elif said["step"] == said["right"]:
+            verdict = (f"At position {p} nothing crashes and the word is even the same, "
+                       f"{as_html(repr(said['step']))}, but with p = {p_step.max():.2f} instead "
+                       f"of {p_right.max():.2f}: the logits differ from full recomputation by "
+                       f"{difference:.2f} of their size.")
+        else:
+            verdict = (f"At position {p} nothing crashes, but the logits differ from full "
+                       f"recomputation by {difference:.2f} of their size: the model writes "
+                       f"{as_html(repr(said['step']))} with p = {p_step.max():.2f}, where it "
+                       f"should write {as_html(repr(said['right']))} with p = "
+                       f"{p_right.max():.2f}.")
+        status.value = where + verdict
         live.show()
 
-    def on_reset(*_):
+    def on_prompt(*_):
         try:
-            ids = tokenizer.encode(text.value)
-            if not 1 <= len(ids) < config.context_length:
-                raise ValueError(f"the prompt has {len(ids)} tokens; it needs 1 to "
-                                 f"{config.context_length - 1} to leave room for a new one")
+            read_prompt()
         except ValueError as error:
-            decode.disabled, state["invalid"] = True, True
-            raise ValueError(f"{str(error).rstrip('.')}. Decoding waits for a prompt that "
-                             "works.") from error
-        state["invalid"] = False
-        recorded = []
-        logits, cache = kvlib.prefill(params, ids, record_attention=recorded)
-        state.update(cache=cache, sequence=list(ids), weights=recorded, generated=[])
-        state["pending"] = int(np.argmax(logits[-1]))
-        compare(logits, "prefill")
-        draw()
+            state.clear()
+            state["error"] = error
+            status.value = "Waiting for a prompt that works."
+            raise
+        right_row = len(state["ids"])
+        if position.value != right_row:
+            position.value = right_row          # its observer redraws
+        else:
+            redraw()
 
-    def on_decode(_button):
-        cache = state.get("cache")
-        if cache is None or state.get("invalid") or len(cache) >= cache.capacity:
-            decode.disabled = True
-            return
-        token = state["pending"]
-        recorded = []
-        logits = kvlib.decode_step(params, token, cache, record_attention=recorded)
-        state["sequence"].append(token)
-        state["generated"].append(token)
-        state.update(weights=recorded, pending=int(np.argmax(logits[-1])))
-        compare(logits, "decode_step")
-        draw()
+    def on_position(*_):
+        if "error" in state:
+            raise state["error"]            # the prompt still cannot be read: say so again
+        redraw()
 
-    def on_choice(_change):
-        if "sequence" in state:
-            draw()
-
-    reset_safely = safely(on_reset, message)
-    decode.on_click(safely(on_decode, message))
-    reset.on_click(reset_safely)
-    text.observe(reset_safely, names="value")
-    layer_box.observe(safely(on_choice, message), names="value")
-    head_box.observe(safely(on_choice, message), names="value")
-    reset_safely()
-
-    box = widgets.VBox([widgets.HBox([decode, reset, layer_box, head_box]), text, status,
-                        check, message, live.output])
-    box.decode, box.reset, box.prompt, box.layer, box.head = (decode, reset, text, layer_box,
-                                                              head_box)
-    box.status, box.check, box.message = status, check, message
-    box.figure, box.live = live.figure, live
-    box.controls = {"decode": decode, "reset": reset, "prompt": text, "layer": layer_box,
-                    "head": head_box}
-    box.cache = lambda: state.get("cache")
-    box.sequence = lambda: list(state.get("sequence", []))
-    box.reading = lambda: state.get("reading")
-    box.state = state
+    text.observe(safely(on_prompt, message), names="value")
+    position.observe(safely(on_position, message), names="value")
+    safely(on_prompt, message)()
+    box = widgets.VBox([widgets.HBox([position]), text, message, status, live.output])
+    box.prompt, box.position, box.status, box.message = text, position, status, message
+    box.figure, box.live, box.state = live.figure, live, state
+    box.controls = {"prompt": text, "position": position}
     return box

@@ -20,7 +20,14 @@ from .base import LiveFigure, as_html, plural, safely
 SYSTEM_PROMPT = ("You are a patient tutor. Answer in one short sentence, with a number when "
                  "the question asks for one.")
 QUESTIONS = ["What is 7 times 8?", "Name a planet.", "What is the capital of Japan?",
-             "How many legs has a spider?", "What colour is the sky?", "Say hello in French."]
+             "How many legs has a spider?", "What colour is the sky?", "Say hello in French.",
+             "What is the boiling point of water?", "Who wrote Hamlet?"]
+ARRIVALS = [0, 0, 0, 0, 3, 4, 5, 6]
+"""The step at which each question arrives: four at once, then one a step."""
+MAX_TOKENS = [6, 14, 8, 12, 6, 10, 8, 12]
+"""Each request's max_tokens: replies of different lengths, as in real traffic."""
+END_OF_TURN = 2
+"""SmolLM2's <|im_end|>: a reply stops there."""
 STATE_COLOURS = {"free": "#F2F2F2", "cached": "#56B4E9", "held": "#E69F00",
                  "shared": "#D55E00"}       # Okabe-Ito, light grey for free
 STATE_LABELS = {"free": "free", "cached": "cached, idle (reusable)", "held": "held by 1 request",
@@ -123,10 +130,23 @@ def service_status(engine: Engine) -> str:
             f"tokens a step ({numbers['tokens_per_second']:.1f} a second), medians.")
 
 
-def engine_widget(make_engine, prompts, sampling: SamplingParams):
-    """Step an engine through a workload (notebook 24): make_engine() builds a fresh engine
-    and every prompt is added to it with sampling; Step runs one step, Run to the end runs
-    them all, Reset starts again."""
+def workload(tokenizer) -> list[tuple[int, list[int], SamplingParams]]:
+    """The lesson's workload: (arrival step, prompt ids, SamplingParams) for each question."""
+    return [(arrival, prompt, SamplingParams(max_tokens=n, stop_token_ids=(END_OF_TURN,)))
+            for arrival, prompt, n in zip(ARRIVALS, chat_prompts(tokenizer), MAX_TOKENS)]
+
+
+def add_arrivals(engine: Engine, requests, ids: list[int]) -> None:
+    """Add every request whose arrival step has come (ids grows with their ids)."""
+    while len(ids) < len(requests) and requests[len(ids)][0] <= engine.step_count:
+        _, prompt, sampling = requests[len(ids)]
+        ids.append(engine.add_request(prompt, sampling))
+
+
+def engine_widget(make_engine, requests):
+    """Step an engine through a workload (notebook 24): make_engine() builds a fresh engine;
+    requests [(arrival step, prompt, SamplingParams)] arrive as the steps pass. Step runs one
+    step, Run to the end runs them all, Reset starts again."""
     live = LiveFigure(figsize=(10, 5.4), n_axes=1)
     live.figure.clear()
     pool_ax = live.figure.add_axes([0.05, 0.42, 0.9, 0.5])
@@ -145,21 +165,24 @@ def engine_widget(make_engine, prompts, sampling: SamplingParams):
         service.value = as_html(service_status(engine))
         live.show()
 
+    def advance() -> None:
+        engine = state["engine"]
+        engine.step()
+        add_arrivals(engine, requests, state["ids"])
+
     def reset(_=None) -> None:
-        engine = make_engine()
-        for prompt in prompts:
-            engine.add_request(prompt, sampling)
-        state["engine"] = engine
+        state["engine"], state["ids"] = make_engine(), []
+        add_arrivals(state["engine"], requests, state["ids"])
         redraw()
 
     def step(_=None) -> None:
         if state["engine"].has_unfinished_requests():
-            state["engine"].step()
+            advance()
         redraw()
 
     def run(_=None) -> None:
         while state["engine"].has_unfinished_requests():
-            state["engine"].step()
+            advance()
         redraw()
 
     step_button.on_click(safely(step, message))
@@ -184,12 +207,15 @@ def workload_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def run_variant(engine: Engine, prompts, sampling: SamplingParams) -> dict:
-    """Run the workload on one engine to the end -> summarize's numbers, with the preemptions
-    and the prompt tokens that had to be computed (not taken from the prefix cache)."""
-    ids = [engine.add_request(prompt, sampling) for prompt in prompts]
-    while engine.has_unfinished_requests():
+def run_variant(engine: Engine, requests) -> dict:
+    """Run the workload [(arrival step, prompt, SamplingParams)] on one engine to the end ->
+    summarize's numbers, with the preemptions and the prompt tokens that had to be computed
+    (not taken from the prefix cache), and each request's output."""
+    ids: list[int] = []
+    add_arrivals(engine, requests, ids)
+    while engine.has_unfinished_requests() or len(ids) < len(requests):
         engine.step()
+        add_arrivals(engine, requests, ids)
     numbers = summarize(engine, ids)
     numbers["preemptions"] = engine.stats["preemptions"]
     numbers["computed_prompt_tokens"] = engine.stats["prompt_tokens"] - \
@@ -198,5 +224,5 @@ def run_variant(engine: Engine, prompts, sampling: SamplingParams) -> dict:
     return numbers
 
 
-__all__ = ["chat_prompts", "draw_batch", "draw_pool", "engine_widget", "run_variant",
-           "workload_table"]
+__all__ = ["add_arrivals", "chat_prompts", "draw_batch", "draw_pool", "engine_widget",
+           "run_variant", "workload", "workload_table"]
