@@ -9,7 +9,7 @@ already forgotten something, the loss in nats of:
   gives exactly the logits of the ring cache, which notebook 17 checks);
 - re-reading the last W tokens afresh for every prediction (`<bos>` + the last W - 1 tokens,
   positions from 0), StreamingLLM's re-computation yardstick, for W = 16 and 32;
-- the bigram of notebook 12 (add-one smoothing, counted on the first 1,000 training
+- the bigram of notebook 13 (add-one smoothing, counted on the first 400 training
   sequences) and a uniform guess over the vocabulary, log V.
 For each row and sequence: the mean loss, how many predictions give the true token less
 probability than the uniform guess (a loss above log V), and the mean loss over the
@@ -47,7 +47,7 @@ FIRST_POSITION = 68              # past the largest window and its sinks, 64 + 4
 WINDOWS = (16, 32, 64)
 SINKS = (0, 1, 4)
 AFRESH_WINDOWS = (16, 32)
-BIGRAM_TRAINING_SEQUENCES = 1000  # notebook 12's bigram
+BIGRAM_TRAINING_SEQUENCES = 400   # notebook 13's bigram
 BY_POSITION = ("full cache", "window 32", "window 32 + 4 sinks")
 DECIMALS = 6
 
@@ -147,7 +147,7 @@ def measure(n_sequences: int = HELD_OUT_SEQUENCES, afresh: bool = True) -> dict:
         "vocab_size": vocab_size,
         "uniform": round(math.log(vocab_size), DECIMALS),
         "bigram": f"add-one smoothing, counted on the first {BIGRAM_TRAINING_SEQUENCES} "
-                  f"training sequences (seed {TRAINING_SEED}), as in notebook 12",
+                  f"training sequences (seed {TRAINING_SEED}), as in notebook 13",
         "afresh": "<bos> and the last W - 1 tokens, read as a sequence of their own with "
                   "positions from 0, for every prediction",
         "forced": "predictions of a word the story forces to repeat an earlier one (a name, "
