@@ -78,7 +78,7 @@ def grouping_summary(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int
 
 
 def kib_text(n_bytes: int) -> str:
-    """Bytes as KiB for a bar's label (notebook 15): '128' for 131,072, '0.04' for 36."""
+    """Bytes as KiB for a bar's label (notebook 15): '128' for 131,072, '0.0352' for 36."""
     return f"{n_bytes // 1024:,}" if n_bytes % 1024 == 0 else f"{n_bytes / 1024:,.3g}"
 
 
