@@ -1,10 +1,12 @@
 """Shared cases for the exercise checkers' tests (every lesson's test module may use them).
 
 A checker must answer anything a student can type with a Feedback, never a traceback:
-`odd_answers(shape)` lists the usual suspects (text, None, 10**400, nan, ragged lists, object
-and text arrays of the right shape, lists of the wrong length, ...) and `student_answers` is a
-hypothesis strategy that builds more of them. `assert_answers_in_words(check, answer)` is the
-one assertion: a Feedback with a message, whatever the answer.
+`odd_answers(shape)` lists the usual suspects (text, None, 10**400 and 10**5000, nan, ragged
+lists, object and text arrays of the right shape, lists of the wrong length, ...) and
+`student_answers` is a hypothesis strategy that builds more of them.
+`assert_answers_in_words(check, answer)` is the one assertion: a Feedback with a message,
+whatever the answer. Every helper here also checks the message's words (`in_words`): its
+prefix not doubled ("Not yet: not yet: ..."), numbers shown plainly (7, not np.int64(7)).
 
     from checker_cases import assert_answers_in_words, odd_answers, student_answers
 """
@@ -12,14 +14,29 @@ one assertion: a Feedback with a message, whatever the answer.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 from hypothesis import strategies as st
 
-from kvlib.exercises.base import Feedback
+from kvlib.exercises.base import Feedback, shown
 
 HUGE = 10**400
 """An int that no float can hold: float(HUGE) raises OverflowError."""
+UNPRINTABLE = 10**5000
+"""An int too long for str(): Python refuses to print more than 4,300 digits (ValueError)."""
+NUMPY_REPR = re.compile(r"np\.(?:u?int|float|bool|str_|bytes_|complex)\w*\(|(?<!np\.)\barray\(|"
+                        r"dtype='")
+"""What a numpy repr looks like in a message: np.int64(1), np.float64(nan), array([1, 2]),
+array(['a'], dtype='<U1'); not a hint such as np.array([...]) or dtype=bool."""
+
+
+def case_id(value) -> str:
+    """A pytest id for a table's answer, plain and short: pytest's own would call
+    str(10**5000), which raises. Use it as ids=case_id wherever odd_answers goes."""
+    if callable(value) and hasattr(value, "__name__"):
+        return value.__name__
+    return shown(value, 40)
 
 
 def odd_answers(shape: tuple[int, ...] | None = None) -> list[tuple[str, object]]:
@@ -29,8 +46,11 @@ def odd_answers(shape: tuple[int, ...] | None = None) -> list[tuple[str, object]
         ("empty string", ""), ("text", "hello"), ("number as text", "7"), ("None", None),
         ("Ellipsis", ...), ("True", True), ("False", False), ("zero", 0), ("minus one", -1),
         ("a half", 0.5), ("huge int", HUGE), ("minus huge int", -HUGE), ("huge float", 1e308),
+        ("unprintable int", UNPRINTABLE), ("minus unprintable int", -UNPRINTABLE),
+        ("list with an unprintable int", [UNPRINTABLE, 1]),
+        ("numpy float", np.float64(2.5)), ("numpy text", np.str_("7")),
         ("nan", math.nan), ("inf", math.inf), ("minus inf", -math.inf),
-        ("numpy nan", np.float64("nan")), ("numpy int", np.int64(3)), ("complex", 1 + 2j),
+        ("numpy nan", np.float64("nan")), ("numpy int", np.int64(-3)), ("complex", 1 + 2j),
         ("empty list", []), ("list of empty list", [[]]), ("ragged list", [[1, 2], [3]]),
         ("nested ragged", [1, [2, [3, 4]]]), ("list of text", ["a", "b"]),
         ("list with None", [1, None]), ("list with huge", [1, HUGE]),
@@ -69,7 +89,8 @@ _scalars = st.one_of(
     st.none(), st.booleans(), st.integers(), st.integers(min_value=-HUGE, max_value=HUGE),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5),
     st.complex_numbers(allow_nan=True, allow_infinity=True),
-    st.just(...),
+    st.just(...), st.sampled_from([np.int64(7), np.float64("nan"), np.float64(2.5)]),
+    st.builds(lambda: UNPRINTABLE), st.builds(lambda: -UNPRINTABLE),   # no repr of the int
 )
 
 
@@ -93,33 +114,45 @@ def _as_array(value):
         return value
 
 
+def in_words(feedback: Feedback) -> Feedback:
+    """A Feedback whose message is plain words: non-empty, no traceback, no doubled prefix
+    (Feedback's repr adds "Not yet: " or "Correct: "; a message that starts with one again
+    shows it twice), and no numpy reprs (np.int64(1) is shown as 1)."""
+    assert isinstance(feedback, Feedback), f"not a Feedback: {type(feedback)}"
+    message = feedback.message
+    assert isinstance(message, str) and message.strip(), f"empty message: {feedback!r}"
+    assert repr(feedback).startswith(("Correct: ", "Not yet: "))
+    assert "Traceback" not in message
+    assert not re.match(r"\s*(not yet|correct)\b", message, re.IGNORECASE), \
+        f"the prefix is doubled: {feedback!r}"
+    assert not NUMPY_REPR.search(message), f"a numpy repr in the message: {message}"
+    return feedback
+
+
 def assert_answers_in_words(check, answer) -> Feedback:
-    """The checker returns a Feedback whose message is non-empty text, and shows it."""
+    """The checker returns a Feedback whose message is plain words (in_words), and shows it."""
     feedback = check(answer)
     assert isinstance(feedback, Feedback), f"{check.__name__} returned {type(feedback)}"
-    assert isinstance(feedback.message, str) and feedback.message.strip()
-    assert repr(feedback).startswith(("Correct: ", "Not yet: "))
-    assert "Traceback" not in feedback.message
-    return feedback
+    return in_words(feedback)
 
 
 def assert_not_yet(feedback: Feedback, words: str) -> None:
     """A wrong answer gets its specific diagnosis: `words` appear in the message."""
-    assert isinstance(feedback, Feedback)
+    in_words(feedback)
     assert not feedback.passed, f"passed: {feedback.message}"
     assert repr(feedback).startswith("Not yet: ")
     assert words in feedback.message, feedback.message
 
 
 def assert_correct(feedback: Feedback) -> None:
-    assert isinstance(feedback, Feedback)
+    in_words(feedback)
     assert feedback.passed, feedback.message
     assert repr(feedback).startswith("Correct: ")
 
 
 def not_yet(feedback, *phrases) -> None:
     """The answer is refused, and the message contains every phrase."""
-    assert isinstance(feedback, Feedback), feedback
+    in_words(feedback)
     assert not feedback.passed, feedback
     assert repr(feedback).startswith("Not yet: ")
     for phrase in phrases:
@@ -128,7 +161,7 @@ def not_yet(feedback, *phrases) -> None:
 
 def correct(feedback, *phrases) -> None:
     """The answer passes, and the message contains every phrase."""
-    assert isinstance(feedback, Feedback), feedback
+    in_words(feedback)
     assert feedback.passed, feedback
     assert repr(feedback).startswith("Correct: ")
     for phrase in phrases:

@@ -7,12 +7,18 @@ Not a test module (pytest collects test_*.py only); the tests import it by name.
 from __future__ import annotations
 
 import numpy as np
-from checker_cases import correct, not_yet  # noqa: F401  (the lesson tests import them here)
+from checker_cases import (  # noqa: F401  (correct, not_yet: the lesson tests import them here)
+    UNPRINTABLE,
+    correct,
+    in_words,
+    not_yet,
+)
 
 from kvlib.exercises.base import Feedback
 
 FUZZ = [
-    None, ..., "5", "abc", b"12", "", True, False, 10**400, -10**400, float("nan"),
+    None, ..., "5", "abc", b"12", "", True, False, 10**400, -10**400, UNPRINTABLE,
+    -UNPRINTABLE, [UNPRINTABLE, 2], np.int64(5), np.float64("nan"), float("nan"),
     float("inf"), -1, 0, 2**64, 1e308, complex(1, 2), [], (), {}, set(), [[1, 2], [3]],
     [1.5, "x"], [[1, 2], [3, 4]], np.array(5), np.zeros(0), np.full(12, np.nan),
     np.full((5, 4), np.inf), np.full(12, None, dtype=object), np.full((5, 4), "x", dtype=object),
@@ -24,14 +30,14 @@ FUZZ = [
 of the right shape, booleans, complex numbers, a built-in function."""
 
 
-
-
 def survives_the_fuzz(checker, *extra):
-    """checker(value, *extra) for every FUZZ value: always a Feedback, never a pass."""
+    """checker(value, *extra) for every FUZZ value: always a Feedback in plain words
+    (checker_cases.in_words), never a pass."""
     for value in FUZZ:
         feedback = checker(value, *extra)
-        assert isinstance(feedback, Feedback), (value, feedback)
-        assert not feedback.passed, (value, feedback)
+        assert isinstance(feedback, Feedback), feedback
+        in_words(feedback)
+        assert not feedback.passed, feedback
 
 
 def functions_returning_the_fuzz():

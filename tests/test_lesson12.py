@@ -22,6 +22,7 @@ import pytest  # noqa: E402
 from benchmark_runs import run_script  # noqa: E402
 from checker_cases import (  # noqa: E402
     assert_answers_in_words,
+    case_id,
     correct,
     not_yet,
     odd_answers,
@@ -399,7 +400,7 @@ WRONG_STEPS = [
      ["shape (1, 12), got (12,)"]),
     (lambda params, token, cache: kvlib.forward(params, [0, token]),
      ["shape (1, 12), got (2, 12)", "one row of logits"]),
-    (lambda params, token, cache: "logits", ["got str"]),
+    (lambda params, token, cache: "logits", ["got text, 'logits'"]),
     (lambda params, token, cache: 1 / 0, ["ZeroDivisionError"]),
     (lambda params, token: None, ["TypeError"]),
     (lambda params, token, cache: np.zeros((1, 12)), ["the cache should hold"]),
@@ -465,11 +466,15 @@ XL = 2 * 48 * 1024 * 1600 * 2
     (300, "MiB"),
     (314, "MB"),
     (XL + 1000, "close to the answer"),
+    (2 * 48 * 1023 * 1600 * 2, "1023 tokens, one short"),
+    (2 * 48 * 1025 * 1600 * 2, "1025 tokens, one too many"),
     (12345, "multiply 2 (K and V)"),
     (XL + 0.5, "not a whole number"),
-    ("314572800", "got str"),
-    (True, "got bool"),
-    ([XL], "several"),
+    ("314572800", "not text: write 314572800 without quotes"),
+    ("3.1e8", "not text: write 3.1e8 without quotes"),
+    ("a lot", "not text (got 'a lot')"),
+    (True, "True (a bool)"),
+    ([XL, XL], "several"),
     (float("nan"), "got nan"),
     (10**400, "digits"),
 ])
@@ -479,7 +484,7 @@ def test_xl_checker_diagnoses_each_mistake(answer, phrase):
 
 @pytest.mark.parametrize("answer", [
     XL, float(XL), np.int64(XL), np.float64(XL), np.array(XL), 3.145728e8, 314_572_800.0,
-    2 * 48 * 1024 * 1600 * 2, 300 * 2**20,
+    2 * 48 * 1024 * 1600 * 2, 300 * 2**20, [XL], np.array([XL]), (float(XL),),
 ])
 def test_xl_checker_accepts_the_bytes_in_every_form(answer):
     correct(ex12.check_xl_cache(answer), "314,572,800 bytes", "300 MiB")
@@ -512,7 +517,7 @@ def test_every_checker_answers_odd_input_in_words(checker, answer):
 
 
 @pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers((1, 12)))
+@pytest.mark.parametrize("label, answer", odd_answers((1, 12)), ids=case_id)
 def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
     feedback = assert_answers_in_words(checker, answer)
     assert not feedback.passed, label

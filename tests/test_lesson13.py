@@ -21,6 +21,7 @@ import pytest  # noqa: E402
 from checker_cases import (  # noqa: E402
     assert_answers_in_words,
     assert_not_yet,
+    case_id,
     correct,
     not_yet,
     odd_answers,
@@ -522,7 +523,7 @@ def test_copy_window_solution_runs_in_the_notebooks_namespace(without_gpt2):
 
 
 @pytest.mark.parametrize("answer", [WINDOW, float(WINDOW), np.int64(WINDOW), np.float64(WINDOW),
-                                    np.array(WINDOW), np.int32(WINDOW), 8.9e1], ids=repr)
+                                    np.array(WINDOW), np.int32(WINDOW), 8.9e1, [WINDOW]], ids=repr)
 def test_copy_window_checker_accepts_the_window_in_every_form(answer):
     correct(ex13.check_copy_window(answer), f"W = {WINDOW}")
 
@@ -545,9 +546,9 @@ COPY_WINDOW_MISTAKES = [
     (60, "not it", "r.position - 1"),
     (90, "not it"),
     (88.5, "not a whole number"),
-    ("89", "got str"),
-    (True, "got bool"),
-    ([89], "several"),
+    ("89", "not text: write 89 without quotes"),
+    (True, "True (a bool)"),
+    ([89, 89], "several"),
     (float("nan"), "got nan"),
     (..., "not filled in yet"),
     (None, "not filled in yet"),
@@ -587,7 +588,7 @@ def test_every_checker_answers_odd_input_in_words(checker, answer):
 
 
 @pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers((1, 12)))
+@pytest.mark.parametrize("label, answer", odd_answers((1, 12)), ids=case_id)
 def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
     feedback = assert_answers_in_words(checker, answer)
     assert not feedback.passed, label

@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from checker_cases import (  # noqa: E402
     assert_answers_in_words,
+    case_id,
     correct,
     not_yet,
     odd_answers,
@@ -567,7 +568,8 @@ def test_keeps_checker_accepts_predictions_in_every_form(answer):
     ([True, False, 2, True, False], "not True or False"),
     ("TFFTF", "got str"),
     (True, "got bool"),
-])
+    ([10**5000, True, False, True, False], "got [a number of about 5,001 digits]"),
+], ids=case_id)
 def test_keeps_checker_explains_answers_of_the_wrong_form(answer, phrase):
     not_yet(ex14.check_keeps_scores(answer), phrase)
 
@@ -600,7 +602,7 @@ def test_every_checker_answers_odd_input_in_words(checker, answer):
 
 
 @pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers((5,)))
+@pytest.mark.parametrize("label, answer", odd_answers((5,)), ids=case_id)
 def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
     feedback = assert_answers_in_words(checker, answer)
     assert not feedback.passed, label

@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from checker_cases import (  # noqa: E402
     assert_answers_in_words,
+    case_id,
     correct,
     not_yet,
     odd_answers,
@@ -30,6 +31,7 @@ import kvlib  # noqa: E402
 from kvlib import grouped, roofline  # noqa: E402
 from kvlib.exercises import lesson15 as ex15  # noqa: E402
 from kvlib.memory import PRESETS, GiB  # noqa: E402
+from kvlib.model import attention as attention_by_another_name  # noqa: E402
 from kvlib.widgets import lesson15 as w15  # noqa: E402
 
 TOLERANCE = 1e-10
@@ -471,18 +473,24 @@ def test_qwen2_answer_is_the_formula():
     (QWEN / 1e9, "GB or MB"),
     (QWEN / 1e6, "GB or MB"),
     (QWEN + 1, "Multiply 2 (K and V)"),
+    (QWEN + 0.4, "close (0.4 from the answer)"),                  # bytes are whole
+    (QWEN - 0.3, "close (0.3 from the answer)"),
+    (QWEN * 7 + 0.4, "not a whole number"),
+    (1792.4, "not a whole number"),                               # MiB, not quite
+    (1.754, "Multiply 2 (K and V)"),                              # GiB, not quite
     (12.25, "Multiply 2 (K and V)"),                              # MHA's GiB
     (-QWEN, "Multiply"),
-    ("1879048192", "got text"),
-    ([QWEN], "got list"),
-    (np.array([QWEN, QWEN]), "got ndarray"),
-    (10**400, "a finite number"),
+    ("1879048192", "not text: write 1879048192 without quotes"),
+    ([QWEN, QWEN], "several numbers"),
+    (np.array([QWEN, QWEN]), "an array of shape (2,)"),
+    (10**400, "401 digits: far too large"),
+    (10**5000, "about 5,001 digits: far too large"),
     (float("nan"), "a finite number"),
     (1e308 * 10, "a finite number"),
-    (True, "got bool"),
+    (True, "True (a bool)"),
     (None, "not filled in yet"),
     (..., "not filled in yet"),
-])
+], ids=case_id)
 def test_config_bytes_checker_wrong_answers(answer, phrase):
     not_yet(ex15.check_cache_bytes_from_config(answer), phrase)
 
@@ -490,7 +498,7 @@ def test_config_bytes_checker_wrong_answers(answer, phrase):
 @pytest.mark.parametrize("answer", [
     QWEN, float(QWEN), np.int64(QWEN), np.float64(QWEN), np.array(QWEN), 1.75, np.float32(1.75),
     1792, 1792.0, kvlib.kv_cache_bytes(28, None, 32768, n_kv_heads=4, head_dim=128),
-    QWEN / GiB,
+    QWEN / GiB, [QWEN], np.array([1.75]),
 ])
 def test_config_bytes_checker_accepts_every_form(answer):
     correct(ex15.check_cache_bytes_from_config(answer))
@@ -535,7 +543,7 @@ def function_with(k_order="repeat", v_order="repeat", scaled=True, softmax_axis=
         kvlib.split_heads(K, K.shape[1] // q.shape[-1]), q.shape[0]).swapaxes(-1, -2)),
      ("attention weights",)),
     (lambda q, K, V: 1 / 0, ("raised ZeroDivisionError",)),
-    (lambda q, K, V: "output", ("should be an array", "got str")),
+    (lambda q, K, V: "output", ("should be an array", "got text, 'output'")),
     (lambda q, K, V: None, ("got None instead of the output",)),
     (lambda q, K, V: 3.0, ("got a single number",)),
     (lambda q, K, V: [[1, 2], [3]], ("rows have different lengths",)),
@@ -555,7 +563,7 @@ def test_a_bug_that_only_shows_on_other_sizes_is_caught():
             return ex15._decode_output(q, K_rows, V_rows)
         return ex15._decode_output(q, K_rows, V_rows, "columns", "columns")
 
-    correct(ex15.check_grouped_decode(only_the_notebooks_case(*lesson)))
+    not_yet(ex15.check_grouped_decode(only_the_notebooks_case(*lesson)), "the right numbers")
     not_yet(ex15.check_grouped_decode(only_the_notebooks_case), "with 6 query heads and 3 K/V")
 
 
@@ -569,14 +577,55 @@ def test_a_bug_that_only_shows_on_other_sizes_is_caught():
     lambda out: kvlib.merge_heads(out)[0],         # (16,)
     lambda out: kvlib.merge_heads(out).round(3).tolist(),
 ])
-def test_grouped_decode_checker_accepts_every_form(decode_case, transform):
-    correct(ex15.check_grouped_decode(transform(output_with({}, decode_case))))
+def test_grouped_decode_checker_reads_the_output_in_every_form_and_asks_for_the_function(
+        decode_case, transform):
+    """An array cannot show how it was made (np.repeat or kvlib.attention): the right numbers
+    in any form are recognised, and the checker asks for the function that made them."""
+    not_yet(ex15.check_grouped_decode(transform(output_with({}, decode_case))),
+            "the right numbers", "set answer to the fixed function itself")
+
+
+def kvlib_attention_one_liner(q, K_rows, V_rows):
+    kv = K_rows.shape[1] // q.shape[-1]
+    return kvlib.attention(q, kvlib.split_heads(K_rows, kv), kvlib.split_heads(V_rows, kv))
+
+
+@pytest.mark.parametrize("function, shortcut", [
+    (kvlib_attention_one_liner, "kvlib.attention did the grouping"),
+    (lambda q, K, V: attention_by_another_name(
+        q, kvlib.split_heads(K, K.shape[1] // q.shape[-1]),
+        kvlib.split_heads(V, V.shape[1] // q.shape[-1])), "kvlib.attention did the grouping"),
+    (lambda q, K, V: kvlib.merge_heads(kvlib.attention(
+        q, kvlib.split_heads(K, K.shape[1] // q.shape[-1]),
+        kvlib.split_heads(V, V.shape[1] // q.shape[-1]))), "kvlib.attention"),
+    (lambda q, K, V: grouped.repeated_attention(
+        q, kvlib.split_heads(K, K.shape[1] // q.shape[-1]),
+        kvlib.split_heads(V, V.shape[1] // q.shape[-1])), "kvlib.grouped.repeated_attention"),
+    (lambda q, K, V: kvlib.weighted_sum(kvlib.attention_weights(
+        q, kvlib.split_heads(K, K.shape[1] // q.shape[-1])),
+        kvlib.split_heads(V, V.shape[1] // q.shape[-1])), "kvlib's grouped attention"),
+], ids=["one-liner", "imported by name", "merged", "repeated_attention", "weights and sum"])
+def test_grouped_decode_checker_refuses_kvlibs_grouping(function, shortcut):
+    """The task forbids kvlib.attention: a function that lets kvlib do the grouping gets the
+    right numbers and is still refused, whatever name it calls kvlib's functions by."""
+    not_yet(ex15.check_grouped_decode(function), "the numbers are right", shortcut, "np.repeat")
+
+
+def test_grouped_decode_checker_leaves_no_profile_hook_behind():
+    import sys
+
+    ex15.check_grouped_decode(kvlib_attention_one_liner)
+    ex15.check_grouped_decode(lambda q, K, V: 1 / 0)
+    assert sys.getprofile() is None
 
 
 def test_grouped_decode_checker_accepts_functions_written_any_way():
-    def with_kvlib(q, K_rows, V_rows):
-        kv = K_rows.shape[1] // q.shape[-1]
-        return kvlib.attention(q, kvlib.split_heads(K_rows, kv), kvlib.split_heads(V_rows, kv))
+    def with_repeat_and_kvlib_scores(q, K_rows, V_rows):
+        n_heads, _, dh = q.shape
+        kv = K_rows.shape[1] // dh
+        K = grouped.repeat_kv_heads(kvlib.split_heads(K_rows, kv), n_heads)
+        V = np.repeat(kvlib.split_heads(V_rows, kv), n_heads // kv, axis=0)
+        return kvlib.weighted_sum(kvlib.attention_weights(q, K), V)   # heads already repeated
 
     def with_a_loop(q, K_rows, V_rows):
         n_heads, _, dh = q.shape
@@ -588,11 +637,11 @@ def test_grouped_decode_checker_accepts_functions_written_any_way():
             out.append(kvlib.softmax(q[head] @ k.T / np.sqrt(dh)) @ v)
         return np.array(out).tolist()
 
-    correct(ex15.check_grouped_decode(with_kvlib))
+    correct(ex15.check_grouped_decode(with_repeat_and_kvlib_scores), "i // group")
     correct(ex15.check_grouped_decode(with_a_loop))
-    correct(ex15.check_grouped_decode(lambda q, K, V: grouped.repeated_attention(
-        q, kvlib.split_heads(K, K.shape[1] // q.shape[-1]),
-        kvlib.split_heads(V, V.shape[1] // q.shape[-1]))))
+    scope = {"np": np, "kvlib": kvlib}
+    exec(ex15.SOLUTIONS[2], scope)
+    correct(ex15.check_grouped_decode(scope["answer"]))
 
 
 def test_the_checker_does_not_let_a_function_change_its_inputs(decode_case):
@@ -616,11 +665,12 @@ def test_the_checker_does_not_let_a_function_change_its_inputs(decode_case):
     (-1, "numbered from 0"),
     (4.5, "whole number"),
     (5.1, "close (0.1 from the answer)"),
-    ("5", "not text"),
-    ([5], "got list"),
-    (np.array([5]), "an array of shape (1,)"),
+    ("5", "not text: write 5 without quotes"),
+    ("five", "not text (got 'five')"),
+    ([5, 5], "several numbers"),
+    (np.array([5, 6]), "an array of shape (2,)"),
     (True, "a bool"),
-    (10**400, "more than 30 digits"),
+    (10**400, "401 digits"),
     (float("-inf"), "got -inf"),
     (None, "not filled in yet"),
 ])
@@ -628,8 +678,8 @@ def test_query_group_checker_wrong_answers(answer, phrase):
     not_yet(ex15.check_query_group(answer), phrase)
 
 
-@pytest.mark.parametrize("answer", [5, 5.0, np.int64(5), np.int8(5), np.array(5),
-                                    int(grouped.query_groups(64, 8)[42])])
+@pytest.mark.parametrize("answer", [5, 5.0, np.int64(5), np.int8(5), np.array(5), [5],
+                                    np.array([5]), int(grouped.query_groups(64, 8)[42])])
 def test_query_group_checker_accepts_every_form(answer):
     correct(ex15.check_query_group(answer))
 
@@ -652,7 +702,7 @@ def test_every_checker_answers_odd_input_in_words(checker, answer):
 
 
 @pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers((8, 1, 2)))
+@pytest.mark.parametrize("label, answer", odd_answers((8, 1, 2)), ids=case_id)
 def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
     feedback = assert_answers_in_words(checker, answer)
     assert not feedback.passed, label

@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from checker_cases import (  # noqa: E402
     assert_answers_in_words,
+    case_id,
     correct,
     not_yet,
     odd_answers,
@@ -373,7 +374,11 @@ RIGHT_POSITIONS = [0, 1, 2, 3] + list(range(905, 5001))
     ([0, 1, 2, 3.5], "whole number"),
     ([0, 1, None], "whole number"),
     ([True, 1], "whole number"),
-])
+    (kvlib.attention_mask([5000], np.arange(5001), 4096, 4)[0], "give positions, not a mask"),
+    (kvlib.attention_mask([5000], np.arange(5001), 4096, 4), "give positions, not a mask"),
+    (kvlib.attention_mask([5000], np.arange(5001), 4096, 4)[0].tolist(), "np.flatnonzero"),
+    ([10**5000, 1], "about 5,001 digits"),
+], ids=case_id)
 def test_visible_positions_wrong_answers(answer, phrase):
     not_yet(ex17.check_visible_positions(answer), phrase)
 
@@ -479,22 +484,23 @@ RIGHT_BYTES = 2 * 32 * 4100 * 8 * 128 * 2
     (0.5, "GiB"), (0.5005, "GiB"), (512.5, "MiB"), (512, "MiB"),
     (123456, "is not it"),
     (-RIGHT_BYTES, "negative"),
-    ("537395200", "not text"),
-    ([RIGHT_BYTES], "whole number"),
+    ("537395200", "not text: write 537395200 without quotes"),
+    ([RIGHT_BYTES, 1], "several numbers"),
     (True, "(a bool)"),
     (float("nan"), "got nan"),
     (float("inf"), "got inf"),
-    (10**400, "more than 30 digits"),
-    (-(10**400), "more than 30 digits"),
+    (10**400, "401 digits"),
+    (-(10**400), "401 digits"),
+    (10**5000, "about 5,001 digits"),
     (537395200.5, "close"),
-], ids=lambda value: repr(value)[:30])
+], ids=case_id)
 def test_cache_bytes_wrong_answers(answer, phrase):
     not_yet(ex17.check_cache_bytes(answer), phrase)
 
 
 @pytest.mark.parametrize("answer", [
     RIGHT_BYTES, float(RIGHT_BYTES), np.int64(RIGHT_BYTES), np.float32(RIGHT_BYTES),
-    np.array(RIGHT_BYTES), np.array([RIGHT_BYTES]),
+    np.array(RIGHT_BYTES), np.array([RIGHT_BYTES]), [RIGHT_BYTES], (float(RIGHT_BYTES),),
     kvlib.kv_cache_bytes(32, None, 4100, dtype_bytes=2, n_kv_heads=8, head_dim=128),
 ])
 def test_cache_bytes_right_answers_in_any_form(answer):
@@ -527,7 +533,8 @@ FUNCTIONS = [lambda *args: None, lambda *args: [1, 2], lambda *args: 10**400,
 
 @pytest.mark.parametrize("check", CHECKERS, ids=lambda check: check.__name__)
 @pytest.mark.parametrize("label, answer", odd_answers() + [(f"function {i}", f)
-                                                           for i, f in enumerate(FUNCTIONS)])
+                                                           for i, f in enumerate(FUNCTIONS)],
+                         ids=case_id)
 def test_every_checker_answers_odd_input_in_words(check, label, answer):
     feedback = assert_answers_in_words(check, answer)
     assert not feedback.passed, label

@@ -9,7 +9,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from checker_cases import assert_answers_in_words, correct, not_yet, odd_answers  # noqa: E402
+from checker_cases import (  # noqa: E402
+    assert_answers_in_words,
+    case_id,
+    correct,
+    not_yet,
+    odd_answers,
+)
 
 import kvlib  # noqa: E402
 from kvlib.chat import Conversation, reusable_prefix  # noqa: E402
@@ -162,7 +168,7 @@ def test_exercise_1_accepts_the_answer_in_any_form(answer):
     correct(ex18.check_llama32_cache(answer), "32,768 bytes")
 
 
-@pytest.mark.parametrize("label, answer", odd_answers())
+@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
 def test_exercise_1_answers_anything_in_words(label, answer):
     assert_answers_in_words(ex18.check_llama32_cache, answer)
 
@@ -205,7 +211,7 @@ def test_exercise_2_accepts_other_correct_forms():
         correct(ex18.check_to_interleaved(function), "llama.cpp's converter")
 
 
-@pytest.mark.parametrize("label, answer", odd_answers())
+@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
 def test_exercise_2_answers_anything_in_words(label, answer):
     assert_answers_in_words(ex18.check_to_interleaved, answer)
 
@@ -228,7 +234,7 @@ def test_exercise_3_accepts_the_answer_in_any_form(answer):
     correct(ex18.check_reusable_positions(answer), "3 of the")
 
 
-@pytest.mark.parametrize("label, answer", odd_answers())
+@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
 def test_exercise_3_answers_anything_in_words(label, answer):
     assert_answers_in_words(ex18.check_reusable_positions, answer)
 

@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from checker_cases import (  # noqa: E402
     assert_answers_in_words,
+    case_id,
     not_yet,
     odd_answers,
     student_answers,
@@ -460,7 +461,9 @@ def test_pool_explorer_redraws_replace_artists():
     ((77.125, 14), "whole blocks"), ((78, 14.5), "whole too"),
     (78, "give two numbers"), ("78, 14", "two numbers"), ((78, 14, 0), "two numbers"),
     ({"blocks": 78}, "two numbers"), (..., "not filled in"), (None, "not filled in"),
-])
+    (10**5000, "give two numbers"), ((10**5000, 14), "too many"),
+    ((np.float64(77.5), 14), "77.5 blocks"),
+], ids=case_id)
 def test_blocks_and_slack_wrong_answers(answer, phrase):
     not_yet(ex19.check_blocks_and_slack(answer), phrase)
 
@@ -474,14 +477,15 @@ def test_blocks_and_slack_valid_forms(answer):
 
 @pytest.mark.parametrize("answer, phrase", [
     (6, "cannot stay shared"), (9, "one block too many"), (12, "three caches of their own"),
-    (4, "one sample's table"), (7, "not 7"), (8.5, "whole number"), ("8", "whole number"),
+    (4, "one sample's table"), (7, "not 7"), (8.5, "whole number"), ("8", "without quotes"),
+    ("eight", "not text"), (10**5000, "about 5,001 digits"), ([8, 8], "several numbers"),
     (None, "not filled in"),
-])
+], ids=case_id)
 def test_forked_blocks_wrong_answers(answer, phrase):
     not_yet(ex19.check_forked_blocks(answer), phrase)
 
 
-@pytest.mark.parametrize("answer", [8, 8.0, np.int64(8), np.float32(8.0)])
+@pytest.mark.parametrize("answer", [8, 8.0, np.int64(8), np.float32(8.0), [8], np.array([8])])
 def test_forked_blocks_valid_forms(answer):
     assert ex19.check_forked_blocks(answer).passed
 
@@ -511,6 +515,10 @@ def gather_with(block_of, row_of, trim=True):
     (lambda pool, t, n, B: pool[t].reshape(-1, pool.shape[-1]), "every row of every block"),
     (gather_with(lambda t, p, B: t[p // B], lambda p, B: (p + 1) % B), "are not the keys"),
     (lambda pool, t, n, B: pool[t].reshape(-1, pool.shape[-1])[:n][::-1], "are not the keys"),
+    (lambda pool, t, n, B: pool[sorted(t)].reshape(-1, pool.shape[-1])[:n],
+     "block table [1, 4, 5, 0, 3]: the blocks are read in the order of their numbers"),
+    (lambda pool, t, n, B: pool[np.sort(t)].reshape(-1, pool.shape[-1])[:n], "not in the "
+     "table's order"),
     (lambda pool, t, n, B: pool[t][:, 0], "shape"),
     (lambda pool, t, n, B: None, "shape"),
     (lambda pool, t, n, B: "rows", "array of numbers"),
@@ -533,6 +541,20 @@ def test_gather_wrong_answers(gather, phrase):
 ])
 def test_gather_valid_forms(gather):
     assert ex19.check_gather(gather).passed
+
+
+def test_the_gather_cases_include_a_table_out_of_order_and_a_reused_block():
+    """Blocks given back by a finished request are reused: a table that is not ascending,
+    which pool[sorted(table)] reads wrong (every other case's table is ascending)."""
+    tables = [table for _, table, _, _, _ in ex19._gather_cases()]
+    assert [1, 4, 5, 0, 3] in tables
+    assert any(table != sorted(table) for table in tables)
+
+
+def test_a_wrong_gather_is_told_which_rows_in_plain_numbers():
+    feedback = ex19.check_gather(gather_with(lambda t, p, B: t[p // B], lambda p, B: (p + 1) % B))
+    not_yet(feedback, "rows [")
+    assert "np." not in feedback.message
 
 
 FUZZ = [None, ..., "", "8", b"8", 10**400, -(10**400), float("nan"), float("inf"), -1, 0,

@@ -17,6 +17,7 @@ from checker_cases import (  # noqa: E402
     assert_answers_in_words,
     assert_correct,
     assert_not_yet,
+    case_id,
     odd_answers,
     student_answers,
 )
@@ -660,8 +661,9 @@ def test_exercise1_expected_matches_a_real_prefix_cache():
     ((32.5, 40, 0, 48), "fractional part"),
     ((32, 40, 0, "48"), "not text"),
     ("32, 40, 0, 48", "tuple of 4 whole numbers"),
+    ((32, 40, 0, 10**5000), "about 5,001 digits"),
     (..., "not filled in"),
-])
+], ids=case_id)
 def test_exercise1_wrong_answers_get_their_diagnosis(answer, words):
     assert_not_yet(ex20.check_reusable_tokens(answer), words)
 
@@ -730,6 +732,10 @@ def make_counter():
     (lambda parent, tokens: BadEquality(), "raised RuntimeError"),
     (lambda parent, tokens: object(), "Equal prefixes must get equal keys"),
     (lambda parent, tokens: np.random.default_rng().random(), "random"),
+    (lambda parent, tokens: (parent, tuple(sorted(tokens))), "same tokens in another order"),
+    (lambda parent, tokens: (parent, frozenset(tokens)), "not sorted or a set"),
+    (lambda parent, tokens: (parent, tuple(sorted(set(tokens)))), "tuple(tokens)"),
+    (lambda parent, tokens: (parent, sum(tokens)), "same key"),
 ])
 def test_exercise2_wrong_keys_get_their_diagnosis(block_key_function, words):
     assert_not_yet(ex20.check_block_key(block_key_function), words)
@@ -737,6 +743,22 @@ def test_exercise2_wrong_keys_get_their_diagnosis(block_key_function, words):
 
 def test_exercise2_a_counter_key_is_caught():
     assert_not_yet(ex20.check_block_key(make_counter()), "a counter")
+
+
+def test_exercise2_the_reordered_stream_catches_keys_that_lose_the_order(toy):
+    """Block 2 of the third stream's second request holds block 2 of the first in another
+    order: a key of the sorted tokens (or their set) reuses it, and the logits are wrong."""
+    stream = ex20.stream_ids(ex20.REORDERED_EXAMPLES)
+    assert sorted(stream[0][4:8]) == sorted(stream[1][4:8]) and stream[0][4:8] != stream[1][4:8]
+    assert set(stream[2][4:8]) == set(stream[3][4:8])
+    assert sorted(stream[2][4:8]) != sorted(stream[3][4:8])
+    results = ex20.serve_with_block_key(lambda parent, t: (parent, tuple(sorted(t))), stream,
+                                        toy)
+    error = np.abs(results[1][1] - kvlib.forward(toy, stream[1])[-1]).max()
+    assert results[1][0] == 8 and error > 0.1
+    for (_, logits), ids in zip(ex20.serve_with_block_key(ex20.right_block_key, stream, toy),
+                                stream):
+        np.testing.assert_allclose(logits, kvlib.forward(toy, ids)[-1], atol=TOLERANCE)
 
 
 def test_exercise2_wrong_logits_are_shown_in_the_message():
@@ -797,9 +819,12 @@ def test_exercise3_scenario_is_what_the_notebook_says():
     ({2, 6, 9, 1}, "a set has no order"),
     ("2 6 9 1", "tuple of 4 whole numbers"),
     ([2, 6, 9, 1.25], "close (0.25 from the answer)"),
-    ([2, 6, 9, 10**40], "more than 30 digits"),
+    ([2, 6, 9, 10**40], "41 digits: far too large"),
+    ([2, 6, 9, 10**5000], "about 5,001 digits: far too large"),
+    ([2, 6, 9, np.float64(1.5)], "1.5"),
     (..., "not filled in"),
-])
+    (None, "4 whole numbers, such as (2, 3, 4, 5)"),
+], ids=case_id)
 def test_exercise3_wrong_answers_get_their_diagnosis(answer, words):
     assert_not_yet(ex20.check_eviction_order(answer), words)
 
@@ -836,7 +861,7 @@ CHECKERS = [ex20.check_reusable_tokens, ex20.check_block_key, ex20.check_evictio
 
 
 @pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers((4,)))
+@pytest.mark.parametrize("label, answer", odd_answers((4,)), ids=case_id)
 def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
     feedback = assert_answers_in_words(checker, answer)
     assert not feedback.passed, label

@@ -20,6 +20,7 @@ from checker_cases import (  # noqa: E402
     assert_answers_in_words,
     assert_correct,
     assert_not_yet,
+    case_id,
     odd_answers,
     student_answers,
 )
@@ -718,7 +719,9 @@ def test_mask_checker_explains_answers_of_the_wrong_form(answer, words):
 def test_mask_checker_points_at_a_wrong_cell():
     answer = MASKS["right"].copy()
     answer[1, 4, 0] = False
-    assert_not_yet(ex21.check_padded_mask(answer), "prompt 1, query 4, key 0")
+    feedback = ex21.check_padded_mask(answer)
+    assert_not_yet(feedback, "look at prompt 1, query 4, key 0")
+    assert repr(feedback).startswith("Not yet: look at")          # the prefix once
 
 
 @pytest.mark.parametrize("answer", [
@@ -753,16 +756,19 @@ EXACT = 312 / 2.039
     (4 * EXACT, "float32 weights counted as multiply-adds"),
     (0.5, "below one sequence"),
     (100, "How many FLOPs per byte"), (200, "How many FLOPs per byte"),
-    ("153", "one number"), ([153, 154], "one number"), (True, "one number"),
-    (float("nan"), "one number"), (10**400, "one number"),
-])
+    (154.4, "a batch size is a whole number"), (153.5, "a batch size is a whole number"),
+    (152.6, "whole number"), (153.2, "whole number"), (152.99, "whole number"),
+    ("153", "not text: write 153 without quotes"), ([153, 154], "one number"),
+    (True, "True (a bool)"), (float("nan"), "a finite number"), (10**400, "401 digits"),
+    (10**5000, "about 5,001 digits"),
+], ids=case_id)
 def test_batch_checker_diagnoses_each_mistake(answer, words):
     assert_not_yet(ex21.check_compute_bound_batch(answer), words)
 
 
 @pytest.mark.parametrize("answer", [
-    153, 154, 153.0, round(EXACT, 1), round(EXACT, 2), EXACT, np.float32(EXACT),
-    np.int64(154), np.array(153.0), np.array([153]), [154], (153.0,),
+    153, 154, 153.0, round(EXACT, 1), round(EXACT, 2), round(EXACT, 3), 153.01, EXACT,
+    np.float32(EXACT), np.int64(154), np.array(153.0), np.array([153]), [154], (153.0,),
     ex21.weights_bound_batch_size(312e12, 2.039e12),
 ])
 def test_batch_checker_accepts_the_answer_in_every_form(answer):
@@ -803,7 +809,11 @@ def test_the_situation_is_kvlibs_scheduler():
     ([4.5], "whole numbers"),
     ([True, 5], "not True/False"),
     (np.zeros((2, 2)), "flat list"),
-])
+    ([[4], [5]], "flat list"),
+    ([10**5000], "about 5,001 digits"),
+    ([4, "5"], "not text"),
+    (np.where(np.array([0, 1, 1]) > 0), "flat list"),
+], ids=case_id)
 def test_admission_checker_diagnoses_each_mistake(answer, words):
     assert_not_yet(ex21.check_admitted(answer), words)
 
@@ -860,7 +870,7 @@ CHECKERS = [ex21.check_padded_mask, ex21.check_compute_bound_batch, ex21.check_a
 
 
 @pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers((3, 5, 5)))
+@pytest.mark.parametrize("label, answer", odd_answers((3, 5, 5)), ids=case_id)
 def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
     feedback = assert_answers_in_words(checker, answer)
     assert isinstance(feedback, Feedback)

@@ -23,6 +23,7 @@ from checker_cases import (  # noqa: E402
     assert_answers_in_words,
     assert_correct,
     assert_not_yet,
+    case_id,
     odd_answers,
     student_answers,
 )
@@ -658,11 +659,13 @@ def test_the_exercise_rows_and_kvlibs_float16_scale_give_the_same_codes():
     (np.append(CODES, 0), "8 codes"),
     (CODES + 0.4, "whole numbers"),
     (np.where(np.arange(8) == 3, 18, CODES), "the code of number 3 (0.333) is 18"),
+    (np.array([10**5000] * 8, dtype=object), "too large for a float"),
+    (10**5000, "got one number"),
     (np.full(8, np.nan), "NaN or infinite"),
     (CODES > 0, "True/False"),
     ("25, -127", "numeric"),
     (..., "not filled in"),
-])
+], ids=case_id)
 def test_codes_checker_names_each_mistake(answer, phrase):
     if phrase == "numeric":
         feedback = ex22.check_codes(answer)
@@ -692,9 +695,14 @@ def test_codes_checker_passes_valid_forms(answer):
     (NEXT_CODES * SCALE, "numbers read back"),
     (NEXT_RATIO, "not yet rounded"),
     (np.where(np.arange(8) == 0, 16, NEXT_CODES), "clipped to -127 .. 127."),
-])
+], ids=case_id)
 def test_fixed_scale_checker_names_each_mistake(answer, phrase):
     assert_not_yet(ex22.check_codes_with_fixed_scale(answer), phrase)
+
+
+def test_a_code_off_elsewhere_is_named_with_the_prefix_once():
+    feedback = ex22.check_codes_with_fixed_scale(np.where(np.arange(8) == 0, 16, NEXT_CODES))
+    assert repr(feedback).startswith("Not yet: the code of number 0 (0.3) is 16")
 
 
 @pytest.mark.parametrize("answer", [NEXT_CODES, NEXT_CODES.tolist(), NEXT_CODES.astype(np.int8),
@@ -719,13 +727,16 @@ def test_fixed_scale_checker_passes_valid_forms(answer):
     (34.0625, "KiB"),
     (35_328, "one scale per head"),
     (34_881, "Per layer"),
-    ("34880", "one number of bytes"),
-    (np.array(["34880"]), "one number of bytes"),
-    (True, "one number of bytes"),
+    (34_880.4, "close (0.4 from the answer)"),
+    ("34880", "not text: write 34880 without quotes"),
+    (np.array(["34880"]), "not text: write 34880 without quotes"),
+    (True, "True (a bool)"),
+    ([34_880, 2], "several numbers"),
     (float("nan"), "finite"),
     (10**400, "finite"),
+    (10**5000, "about 5,001 digits"),
     (None, "not filled in"),
-])
+], ids=case_id)
 def test_bytes_per_token_checker_names_each_mistake(answer, phrase):
     assert_not_yet(ex22.check_bytes_per_token(answer), phrase)
 

@@ -22,6 +22,7 @@ from checker_cases import (  # noqa: E402
     assert_answers_in_words,
     assert_correct,
     assert_not_yet,
+    case_id,
     odd_answers,
     student_answers,
 )
@@ -627,16 +628,19 @@ def test_draw_round_refuses_what_is_not_a_step():
     (2.5, "endless k"), (4, "the most a round can add"), (1.176, "accepted proposals alone"),
     (0.216, "all 3 proposals are accepted"), (0.1296, "alpha^4"), (2.3056, "k = 4"),
     (1.96 - 0.0001, "one term short"), (2.0, "not 2"), ("2.176", "without quotes"),
-    (True, "expected a number"), (float("nan"), "finite"), (10**400, "finite"),
-    ([2.176, 1], "expected a number"),
-])
+    (2.2, "rounded too far to tell: give the number to 2 decimals"),
+    (2.19, "close (0.64% above the exact value)"), (2.16, "close"),
+    (True, "True (a bool)"), (float("nan"), "finite"), (10**400, "finite"),
+    (10**5000, "about 5,001 digits"), ([2.176, 1], "several numbers"),
+], ids=case_id)
 def test_tokens_per_pass_checker_wrong_answers(answer, words):
     assert_not_yet(ex23.check_tokens_per_pass(answer), words)
 
 
 @pytest.mark.parametrize("answer", [2.176, 2.1760000001, 2.1756, 2.1764, np.float64(2.176),
                                     np.float32(2.176), np.array(2.176), [2.176],
-                                    np.array([2.176]), 272 / 125, 1 + 0.6 + 0.36 + 0.216])
+                                    np.array([2.176]), 272 / 125, 1 + 0.6 + 0.36 + 0.216,
+                                    2.18, 2.17, np.float64(2.18)])   # 2 decimals, as printed
 def test_tokens_per_pass_checker_valid_forms(answer):
     assert_correct(ex23.check_tokens_per_pass(answer))
 
@@ -652,6 +656,10 @@ P3, Q3 = np.array(ex23.EXERCISE3_P), np.array(ex23.EXERCISE3_Q)
     ([0, 0.6, 0, 0], "chances of rejection"), ([1, 0, 1, 1], "as if greedy"),
     ([1, 0.5, 1, 1], "look at token 1"), (0.7, "4 numbers"), ([1, 0.4, 1], "shape"),
     ([[1, 0.4], [1, 1]], "shape"), (np.full(4, np.nan), "NaN"), ("1, 0.4, 1, 1", "array"),
+    ([100, 40, 100, 100], "look like percentages"), ([100, 40, 100, 100], "they are right"),
+    (np.array([100.0, 40.0, 100.0, 100.0]), "Divided by 100, they are right"),
+    ([30, 50, 10, 10], "percentages"), ([30, 50, 10, 10], "the draft's distribution"),
+    ([100, 50, 100, 100], "percentages"),
 ])
 def test_acceptance_checker_wrong_answers(answer, words):
     assert_not_yet(ex23.check_acceptance_probabilities(answer), words)
@@ -730,16 +738,39 @@ def test_round_checker_accepts_the_solution_and_kvlibs_decoder():
         decoder = sp.SpeculativeDecoder(target, draft, [0], k)
         decoder.sequence = sequence
         decoder.target_cache, decoder.draft_cache = target_cache, draft_cache
-        decoder.step()
+        return decoder.step().kept          # a tuple
 
     assert_correct(ex23.check_speculative_round(with_kvlib))
+    assert_correct(ex23.check_speculative_round(round_variant(
+        "    return kept\n", "    return np.array(kept)\n")))
+
+
+@pytest.mark.parametrize("new, words", [
+    ("    return None\n", "returned None"),
+    ("", "returned None"),                                           # no return at all
+    ("    return 'junk'\n", "returned text, 'junk'"),
+    ("    return [t + 1e-3 for t in kept]\n", "token ids are whole numbers"),
+    ("    return [float('nan')] * len(kept)\n", "token ids are whole numbers"),
+    ("    return sequence\n", "It should return the tokens it kept"),
+    ("    return proposals\n", "It should return the tokens it kept"),
+    ("    return kept[:-1]\n", "It should return the tokens it kept"),
+    ("    return kept + [0]\n", "It should return the tokens it kept"),
+    ("    return len(kept)\n", "returned "),
+], ids=["None", "no return", "junk", "+1e-3", "NaN", "sequence", "proposals",
+        "without the target's token", "one too many", "a count"])
+def test_round_checker_reads_what_the_round_returns(new, words):
+    """The round returns the tokens it kept (the broken round's comment says so): whatever
+    else it returns is refused, once the tokens and the caches are right."""
+    feedback = ex23.check_speculative_round(round_variant("    return kept\n", new))
+    assert_not_yet(feedback, "added the right tokens to sequence, but returned")
+    assert_not_yet(feedback, words)
 
 
 CHECKERS = (ex23.check_tokens_per_pass, ex23.check_acceptance_probabilities,
             ex23.check_speculative_round)
 
 
-@pytest.mark.parametrize("label, answer", odd_answers((4,)))
+@pytest.mark.parametrize("label, answer", odd_answers((4,)), ids=case_id)
 def test_every_checker_answers_odd_input_in_words(label, answer):
     for check in CHECKERS:
         feedback = assert_answers_in_words(check, answer)

@@ -21,6 +21,7 @@ from checker_cases import (  # noqa: E402
     assert_answers_in_words,
     assert_correct,
     assert_not_yet,
+    case_id,
     odd_answers,
     student_answers,
 )
@@ -316,7 +317,7 @@ def test_an_untouched_answer_is_not_filled_in(check):
 @pytest.mark.parametrize("check, label, answer",
                          [(check, label, answer) for check, shape in CHECKERS.items()
                           for label, answer in odd_answers(shape)],
-                         ids=lambda value: value.__name__ if callable(value) else None)
+                         ids=case_id)
 def test_every_checker_answers_odd_input_in_words(check, label, answer):
     feedback = assert_answers_in_words(check, answer)
     assert not feedback.passed, label
@@ -345,7 +346,7 @@ def test_every_checker_answers_anything_in_words(check, answer):
     ("(7, 12)", "tuple of 2 whole numbers"),
     (7, "tuple of 2 whole numbers"),
     ((6.9, 12), "close (0.1 from the answer)"),
-    ((10.9, 12.0), "10.9 is 0.1 from the nearest one, 11"),
+    ((10.9, 12.0), "10.9 is not a whole number: it is 0.1 from the nearest one, 11"),
     ((True, 12), "a bool"),
     ((float("nan"), 12), "got nan"),
     (np.zeros((7, 12)), "not the logits"),
@@ -418,7 +419,7 @@ SENTENCE_IDS = [0, 5, 2, 4, 8]
     (np.zeros((5, 3)), "shape (5, 4)"),
     (TABLE[SENTENCE_IDS].tolist()[:4], "your list read as a numpy array"),
     ([[1.0, 2.0], [3.0]], "different lengths"),
-    ("table[ids]", "got str"),
+    ("table[ids]", "got text"),
     (np.full((5, 4), "x"), "should hold numbers"),
 ])
 def test_sentence_embedding_wrong_answers(answer, words):
@@ -476,7 +477,7 @@ def test_one_hot_right_answers(answer):
     (50257 * 768 + 1024 * 768, "position table"), (124_439_808, "every weight of GPT-2"),
     (38_600_000, "close (2,624 off)"), (3.86e7, "close"), (38_597_376.5, "close (0.5 from"),
     (1000, "not vocab_size x d_model"), ("38597376", "not text"), (3.5, "whole number"),
-    (True, "a bool"), (10**400, "more than 30 digits"), (float("nan"), "got nan"),
+    (True, "a bool"), (10**400, "401 digits: far too large"), (float("nan"), "got nan"),
 ])
 def test_gpt2_table_size_wrong_answers(answer, words):
     assert_not_yet(lesson01.check_gpt2_table_size(answer), words)

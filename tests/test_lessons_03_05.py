@@ -22,6 +22,7 @@ from checker_cases import (  # noqa: E402
     assert_answers_in_words,
     assert_correct,
     assert_not_yet,
+    case_id,
     odd_answers,
     student_answers,
 )
@@ -487,7 +488,7 @@ def test_an_untouched_answer_is_not_filled_in(check):
 @pytest.mark.parametrize("check, label, answer",
                          [(check, label, answer) for check, shape in CHECKERS.items()
                           for label, answer in odd_answers(shape)],
-                         ids=lambda value: value.__name__ if callable(value) else None)
+                         ids=case_id)
 def test_every_checker_answers_odd_input_in_words(check, label, answer):
     feedback = assert_answers_in_words(check, answer)
     assert not feedback.passed, label
@@ -515,7 +516,7 @@ MASK7 = kvlib.causal_mask(7)
     (np.tril(np.ones((7, 7), bool), k=-1), "diagonal is missing"),
     (np.ones((7, 7), bool), "no masking at all"),
     (np.tril(np.ones((7, 7), bool), k=1), "look at row 0, column 1"),
-    ("np.tril", "got str"),
+    ("np.tril", "got text"),
     ([[True, False], [True]], "different lengths"),
 ])
 def test_mask_wrong_answers(answer, words):
@@ -570,7 +571,7 @@ def test_masked_weights_right_answers(answer):
 
 @pytest.mark.parametrize("answer, words", [
     ("2, 3, 4", "not text"),
-    ([2.5, 3], "2.5 is 0.5 from the nearest one"),
+    ([2.5, 3], "2.5 is not a whole number: it is 0.5 from the nearest one"),
     ([2, 3, 4, 5], "numbered 0 to 4"),
     ([-1], "numbered 0 to 4"),
     ([1, 2, 3, 4], "row(s) [1] come before position 2"),
@@ -691,7 +692,7 @@ def test_attention_output_right_answers(answer):
     ((10, 1536), "toy model's ratio"),
     ((5, 8), "toy model"),
     ((10, 3073), "not (10, 3073)"),
-    ((10.9, 3072.7), "10.9 is 0.1 from the nearest one, 11"),
+    ((10.9, 3072.7), "10.9 is not a whole number: it is 0.1 from the nearest one, 11"),
     ((10, 3072.4), "close (0.4 from the answer)"),
     ((10,), "2 numbers, got 1"),
     ("(10, 3072)", "tuple of 2 whole numbers"),

@@ -17,6 +17,7 @@ from pathlib import Path  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from checker_cases import case_id, in_words  # noqa: E402
 from checker_cases_06_11 import FUZZ, correct, not_yet, survives_the_fuzz  # noqa: E402
 
 import kvlib  # noqa: E402
@@ -547,14 +548,15 @@ RATIO_09_2 = (kvlib.generation_multiply_adds(GPT2, 128, 256, use_cache=False).to
     (1 / RATIO_09_2, "with / without"), (0.00744, "with / without"),
     (103.5, "32-token prompt"), (130, "close: 3.2% below"), (140, "close: 4.2% above"),
     (13.4, "not that"), (1342.6, "not that"), ("134", "a number (a ratio)"),
-    ([134.3], "several"), (10**400, "far too large"), (float("nan"), "got nan"),
+    ([134.3, 103.5], "several"), (10**400, "far too large"), (float("nan"), "got nan"),
 ])
 def test_09_flop_ratio_wrong_answers(answer, diagnosis):
     not_yet(exercises09.check_flop_ratio(answer), diagnosis)
 
 
 @pytest.mark.parametrize("answer", [RATIO_09_2, 134.3, 134.33, 134, np.float64(134.3),
-                                    np.array(134.3), np.float32(RATIO_09_2)])
+                                    np.array(134.3), np.float32(RATIO_09_2), [134.3],
+                                    np.array([134.3])])
 def test_09_flop_ratio_valid_forms(answer):
     correct(exercises09.check_flop_ratio(answer), "134.3")
 
@@ -666,13 +668,13 @@ def test_11_bytes_per_token_valid_forms(answer):
 
 @pytest.mark.parametrize("answer, diagnosis", [
     (1 / 12, "upside down"), (6, "factor 2"), (24, "factor 2"), (12.5, "close"),
-    (100, "not that"), ([12], "several"),
+    (100, "not that"), ([12, 64], "several"),
 ])
 def test_11_batch_wrong_answers(answer, diagnosis):
     not_yet(exercises11.check_batch_where_cache_equals_weights(answer), diagnosis)
 
 
-@pytest.mark.parametrize("answer", [12, 12.0, np.float64(12), np.int64(12)])
+@pytest.mark.parametrize("answer", [12, 12.0, np.float64(12), np.int64(12), [12], (12.0,)])
 def test_11_batch_valid_forms(answer):
     correct(exercises11.check_batch_where_cache_equals_weights(answer))
 
@@ -712,10 +714,11 @@ def test_every_checker_answers_the_fuzz_with_feedback(checker):
     not_yet(checker(...), "not filled in yet")
 
 
-@pytest.mark.parametrize("value", FUZZ)
+@pytest.mark.parametrize("value", FUZZ, ids=case_id)
 def test_the_forward_macs_checker_answers_fuzz_in_every_entry(value):
     feedback = exercises09.check_forward_macs(changed(mlp=value))
     assert not feedback.passed
+    in_words(feedback)
 
 
 # ------------------------------------------------------------------ solutions and notebooks

@@ -22,7 +22,10 @@ Parts:
 - outliers (notebook 22): each cached key and value channel's mean |x| after a prefill of the
   text, the largest channel over the median, per layer and K/V head;
 - kivi (notebook 22): the loss with quantized caches (kvlib.serving.quantized, teacher-forced
-  decode steps: 1024 steps a configuration, the slow part).
+  decode steps: 1024 steps a configuration, the slow part);
+- engine (notebook 24): the lesson's chat workload (kvlib.widgets.lesson24.workload) served by
+  the engine and its variants, counted in steps (no seconds: those go to
+  benchmarks/engine.py), with every variant's outputs checked equal.
 """
 
 from __future__ import annotations
@@ -170,8 +173,23 @@ def run_kivi(params, ids) -> dict:
     return {"plain_loss": quantized.next_token_loss(plain, ids), "rows": rows}
 
 
+def run_engine(params, ids) -> dict:
+    from kvlib.widgets import lesson24
+
+    requests = lesson24.workload(kvlib.smollm2_tokenizer())
+    rows = {}
+    for name, make in lesson24.variants(params).items():
+        result = lesson24.run_variant(make(), requests)
+        rows[name] = {key: result[key] for key in lesson24.STEP_COLUMNS}
+        rows[name]["outputs"] = result["outputs"]
+    outputs = [row.pop("outputs") for row in rows.values()]
+    if any(output != outputs[0] for output in outputs):
+        raise SystemExit("the variants' outputs differ: the engine is wrong somewhere")
+    return {"rows": rows, "outputs": outputs[0]}
+
+
 PARTS = {"pairing": run_pairing, "sinks": run_sinks, "windows": run_windows,
-         "outliers": run_outliers, "kivi": run_kivi}
+         "outliers": run_outliers, "kivi": run_kivi, "engine": run_engine}
 
 
 def main(argv: list[str]) -> None:
@@ -190,8 +208,12 @@ def main(argv: list[str]) -> None:
                  "command": "python tools/measure_smollm2.py [parts]"}
     for name in argv or list(PARTS):
         started = time.monotonic()
-        measured[name] = PARTS[name](params, ids)
+        result = PARTS[name](params, ids)
         print(f"{name}: {time.monotonic() - started:.0f} s", flush=True)
+        if path.is_file():          # read again: another run may have written a part since
+            measured = json.loads(path.read_text()) | {key: measured[key] for key in
+                                                       ("text", "ids", "command")}
+        measured[name] = result
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(measured, indent=1) + "\n")
 

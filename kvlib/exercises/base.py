@@ -1,20 +1,27 @@
 """Feedback for a student's answer, in words, and the rules every checker shares.
 
 A checker answers anything a student can type with a Feedback, never a traceback. The shared
-readers below turn an answer into what a checker compares (a whole number, a tuple of whole
-numbers, a numeric array) or into a Feedback that says what was expected, so that every
-lesson treats the same kind of answer in the same way:
+readers below turn an answer into what a checker compares (a number, a whole number, a tuple
+of whole numbers, an array, a letter) or into a Feedback that says what was expected, so that
+every lesson treats the same kind of answer in the same way:
 
+- numbers: Python and numpy ints and floats, also one number in a 0-d or one-element array,
+  list or tuple; text, bools, several numbers, nan, infinities and ints too large for a float
+  are refused in words (a number typed as text is echoed back without its quotes);
 - whole numbers (an id, a count, a shape): 7, np.int64(7) and 7.0 pass; 10.9 does not, and the
-  message says how far it is from a whole number; True, "7", nan and 1e400 are refused in words;
+  message says how far it is from a whole number;
 - arrays: a numpy array or a (nested) list of numbers; ragged lists, text and objects are
   refused in words.
+
+Messages show the student's values plainly (7, not np.int64(7); [1, 2], not array([1, 2])),
+and no message starts with "Not yet" or "Correct": Feedback's repr adds that.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from numbers import Integral, Real
@@ -62,18 +69,134 @@ def not_filled_in(name: str = "answer", example: str = "your code") -> Feedback:
     return Feedback(False, f"{name} is not filled in yet: replace the ... with {example}.")
 
 
-def not_an_array_answer(answer, name: str = "answer") -> Feedback | None:
-    """Feedback when an array answer is still `...` or holds no numbers; None otherwise."""
-    if is_missing(answer):
-        return not_filled_in(name)
-    if isinstance(answer, np.ndarray) and not _holds_numbers(answer):
-        return Feedback(False, f"{name} should hold numbers, got an array of {answer.dtype}.")
-    return None
+# Showing what the student typed ---------------------------------------------------------------
+
+def _digits(value: int) -> str:
+    """'401 digits': how long an int is, without str() of it (Python refuses to print an int
+    of more than 4,300 digits)."""
+    value = abs(int(value))
+    if value.bit_length() < 10_000:
+        return f"{len(str(value)):,} digits"
+    return f"about {int(math.log10(value)) + 1:,} digits"
+
+
+def _plain(answer, depth: int = 0) -> str:
+    """What the student typed, as plain text: numbers as numbers (np.int64(7) -> 7), arrays
+    as lists, huge ints by their length; no numpy reprs, no memory addresses."""
+    if isinstance(answer, (bool, np.bool_)):
+        return str(bool(answer))
+    if isinstance(answer, Integral):
+        value = int(answer)
+        return str(value) if value.bit_length() <= 200 else f"a number of {_digits(value)}"
+    if isinstance(answer, (str, np.str_)):
+        return repr(str(answer))
+    if isinstance(answer, (bytes, np.bytes_)):
+        return repr(bytes(answer))
+    if isinstance(answer, (complex, np.complexfloating)):
+        return str(complex(answer))
+    if isinstance(answer, Real):
+        try:
+            value = float(answer)
+        except (OverflowError, ValueError):
+            return f"a {type(answer).__name__}"
+        return str(answer) if isinstance(answer, np.generic) else repr(value)
+    if isinstance(answer, np.ndarray):
+        if answer.ndim == 0:
+            return _plain(answer[()], depth)
+        if answer.size <= 12 and answer.ndim <= 2 and depth < 3:
+            return _plain(answer.tolist(), depth)
+        return f"an array of shape {answer.shape}"
+    if isinstance(answer, (list, tuple)):
+        if depth >= 3:                  # deep enough to say what it is
+            return "[...]" if isinstance(answer, list) else "(...)"
+        items = ", ".join(_plain(item, depth + 1) for item in answer[:12])
+        items += ", ..." if len(answer) > 12 else ""
+        if isinstance(answer, list):
+            return f"[{items}]"
+        return f"({items},)" if len(answer) == 1 else f"({items})"
+    if callable(answer) and not isinstance(answer, type):
+        return getattr(answer, "__name__", type(answer).__name__)
+    try:
+        text = repr(answer)
+    except Exception:  # noqa: BLE001 - a repr may fail in any way (an int too long to print)
+        return f"a {type(answer).__name__}"
+    if re.search(r" at 0x[0-9a-fA-F]+", text):
+        return f"an instance of {type(answer).__name__}"
+    return text
+
+
+def shown(answer, limit: int = 60) -> str:
+    """What the student typed, short and plain, for a message: shown(np.int64(7)) is '7',
+    shown(np.array([1, 2])) '[1, 2]', shown(10**5000) 'a number of about 5,001 digits'."""
+    text = _plain(answer)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _array_kind(array: np.ndarray) -> str:
+    return {"b": "True/False values", "i": "whole numbers", "u": "whole numbers",
+            "f": "numbers", "c": "complex numbers", "U": "text", "S": "bytes",
+            "O": "objects"}.get(array.dtype.kind, "values that are not numbers")
+
+
+def described(answer) -> str:
+    """The kind of a student's answer and its value, in words: 'text, 'hello'', 'a list,
+    [1, 2]', 'True (a bool)', 'an array of shape (2, 3) (numbers)'."""
+    if answer is None or answer is ...:
+        return "nothing (None)" if answer is None else "... (not filled in)"
+    if isinstance(answer, (bool, np.bool_)):
+        return f"{bool(answer)} (a bool)"
+    if isinstance(answer, (str, np.str_, bytes, np.bytes_)):
+        return f"text, {shown(answer)}"
+    if isinstance(answer, (complex, np.complexfloating)):
+        return f"a complex number, {shown(answer)}"
+    if isinstance(answer, Real):
+        return shown(answer)
+    if isinstance(answer, np.ndarray):
+        if answer.ndim == 0:
+            return described(answer[()])
+        return f"an array of shape {answer.shape} ({_array_kind(answer)})"
+    for kind, name in ((list, "list"), (tuple, "tuple"), (dict, "dict"), (set, "set"),
+                       (frozenset, "frozenset"), (range, "range")):
+        if isinstance(answer, kind):
+            return f"an empty {name}" if not len(answer) else f"a {name}, {shown(answer)}"
+    if callable(answer) and not isinstance(answer, type):
+        return f"a function, {shown(answer)}"
+    text = shown(answer)
+    return text if text.startswith("an instance of") else f"a {type(answer).__name__}, {text}"
+
+
+# Reading answers --------------------------------------------------------------------------------
+#
+# One family of readers for the whole series. Each turns anything a student can type into the
+# value a checker compares (a float, an int, a tuple of ints, an array, a letter) or into a
+# Feedback that says what was expected, so that every lesson treats the same kind of answer in
+# the same way. `what` names the quantity in the messages ("a number of bytes"), `name` the
+# variable the student fills in ("answer", "codes").
+
+LARGEST_WHOLE_NUMBER = 10**30
+"""No whole-number answer in the series is larger; beyond it a number is refused before any
+arithmetic or formatting (Python will not even print an int of more than 4,300 digits)."""
+
+
+def _one(answer):
+    """The single item of a 0-d or one-element array, list or tuple: [2.176] and
+    np.array([2.176]) read as 2.176. Anything else is returned as it is."""
+    for _ in range(4):                  # a list that holds itself must not loop forever
+        if isinstance(answer, np.ndarray) and answer.size == 1:
+            answer = answer.reshape(-1)[0]
+        elif isinstance(answer, (list, tuple)) and len(answer) == 1:
+            answer = answer[0]
+        else:
+            break
+    return answer
 
 
 def as_number(answer) -> float | None:
-    """A plain, finite number as a float; None for anything else (bools, arrays, strings,
-    nan, infinities, and integers too large for a float such as 10**400)."""
+    """A plain, finite number as a float (also one number in a one-element array, list or
+    tuple); None for anything else (bools, several numbers, strings, nan, infinities, and
+    integers too large for a float such as 10**400). For recognising a slip quietly;
+    read_number says what is wrong."""
+    answer = _one(answer)
     if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
         return None
     try:
@@ -83,105 +206,129 @@ def as_number(answer) -> float | None:
     return value if math.isfinite(value) else None
 
 
-LARGEST_WHOLE_NUMBER = 10**30
-"""No answer in the series is larger; beyond it a number is refused before any formatting
-(Python will not even print an int of more than 4,300 digits)."""
-
-
-def _shown(answer) -> str:
-    """A short repr of what the student typed, for a message (10**400 has 401 digits)."""
+def _text_feedback(text, what: str, name: str) -> Feedback:
+    """Text is refused; a number typed as text is echoed back without its quotes (the
+    student's own number: the message must not read as a hint)."""
     try:
-        text = repr(answer)
-    except ValueError:          # an int too long to print
-        return "a number with thousands of digits"
-    return text if len(text) <= 60 else text[:57] + "..."
+        plain = text.decode() if isinstance(text, bytes) else str(text)
+        float(plain.replace(",", "").replace("_", ""))
+    except (ValueError, UnicodeDecodeError):
+        return Feedback(False, f"{name} should be {what}, not text (got {shown(text)}).")
+    number = plain.strip()
+    number = number if len(number) <= 40 else number[:37] + "..."
+    return Feedback(False, f"{name} should be {what}, not text: write {number} without quotes "
+                    f"(got {shown(text, 40)}).")
 
 
-def whole_number(answer, name: str = "answer", expected: int | None = None) -> int | Feedback:
-    """The one rule for a whole-number answer (an id, a count, one number of a shape).
+def read_number(answer, what: str = "a number", name: str = "answer") -> float | Feedback:
+    """A number the student typed -> float; a Feedback for anything else.
 
-    Returns the number as an int, or a Feedback that says what is wrong. Passes: int, numpy
-    integers, and floats (or 0-d arrays) whose value is whole, 7.0 as well as 7. Refused in
-    words: bools, text, nan and infinities, other types, and numbers with a fractional part;
-    for those, the message says how far the value is from the nearest whole number, and
-    when `expected` is given and that nearest number is it, that the answer is close.
+    Accepts Python and numpy ints and floats, and one number in a 0-d or one-element array,
+    list or tuple. Refuses in words: text (a number typed as text is echoed back without its
+    quotes), bools, several numbers, other types, nan and infinities, and ints too large for
+    a float (10**400).
     """
     if is_missing(answer):
-        return not_filled_in(name, "a whole number")
-    if isinstance(answer, np.ndarray):
-        if answer.ndim == 0:
-            return whole_number(answer.item(), name, expected)
-        return Feedback(False, f"{name} should be one whole number, got an array of shape "
-                        f"{answer.shape}.")
+        return not_filled_in(name, what)
+    answer = _one(answer)
+    if isinstance(answer, (str, bytes, np.str_, np.bytes_)):
+        return _text_feedback(answer, what, name)
     if isinstance(answer, (bool, np.bool_)):
-        return Feedback(False, f"{name} should be a whole number, got {answer!r} (a bool).")
-    if isinstance(answer, str):
-        return Feedback(False, f"{name} should be the number itself, not text: write 7, not "
-                        f"'7' (got {_shown(answer)}).")
-    if isinstance(answer, Integral):
-        if abs(int(answer)) > LARGEST_WHOLE_NUMBER:
-            return Feedback(False, f"{name} is a number with more than 30 digits, far larger "
-                            "than anything counted here.")
-        return int(answer)
+        return Feedback(False, f"{name} should be {what}, got {described(answer)}.")
+    if isinstance(answer, (list, tuple, np.ndarray, set, frozenset, range, dict)):
+        several = "" if not len(answer) else "several numbers: "
+        return Feedback(False, f"{name} should be one number ({what}), got {several}"
+                        f"{described(answer)}.")
     if not isinstance(answer, Real):
-        return Feedback(False, f"{name} should be a whole number, got {type(answer).__name__} "
-                        f"{_shown(answer)}.")
+        return Feedback(False, f"{name} should be {what}, got {described(answer)}.")
     try:
         value = float(answer)
-    except (OverflowError, ValueError):
-        return Feedback(False, f"{name} should be a whole number, got {_shown(answer)}.")
+    except OverflowError:
+        return Feedback(False, f"{name} is a number of {_digits(answer)}: far too large for "
+                        f"{what}, and for a float. Give one finite number.")
+    except (TypeError, ValueError):
+        return Feedback(False, f"{name} should be {what}, got {described(answer)}.")
     if not math.isfinite(value):
-        return Feedback(False, f"{name} should be a whole number, got {value}.")
+        return Feedback(False, f"{name} should be a finite number ({what}), got "
+                        f"{shown(value)}.")
+    return value
+
+
+def _as_whole(what: str) -> str:
+    return what if "whole" in what else f"{what}, a whole number"
+
+
+def read_whole_number(answer, what: str = "a whole number", name: str = "answer",
+                      expected: int | None = None) -> int | Feedback:
+    """The one rule for a whole-number answer (an id, a count, a number of bytes) -> int; a
+    Feedback for anything else.
+
+    Python and numpy ints are taken as they are, up to LARGEST_WHOLE_NUMBER; a float (or a
+    0-d array) is accepted when its value is whole, 1920.0 or 1.92e3, since `/` gives floats.
+    Everything read_number refuses is refused the same way; a number with a fraction gets
+    how far it is from the nearest whole number, and when `expected` is given and that
+    nearest number is it, that the answer is close.
+    """
+    if is_missing(answer):
+        return not_filled_in(name, what)
+    answer = _one(answer)
+    if isinstance(answer, Integral) and not isinstance(answer, (bool, np.bool_)):
+        value = int(answer)
+        if abs(value) > LARGEST_WHOLE_NUMBER:
+            return Feedback(False, f"{name} is a number of {_digits(value)}: far too large "
+                            f"for {what}.")
+        return value
+    value = read_number(answer, _as_whole(what), name)
+    if isinstance(value, Feedback):
+        return value
     if value.is_integer():
-        return whole_number(int(value), name, expected)
+        return read_whole_number(int(value), what, name, expected)
     nearest = round(value)
     distance = abs(value - nearest)
     if expected is not None and nearest == expected:
-        return Feedback(False, f"{name} is {value:,.10g}: close ({distance:.3g} from the answer), "
-                        "but the answer is a whole number, with no fractional part.")
-    return Feedback(False, f"{name} should be a whole number, but {value:,.10g} is {distance:.3g} "
-                    f"from the nearest one, {nearest}.")
+        return Feedback(False, f"{name} is {value:,.15g}: close ({distance:.3g} from the "
+                        "answer), but the answer is a whole number, with no fractional part.")
+    return Feedback(False, f"{name} should be {_as_whole(what)}, and {value:,.15g} is not "
+                    f"a whole number: it is {distance:.3g} from the nearest one, {nearest:,}.")
 
 
-def whole_numbers(answer, count: int, name: str = "answer",
-                  expected: tuple[int, ...] | None = None) -> tuple[int, ...] | Feedback:
+def read_whole_numbers(answer, count: int, name: str = "answer",
+                       expected: tuple[int, ...] | None = None) -> tuple[int, ...] | Feedback:
     """A shape-like answer: `count` whole numbers in a tuple, a list or a 1-D array.
 
-    Each number follows whole_number's rule (so (7.0, 12.0) reads as (7, 12), and (10.9, 12)
-    is refused with how close it is). Returns the tuple of ints, or a Feedback.
+    Each number follows read_whole_number's rule (so (7.0, 12.0) reads as (7, 12), and
+    (10.9, 12) is refused with how close it is). Returns the tuple of ints, or a Feedback.
     """
+    example = tuple(range(2, 2 + count))
     if is_missing(answer):
-        return not_filled_in(name, "a tuple such as (2, 3)")
-    if isinstance(answer, np.ndarray) and answer.ndim == 1 and _holds_numbers(answer):
+        return not_filled_in(name, f"{count} whole numbers, such as {example}")
+    if isinstance(answer, np.ndarray) and answer.ndim == 1 and answer.dtype.kind in "biuf":
         answer = answer.tolist()
-    if isinstance(answer, (str, bytes)) or not isinstance(answer, (tuple, list)):
+    if not isinstance(answer, (tuple, list)):
         return Feedback(False, f"{name} should be a tuple of {count} whole numbers like "
-                        f"{tuple(range(2, 2 + count))}; got {_shown(answer)}.")
+                        f"{example}; got {described(answer)}.")
     if len(answer) != count:
         return Feedback(False, f"{name} should have {count} numbers, got {len(answer)}: "
-                        f"{_shown(answer)}.")
+                        f"{shown(answer)}.")
     numbers = []
     for position, item in enumerate(answer):
         target = None if expected is None else expected[position]
-        value = whole_number(item, f"number {position + 1} of {name}", target)
+        value = read_whole_number(item, "a whole number", f"number {position + 1} of {name}",
+                                  target)
         if isinstance(value, Feedback):
             return value
         numbers.append(value)
     return tuple(numbers)
 
 
-def _holds_numbers(array: np.ndarray) -> bool:
-    """True for arrays of bools, integers or real floats (no exercise has a complex answer)."""
-    return array.dtype.kind in "biuf"
-
-
-def numeric_array(answer, name: str = "answer", shape: tuple[int, ...] | None = None
-                  ) -> np.ndarray | Feedback:
+def read_array(answer, name: str = "answer", shape: tuple[int, ...] | None = None,
+               booleans: bool = False) -> np.ndarray | Feedback:
     """An array answer: a numpy array, or a (nested) list or tuple of numbers, as an array.
 
-    Refused with a Feedback: `...`, a single number, text, ragged lists (rows of different
-    lengths), and arrays of objects, strings or complex numbers (numbers too large for a
-    float, None, words).
+    Refused with a Feedback: `...`, a single number, text and other types, ragged lists
+    (rows of different lengths), and arrays of objects, text or complex numbers; arrays of
+    True/False too, unless `booleans` (a mask). An object array of plain numbers (ints too
+    large for int64) reads as floats. `shape`, when given, only words the messages.
     """
     if is_missing(answer):
         return not_filled_in(name)
@@ -191,27 +338,53 @@ def numeric_array(answer, name: str = "answer", shape: tuple[int, ...] | None = 
         try:
             array = np.asarray(answer)
         except (ValueError, TypeError, OverflowError):
-            return Feedback(False, f"{name} is a list whose rows have different lengths (or "
-                            "hold other lists): an array needs rows of equal length.")
+            return Feedback(False, f"{name} is a ragged list: its rows have different lengths "
+                            "(or hold other lists). An array needs rows of equal length.")
     else:
-        wanted = f" of shape {shape}" if shape is not None else ""
+        wanted = f" of shape {shape}" if shape is not None else " of numbers"
         forms = "a numpy array, a list or a tuple" if shape is not None and len(shape) == 1 \
             else "a numpy array or a list of rows"
-        kind = "a single number" if isinstance(answer, (Real, np.number)) else \
-            type(answer).__name__
+        kind = f"a single number, {shown(answer)}" if isinstance(answer, Real) and \
+            not isinstance(answer, (bool, np.bool_)) else described(answer)
         return Feedback(False, f"{name} should be an array{wanted} ({forms}), got {kind}.")
-    if not _holds_numbers(array):
-        if array.dtype == object and all(isinstance(item, Real) for item in array.flat):
-            try:
-                return np.asarray(array.tolist(), dtype=float).reshape(array.shape)
-            except (ValueError, TypeError, OverflowError):
-                pass
-        kind = {"O": "objects (None, words, or numbers too large for a float)",
-                "U": "text", "S": "bytes", "c": "complex numbers"}.get(array.dtype.kind,
-                                                                   str(array.dtype))
-        return Feedback(False, f"{name} should hold numbers, got an array of {kind}.")
-    return array
+    kind = array.dtype.kind
+    if kind in "iuf" or (kind == "b" and booleans):
+        return array
+    if kind == "O" and array.size and all(isinstance(item, Real) and
+                                          not isinstance(item, (bool, np.bool_))
+                                          for item in array.flat):
+        try:
+            return np.asarray(array.tolist(), dtype=float).reshape(array.shape)
+        except (ValueError, TypeError, OverflowError):
+            return Feedback(False, f"{name} holds numbers too large for a float: the answer's "
+                            "numbers are far smaller.")
+    if kind == "b":
+        return Feedback(False, f"{name} should hold numbers, got an array of True/False "
+                        "values.")
+    words = {"O": "objects (None, words or lists) instead of numbers"}.get(
+        kind, _array_kind(array))
+    return Feedback(False, f"{name} should hold numbers, got an array of {words}.")
 
+
+def read_choice(answer, choices, name: str = "answer") -> str | Feedback:
+    """One letter among `choices` ("b", "B", "b)", ["b"] all read as "b"); a Feedback for
+    anything else."""
+    listed = ", ".join(choices)
+    if is_missing(answer):
+        return not_filled_in(name, 'a letter, for example "a"')
+    answer = _one(answer)
+    letters = None
+    if isinstance(answer, (str, np.str_)):
+        letters = "".join(ch for ch in str(answer).strip().lower() if ch.isalpha())
+    if letters is None or len(letters) != 1:
+        return Feedback(False, f"{name} should be one letter among {listed}, as text "
+                        f"(\"b\"), got {described(answer)}.")
+    if letters not in choices:
+        return Feedback(False, f"there is no choice {letters!r}: pick one of {listed}.")
+    return letters
+
+
+# Comparing arrays ------------------------------------------------------------------------------
 
 def check_array(answer, expected: np.ndarray, name: str, hint: str = "",
                 atol: float = 1e-8) -> Feedback:
@@ -223,8 +396,8 @@ def check_array(answer, expected: np.ndarray, name: str, hint: str = "",
     if is_missing(answer):
         return not_filled_in(name)
     if not isinstance(answer, (np.ndarray, list, tuple)):
-        return Feedback(False, f"{name} should be a numpy array, got {type(answer).__name__}.")
-    array = numeric_array(answer, name, expected.shape)
+        return Feedback(False, f"{name} should be a numpy array, got {described(answer)}.")
+    array = read_array(answer, name, expected.shape, booleans=True)
     if isinstance(array, Feedback):
         return array
     suffix = f" {hint}" if hint else ""
@@ -245,7 +418,7 @@ def check_array(answer, expected: np.ndarray, name: str, hint: str = "",
 def same_array(answer, candidate: np.ndarray, atol: float = 1e-8) -> bool:
     """True when `answer` is an array of candidate's shape and values (for naming mistakes)."""
     return (isinstance(answer, np.ndarray) and answer.shape == candidate.shape
-            and _holds_numbers(answer) and bool(np.allclose(answer, candidate, atol=atol)))
+            and answer.dtype.kind in "biuf" and bool(np.allclose(answer, candidate, atol=atol)))
 
 
 @lru_cache(maxsize=1)
@@ -265,98 +438,11 @@ def show_solution(solutions: dict[int, str], number: int):
     return Markdown(f"**Solution to exercise {number}**\n\n```python\n{code}\n```")
 
 
-# ================================================================================================
-# Reading answers, for the checkers of lessons 06-11.
-#
-# Added by the review of lessons 06-11 as one separate block, so that it merges cleanly with the
-# shared rule for whole-number answers above it. Each reader turns anything a student can type
-# into the value a checker compares, or into a Feedback that says what was expected: a checker
-# never lets a traceback escape.
-# ================================================================================================
+# Rounded answers -------------------------------------------------------------------------------
 
 MIN_SIGNIFICANT_DIGITS = 3
 """A rounded answer is accepted from this many significant digits on: the notebooks print
 ratios, times and rates at 3 or 4 (134.3, 0.0107 s)."""
-
-
-def read_number(answer, what: str = "a number") -> float | Feedback:
-    """A number the student typed -> float; a Feedback for anything else.
-
-    Accepts Python and numpy ints and floats and 0-d arrays. Refuses bools, strings, arrays
-    of several numbers, nan and infinities, and ints too large for a float (10**400), each
-    with the reason.
-    """
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with "
-                        f"{what}.")
-    if isinstance(answer, np.ndarray) and answer.ndim == 0:
-        answer = answer[()]
-    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
-        if isinstance(answer, (list, tuple, np.ndarray)):
-            return Feedback(False, f"expected one number ({what}), got several "
-                            f"({type(answer).__name__}).")
-        return Feedback(False, f"expected {what}, got {type(answer).__name__} "
-                        f"{_shown(answer)}.")
-    try:
-        value = float(answer)
-    except OverflowError:
-        return Feedback(False, f"that number has {len(str(abs(int(answer))))} digits: far too "
-                        f"large for {what}.")
-    if not np.isfinite(value):
-        return Feedback(False, f"expected {what}, got {value}.")
-    return value
-
-
-def read_whole_number(answer, what: str = "a whole number") -> int | Feedback:
-    """A count (bytes, tokens, a batch) -> int; a Feedback for anything else.
-
-    Python ints of any size and numpy ints are taken as they are; a float is accepted when it
-    holds a whole number (1920.0, or 1.92e3), since `/` gives floats. A float with a fraction
-    gets a Feedback that says so (a count is whole).
-    """
-    if isinstance(answer, (int, np.integer)) and not isinstance(answer, (bool, np.bool_)):
-        if abs(int(answer)) >= 2**63:
-            return Feedback(False, f"that number has {len(str(abs(int(answer))))} digits: far "
-                            f"too large for {what}.")
-        return int(answer)
-    value = read_number(answer, what)
-    if isinstance(value, Feedback):
-        return value
-    if not value.is_integer():
-        return Feedback(False, f"{value:g} is not a whole number: {what} is a count. Use // "
-                        "to divide without a fraction, or round where the question says so.")
-    if abs(value) >= 2**63:
-        return Feedback(False, f"{value:g} is far too large for {what}.")
-    return int(value)
-
-
-def read_array(answer, name: str = "answer") -> np.ndarray | Feedback:
-    """An array answer -> numpy array of numbers; lists, tuples and arrays are all accepted.
-
-    A Feedback for what holds no numbers: `...`, None, a string, a ragged nested list (rows of
-    different lengths), an object array of non-numbers, booleans, complex numbers.
-    """
-    if is_missing(answer):
-        return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
-    if isinstance(answer, (str, bytes, dict, set)) or callable(answer):
-        return Feedback(False, f"{name} should be an array of numbers, got "
-                        f"{type(answer).__name__} {_shown(answer)}.")
-    try:
-        array = np.asarray(answer)
-    except (ValueError, TypeError):
-        return Feedback(False, f"{name} is a ragged list: its rows have different lengths. "
-                        "Every row needs the same number of entries.")
-    if array.dtype == object:
-        try:
-            array = array.astype(np.float64)
-        except (TypeError, ValueError, OverflowError):
-            return Feedback(False, f"{name} should hold numbers, but some entries are not "
-                            "numbers (an array of Python objects).")
-    if array.dtype == bool or not np.issubdtype(array.dtype, np.number) \
-            or np.issubdtype(array.dtype, np.complexfloating):
-        return Feedback(False, f"{name} should hold real numbers, got an array of "
-                        f"{array.dtype}.")
-    return array
 
 
 def significant_digits(value: float) -> int:
@@ -391,7 +477,8 @@ def agrees_at_its_precision(value: float, expected: float,
 
 def how_close(value: float, expected: float) -> str | None:
     """'within 0.3%' style words when value is within 10% of expected, else None."""
-    if expected == 0 or not np.isfinite(value):
+    value = as_number(value)
+    if expected == 0 or value is None:
         return None
     off = abs(value - expected) / abs(expected)
     if off >= 0.1:

@@ -11,9 +11,9 @@ from .base import (
     as_number,
     checker,
     is_missing,
+    read_whole_number,
+    read_whole_numbers,
     show_solution,
-    whole_number,
-    whole_numbers,
 )
 
 EXERCISE_1_PROMPT = "I am fine and you?"
@@ -35,7 +35,7 @@ def check_logits_shape(answer) -> Feedback:
     params = kvlib.init_params()
     ids = kvlib.ToyTokenizer().encode(EXERCISE_1_PROMPT)
     expected = kvlib.forward(params, ids).shape
-    shape = whole_numbers(answer, 2, "the shape", expected)
+    shape = read_whole_numbers(answer, 2, "the shape", expected)
     if isinstance(shape, Feedback):
         return shape
     T, V = expected
@@ -103,7 +103,7 @@ def check_next_token(answer) -> Feedback:
     if value is not None and np.isclose(value, logits[-1].max()) and value != expected:
         return Feedback(False, f"{value:g} is the largest logit itself; the token is the "
                                "column it sits in: np.argmax gives that index.")
-    answer = whole_number(answer, "the token id", expected)
+    answer = read_whole_number(answer, name="the token id", expected=expected)
     if isinstance(answer, Feedback):
         return answer
     if answer == expected:

@@ -11,10 +11,10 @@ from .base import (
     check_array,
     checker,
     is_missing,
-    numeric_array,
+    read_array,
+    read_whole_number,
     same_array,
     show_solution,
-    whole_number,
 )
 
 EXERCISE_1_SENTENCE = "I am fine."
@@ -46,7 +46,7 @@ def check_sentence_embedding(answer) -> Feedback:
     ids = _ids(EXERCISE_1_SENTENCE)
     expected = table[ids]
     name = "answer"
-    array = numeric_array(answer, name, expected.shape)
+    array = read_array(answer, name, expected.shape, booleans=True)
     if isinstance(array, Feedback):
         return array
     if same_array(array, table[ids[1:]]):
@@ -89,7 +89,7 @@ def check_one_hot(answer) -> Feedback:
     ids = _ids(EXERCISE_2_SENTENCE)
     V = len(kvlib.TOY_VOCABULARY)
     expected = _one_hot(ids)
-    array = numeric_array(answer, "answer", expected.shape)
+    array = read_array(answer, "answer", expected.shape, booleans=True)
     if isinstance(array, Feedback):
         return array
     article_ids = _ids(kvlib.ARTICLE_PROMPT)
@@ -141,7 +141,7 @@ def check_gpt2_table_size(answer) -> Feedback:
     expected = V * d
     if is_missing(answer):
         return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    answer = whole_number(answer, "answer", expected)
+    answer = read_whole_number(answer, expected=expected)
     if isinstance(answer, Feedback):
         return answer
     if answer == expected:

@@ -14,9 +14,9 @@ from .base import (
     check_array,
     checker,
     is_missing,
-    numeric_array,
+    read_array,
+    read_whole_number,
     show_solution,
-    whole_number,
 )
 
 EXERCISE_3_PROMPT = "I am fine and you?"
@@ -124,7 +124,7 @@ def check_head1_scores(answer) -> Feedback:
     """Exercise 1: head 1's raw scores Q_h K_h^T (5, 5), not yet scaled."""
     Q, K, _, config = _layer0()
     expected = _head(Q, 1, config) @ _head(K, 1, config).T
-    array = numeric_array(answer, "answer", expected.shape)
+    array = read_array(answer, "answer", expected.shape, booleans=True)
     if isinstance(array, Feedback):
         return array
     for feedback in (_scores_shape_feedback(array, config), _scores_feedback(array, False)):
@@ -141,7 +141,7 @@ def check_head1_scaled_scores(answer) -> Feedback:
     Dividing by 1.41 or 1.414, the value the notebook prints, passes too."""
     Q, K, _, config = _layer0()
     expected = kvlib.attention_scores(_head(Q, 1, config), _head(K, 1, config))
-    array = numeric_array(answer, "answer", expected.shape)
+    array = read_array(answer, "answer", expected.shape, booleans=True)
     if isinstance(array, Feedback):
         return array
     for feedback in (_scores_shape_feedback(array, config), _scores_feedback(array, True)):
@@ -170,7 +170,7 @@ def check_strongest_key(answer) -> Feedback:
     if isinstance(answer, np.ndarray) and answer.ndim > 0:
         return Feedback(False, f"give one position, got an array of shape {answer.shape}: "
                                f"take the argmax of row {query} only.")
-    answer = whole_number(answer, "the position", expected)
+    answer = read_whole_number(answer, name="the position", expected=expected)
     if isinstance(answer, Feedback):
         return answer
     if not 0 <= answer < len(row):

@@ -14,10 +14,10 @@ from .base import (
     check_array,
     checker,
     is_missing,
-    numeric_array,
+    read_array,
+    read_whole_number,
     same_array,
     show_solution,
-    whole_number,
 )
 
 EXERCISE_PROMPT = "I am fine and you?"
@@ -91,7 +91,7 @@ def check_mask(answer) -> Feedback:
     name = "The mask"
     if is_missing(answer):
         return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
-    array = numeric_array(answer, name, expected.shape)
+    array = read_array(answer, name, expected.shape, booleans=True)
     if isinstance(array, Feedback):
         return array
     article = len(_article()[1])
@@ -140,7 +140,7 @@ def check_masked_weights(answer) -> Feedback:
     name = "The weight matrix"
     if is_missing(answer):
         return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
-    array = numeric_array(answer, name, expected.shape)
+    array = read_array(answer, name, expected.shape, booleans=True)
     if isinstance(array, Feedback):
         return array
     article = len(_article()[1])
@@ -212,7 +212,7 @@ def _row_numbers(answer, n_rows: int) -> list[int] | Feedback:
         answer = [answer]                       # a single row number
     rows = []
     for value in answer:
-        row = whole_number(value, "each row number")
+        row = read_whole_number(value, name="each row number")
         if isinstance(row, Feedback):
             return Feedback(False, "give a list of row numbers (whole numbers), for example "
                             f"[0, 1]. {row.message[0].upper()}{row.message[1:]}")

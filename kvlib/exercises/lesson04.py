@@ -10,7 +10,7 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, check_array, checker, numeric_array, same_array, show_solution
+from .base import Feedback, check_array, checker, read_array, same_array, show_solution
 
 WIDE_D_MODEL = 12
 WIDE_HEADS = 3
@@ -83,7 +83,7 @@ def check_head_slice(answer) -> Feedback:
     h = WIDE_HEAD
     expected = Q[:, h * dh:(h + 1) * dh]
     name = f"Head {h}'s slice"
-    array = numeric_array(answer, name, expected.shape)
+    array = read_array(answer, name, expected.shape, booleans=True)
     if isinstance(array, Feedback):
         return array
     if array.shape[1:] == (WIDE_D_MODEL,) and array.shape[0] < Q.shape[0]:
@@ -119,7 +119,7 @@ def check_three_heads(answer) -> Feedback:
     M = np.arange(30).reshape(5, 6)
     expected = kvlib.split_heads(M, 3)
     name = "The split into three heads"
-    array = numeric_array(answer, name, expected.shape)
+    array = read_array(answer, name, expected.shape, booleans=True)
     if isinstance(array, Feedback):
         return array
     if same_array(array, M.reshape(3, 5, 2)):
@@ -151,7 +151,7 @@ def check_attention_output(answer) -> Feedback:
     concatenated = kvlib.merge_heads(heads)
     expected = concatenated @ Wo
     name = "The attention output"
-    array = numeric_array(answer, name, expected.shape)
+    array = read_array(answer, name, expected.shape, booleans=True)
     if isinstance(array, Feedback):
         return array
     article = len(kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT))

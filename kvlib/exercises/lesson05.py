@@ -15,10 +15,10 @@ from .base import (
     check_array,
     checker,
     is_missing,
-    numeric_array,
+    read_array,
+    read_whole_numbers,
     same_array,
     show_solution,
-    whole_numbers,
 )
 
 GPT2_PROMPT_TOKENS = 10
@@ -67,7 +67,7 @@ def check_hidden_shape(answer) -> Feedback:
     if is_missing(answer):
         return Feedback(False, "The shape is not filled in yet: replace the ... with a tuple "
                         "like (rows, columns).")
-    shape = whole_numbers(answer, 2, "the shape", expected)
+    shape = read_whole_numbers(answer, 2, "the shape", expected)
     if isinstance(shape, Feedback):
         return shape
     messages = {
@@ -118,7 +118,7 @@ def check_second_block(answer) -> Feedback:
     params, X1, mask = _exercise_stream()
     layer, n_heads = params.layers[1], params.config.n_heads
     expected = kvlib.decoder_block(X1, layer, n_heads, mask=mask)
-    array = numeric_array(answer, "X2", expected.shape)
+    array = read_array(answer, "X2", expected.shape, booleans=True)
     if isinstance(array, Feedback):
         return array
     article = len(kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT))
@@ -163,7 +163,7 @@ def check_gelu_values(answer) -> Feedback:
     if is_missing(answer):
         return Feedback(False, "The three values are not filled in yet: replace the ... with "
                         "(gelu(6), gelu(-6), gelu(-0.3)).")
-    values = numeric_array(answer, "answer", (3,))
+    values = read_array(answer, "answer", (3,), booleans=True)
     if isinstance(values, Feedback):
         return Feedback(False, f"give three numbers, (gelu(6), gelu(-6), gelu(-0.3)); "
                         f"{values.message}")

@@ -13,7 +13,15 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, article_example, checker, read_array, read_number, show_solution
+from .base import (
+    Feedback,
+    article_example,
+    as_number,
+    checker,
+    read_array,
+    read_number,
+    show_solution,
+)
 
 EXERCISE1_PROMPT = "you are good and I am"
 TARGET_TOKEN = 5            # "I", the greedy choice after "How are you?"
@@ -37,6 +45,8 @@ def _article_last_row() -> np.ndarray:
 def check_predictions_per_position(answer) -> Feedback:
     """Exercise 1: the greedy guess of every row of the logits of "you are good and I am",
     ids (7,)."""
+    if as_number(answer) is not None:
+        answer = np.asarray(answer)             # one id: diagnosed below, with the 0-d array
     answer = read_array(answer)
     if isinstance(answer, Feedback):
         return answer

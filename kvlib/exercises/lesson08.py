@@ -19,6 +19,7 @@ from .base import (
     is_missing,
     read_array,
     show_solution,
+    shown,
 )
 
 EXERCISE1_CACHED = "How are you? I"   # in the cache before the step: 6 positions
@@ -351,7 +352,7 @@ def _token_list(got):
     """The student's tokens as a list of ints, or Feedback."""
     array = read_array(got, "what your function returns")
     if isinstance(array, Feedback) or array.ndim != 1 or not np.all(np.mod(array, 1) == 0):
-        return Feedback(False, f"expected a list of token ids, got {got!r}"[:200] + ".")
+        return Feedback(False, f"expected a list of token ids, got {shown(got, 150)}.")
     return [int(token) for token in array]
 
 

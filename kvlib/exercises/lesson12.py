@@ -19,6 +19,7 @@ import kvlib
 from .base import (
     Feedback,
     checker,
+    described,
     is_missing,
     read_array,
     read_whole_number,
@@ -78,7 +79,7 @@ def _logits_of(result, expected_shape) -> np.ndarray | str:
     array = read_array(result, "logits")
     if isinstance(array, Feedback):
         return f"expected logits, an array of numbers of shape {expected_shape}, got " \
-               f"{type(result).__name__}"
+               f"{described(result)}"
     if array.shape != expected_shape:
         hint = " (one row of logits per call: the new token's)" if array.ndim == 2 else ""
         return f"expected logits of shape {expected_shape}, got {array.shape}{hint}"
@@ -112,7 +113,7 @@ def check_decode_position(decode_step_fixed) -> Feedback:
                         "answer = decode_step_fixed (without calling it).")
     if not callable(decode_step_fixed):
         return Feedback(False, f"answer should be a function like decode_step_broken, not "
-                        f"{type(decode_step_fixed).__name__}: write answer = decode_step_fixed.")
+                        f"{described(decode_step_fixed)}: write answer = decode_step_fixed.")
     params = gpt2_toy()
     tokenizer = kvlib.ToyTokenizer()
     vocab = params.config.vocab_size
@@ -199,6 +200,10 @@ def _xl_mistakes() -> dict[int, str]:
         xl_cache_bytes(tokens=1): "that is one token's K and V (the bytes per token); the "
                                   "cache is full: 1024 tokens",
         xl_cache_bytes(tokens=1000): "1000 tokens: GPT-2's context is 1024 positions",
+        xl_cache_bytes(tokens=1023): "that counts 1023 tokens, one short: a full context "
+                                     "holds positions 0 to 1023, 1024 tokens",
+        xl_cache_bytes(tokens=1025): "that counts 1025 tokens, one too many: a full context "
+                                     "holds positions 0 to 1023, 1024 tokens",
         25 * exact: "multiplied by the 25 heads: d_model = 25 heads x 64 already counts every "
                     "head's columns",
         xl_cache_bytes(d_model=64): "that is one head's 64 columns; every head is cached, "
@@ -230,8 +235,10 @@ def check_xl_cache(answer) -> Feedback:
     if value == round(exact / 2**20, 2) or value == round(exact / 1e6):
         return Feedback(False, "that is the answer in MiB or MB; give it in bytes.")
     if exact * 0.9 < value < exact * 1.1:
-        return Feedback(False, f"{value:,} is close to the answer but not it: the bytes are "
-                        "an exact product of whole numbers.")
+        return Feedback(False, f"{value:,} is close to the answer but not it "
+                        f"({abs(value - exact) / exact:.1%} off): one factor is a little off. "
+                        "Check each one against GPT-2 XL's config: 2 (K and V), layers, "
+                        "tokens, d_model, bytes a number.")
     return Feedback(False, f"{value:,} is not it: multiply 2 (K and V) x layers x tokens x "
                     "the width of a cached row x bytes a number, with GPT-2 XL's sizes.")
 

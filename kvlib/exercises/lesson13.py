@@ -15,7 +15,7 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, checker, read_whole_number, show_solution
+from .base import Feedback, checker, read_whole_number, read_whole_numbers, show_solution
 
 # Exercise 1 ------------------------------------------------------------------------------
 
@@ -83,9 +83,7 @@ def check_name_head(answer) -> Feedback:
     """Exercise 1: (layer, head), counted from 0, of the head that decides a forced name: the
     one with the most weight on the latest name (Repeat.latest) from the query before each
     forced name of the exercise's story."""
-    from .base import whole_numbers
-
-    chosen = whole_numbers(answer, 2, "answer")
+    chosen = read_whole_numbers(answer, 2, "answer")
     if isinstance(chosen, Feedback):
         return chosen
     scores = name_head_scores()

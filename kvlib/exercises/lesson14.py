@@ -18,7 +18,15 @@ import numpy as np
 
 import kvlib
 
-from .base import Feedback, checker, is_missing, not_filled_in, show_solution
+from .base import (
+    Feedback,
+    checker,
+    described,
+    is_missing,
+    not_filled_in,
+    show_solution,
+    shown,
+)
 
 # Exercise 1 ------------------------------------------------------------------------------
 
@@ -297,7 +305,7 @@ def check_pair_angle(answer) -> Feedback:
     value = _one_number(answer)
     if value is None:
         return Feedback(False, f"answer should be one number (an angle in radians), got "
-                        f"{type(answer).__name__} {answer!r:.60}.")
+                        f"{described(answer)}.")
     if not math.isfinite(value):
         return Feedback(False, f"answer should be a finite angle in radians, got {value}.")
     q = ANGLE_QUESTION
@@ -444,7 +452,7 @@ def _predictions(answer):
     unreadable = [i + 1 for i, p in enumerate(predictions) if p is None]
     if unreadable:
         return Feedback(False, f"prediction(s) {unreadable} are not True or False (nor 'keeps' "
-                        f"/ 'changes'): got {[answer[i - 1] for i in unreadable]!r:.80}.")
+                        f"/ 'changes'): got {shown([answer[i - 1] for i in unreadable], 80)}.")
     return predictions
 
 

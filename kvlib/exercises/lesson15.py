@@ -3,18 +3,22 @@
 1. The cache of a published model from its config.json (a transfer: Qwen2-7B, whose config
    gives no head size and names its K/V heads num_key_value_heads).
 2. Find the bug: a grouped decode step written with np.tile instead of np.repeat (the
-   classic slip: right shapes, wrong pairs of query and K/V heads), fixed with np.repeat.
+   classic slip: right shapes, wrong pairs of query and K/V heads), fixed with np.repeat,
+   not with kvlib.attention (the checker runs the function and watches for it).
 3. Predict which K/V head a query head of Llama-2-70B reads.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from numbers import Real
 
 import numpy as np
 
 import kvlib
+from kvlib import grouped
+from kvlib import model as kvlib_model
 from kvlib.memory import GiB, MiB, kv_cache_bytes
 
 from .base import (
@@ -23,9 +27,10 @@ from .base import (
     checker,
     is_missing,
     not_filled_in,
-    numeric_array,
+    read_array,
+    read_number,
+    read_whole_number,
     show_solution,
-    whole_number,
 )
 
 LESSON_CONFIG = kvlib.ModelConfig(d_model=16, n_heads=8, n_kv_heads=2, d_ff=32)
@@ -39,23 +44,6 @@ QWEN2_CONFIG = {"hidden_size": 3584, "num_attention_heads": 28, "num_hidden_laye
 # Exercise 3: Llama-2-70B (kvlib.memory.PRESETS) and one of its query heads
 EXERCISE3_HEADS, EXERCISE3_KV_HEADS, EXERCISE3_QUERY_HEAD = 64, 8, 42
 ROUNDING = 6e-4      # the notebook prints 3 decimals: a copied value is off by up to 5e-4
-
-
-def _number_or_feedback(answer, what: str):
-    """(value, None) for a finite number (Python or numpy, not a bool), else (None, Feedback)."""
-    if is_missing(answer):
-        return None, not_filled_in("answer", what)
-    if isinstance(answer, np.ndarray) and answer.ndim == 0:
-        answer = answer.item()
-    if isinstance(answer, (str, bytes)):
-        return None, Feedback(False, f"expected {what}, got text ({answer!r:.40}): write the "
-                              "number itself, without quotes.")
-    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
-        return None, Feedback(False, f"expected {what}, got {type(answer).__name__}.")
-    value = as_number(answer)
-    if value is None:
-        return None, Feedback(False, f"expected {what}, a finite number of reasonable size.")
-    return value, None
 
 
 # Exercise 1 ------------------------------------------------------------------------------
@@ -72,19 +60,19 @@ def qwen2_cache_bytes() -> int:
 def check_cache_bytes_from_config(answer) -> Feedback:
     """Exercise 1: bytes of Qwen2-7B's cache for one sequence of 32,768 tokens in BF16
     (bytes, or the same size in MiB or GiB)."""
-    value, feedback = _number_or_feedback(answer, "a number of bytes")
-    if feedback is not None:
-        return feedback
+    value = read_number(answer, "a number of bytes")
+    if isinstance(value, Feedback):
+        return value
     c = QWEN2_CONFIG
     expected = qwen2_cache_bytes()
     tokens, layers = c["max_position_embeddings"], c["num_hidden_layers"]
     group = c["num_attention_heads"] // c["num_key_value_heads"]
 
-    def equals(target: float) -> bool:       # bytes are whole: to the byte
-        return abs(value - target) < 0.5
+    def equals(target: float) -> bool:       # bytes are whole: exactly
+        return value == target
 
-    if equals(expected) or math.isclose(value, expected / MiB, abs_tol=0.5) or \
-            math.isclose(value, expected / GiB, abs_tol=0.005):
+    if equals(expected) or math.isclose(value, expected / MiB, rel_tol=1e-9) or \
+            math.isclose(value, expected / GiB, rel_tol=1e-9):
         return Feedback(True, f"{expected:,} bytes = {expected / GiB:g} GiB: 57,344 bytes a "
                         f"token, {group} times less than with 28 K/V heads.")
     if math.isclose(value, expected / 1e9, abs_tol=0.005) or \
@@ -109,6 +97,8 @@ def check_cache_bytes_from_config(answer) -> Feedback:
                         f"{tokens:,} of them.")
     if equals(expected / tokens * 32000):
         return Feedback(False, f"max_position_embeddings is {tokens:,} (2^15), not 32,000.")
+    if not value.is_integer() and abs(value) > 1000:     # bytes with a fraction
+        return read_whole_number(value, "a number of bytes", expected=expected)
     return Feedback(False, f"not {value:,.12g}. Multiply 2 (K and V) x num_hidden_layers x "
                     "num_key_value_heads x head size x 2 bytes x tokens; the head size is "
                     "hidden_size / num_attention_heads.")
@@ -198,7 +188,7 @@ def _as_output(answer, n_heads: int, head_dim: int):
     if is_missing(answer):
         return Feedback(False, "got None instead of the output: return (or assign) the array "
                         "of the attention output.")
-    array = numeric_array(answer, "the output")
+    array = read_array(answer, "the output")
     if isinstance(array, Feedback):
         return array
     array = array.astype(float)
@@ -251,37 +241,80 @@ def _random_case(n_heads, n_kv_heads, head_dim, S, seed):
             rng.standard_normal((S, n_kv_heads * head_dim)))
 
 
+SHORTCUTS = {
+    kvlib_model.attention.__code__: "kvlib.attention",
+    grouped.repeated_attention.__code__: "kvlib.grouped.repeated_attention",
+}
+"""kvlib functions that do the exercise's grouping themselves: the task asks for it written
+with np.repeat. (Scoring already repeated heads with kvlib's helpers is fine.)"""
+
+
+def _run_watching_kvlib(function, *args):
+    """function(*args), and the first kvlib shortcut it took, or None: kvlib.attention, the
+    reference grouped attention, or kvlib's scores or weighted sum given fewer K/V heads
+    than query heads (which broadcast the grouping, kvlib.model._is_grouped). A profile
+    hook sees the calls however the student named the functions."""
+    taken = []
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code in SHORTCUTS:
+            taken.append(SHORTCUTS[frame.f_code])
+        elif event == "return" and frame.f_code is kvlib_model._is_grouped.__code__ and \
+                arg is True:
+            taken.append("kvlib's grouped attention (attention_scores or weighted_sum given "
+                         "the K/V heads as they are)")
+
+    previous = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        result = function(*args)
+    finally:
+        sys.setprofile(previous)
+    return result, (taken[0] if taken else None)
+
+
 @checker
 def check_grouped_decode(answer) -> Feedback:
-    """Exercise 2: the fixed grouped attention of one decode step, either as its output on
-    the notebook's q, K_rows, V_rows ((8, 1, 2), or merged (1, 16)), or as the fixed
-    function itself, f(q, K_rows, V_rows) -> (h, 1, dh), which is also run on other sizes."""
+    """Exercise 2: the fixed grouped decode step, f(q, K_rows, V_rows) -> (h, 1, dh), run on
+    the notebook's q, K_rows, V_rows and on other numbers of heads; it must repeat the K/V
+    heads itself (np.repeat), not let kvlib.attention do the grouping. An output array gets
+    its diagnosis, but passes only as the function that made it."""
     if is_missing(answer):
-        return not_filled_in("answer", "your fixed function, or its output on q, K_rows, "
-                             "V_rows")
+        return not_filled_in("answer", "your fixed function (answer = "
+                             "grouped_decode_attention, without calling it)")
     lesson_case = decode_inputs()
     if not callable(answer):
         feedback = _diagnose(answer, *lesson_case)
         if feedback is not None:   # a Feedback that did not pass is falsy: test for None
             return feedback
-        return Feedback(True, "each of the 8 query heads read its own group's K/V head: the "
-                        "output of kvlib.attention(q, K/V heads), which does the same by "
-                        "broadcasting, without the copies.")
+        return Feedback(False, "those are the right numbers for the notebook's q, K_rows, "
+                        "V_rows. Now set answer to the fixed function itself (answer = "
+                        "grouped_decode_attention, without brackets): from an array the "
+                        "checker cannot tell np.repeat from kvlib.attention, and it runs the "
+                        "function on other numbers of heads too.")
     cases = [lesson_case] + [_random_case(*sizes, seed) for seed, sizes
                              in enumerate(SMALLER_CASES)]
     for q, K_rows, V_rows in cases:
         h, kv = q.shape[0], K_rows.shape[1] // q.shape[-1]
         where = f"with {h} query heads and {kv} K/V heads, "
         try:
-            output = answer(q.copy(), K_rows.copy(), V_rows.copy())
+            output, shortcut = _run_watching_kvlib(answer, q.copy(), K_rows.copy(),
+                                                   V_rows.copy())
         except Exception as error:  # a student's code may fail in any way; say it in words
             return Feedback(False, f"{where}your function raised {type(error).__name__}: "
                             f"{error}")
         feedback = _diagnose(output, q, K_rows, V_rows, where)
         if feedback is not None:
             return feedback
+        if shortcut is not None:
+            return Feedback(False, f"the numbers are right, but {shortcut} did the grouping "
+                            "for you. The exercise asks for the broken step fixed by hand: "
+                            "split the rows into K/V heads, np.repeat them to one per query "
+                            "head along axis 0, then the scores, the softmax and the weighted "
+                            "sum of V.")
     return Feedback(True, f"right on the notebook's decode step and on {len(SMALLER_CASES)} "
-                    "other sizes: query head i reads K/V head i // group.")
+                    "other sizes: query head i reads K/V head i // group. kvlib.attention "
+                    "does the same by broadcasting, without the copies.")
 
 
 # Exercise 3 ------------------------------------------------------------------------------
@@ -297,7 +330,7 @@ def check_query_group(answer) -> Feedback:
             as_number(answer) is not None and math.isclose(float(answer), head / group):
         return Feedback(False, f"{head} / {group} = {head / group:g}: a head number is whole, "
                         f"round down (integer division, {head} // {group}).")
-    value = whole_number(answer, "answer", expected)
+    value = read_whole_number(answer, "a K/V head number", expected=expected)
     if isinstance(value, Feedback):
         return value
     if value == expected:

@@ -4,7 +4,9 @@
    DeepSeek numbers to other shapes).
 2. One head's absorbed scores against the cached latents, written as a function. The checker
    runs it on the lesson's shapes (latent wider than a head) and on a model whose latent is
-   exactly one head wide, where a forgotten transpose still runs and can be told apart.
+   exactly one head wide, where a forgotten transpose still runs and can be told apart; it
+   watches the latents and W_up_k, so that right scores reached by rebuilding the keys (what
+   the exercise asks to avoid) are told apart too.
 3. Why the rotary key cannot be absorbed (a choice).
 """
 
@@ -12,14 +14,22 @@ from __future__ import annotations
 
 import math
 import re
-from numbers import Real
 
 import numpy as np
 
 import kvlib
 from kvlib.memory import kv_cache_bytes, latent_cache_bytes
 
-from .base import Feedback, is_missing, show_solution
+from .base import (
+    Feedback,
+    checker,
+    described,
+    is_missing,
+    read_choice,
+    read_number,
+    read_whole_number,
+    show_solution,
+)
 
 # Exercise 1: an imagined model with latent attention, cache in BF16
 EXERCISE1 = {"n_layers": 40, "n_heads": 32, "head_dim": 128, "latent_dim": 512,
@@ -55,33 +65,13 @@ WRONG_CHOICES = {
 
 # Exercise 1 ------------------------------------------------------------------------------
 
-def _number(answer) -> float | None:
-    """A plain number as a float, also from a one-element list or array (np.array(46080));
-    nan stays nan and an int too large for a float (10**400) is infinite, so that the
-    message can say the number must be finite. None for anything else."""
-    if isinstance(answer, (list, tuple)) and len(answer) == 1:
-        answer = answer[0]
-    if isinstance(answer, np.ndarray) and answer.size == 1 and \
-            np.issubdtype(answer.dtype, np.number):
-        answer = answer.reshape(()).item()
-    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
-        return None
-    try:
-        return float(answer)
-    except OverflowError:
-        return math.inf if answer > 0 else -math.inf
-
-
+@checker
 def check_latent_bytes_per_token(answer) -> Feedback:
     """Exercise 1: bytes one token adds to the cache of a 40-layer latent-attention model
     (32 heads of 128, latent 512, rotary key 64), in BF16."""
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a number.")
-    value = _number(answer)
-    if value is None:
-        return Feedback(False, f"expected a number of bytes, got {type(answer).__name__}.")
-    if not math.isfinite(value):
-        return Feedback(False, f"expected a finite number of bytes, got {value}.")
+    value = read_number(answer, "a number of bytes")
+    if isinstance(value, Feedback):
+        return value
     e = EXERCISE1
     layers, dc, dr, h, dtype_bytes = (e["n_layers"], e["latent_dim"], e["rope_head_dim"],
                                       e["n_heads"], e["dtype_bytes"])
@@ -118,6 +108,8 @@ def check_latent_bytes_per_token(answer) -> Feedback:
     for wrong, message in diagnoses:
         if math.isclose(value, wrong):
             return Feedback(False, message)
+    if not value.is_integer():                    # bytes are whole
+        return read_whole_number(value, "a number of bytes", expected=expected)
     return Feedback(False, f"not {value:,.0f}. Multiply layers x (latent size + rotary key "
                     "size) x bytes a number: there is no factor 2 and no head count.")
 
@@ -191,46 +183,128 @@ def _wrong_variants(layer, head, q_head, q_rope_head, latents, rope_keys, n_head
     return variants
 
 
+class _Watched(np.ndarray):
+    """An array that shows every array computed from it to KeyWatch.current: the checker
+    passes the latents and W_up_k as _Watched, so that a rebuilt key (latents @ block, or
+    one latent @ block) is seen, however the student's code computes it (@, np.dot,
+    np.einsum, a loop). Results stay _Watched, so that what is computed from them is seen
+    too; the values are numpy's own."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if "out" in kwargs:
+            kwargs["out"] = _plain(kwargs["out"])
+        return _seen(getattr(ufunc, method)(*_plain(inputs), **kwargs))
+
+    def __array_function__(self, func, types, args, kwargs):
+        return _seen(func(*_plain(args), **_plain(kwargs)))
+
+
+def _plain(value):
+    """value with every _Watched array inside it (lists, tuples, dicts) as a plain one."""
+    if isinstance(value, _Watched):
+        return value.view(np.ndarray)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+def _seen(result):
+    """Show a result to the current KeyWatch; arrays go on being watched."""
+    if isinstance(result, tuple):
+        return tuple(_seen(item) for item in result)
+    if not isinstance(result, np.ndarray):
+        return result
+    if KeyWatch.current is not None:
+        KeyWatch.current.look(result)
+    return result.view(_Watched)
+
+
+class KeyWatch:
+    """Notes whether any array computed in a call holds a rebuilt key: a vector parallel to
+    one of the keys latents @ W_up_k (so a scaled key counts too), as a row or a column."""
+
+    current: KeyWatch | None = None
+
+    def __init__(self, latents: np.ndarray, W_up_k: np.ndarray, head_dim: int):
+        self.head_dim = head_dim
+        self.keys = (latents @ W_up_k).reshape(-1, head_dim)       # (S x h, dh), every head
+        self.rebuilt = False
+
+    def look(self, array: np.ndarray) -> None:
+        if self.rebuilt or array.dtype.kind != "f" or array.size < self.head_dim:
+            return
+        array, dh = array.view(np.ndarray), self.head_dim      # plain: no watching itself
+        if array.shape[-1] % dh == 0:
+            self._compare(array.reshape(-1, dh))
+        if array.ndim == 2 and array.shape[0] == dh:
+            self._compare(array.T)
+
+    def _compare(self, vectors: np.ndarray) -> None:
+        with np.errstate(all="ignore"):
+            dots = np.abs(vectors @ self.keys.T)
+            norms = np.linalg.norm(vectors, axis=1)[:, None] * np.linalg.norm(self.keys, axis=1)
+            parallel = (norms > 0) & (np.abs(dots - norms) <= 1e-9 * norms)
+        self.rebuilt = self.rebuilt or bool(parallel.any())
+
+
 def _call(function, layer, head, q_head, q_rope_head, latents, rope_keys):
-    """(scores as a flat float array, None) or (None, Feedback) for a failed call."""
-    inputs = (q_head.copy(), q_rope_head.copy(), latents.copy(), rope_keys.copy())
+    """(scores as a flat float array, None, whether the function rebuilt a key) or (None,
+    Feedback, False) for a failed call."""
+    watch = KeyWatch(latents, layer.W_up_k, len(q_head))
+    watched = kvlib.LatentLayerParams(**(layer.arrays() |
+                                         {"W_up_k": layer.W_up_k.copy().view(_Watched)}))
+    inputs = (q_head.copy(), q_rope_head.copy(), latents.copy().view(_Watched),
+              rope_keys.copy())
+    KeyWatch.current = watch
     try:
-        result = function(layer, head, *inputs)
+        result = function(watched, head, *inputs)
     except Exception as error:   # noqa: BLE001 - whatever a student's code raises is reported
         message = f"your function raised {type(error).__name__}: {error}"
         if isinstance(error, TypeError) and "argument" in str(error):
             message += f". It should take six arguments: {SIGNATURE}."
-        return None, Feedback(False, message)
+        return None, Feedback(False, message), False
+    finally:
+        KeyWatch.current = None
     if result is None:
         return None, Feedback(False, "your function returned None: fill in its body and "
-                              "return the scores.")
+                              "return the scores."), False
     try:
-        scores = np.asarray(result, dtype=np.float64)
+        scores = np.asarray(_plain(result), dtype=np.float64)
     except (TypeError, ValueError, OverflowError):
         return None, Feedback(False, f"your function should return numbers (one score per "
-                              f"cached position), got {type(result).__name__}.")
+                              f"cached position), got {described(result)}."), False
     n = latents.shape[0]
     if scores.shape in {(1, n), (n, 1)}:
         scores = scores.reshape(n)
     if scores.shape != (n,):
         return None, Feedback(False, f"your function should return {n} scores, one per cached "
-                              f"position, shape ({n},); got shape {scores.shape}.")
+                              f"position, shape ({n},); got shape {scores.shape}."), False
     if not np.isfinite(scores).all():
-        return None, Feedback(False, "your function returned NaN or infinite scores.")
-    return scores, None
+        return None, Feedback(False, "your function returned NaN or infinite scores."), False
+    return scores, None, watch.rebuilt
 
 
 def _diagnose(function, config: kvlib.ModelConfig, heads, seed: int):
     """How the function does on every head of one case: ("right", None), or ("raised",
-    "wrong output", "known slip" or "wrong values", Feedback)."""
+    "wrong output", "known slip", "wrong values" or "rebuilt", Feedback)."""
     layer, q_head, q_rope_head, latents, rope_keys = _case(config, seed)
     for head in heads:
-        scores, failed = _call(function, layer, head, q_head, q_rope_head, latents, rope_keys)
+        scores, failed, rebuilt = _call(function, layer, head, q_head, q_rope_head, latents,
+                                        rope_keys)
         if failed is not None:
             raised = failed.message.startswith("your function raised")
             return ("raised" if raised else "wrong output"), failed
         args = (layer, head, q_head, q_rope_head, latents, rope_keys)
         if np.allclose(scores, expected_head_scores(*args), rtol=1e-6, atol=1e-9):
+            if rebuilt:
+                return "rebuilt", Feedback(
+                    False, f"head {head}'s scores are right, but your function rebuilt its "
+                    "keys from the latents (latents @ block, dh numbers a cached position), "
+                    "which the exercise asks you to avoid. Move the query instead: q_head @ "
+                    "block.T is dc numbers, the query in the latent's space; score it against "
+                    "every latent. No key is ever formed.")
             continue
         for wrong, message in _wrong_variants(*args, config.n_heads):
             if np.allclose(scores, wrong, rtol=1e-6, atol=1e-9):
@@ -242,6 +316,7 @@ def _diagnose(function, config: kvlib.ModelConfig, heads, seed: int):
     return "right", None
 
 
+@checker
 def check_head_scores(answer) -> Feedback:
     """Exercise 2: a function head_scores(layer, head, q_head, q_rope_head, latents,
     rope_keys) -> (S,): one head's absorbed scores against the cached latents."""
@@ -250,9 +325,11 @@ def check_head_scores(answer) -> Feedback:
                         "answer = head_scores.")
     if not callable(answer):
         return Feedback(False, f"answer should be a function, {SIGNATURE}; got "
-                        f"{type(answer).__name__}. Set answer = head_scores (no brackets).")
+                        f"{described(answer)}. Set answer = head_scores (no brackets).")
     outcome, feedback = _diagnose(answer, LESSON_CONFIG, heads=(1, 6), seed=15)
     square_outcome, square_feedback = _diagnose(answer, SQUARE_CONFIG, heads=(1,), seed=16)
+    if outcome == "rebuilt":
+        return feedback
     if outcome == "right":
         if square_outcome == "right":
             return Feedback(True, "right for every head tried, on the lesson's shapes (latent "
@@ -273,27 +350,12 @@ def check_head_scores(answer) -> Feedback:
 
 # Exercise 3 ------------------------------------------------------------------------------
 
-def _as_choice(answer) -> str | None:
-    if isinstance(answer, (list, tuple)) and len(answer) == 1:
-        answer = answer[0]
-    if not isinstance(answer, str):
-        return None
-    letters = re.sub(r"[^a-z]", "", answer.strip().lower())
-    return letters if len(letters) == 1 else None
-
-
+@checker
 def check_why_rope_is_not_absorbed(answer) -> Feedback:
     """Exercise 3: why can the rotary part not be absorbed into the query? One letter."""
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a letter, "
-                        "for example \"a\".")
-    choice = _as_choice(answer)
-    if choice is None:
-        return Feedback(False, f"expected one letter among {', '.join(CHOICES)} (as a string, "
-                        f"\"b\"), got {answer!r}."[:300])
-    if choice not in CHOICES:
-        return Feedback(False, f"there is no choice {choice!r}: pick one of "
-                        f"{', '.join(CHOICES)}.")
+    choice = read_choice(answer, CHOICES)
+    if isinstance(choice, Feedback):
+        return choice
     if choice == RIGHT_CHOICE:
         return Feedback(True, "b. The query at position m is turned by m's angles, the key at "
                         "n by n's; in their dot product q meets the latent through W_up_k and "

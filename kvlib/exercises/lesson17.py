@@ -20,10 +20,11 @@ from .base import (
     Feedback,
     as_number,
     checker,
+    described,
     is_missing,
     not_filled_in,
+    read_whole_number,
     show_solution,
-    whole_number,
 )
 
 # Exercise 1 and 3: Mistral-7B (kvlib.memory.PRESETS) with StreamingLLM's 4 sinks added
@@ -53,12 +54,24 @@ def visible_positions(query: int = QUERY, window: int = WINDOW,
     return np.flatnonzero(kvlib.attention_mask([query], keys, window, sink_tokens)[0]).tolist()
 
 
+def _is_mask(answer) -> bool:
+    """True for a row (or rows) of True/False: an attention mask, not positions."""
+    if isinstance(answer, np.ndarray):
+        return answer.dtype == bool and answer.size > 1
+    return isinstance(answer, (list, tuple)) and len(answer) > 1 and \
+        all(isinstance(item, (bool, np.bool_)) for item in answer)
+
+
 def _as_positions(answer) -> list[int] | Feedback:
     """A collection of whole numbers (a list, tuple, array, set, range) -> its sorted list,
-    or a Feedback that says what is wrong. Each element follows exercises.base.whole_number."""
+    or a Feedback that says what is wrong. Each element follows base.read_whole_number."""
     if isinstance(answer, (str, bytes)):
         return Feedback(False, "positions are numbers, not text: give a list such as "
                         "[0, 1, 2, 3].")
+    if _is_mask(answer):
+        return Feedback(False, "give positions, not a mask: that is a row of True/False, one "
+                        "per key. The positions are the indices where it is True: "
+                        "np.flatnonzero(row) lists them.")
     if not isinstance(answer, (list, tuple, np.ndarray)) and hasattr(answer, "__iter__"):
         try:            # a set, a range, a generator: its elements, in any order
             answer = list(answer)
@@ -78,7 +91,7 @@ def _as_positions(answer) -> list[int] | Feedback:
         if is_missing(item):
             return Feedback(False, f"{item!r} is not a position: every position is a whole "
                             "number.")
-        value = whole_number(item, "every position")
+        value = read_whole_number(item, name="every position")
         if isinstance(value, Feedback):
             return value
         positions.append(value)
@@ -182,9 +195,8 @@ def _run_slot_function(ring_slot) -> list[int] | Feedback:
             value = ring_slot(position, window, sinks)
         except Exception as error:  # a student's code may fail in any way; report it in words
             return Feedback(False, f"{where} raised {type(error).__name__}: {error}")
-        if isinstance(value, np.ndarray) and value.size == 1:
-            value = value.reshape(())
-        slot = whole_number(value, f"the slot {where} returned (a slot is one whole number)")
+        slot = read_whole_number(value, "one whole number",
+                                 f"the slot {where} returned (a slot is one whole number)")
         if isinstance(slot, Feedback):
             return slot
         slots.append(slot)
@@ -200,7 +212,7 @@ def check_ring_slot(ring_slot) -> Feedback:
                              "ring_slot_fixed (without calling it)")
     if not callable(ring_slot):
         return Feedback(False, f"answer should be a function like ring_slot_broken, not "
-                        f"{type(ring_slot).__name__}: write answer = ring_slot_fixed.")
+                        f"{described(ring_slot)}: write answer = ring_slot_fixed.")
     slots = _run_slot_function(ring_slot)
     if isinstance(slots, Feedback):
         return slots
@@ -266,8 +278,6 @@ def check_cache_bytes(answer) -> Feedback:
     """Exercise 3: bytes of Mistral-7B's cache with 4 sinks after 10,000 tokens, BF16."""
     if is_missing(answer):
         return not_filled_in("answer", "a number of bytes")
-    if isinstance(answer, np.ndarray) and answer.size == 1 and answer.dtype.kind in "iuf":
-        answer = answer.item()          # np.array([x]) reads as x
     right = mistral_cache_bytes()
     value = as_number(answer)
     if value is not None:       # a slip, in bytes or in another unit, is named first
@@ -276,7 +286,7 @@ def check_cache_bytes(answer) -> Feedback:
         for slip, tolerance, diagnosis in _byte_slips():
             if value != right and math.isclose(value, slip, rel_tol=tolerance):
                 return Feedback(False, diagnosis)
-    count = whole_number(answer, "answer", expected=right)
+    count = read_whole_number(answer, "a number of bytes", expected=right)
     if isinstance(count, Feedback):
         return count
     if count == right:

@@ -23,13 +23,25 @@ from kvlib.serving.memory_plan import (
     slack,
 )
 
-from .base import Feedback, checker, is_missing, show_solution
+from .base import (
+    Feedback,
+    checker,
+    described,
+    is_missing,
+    read_whole_number,
+    show_solution,
+    shown,
+)
 
 EXERCISE1 = {"n_tokens": 1234, "block_size": 16}
 EXERCISE3 = {"prompt_length": 10, "new_tokens": 5, "n_samples": 3, "block_size": 4}
-# Exercise 2: (block size, prompts of the sequences sharing one pool, which one is read)
-GATHER_CASES = ((2, (7, 5, 6), 0), (4, (9, 6, 13), 2), (3, (3, 8), 1), (4, (4, 8), 1),
-                (1, (3, 5), 0), (5, (12, 2, 11), 2))
+# Exercise 2: (block size, prompts of the sequences sharing one pool, which one is read,
+# which one finishes once written and gives its blocks back, blocks in the pool). Blocks
+# given back return at the end of the free queue, so that the last case's table is not in
+# ascending order: [1, 4, 5, 0, 3].
+GATHER_CASES = ((2, (7, 5, 6), 0, None, 24), (4, (9, 6, 13), 2, None, 24),
+                (3, (3, 8), 1, None, 24), (4, (4, 8), 1, None, 24), (1, (3, 5), 0, None, 24),
+                (5, (12, 2, 11), 2, None, 24), (2, (4, 10, 2), 1, 0, 6))
 
 
 def _whole(value) -> int | None:
@@ -44,12 +56,6 @@ def _whole(value) -> int | None:
         if math.isfinite(value) and value == int(value):
             return int(value)
     return None
-
-
-def _shown(value) -> str:
-    """A number as the student typed it, cut short if it is huge (10**400 has 401 digits)."""
-    text = f"{value}"
-    return text if len(text) <= 16 else text[:12] + "..."
 
 
 def _pair(answer):
@@ -79,17 +85,17 @@ def check_blocks_and_slack(answer) -> Feedback:
     blocks, empty = blocks_for(n, size), slack(n, size)
     if _whole(answer) is not None:
         return Feedback(False, "give two numbers, (blocks, empty positions): "
-                        f"answer = ({_shown(answer)}, ...).")
+                        f"answer = ({shown(answer)}, ...).")
     pair = _pair(answer)
     if pair is None:
         return Feedback(False, "expected two numbers, (blocks, empty positions), for example "
-                        f"answer = (10, 3); got {type(answer).__name__}.")
+                        f"answer = (10, 3); got {described(answer)}.")
     got_blocks, got_empty = (_whole(x) for x in pair)
     if got_blocks is None:
-        return Feedback(False, f"{_shown(pair[0])} blocks: a sequence holds whole blocks. "
+        return Feedback(False, f"{shown(pair[0])} blocks: a sequence holds whole blocks. "
                         "Divide and round up (-(-n // B) in Python, or math.ceil).")
     if got_empty is None:
-        return Feedback(False, f"{_shown(pair[1])} empty positions: positions are whole too.")
+        return Feedback(False, f"{shown(pair[1])} empty positions: positions are whole too.")
     if (got_blocks, got_empty) == (blocks, empty):
         return Feedback(True, f"{blocks} blocks of {size} hold {blocks * size} positions: "
                         f"{empty} of them empty in the last block, {empty / n:.1%} of the "
@@ -100,11 +106,11 @@ def check_blocks_and_slack(answer) -> Feedback:
     if got_blocks == n:
         return Feedback(False, "that counts positions, not blocks: a block holds 16.")
     if got_blocks > blocks:
-        extra = "one block" if got_blocks == blocks + 1 else f"{_shown(got_blocks - blocks)} blocks"
+        extra = "one block" if got_blocks == blocks + 1 else f"{shown(got_blocks - blocks)} blocks"
         return Feedback(False, f"{extra} too many: {blocks} blocks already hold "
                         f"{blocks * size} >= {n} positions.")
     if got_blocks != blocks:
-        return Feedback(False, f"not {_shown(got_blocks)} blocks: divide {n} by {size} and "
+        return Feedback(False, f"not {shown(got_blocks)} blocks: divide {n} by {size} and "
                         "round up.")
     if got_empty == n % size:
         return Feedback(False, f"{n % size} is how many positions of the last block are "
@@ -118,7 +124,7 @@ def check_blocks_and_slack(answer) -> Feedback:
     if got_empty >= size:
         return Feedback(False, "a paged cache never wastes a whole block: the empty positions "
                         "are fewer than the block size.")
-    return Feedback(False, f"{blocks} blocks is right, but not {_shown(got_empty)} empty "
+    return Feedback(False, f"{blocks} blocks is right, but not {shown(got_empty)} empty "
                     f"positions: {blocks} x {size} - {n}.")
 
 
@@ -148,19 +154,25 @@ def _gather_untrimmed(pool, block_table, n_positions, block_size):
     return pool[np.asarray(block_table)].reshape(-1, pool.shape[-1])
 
 
+def _gather_sorted(pool, block_table, n_positions, block_size):
+    return pool[sorted(block_table)].reshape(-1, pool.shape[-1])[:n_positions]
+
+
 def _gather_cases():
     """(pool keys of layer 0, block table, length, block size) of sequences that share one
     pool, written in turns so that their blocks interleave."""
     params = kvlib.init_params()
     rng = np.random.default_rng(17)
-    for block_size, lengths, reader in GATHER_CASES:
-        pool = BlockAllocator(params.config, n_blocks=24, block_size=block_size)
+    for block_size, lengths, reader, finishing, n_blocks in GATHER_CASES:
+        pool = BlockAllocator(params.config, n_blocks=n_blocks, block_size=block_size)
         caches = [PagedKVCache(pool) for _ in lengths]
         ids = [list(rng.integers(0, params.config.vocab_size, n)) for n in lengths]
         for position in range(max(lengths)):       # a token of each sequence in turn
-            for cache, sequence in zip(caches, ids):
+            for index, (cache, sequence) in enumerate(zip(caches, ids)):
                 if position < len(sequence):
                     kvlib.prefill(params, [int(sequence[position])], cache)
+                    if index == finishing and position == len(sequence) - 1:
+                        cache.free()               # its blocks go back to the pool
         cache = caches[reader]
         yield pool.keys[0].copy(), list(cache.block_table), len(cache), block_size, \
             cache.keys(0).copy()
@@ -175,6 +187,9 @@ WRONG_GATHERS = (
      "whichever sequence took it. Look it up: block_table[p // B]"),
     (_gather_untrimmed, "you return every row of every block: the last block is only partly "
      "filled. Keep the first n_positions rows"),
+    (_gather_sorted, "the blocks are read in the order of their numbers, not in the table's "
+     "order: a block given back by a finished request is reused later, so a table need not "
+     "be ascending. Take block_table[p // B] as it is"),
 )
 
 
@@ -190,7 +205,7 @@ def check_gather(gather) -> Feedback:
                         "gather_fixed, then set answer = gather_fixed (without calling it).")
     if not callable(gather):
         return Feedback(False, f"answer should be a function like gather_broken, not "
-                        f"{type(gather).__name__}: write answer = gather_fixed.")
+                        f"{described(gather)}: write answer = gather_fixed.")
     for pool, table, n, size, expected in _gather_cases():
         where = (f"for a sequence of {n} positions in blocks of {size}, block table "
                  f"{table}")
@@ -209,7 +224,7 @@ def check_gather(gather) -> Feedback:
                 got = np.asarray(got, dtype=float)
         except (TypeError, ValueError, OverflowError, Warning):
             return Feedback(False, f"{where}: expected an array of numbers of shape "
-                            f"{expected.shape}, got {type(got).__name__}.")
+                            f"{expected.shape}, got {described(got)}.")
         for wrong, diagnosis in WRONG_GATHERS:
             try:
                 mistaken = wrong(pool, table, n, size)
@@ -223,11 +238,12 @@ def check_gather(gather) -> Feedback:
                             f"{expected.shape} (one per position), got {got.shape}.")
         if not np.allclose(got, expected, atol=1e-12):
             wrong_rows = np.flatnonzero(~np.isclose(got, expected).all(axis=1))
-            return Feedback(False, f"{where}: rows {list(wrong_rows[:6])} are not the keys of "
+            return Feedback(False, f"{where}: rows {wrong_rows[:6].tolist()} are not the keys of "
                             "those positions. Position p is row p % B of block "
                             "block_table[p // B].")
     return Feedback(True, f"all {len(GATHER_CASES)} sequences read back exactly as "
-                    "PagedKVCache reads them, block sizes 1 to 5.")
+                    "PagedKVCache reads them, block sizes 1 to 5, a block table out of order "
+                    "among them.")
 
 
 # Exercise 3 ------------------------------------------------------------------------------
@@ -236,12 +252,9 @@ def check_gather(gather) -> Feedback:
 def check_forked_blocks(answer) -> Feedback:
     """Exercise 3: blocks in use after 3 samples of a 10-token prompt (blocks of 4) decode
     5 tokens each."""
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: replace the ... with a number "
-                        "of blocks.")
-    value = _whole(answer)
-    if value is None:
-        return Feedback(False, f"expected a whole number of blocks, got {_shown(repr(answer))}.")
+    value = read_whole_number(answer, "a number of blocks")
+    if isinstance(value, Feedback):
+        return value
     e = EXERCISE3
     expected = parallel_sampling_blocks(e["prompt_length"], e["new_tokens"], e["n_samples"],
                                         e["block_size"])
@@ -267,7 +280,7 @@ def check_forked_blocks(answer) -> Feedback:
     if value == final:
         return Feedback(False, f"{final} is one sample's table; there are "
                         f"{e['n_samples']}.")
-    return Feedback(False, f"not {_shown(value)}. Count the prompt's full blocks (shared), "
+    return Feedback(False, f"not {shown(value)}. Count the prompt's full blocks (shared), "
                     "then the blocks each sample owns once it has written its 5 tokens.")
 
 

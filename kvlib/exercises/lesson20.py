@@ -17,7 +17,16 @@ import numpy as np
 import kvlib
 from kvlib.serving import PrefixServer
 
-from .base import Feedback, checker, is_missing, not_filled_in, show_solution, whole_numbers
+from .base import (
+    Feedback,
+    checker,
+    described,
+    is_missing,
+    not_filled_in,
+    read_whole_numbers,
+    show_solution,
+    shown,
+)
 
 TOLERANCE = 1e-10
 
@@ -81,7 +90,7 @@ def _diagnose_reuse(index: int, value: int, expected: int) -> str:
 def check_reusable_tokens(answer) -> Feedback:
     """Exercise 1: (request 2 at block size 16, 8, 64; request 1 again at 16)."""
     expected = exercise1_expected()
-    numbers = whole_numbers(answer, 4, expected=expected)
+    numbers = read_whole_numbers(answer, 4, expected=expected)
     if isinstance(numbers, Feedback):
         return numbers
     if numbers == expected:
@@ -112,6 +121,12 @@ MIXED_EXAMPLES = (         # the checker's second stream: block 3 follows anothe
     "I am good you are good . thanks . How are you ?",
     "I am good you are good . I am fine . thanks ?",
 )
+REORDERED_EXAMPLES = (     # the third: block 2 holds the same tokens in another order (and
+    "I am good How are you ? I am fine .",       # with other counts), after the same block 1
+    "I am good are How you ? I am fine .",
+    "I am good I am am . How are you ?",
+    "I am good I I am . How are you ?",
+)
 
 
 def example_model() -> kvlib.Params:
@@ -133,7 +148,7 @@ def _key(block_key, parent, tokens):
         key = block_key(parent, tokens)
     except Exception as error:  # a student's code may fail in any way; report it in words
         raise KeyFunctionError(f"your function raised {type(error).__name__}: {error} "
-                               f"(called with parent_key={parent!r}, tokens={tokens!r})") \
+                               f"(called with parent_key={shown(parent)}, tokens={tokens})") \
             from None
     if key is None:
         raise KeyFunctionError("your function returned None: is a `return` missing?")
@@ -232,6 +247,12 @@ def _collision_message(first, second, block_size: int = BLOCK_SIZE) -> str:
                 f"'{_words(first[:-block_size])}' and after '{_words(second[:-block_size])}': "
                 "your key tells positions apart but not what came before. Its K and V depend "
                 "on every earlier token: build the key from the parent's key.")
+    if sorted(block_a) == sorted(block_b) or set(block_a) == set(block_b):
+        return (f"the blocks '{_words(block_a)}' and '{_words(block_b)}' hold the same tokens "
+                "in another order (or other counts of them) and get the same key. Each token's "
+                "K and V depend on its position and on the tokens before it, so the key must "
+                "keep the block's tokens as they are, in order: tuple(tokens), not sorted or a "
+                "set.")
     return (f"the different blocks '{_words(block_a)}' and '{_words(block_b)}' get the same key: "
             "does your key use the block's tokens?")
 
@@ -240,16 +261,19 @@ def _collision_message(first, second, block_size: int = BLOCK_SIZE) -> str:
 def check_block_key(block_key) -> Feedback:
     """Exercise 2: a fixed block_key(parent_key, tokens) for the dict-based prefix cache.
 
-    Runs two streams of requests through serve_with_block_key and compares every request's
-    logits with kvlib.forward on the whole request, and what it reused with what it could.
+    Runs three streams of requests through serve_with_block_key (the notebook's, one whose
+    third block follows another second block, one whose second blocks hold the same tokens
+    in other orders) and compares every request's logits with kvlib.forward on the whole
+    request, and what it reused with what it could.
     """
     if is_missing(block_key):
         return not_filled_in("answer", "your function (answer = block_key_fixed)")
     if not callable(block_key):
         return Feedback(False, f"answer should be a function like block_key_broken, not "
-                        f"{type(block_key).__name__}: write answer = block_key_fixed.")
+                        f"{described(block_key)}: write answer = block_key_fixed.")
     params = example_model()
-    streams = (stream_ids(SHUFFLED_EXAMPLES), stream_ids(MIXED_EXAMPLES))
+    streams = (stream_ids(SHUFFLED_EXAMPLES), stream_ids(MIXED_EXAMPLES),
+               stream_ids(REORDERED_EXAMPLES))
     for requests in streams:
         try:
             collision, unstable = _collisions(block_key, requests)
@@ -376,7 +400,7 @@ def check_eviction_order(answer) -> Feedback:
     if isinstance(answer, set):
         return Feedback(False, f"a set has no order: give the {n} block numbers as a list, "
                         "the first evicted first.")
-    numbers = whole_numbers(answer, n, expected=tuple(expected))
+    numbers = read_whole_numbers(answer, n, expected=tuple(expected))
     if isinstance(numbers, Feedback):
         return numbers
     numbers = list(numbers)

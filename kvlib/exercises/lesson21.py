@@ -20,11 +20,14 @@ from kvlib.serving import batch, scheduler
 
 from .base import (
     Feedback,
-    as_number,
+    agrees_at_its_precision,
     checker,
+    described,
     is_missing,
     not_filled_in,
-    numeric_array,
+    read_array,
+    read_number,
+    read_whole_number,
     show_solution,
 )
 
@@ -84,7 +87,7 @@ _DIAGNOSES = {
 
 def _mask_answer(answer, expected_shape):
     """The answer as a bool array, or a Feedback on its form."""
-    array = numeric_array(answer, "answer", expected_shape)
+    array = read_array(answer, "answer", expected_shape, booleans=True)
     if isinstance(array, Feedback):
         return array
     if array.shape == expected_shape[::2]:
@@ -136,7 +139,7 @@ def check_padded_mask(answer) -> Feedback:
         return Feedback(False, _DIAGNOSES["causal only"])
     wrong = np.argwhere((mask != masks["right"]) & graded)
     b, i, j = (int(x) for x in wrong[0])
-    return Feedback(False, f"not yet: look at prompt {b}, query {i}, key {j}. Query i may see "
+    return Feedback(False, f"look at prompt {b}, query {i}, key {j}. Query i may see "
                     "key j when j <= i and column j holds a real token of that prompt (the "
                     f"prompts have {prompt_lengths()} tokens, padded on the left to "
                     f"{max(prompt_lengths())}).")
@@ -187,26 +190,25 @@ def _batch_mistakes(rate: float, bandwidth: float) -> list[tuple[float, str]]:
 def check_compute_bound_batch(answer) -> Feedback:
     """Exercise 2: from what batch size is a decode step's work on the BF16 weights
     compute-bound on an A100 SXM 80GB (312 TFLOP/s dense BF16, 2.039 TB/s)? The ridge point,
-    153.0: 153 or 154 sequences (or the ridge itself, to a decimal)."""
-    if is_missing(answer):
-        return not_filled_in("answer", "a number of sequences")
-    if isinstance(answer, (list, tuple)) and len(answer) == 1:
-        answer = answer[0]
-    if isinstance(answer, np.ndarray) and answer.size == 1 and answer.dtype.kind in "iuf":
-        answer = answer.reshape(()).item()
-    value = as_number(answer)
-    if value is None:
-        return Feedback(False, f"answer should be one number (a batch size), got "
-                        f"{type(answer).__name__}.")
+    153.0: a batch of 153 or 154 sequences (whole numbers), or the ridge itself at the
+    precision it is given (153.0, 153.02, 153.0162...)."""
+    value = read_number(answer, "a number of sequences")
+    if isinstance(value, Feedback):
+        return value
     rate, bandwidth = A100["bf16_flops"], A100["bandwidth"]
     exact = weights_bound_batch_size(rate, bandwidth)
-    if exact - 0.55 <= value <= math.ceil(exact) + 0.5:
+    batches = (math.floor(exact), math.ceil(exact))
+    if value in batches or (not value.is_integer() and agrees_at_its_precision(value, exact)):
         return Feedback(True, f"the A100's ridge point is {rate / 1e12:.0f} / "
                         f"{bandwidth / 1e12:.3f} = {exact:.1f} FLOP per byte, and B sequences "
                         f"do B FLOPs per byte of BF16 weights: from about {math.ceil(exact)} "
                         "sequences the weights stop being the bottleneck. The cache is another "
                         "matter: each sequence reads its own, at about 1 FLOP per byte (MHA), "
                         "whatever the batch.")
+    if batches[0] - 1 < value < batches[1] + 1 and not value.is_integer():
+        return Feedback(False, f"{value:g} sequences: a batch size is a whole number. Give "
+                        "the whole batch from which the work is compute-bound, or the ridge "
+                        "point itself to the digits you computed.")
     for wrong, explanation in _batch_mistakes(rate, bandwidth):
         if abs(value - wrong) <= 0.01 * abs(wrong) + (0.5 if abs(wrong) >= 10 else 0.0):
             return Feedback(False, f"{value:g} is not it: {explanation}")
@@ -321,18 +323,18 @@ def _ids(answer):
         answer = list(answer)
     if isinstance(answer, (str, bytes)) or not isinstance(answer, (list, tuple)):
         return Feedback(False, f"answer should be a list of request ids, like [4, 6] ([] for "
-                        f"none), got {type(answer).__name__}.")
+                        f"none), got {described(answer)}.")
     ids = []
     for item in answer:
         if isinstance(item, (bool, np.bool_)):
             return Feedback(False, "the ids should be whole numbers, not True/False.")
-        if isinstance(item, Integral):
-            value = int(item)
-        elif isinstance(item, float) and math.isfinite(item) and item.is_integer():
-            value = int(item)
-        else:
-            return Feedback(False, f"the ids should be whole numbers (0 to 7), got "
-                            f"{item!r:.40}.")
+        if isinstance(item, (list, tuple, np.ndarray)):
+            return Feedback(False, f"answer should be a flat list of request ids, like [4, 6], "
+                            f"got {described(item)} inside it.")
+        value = read_whole_number(item, "a request id (0 to 7)", "every id")
+        if isinstance(value, Feedback):
+            return Feedback(False, f"the ids should be whole numbers (0 to 7): "
+                            f"{value.message}")
         ids.append(value)
     if len(set(ids)) != len(ids):
         return Feedback(False, "a request enters at most once: an id appears twice.")

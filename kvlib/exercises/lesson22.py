@@ -20,7 +20,18 @@ import numpy as np
 from kvlib.memory import PRESETS
 from kvlib.serving.quantized import PerChannel, PerToken, bytes_per_token
 
-from .base import Feedback, checker, is_missing, not_filled_in, numeric_array, show_solution
+from .base import (
+    Feedback,
+    checker,
+    described,
+    is_missing,
+    not_filled_in,
+    read_array,
+    read_choice,
+    read_number,
+    read_whole_number,
+    show_solution,
+)
 
 # Exercise 1 ------------------------------------------------------------------------------
 
@@ -147,7 +158,7 @@ def _codes_answer(answer, name: str) -> np.ndarray | Feedback:
         return Feedback(False, f"{name} should be 8 codes, one per number of the row, got one "
                         "number. (The scale is a step on the way: the codes are round(x / "
                         "scale).)")
-    array = numeric_array(answer, name, (8,))
+    array = read_array(answer, name, (8,), booleans=True)
     if isinstance(array, Feedback):
         return array
     if array.dtype == np.bool_:
@@ -184,7 +195,7 @@ def _check_row(answer, name: str, row: np.ndarray, scale: float, first_row: bool
         return Feedback(False, f"{name} should be whole numbers (the int8 codes); "
                         f"{np.round(codes, 3).tolist()} are not.")
     differs = int(np.argmax(codes != right))
-    return Feedback(False, f"not yet: the code of number {differs} ({row[differs]}) is "
+    return Feedback(False, f"the code of number {differs} ({row[differs]}) is "
                     f"{codes[differs]:g}. Codes are round(x / scale) with scale = "
                     f"{'max|x| / 127' if first_row else 'the first row' + chr(39) + 's scale'}"
                     f" = {scale:.4f}" + ("." if first_row else ", clipped to -127 .. 127."))
@@ -272,31 +283,13 @@ def _bytes_mistakes() -> list[tuple[float, str]]:
     ]
 
 
-def _one_number(answer) -> float | None:
-    if isinstance(answer, (list, tuple)) and len(answer) == 1:
-        answer = answer[0]
-    if isinstance(answer, np.ndarray) and answer.size == 1 and answer.dtype.kind in "iuf":
-        answer = answer.reshape(()).item()
-    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
-        return None
-    try:
-        return float(answer)
-    except (OverflowError, ValueError):
-        return math.inf
-
-
 @checker
 def check_bytes_per_token(answer) -> Feedback:
     """Exercise 2: bytes one token adds to Llama-3-8B's cache with int4 keys per channel
     (groups of 32) and int4 values per token, float16 scales."""
-    if is_missing(answer):
-        return not_filled_in("answer", "a number of bytes")
-    value = _one_number(answer)
-    if value is None:
-        return Feedback(False, f"answer should be one number of bytes, got "
-                        f"{type(answer).__name__}.")
-    if not math.isfinite(value):
-        return Feedback(False, f"answer should be a finite number of bytes, got {value}.")
+    value = read_number(answer, "a number of bytes")
+    if isinstance(value, Feedback):
+        return value
     expected = expected_bytes_per_token()
     float16 = PRESETS[EXERCISE2_MODEL].kv_bytes_per_token()
     if math.isclose(value, expected):
@@ -306,6 +299,8 @@ def check_bytes_per_token(answer) -> Feedback:
     for wrong, message in _bytes_mistakes():
         if math.isclose(value, wrong, rel_tol=1e-9):
             return Feedback(False, f"not {value:,.6g}: {message}")
+    if not value.is_integer() and value > 1000:          # bytes with a fraction
+        return read_whole_number(value, "a number of bytes", expected=expected)
     return Feedback(False, f"not {value:,.6g}. Per layer: K's packed codes (1024 int4 = 512 "
                     "bytes) and its share of the group's scales, plus V's codes and its own "
                     "scale; then times the layers.")
@@ -352,28 +347,13 @@ WRONG_CHOICES = {
 }
 
 
-def _letter(answer) -> str | None:
-    if isinstance(answer, (list, tuple)) and len(answer) == 1:
-        answer = answer[0]
-    if not isinstance(answer, str):
-        return None
-    letters = "".join(ch for ch in answer.strip().lower() if ch.isalpha())
-    return letters if len(letters) == 1 else None
-
-
 @checker
 def check_huge_channel_prediction(answer) -> Feedback:
     """Exercise 3: keys whose channel 5 is 30 times larger than the others, int4: which
     grouping keeps the error of the other channels small? One letter."""
-    if is_missing(answer):
-        return not_filled_in("answer", 'a letter, for example "a"')
-    letter = _letter(answer)
-    if letter is None:
-        return Feedback(False, f"answer should be one letter among {', '.join(CHOICES)}, as "
-                        f"text (\"b\"), got {type(answer).__name__}.")
-    if letter not in CHOICES:
-        return Feedback(False, f"there is no choice {letter!r}: pick one of "
-                        f"{', '.join(CHOICES)}.")
+    letter = read_choice(answer, CHOICES)
+    if isinstance(letter, Feedback):
+        return letter
     errors = outlier_errors()
     measured = (f"Measured on these keys, the other channels' RMS error is "
                 f"{errors['per token']:.3f} per token against {errors['per channel']:.3f} "
@@ -461,7 +441,7 @@ def check_round_trip_per_token(answer) -> Feedback:
         return not_filled_in("answer", "your fixed function (answer = round_trip_per_token)")
     if not callable(answer):
         return Feedback(False, f"answer should be a function, {SIGNATURE}; got "
-                        f"{type(answer).__name__}. Set answer = round_trip_per_token (no "
+                        f"{described(answer)}. Set answer = round_trip_per_token (no "
                         "brackets).")
     for rows, bits in _bug_cases():
         where = f"on rows of shape {rows.shape} at {bits} bits"
@@ -476,11 +456,11 @@ def check_round_trip_per_token(answer) -> Feedback:
         if result is None:
             return Feedback(False, f"{where}, your function returned None: return the rows "
                             "read back, codes * scales.")
-        held = numeric_array(result, "the result") if isinstance(
+        held = read_array(result, "the result") if isinstance(
             result, (np.ndarray, list, tuple)) else None
         if not isinstance(held, np.ndarray):
             return Feedback(False, f"{where}, your function should return an array of numbers "
-                            f"(the rows read back), got {type(result).__name__}"
+                            f"(the rows read back), got {described(result)}"
                             + (f": {held.message}" if isinstance(held, Feedback) else "."))
         held = held.astype(np.float64)
         if held.shape != rows.shape:

@@ -3,10 +3,11 @@
 1. Tokens a round adds on average, for an acceptance rate and a k other than the lesson's
    (a transfer of the formula 1 + alpha + ... + alpha^k).
 2. Find the bug: a greedy speculative round that truncates the draft's cache after a
-   rejection but forgets the target's. The checker runs the student's fixed round on three
-   draft/target pairs (rejections every round, mixed, never) and says what went wrong
-   first: the caches' lengths and contents after every round, then the tokens against the
-   target's own greedy decoding.
+   rejection but forgets the target's. The checker runs the student's fixed round on four
+   draft/target pairs (the lesson's story models; rejections every round, mixed, never) and
+   says what went wrong first: the caches' lengths and contents after every round, the
+   tokens against the target's own greedy decoding, then what the round returns (the tokens
+   it kept).
 3. The chance that each token is kept if the draft proposes it, min(1, p/q), for given p and q.
 """
 
@@ -23,15 +24,23 @@ from kvlib.serving import speculative
 
 from .base import (
     Feedback,
+    agrees_at_its_precision,
     as_number,
     checker,
+    described,
+    how_close,
     is_missing,
     not_filled_in,
-    numeric_array,
+    read_array,
+    read_number,
+    read_whole_number,
     show_solution,
+    shown,
+    significant_digits,
 )
 
-ROUNDING = 6e-4      # the notebook prints 3 decimals: a copied value is off by up to 5e-4
+ROUNDING = 6e-4      # a value copied from a print at 3 decimals is off by up to 5e-4
+PRINTED_DIGITS = 3   # the notebook prints tokens a pass at 2 decimals: 2.18, 3 digits
 
 # Exercise 1: another draft, another k
 EXERCISE1_ALPHA, EXERCISE1_K = 0.6, 3
@@ -41,42 +50,22 @@ EXERCISE3_P = (0.5, 0.2, 0.2, 0.1)
 EXERCISE3_Q = (0.3, 0.5, 0.1, 0.1)
 
 
-def _number_or_feedback(answer, what: str):
-    """(value, None) for a finite number (also a one-element list or array), else (None,
-    Feedback)."""
-    if is_missing(answer):
-        return None, not_filled_in("answer", what)
-    if isinstance(answer, (list, tuple)) and len(answer) == 1:
-        answer = answer[0]
-    if isinstance(answer, np.ndarray) and answer.size == 1 and answer.dtype.kind in "iuf":
-        answer = answer.reshape(()).item()
-    if isinstance(answer, (str, bytes)):
-        return None, Feedback(False, f"expected {what}, got text ({answer!r:.40}): write the "
-                              "number itself, without quotes.")
-    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, Real):
-        return None, Feedback(False, f"expected {what}, got {type(answer).__name__}.")
-    value = as_number(answer)
-    if value is None:
-        return None, Feedback(False, f"expected {what}, a finite number of reasonable size.")
-    return value, None
-
-
 # Exercise 1 ------------------------------------------------------------------------------
 
 @checker
 def check_tokens_per_pass(answer) -> Feedback:
     """Exercise 1: the tokens a round adds on average (per pass of the target) when each
     proposal is accepted with probability 0.6, independently, and the draft proposes k = 3."""
-    value, feedback = _number_or_feedback(answer, "a number of tokens")
-    if feedback is not None:
-        return feedback
+    value = read_number(answer, "a number of tokens")
+    if isinstance(value, Feedback):
+        return value
     a, k = EXERCISE1_ALPHA, EXERCISE1_K
     expected = speculative.expected_tokens_per_pass(a, k)
 
     def near(target: float) -> bool:
         return abs(value - target) <= ROUNDING
 
-    if near(expected):
+    if near(expected) or agrees_at_its_precision(value, expected, PRINTED_DIGITS):
         return Feedback(True, f"1 + 0.6 + 0.36 + 0.216 = {expected:.3f} tokens a pass: each "
                         "round adds the target's own token, and proposal i counts when the "
                         f"first i are all accepted (alpha^i). Plain decoding adds 1.")
@@ -107,6 +96,13 @@ def check_tokens_per_pass(answer) -> Feedback:
     for wrong, message in diagnoses:
         if near(wrong):
             return Feedback(False, message)
+    if significant_digits(value) < PRINTED_DIGITS and abs(value - expected) < 0.05:
+        return Feedback(False, f"{value:g} is rounded too far to tell: give the number to 2 "
+                        "decimals at least, as the notebook prints tokens a pass.")
+    close = how_close(value, expected) if significant_digits(value) >= PRINTED_DIGITS else None
+    if close is not None:
+        return Feedback(False, f"{value:g} is close ({close}) but not it: compute each term, "
+                        "alpha^i for i = 0 to 3, to 3 decimals, and add them.")
     return Feedback(False, f"not {value:.6g}. A round adds 1 + alpha + alpha^2 + ... + alpha^k "
                     "tokens on average, (1 - alpha^(k+1)) / (1 - alpha).")
 
@@ -222,7 +218,7 @@ def _run_case(step, label, target, draft, prompt, k, new_tokens) -> Feedback | N
         if before >= len(reference):
             break
         try:
-            step(target, draft, sequence, target_cache, draft_cache, k)
+            returned = step(target, draft, sequence, target_cache, draft_cache, k)
         except Exception as error:   # noqa: BLE001 - whatever a student's code raises is reported
             hint = ""
             if "truncate" in str(error):
@@ -244,7 +240,7 @@ def _run_case(step, label, target, draft, prompt, k, new_tokens) -> Feedback | N
                             "target's token).")
         if not all(isinstance(t, (int, np.integer)) for t in sequence[before:]):
             return Feedback(False, f"With {label}, round {round_number} added "
-                            f"{sequence[before:]!r}: token ids must be whole numbers.")
+                            f"{shown(sequence[before:])}: token ids must be whole numbers.")
         # the draft fed the sequence and k - 1 proposals; it keeps what the sequence confirms
         expected = {"target": len(sequence) - 1,
                     "draft": min(before + k - 1, len(sequence) - 1)}
@@ -262,6 +258,33 @@ def _run_case(step, label, target, draft, prompt, k, new_tokens) -> Feedback | N
                             f"greedy decoding gives {reference[first]}. Keep the proposals "
                             "while each is the argmax of the target's row before it, then add "
                             "the target's argmax.")
+        problem = _return_problem(returned, [int(t) for t in sequence[before:]])
+        if problem is not None:
+            return Feedback(False, f"With {label}, round {round_number} added the right "
+                            f"tokens to sequence, but returned {problem}")
+    return None
+
+
+def _return_problem(returned, added: list[int]) -> str | None:
+    """None when a round returned the tokens it added (a list, tuple or 1-D array of whole
+    numbers); else what it returned and why that is not it, in words."""
+    wanted = (f"It should return the tokens it kept, the ones it added to sequence: "
+              f"{added} (kept = proposals[:accepted] + [the target's token]).")
+    if returned is None:
+        return f"None. {wanted}"
+    if isinstance(returned, np.ndarray) and returned.ndim == 1:
+        returned = returned.tolist()
+    if not isinstance(returned, (list, tuple)):
+        return f"{described(returned)}. {wanted}"
+    tokens = []
+    for item in returned:
+        token = read_whole_number(item, "a token id") if not isinstance(
+            item, (list, tuple, np.ndarray)) else None
+        if not isinstance(token, int):
+            return f"{shown(returned)}: token ids are whole numbers. {wanted}"
+        tokens.append(token)
+    if tokens != added:
+        return f"{shown(returned)}. {wanted}"
     return None
 
 
@@ -274,7 +297,7 @@ def check_speculative_round(answer) -> Feedback:
         return not_filled_in("answer", "your fixed function (answer = speculative_round_fixed)")
     if not callable(answer):
         return Feedback(False, "answer should be your fixed function, speculative_round_fixed "
-                        f"(without brackets); got {type(answer).__name__}.")
+                        f"(without brackets); got {described(answer)}.")
     cases = exercise2_cases()
     for case in cases:
         feedback = _run_case(answer, *case)
@@ -300,7 +323,7 @@ def check_acceptance_probabilities(answer) -> Feedback:
     proposes it (p, the target's distribution; q, the draft's)."""
     if is_missing(answer):
         return not_filled_in("answer", "four numbers, one chance per token")
-    array = numeric_array(answer, "answer", (4,))
+    array = read_array(answer, "answer", (4,))
     if isinstance(array, Feedback):
         if isinstance(answer, Real) and not isinstance(answer, bool) and \
                 as_number(answer) is not None and \
@@ -356,8 +379,18 @@ def check_acceptance_probabilities(answer) -> Feedback:
     for wrong, message in diagnoses:
         if np.allclose(array, wrong, rtol=0, atol=ROUNDING):
             return Feedback(False, message)
+    if array.max() > 1 and (array >= 0).all():
+        said = ("those look like percentages: a chance is a number between 0 and 1 (25% is "
+                "0.25)")
+        chances = array / 100
+        if np.allclose(chances, expected, rtol=0, atol=ROUNDING):
+            return Feedback(False, f"{said}. Divided by 100, they are right.")
+        for wrong, message in diagnoses:
+            if np.allclose(chances, wrong, rtol=0, atol=ROUNDING):
+                return Feedback(False, f"{said}. Read as chances: {message}")
+        return Feedback(False, f"{said}. For each token x the chance is min(1, p(x) / q(x)).")
     worst = int(np.argmax(np.abs(array - expected)))
-    return Feedback(False, f"not yet: look at token {worst}. For each token x the chance is "
+    return Feedback(False, f"look at token {worst}. For each token x the chance is "
                     "min(1, p(x) / q(x)).")
 
 

@@ -20,7 +20,6 @@ inference, never imported by them.
 """
 
 from .batch import attend_padded, attend_per_sequence, batched_decode_step, padding_mask
-from .block_attention import block_attention, gather_attention
 from .block_manager import BlockManager
 from .blocks import BlockAllocator
 from .engine import (

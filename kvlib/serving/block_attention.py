@@ -26,42 +26,43 @@ import math
 
 import numpy as np
 
-from ..model import split_heads, weighted_sum
-
-
-def _grouped_scores(Q: np.ndarray, K: np.ndarray) -> np.ndarray:
-    """Q (h, T, dh) against K (kv, S, dh), each query head reading its group's K/V head
-    (notebook 15) -> scores (h, T, S), scaled by 1 / sqrt(dh)."""
-    h, T, dh = Q.shape
-    kv = K.shape[0]
-    groups = Q.reshape(kv, h // kv, T, dh)
-    return ((groups @ K[:, None].swapaxes(-1, -2)) * (1.0 / math.sqrt(dh))).reshape(h, T, -1)
+from ..model import split_heads
 
 
 class OnlineSoftmax:
-    """The running state of attention over blocks of keys: m (h, T, 1) the largest score so
-    far, l (h, T, 1) the sum of exp(score - m), acc (h, T, dh) the values weighted the same
-    way. add(scores, V) takes one block; result() is acc / l."""
+    """The running state of attention over blocks of keys, per query and head: m the largest
+    score so far, l the sum of exp(score - m), acc the values weighted the same way (shapes
+    (kv, group, T, 1) and (kv, group, T, dh): the query heads in their K/V groups, notebook 15).
+    add(scores, V) takes one block; result() is acc / l.
 
-    def __init__(self, h: int, T: int, dh: int, dtype):
-        self.m = np.full((h, T, 1), -np.inf, dtype=dtype)
-        self.l = np.zeros((h, T, 1), dtype=dtype)
-        self.acc = np.zeros((h, T, dh), dtype=dtype)
+    m starts at -inf, and exp(-inf - m') = 0 makes the first block's rescaling vanish. A
+    hidden key (score -inf) weighs exp(-inf) = 0. Every query sees at least its own key, so
+    after the last block every row's m is finite and l > 0.
+    """
+
+    def __init__(self, shape: tuple[int, ...], head_dim: int, dtype):
+        self.m = np.full(shape + (1,), -np.inf, dtype=dtype)
+        self.l = np.zeros(shape + (1,), dtype=dtype)
+        self.acc = np.zeros(shape + (head_dim,), dtype=dtype)
 
     def add(self, scores: np.ndarray, V: np.ndarray) -> None:
-        """scores (h, T, S) with -inf where a key is hidden; V (kv, S, dh)."""
+        """scores (kv, group, T, S) of one block, -inf where a key is hidden; V (kv, 1, S, dh)."""
         new_m = np.maximum(self.m, scores.max(axis=-1, keepdims=True))
-        # a row that has seen only hidden keys keeps m = -inf and adds nothing
-        finite = np.isfinite(new_m)
-        safe_m = np.where(finite, new_m, 0.0)
-        rescale = np.where(finite, np.exp(self.m - safe_m), 1.0)   # exp(-inf) = 0 at first
-        weights = np.exp(scores - safe_m)                          # a hidden key weighs 0
+        rescale = np.exp(self.m - new_m)          # how much smaller the old terms become
+        weights = np.exp(scores - new_m)
         self.l = self.l * rescale + weights.sum(axis=-1, keepdims=True)
-        self.acc = self.acc * rescale + weighted_sum(weights, V)
+        self.acc = self.acc * rescale + weights @ V
         self.m = new_m
 
     def result(self) -> np.ndarray:
         return self.acc / self.l
+
+
+def _heads_of(rows: np.ndarray, kv: int, dh: int, keys: bool) -> np.ndarray:
+    """Rows (S, kv x dh) as a view per K/V head, ready to meet a group of queries: keys as
+    (kv, 1, dh, S), values as (kv, 1, S, dh). No copy."""
+    heads = rows.reshape(rows.shape[0], kv, dh)
+    return (heads.transpose(1, 2, 0) if keys else heads.transpose(1, 0, 2))[:, None]
 
 
 def block_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndarray,
@@ -79,21 +80,18 @@ def block_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndarr
     h, T, dh = Q.shape
     block_size = keys.shape[1]
     kv = keys.shape[2] // dh
-    positions = np.asarray(positions)
-    state = OnlineSoftmax(h, T, dh, Q.dtype)
-    for index, block in enumerate(block_table):
-        start = index * block_size
-        if start >= n_cached:
-            break
-        used = min(block_size, n_cached - start)                  # the last may be partial
-        K = split_heads(keys[block, :used], kv)                    # views: nothing copied
-        V = split_heads(values[block, :used], kv)
-        state.add(_grouped_scores(Q, K), V)   # cached keys are all before every query
-    new_positions = n_cached + np.arange(T)
-    scores = _grouped_scores(Q, split_heads(new_keys, kv))
-    causal = new_positions[None, :] <= positions[:, None]           # (T, T)
-    state.add(np.where(causal, scores, -np.inf), split_heads(new_values, kv))
-    return state.result()
+    groups = Q.reshape(kv, h // kv, T, dh) * (1.0 / math.sqrt(dh))   # query heads by K/V head
+    state = OnlineSoftmax((kv, h // kv, T), dh, Q.dtype)
+    for index in range(-(-n_cached // block_size)):
+        block = block_table[index]
+        used = min(block_size, n_cached - index * block_size)      # the last may be partial
+        # every cached key is before every query: nothing to mask
+        state.add(groups @ _heads_of(keys[block, :used], kv, dh, True),
+                  _heads_of(values[block, :used], kv, dh, False))
+    causal = (n_cached + np.arange(T))[None, :] <= np.asarray(positions)[:, None]   # (T, T)
+    scores = groups @ _heads_of(new_keys, kv, dh, True)
+    state.add(np.where(causal, scores, -np.inf), _heads_of(new_values, kv, dh, False))
+    return state.result().reshape(h, T, dh)
 
 
 def gather_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndarray,

@@ -13,17 +13,25 @@ from __future__ import annotations
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
-from kvlib.serving.engine import Engine, SamplingParams, summarize
+from kvlib.serving.engine import Engine, SamplingParams, StaticBatchingEngine, summarize
 
 from .base import LiveFigure, as_html, plural, safely
 
 SYSTEM_PROMPT = ("You are a patient tutor. Answer in one short sentence, with a number when "
                  "the question asks for one.")
+PASSAGE = ("Read this and answer. The printing press with movable metal type was built by "
+           "Johannes Gutenberg in Mainz around 1450. Before it, books were copied by hand, and "
+           "a single Bible could take a scribe three years. Gutenberg's press could print "
+           "hundreds of pages a day. Within fifty years, printing shops had spread to more than "
+           "two hundred cities in Europe, and millions of books had been printed. Cheaper books "
+           "helped more people learn to read, and ideas travelled faster than ever before. "
+           "Question: who built the press, and where?")
 QUESTIONS = ["What is 7 times 8?", "Name a planet.", "What is the capital of Japan?",
              "How many legs has a spider?", "What colour is the sky?", "Say hello in French.",
-             "What is the boiling point of water?", "Who wrote Hamlet?"]
+             PASSAGE, "Who wrote Hamlet?"]
 ARRIVALS = [0, 0, 0, 0, 3, 4, 5, 6]
-"""The step at which each question arrives: four at once, then one a step."""
+"""The step at which each question arrives: four at once, then one a step; the sixth (the
+passage, a long prompt) arrives while the others decode."""
 MAX_TOKENS = [6, 14, 8, 12, 6, 10, 8, 12]
 """Each request's max_tokens: replies of different lengths, as in real traffic."""
 END_OF_TURN = 2
@@ -112,8 +120,9 @@ def queue_status(engine: Engine) -> str:
     running = ", ".join(str(r.request_id) for r in engine.running) or "none"
     finished = sum(r.status == "finished" for r in engine.requests.values())
     stats = engine.stats
+    preemptions = plural(stats["preemptions"], "preemption")
     return (f"running: {running}; waiting: {waiting}; finished: {finished} of "
-            f"{len(engine.requests)}. Since the start: {plural(stats['preemptions'], 'preemption')}, "
+            f"{len(engine.requests)}. Since the start: {preemptions}, "
             f"{stats['prefix_hit_tokens']} of {stats['prompt_tokens']} prompt tokens from the "
             "prefix cache.")
 
@@ -196,14 +205,37 @@ def engine_widget(make_engine, requests):
     return box
 
 
+STEP_COLUMNS = ("steps", "ttft_steps", "tpot_steps", "tokens_per_step", "largest_step",
+                "preemptions", "computed_prompt_tokens")
+"""What run_variant measures in steps and tokens: the same on every machine."""
+
+
+def variants(params) -> dict:
+    """The engine and the variants the lesson compares, each a function that makes a fresh
+    engine: blocks of 16, a budget of 64 tokens a step, 48 blocks in the pool."""
+    common = {"block_size": 16, "n_blocks": 48}
+    return {
+        "the engine": lambda: Engine(params, max_num_batched_tokens=64, **common),
+        "without prefix caching": lambda: Engine(params, max_num_batched_tokens=64,
+                                                 enable_prefix_caching=False, **common),
+        "without chunked prefill": lambda: Engine(params, max_num_batched_tokens=192,
+                                                  enable_chunked_prefill=False, **common),
+        "static batching, 4 at a time": lambda: StaticBatchingEngine(
+            params, max_num_batched_tokens=256, max_num_seqs=4, **common),
+        "a pool too small (14 blocks)": lambda: Engine(params, block_size=16, n_blocks=14,
+                                                       max_num_batched_tokens=64),
+    }
+
+
 def workload_table(results: dict[str, dict]) -> str:
     """The variants side by side: one row each, the service numbers in steps."""
-    lines = [f"{'':34s} {'steps':>6s} {'TTFT':>6s} {'TPOT':>6s} {'tok/step':>9s} "
-             f"{'preempted':>10s} {'prompt tokens computed':>23s}"]
+    lines = [f"{'':30s} {'steps':>5s} {'TTFT':>5s} {'TPOT':>5s} {'tokens/step':>11s} "
+             f"{'largest step':>12s} {'preempted':>9s} {'prompt tokens run':>17s}"]
     for name, row in results.items():
-        lines.append(f"{name:34s} {row['steps']:6d} {row['ttft_steps']:6.1f} "
-                     f"{row['tpot_steps']:6.2f} {row['tokens_per_step']:9.2f} "
-                     f"{row['preemptions']:10d} {row['computed_prompt_tokens']:23d}")
+        lines.append(f"{name:30s} {row['steps']:5d} {row['ttft_steps']:5.1f} "
+                     f"{row['tpot_steps']:5.2f} {row['tokens_per_step']:11.2f} "
+                     f"{row['largest_step']:12d} {row['preemptions']:9d} "
+                     f"{row['computed_prompt_tokens']:17d}")
     return "\n".join(lines)
 
 
@@ -212,17 +244,20 @@ def run_variant(engine: Engine, requests) -> dict:
     summarize's numbers, with the preemptions and the prompt tokens that had to be computed
     (not taken from the prefix cache), and each request's output."""
     ids: list[int] = []
+    largest = 0
     add_arrivals(engine, requests, ids)
     while engine.has_unfinished_requests() or len(ids) < len(requests):
         engine.step()
+        largest = max(largest, sum(engine.last_step.scheduled_tokens.values()))
         add_arrivals(engine, requests, ids)
     numbers = summarize(engine, ids)
     numbers["preemptions"] = engine.stats["preemptions"]
     numbers["computed_prompt_tokens"] = engine.stats["prompt_tokens"] - \
         engine.stats["prefix_hit_tokens"]
+    numbers["largest_step"] = largest
     numbers["outputs"] = [engine.requests[i].output for i in ids]
     return numbers
 
 
 __all__ = ["add_arrivals", "chat_prompts", "draw_batch", "draw_pool", "engine_widget",
-           "run_variant", "workload", "workload_table"]
+           "run_variant", "variants", "workload", "workload_table"]

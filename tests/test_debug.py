@@ -1,0 +1,154 @@
+"""kvlib.debug.first_divergence against planted bugs (notebook 25): each bug of the zoo
+(kvlib.cache_bugs) is found at the right step, layer and quantity, with the right reading, on
+random architectures in float64 and on the trained models in float32; the right loops are
+never blamed."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import configs, token_lists
+
+import kvlib
+from kvlib import cache_bugs as bugs
+from kvlib import debug
+
+PROPERTY = settings(max_examples=30, deadline=None)
+STORIES = Path(kvlib.__file__).parent / "models" / "stories"
+
+
+def rotary_model(**options):
+    config = kvlib.ModelConfig(vocab_size=30, d_model=8, n_heads=4, n_kv_heads=2, n_layers=2,
+                               d_ff=16, context_length=40, positions="rotary", norm="rms",
+                               mlp="swiglu", **options)
+    return kvlib.init_params(config, seed=7)
+
+
+PROMPT = [1, 2, 3, 4, 5, 6]
+
+
+@PROPERTY
+@given(configs(latent=False, context_length=30), st.integers(0, 999), st.data())
+def test_the_right_loops_are_never_blamed(config, seed, data):
+    params = kvlib.init_params(config, seed=seed)
+    prompt = token_lists(data.draw, config, min_size=1, max_size=10)
+    n_new = data.draw(st.integers(1, 8))
+    assert debug.first_divergence(params, prompt, n_new) is None
+    assert debug.first_divergence(params, prompt, n_new, bugs.decode_step,
+                                  prefill=bugs.prefill) is None
+
+
+@pytest.mark.parametrize("make, step, layer, quantity, words", [
+    (lambda: dict(decode_step=bugs.JumpingOffset()), 1, 0, "cached k",
+     "rotated for position 12"),
+    (lambda: dict(prefill=bugs.prefill_without_mask), None, 0, "attention weights",
+     "causal mask is missing"),
+    (lambda: dict(decode_step=bugs.decode_step_mask_from_the_top), 0, 0, "attention weights",
+     "aligned to the wrong end"),
+    (lambda: dict(decode_step=bugs.SharedBatchPosition(3)), 0, 0, "cached k",
+     "rotated for position 9"),
+    (lambda: dict(decode_step=bugs.RolledBack(2)), 0, None, "cache length", "holds 6 positions"),
+    (lambda: dict(decode_step=bugs.RolledBack(0)), 0, None, "cache length", "holds 8 positions"),
+    (lambda: dict(decode_step=bugs.RotaryTableForPrompt(9)), 3, None, "an error", "ValueError"),
+])
+def test_each_planted_bug_is_found_where_it_is(make, step, layer, quantity, words):
+    params = rotary_model()
+    options = dict(decode_step=bugs.decode_step, prefill=bugs.prefill) | make()
+    found = debug.first_divergence(params, PROMPT, 6, **options)
+    assert found is not None, "the bug was not found"
+    assert (found.step, found.layer, found.quantity) == (step, layer, quantity), str(found)
+    assert words in found.reading and words in str(found)
+
+
+def test_a_window_one_short_is_found_at_the_first_step_past_the_window():
+    params = rotary_model(window=4, sink_tokens=1)
+    assert debug.first_divergence(params, PROMPT, 6, bugs.decode_step,
+                                  prefill=bugs.prefill) is None
+    found = debug.first_divergence(params, PROMPT, 6, bugs.decode_step_window_one_short,
+                                   prefill=bugs.prefill)
+    assert (found.step, found.layer, found.quantity) == (0, 0, "attention weights")
+    assert "window too narrow" in found.reading
+
+
+def test_a_prefix_cache_key_without_its_parent_shows_in_the_second_layer():
+    """Layer 0's keys depend on a token and its position only: a block reused from another
+    sequence is right there, and wrong from layer 1 on."""
+    params = rotary_model()
+    other = [9, 9, 9, 9, 5, 6, 7, 8, 1]
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 2]
+    found = debug.first_divergence(params, prompt, 4, bugs.decode_step,
+                                   prefill=bugs.PrefixCacheWithoutParent(params, 4, [other]))
+    assert (found.step, found.layer, found.position, found.quantity) == (None, 1, 4, "cached k")
+    assert "without its parent" in found.reading
+    fresh = bugs.PrefixCacheWithoutParent(params, 4, [[9, 9, 9, 9, 1, 1, 1, 1, 1]])
+    assert debug.first_divergence(params, prompt, 4, bugs.decode_step, prefill=fresh) is None
+
+
+def test_a_cache_never_read_gives_right_answers_and_shows_in_the_rows_computed():
+    params = rotary_model()
+    never_read = bugs.CacheNeverRead(PROMPT)
+    assert debug.first_divergence(params, PROMPT, 6, never_read, prefill=bugs.prefill) is None
+    assert debug.rows_computed(params, PROMPT, 6, bugs.CacheNeverRead(PROMPT)) == \
+        [len(PROMPT) + 1 + i + 1 for i in range(5)]
+    assert debug.rows_computed(params, PROMPT, 6) == [1] * 5
+
+
+def test_learned_positions_name_the_position_the_token_was_given():
+    params = kvlib.init_params(kvlib.ModelConfig(positions="learned", norm="layer", bias=True),
+                               seed=3)
+    found = debug.first_divergence(params, [0, 3, 7, 1, 9], 6, bugs.SharedBatchPosition(2),
+                                   prefill=bugs.prefill)
+    assert (found.step, found.layer, found.quantity) == (0, 0, "cached k")
+    assert "given the learned position 7" in found.reading
+
+
+def test_the_story_model_in_float32():
+    from kvlib import gpt2
+
+    story = gpt2.load(STORIES, dtype="float32")
+    prompt = list(range(2, 30))
+    assert debug.first_divergence(story, prompt, 6) is None
+    found = debug.first_divergence(story, prompt, 6, bugs.JumpingOffset(),
+                                   prefill=bugs.prefill)
+    assert (found.step, found.layer, found.quantity) == (1, 0, "cached k")
+    assert "learned position" in found.reading
+
+
+def test_smollm2_in_float32():
+    params = kvlib.load_smollm2()
+    prompt = kvlib.smollm2_tokenizer().encode("The capital of France is")
+    assert debug.first_divergence(params, prompt, 3) is None
+    found = debug.first_divergence(params, prompt, 3, bugs.SharedBatchPosition(4),
+                                   prefill=bugs.prefill)
+    assert (found.step, found.layer, found.quantity) == (0, 0, "cached k")
+    assert f"rotated for position {len(prompt) + 4}" in found.reading
+
+
+def test_the_recorder_puts_kvlibs_functions_back():
+    originals = {name: getattr(kvlib.model, name) for name in debug.WATCHED}
+    with pytest.raises(RuntimeError):
+        with debug.record():
+            assert kvlib.model.project_qkv is not originals["project_qkv"]
+            raise RuntimeError
+    assert {name: getattr(kvlib.model, name) for name in debug.WATCHED} == originals
+    assert kvlib.decoder_block is originals["decoder_block"]
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda p: debug.first_divergence(p, "hi", 3), TypeError, "token ids"),
+    (lambda p: debug.first_divergence(p, [1], 0), ValueError, "n_new_tokens"),
+    (lambda p: debug.first_divergence(p, [1], 3, decode_step=3), TypeError, "a function"),
+    (lambda p: debug.first_divergence(p, [1], 3, tolerance=-1), ValueError, "tolerance"),
+    (lambda p: debug.first_divergence(p, [1] * 30, 20), ValueError, "context length"),
+    (lambda p: debug.first_divergence("params", [1], 3), TypeError, "Params"),
+])
+def test_bad_input_is_refused_in_words(call, error, words):
+    with pytest.raises(error, match=words):
+        call(rotary_model())
+
+
+def test_every_bug_of_the_zoo_names_its_source():
+    assert len(bugs.BUGS) == 9
+    for bug in bugs.BUGS.values():
+        assert "#" in bug.source and bug.symptom and bug.fix

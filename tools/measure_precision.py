@@ -1,0 +1,145 @@
+"""Measure what lower precision does to "cached equals recomputed" (notebook 25), once, and
+keep the numbers small (kvlib/models/precision.json; the lesson loads it with
+kvlib.precision.measured()).
+
+    python tools/measure_precision.py                  # both models (about 25 minutes idle)
+    python tools/measure_precision.py stories          # one; the other is kept
+    python tools/measure_precision.py gpt2             # GPT-2 124M, when it is downloaded
+
+For each model, windows of real text: the story model's stories (kvlib.stories.corpus,
+seed 2026), SmolLM2's 1024 tokens of Python's documentation (the ids kept in
+kvlib/models/smollm2/measured.json). In every window the first PROMPT tokens are the prompt
+and every later token is predicted twice, teacher-forced: by decode steps against the cache
+and by one forward pass (kvlib.precision.teacher_forced). Rows:
+
+- everything in float64, float32, float16, bfloat16 (kvlib.precision.computed_in, weights
+  rounded with in_format): cached against recomputed; and the recomputed logits against the
+  float64 ones (what the format itself costs);
+- the cache alone in float16 and bfloat16 (kvlib.precision.RoundingCache), the model in
+  float32: cached against the float32 recomputation;
+- left padding: each window with PADDING pad tokens in front, hidden by the mask, against the
+  window alone (kvlib.precision.left_padded), everything in each format.
+
+Each comparison: positions, largest and mean absolute logit difference, greedy flips and
+the widest top-two gap at which one happened (kvlib.precision.Comparison).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+import kvlib  # noqa: E402
+from kvlib import precision  # noqa: E402
+
+PROMPT = 16
+PADDING = 5
+SIZES = {"stories": (48, 96), "smollm2": (8, 64), "gpt2": (8, 64)}   # windows, tokens each
+
+
+def story_windows(n: int, length: int) -> list[list[int]]:
+    from kvlib.stories.corpus import story_sequences
+
+    return [list(map(int, row)) for row in story_sequences(n, seed=2026, length=length)]
+
+
+def smollm2_windows(n: int, length: int) -> list[list[int]]:
+    from kvlib.checkpoints import smollm2
+
+    ids = smollm2.measured()["ids"]
+    return [ids[i * length:(i + 1) * length] for i in range(n)]
+
+
+def gpt2_windows(n: int, length: int) -> list[list[int]]:
+    from kvlib import gpt2
+
+    tokenizer = gpt2.Tokenizer.gpt2()
+    return [tokenizer.encode(text)[:length] for text in _python_texts(n)]
+
+
+def _python_texts(n: int) -> list[str]:
+    from pydoc_data import topics
+
+    return [topics.topics[key] for key in sorted(topics.topics)[:n]]
+
+
+def load(name: str):
+    from kvlib import gpt2
+
+    if name == "stories":
+        return gpt2.load(Path(kvlib.__file__).parent / "models" / "stories", dtype="float32")
+    if name == "smollm2":
+        return kvlib.load_smollm2()
+    weights = gpt2.find_weights()
+    if weights is None:
+        raise SystemExit("GPT-2 124M is not downloaded: run kvlib.gpt2.download() first "
+                         "(it needs a network)")
+    return gpt2.load(weights, dtype="float32")
+
+
+WINDOWS = {"stories": story_windows, "smollm2": smollm2_windows, "gpt2": gpt2_windows}
+
+
+def pooled(pairs) -> dict:
+    """One Comparison over every window's rows."""
+    a = np.concatenate([first for first, _ in pairs])
+    b = np.concatenate([second for _, second in pairs])
+    return precision.compare(a, b).as_dict()
+
+
+def measure(name: str) -> dict:
+    params = load(name)
+    windows = WINDOWS[name](*SIZES[name])
+    reference = [kvlib.forward(precision.in_format(params, "float64"), ids[:-1])[PROMPT - 1:]
+                 for ids in windows]
+    rows = []
+    for number_format in precision.FORMATS:
+        started = time.monotonic()
+        weights = precision.in_format(params, number_format)
+        with precision.computed_in(number_format):
+            runs = [precision.teacher_forced(weights, ids, PROMPT) for ids in windows]
+            padded = [precision.left_padded(weights, ids, PADDING) for ids in windows]
+        rows.append({"format": number_format, "where": "everything",
+                     "cached_against_recomputed": pooled(runs),
+                     "against_float64": pooled([(recomputed, exact) for (_, recomputed), exact
+                                                in zip(runs, reference)]),
+                     "padded_against_alone": pooled(padded)})
+        print(f"{name} {number_format}: {time.monotonic() - started:.0f} s", flush=True)
+    for number_format in ("float16", "bfloat16"):
+        runs = [precision.teacher_forced(params, ids, PROMPT,
+                                         precision.RoundingCache(params.config, number_format))
+                for ids in windows]
+        rows.append({"format": number_format, "where": "the cache",
+                     "cached_against_recomputed": pooled(runs),
+                     "against_float64": pooled([(cached, exact) for (cached, _), exact
+                                                in zip(runs, reference)])})
+    return {"windows": len(windows), "tokens": len(windows[0]), "prompt": PROMPT,
+            "padding": PADDING, "rows": rows}
+
+
+def main(argv: list[str]) -> None:
+    names = argv or ["stories", "smollm2"]
+    unknown = set(names) - set(WINDOWS)
+    if unknown:
+        raise SystemExit(f"unknown models {sorted(unknown)}; choose from {sorted(WINDOWS)}")
+    for name in names:
+        started = time.monotonic()
+        result = measure(name)
+        path = precision.MEASURED
+        measured = json.loads(path.read_text()) if path.is_file() else {}
+        measured |= {"command": "python tools/measure_precision.py [models]", name: result}
+        path.write_text(json.dumps(measured, indent=1) + "\n")
+        print(f"{name}: {time.monotonic() - started:.0f} s in all", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
