@@ -89,6 +89,35 @@ def test_the_notebooks_pair_rotation_is_kvlibs(namespace, inputs):
 
 
 @PROPERTY
+@given(st.floats(-50, 50), st.floats(-50, 50))
+def test_the_notebooks_one_line_derivation(namespace, a, b):
+    """R(a)ᵀ = R(-a) and R(a)ᵀ R(b) = R(b - a), for any two angles."""
+    rotation = namespace["rotation"]
+    np.testing.assert_allclose(rotation(a).T, rotation(-a), atol=1e-12)
+    np.testing.assert_allclose(rotation(a).T @ rotation(b), rotation(b - a), atol=1e-9)
+
+
+@PROPERTY
+@given(st.integers(2, 128).map(lambda half: 2 * half), bases, st.floats(1.01, 64))
+def test_ntk_aware_scaling_keeps_the_fastest_pair_and_slows_the_slowest_by_the_factor(
+        namespace, dim, base, factor):
+    raised = namespace["ntk_aware_base"](base, dim, factor)
+    slowed = (kvlib.rotary_angles(np.array([1]), dim, base)[0]
+              / kvlib.rotary_angles(np.array([1]), dim, raised)[0])
+    assert slowed[0] == pytest.approx(1.0) and slowed[-1] == pytest.approx(factor)
+    assert np.all(np.diff(slowed) > 0)
+
+
+def test_pair_zero_comes_close_to_a_full_turn_only_near_multiples_of_six_point_28():
+    q, k = w14.example_query_and_key()
+    shares = w14.scores_by_distance(q, k, 48)[:, 0]
+    # the distance where pair 0 comes nearest to where it started, 1..48: 44, not 6
+    off_a_turn = np.abs((np.arange(1, 49) + np.pi) % (2 * np.pi) - np.pi)
+    assert int(np.argmin(off_a_turn)) + 1 == 44
+    assert abs(shares[44] - shares[0]) < 0.03 < abs(shares[6] - shares[0])
+
+
+@PROPERTY
 @given(rotation_inputs(), seeds)
 def test_transformers_half_layout_is_a_permutation_of_kvlibs_pairs(namespace, inputs, seed):
     X, positions, dim, base = inputs
@@ -233,7 +262,8 @@ def test_widget_draws_kvlibs_rotation_of_the_chosen_pair():
     np.testing.assert_allclose(tip_k, w14.rotated(k, 7).reshape(-1, 2)[2])
     assert "Pair 2 of q and k" in plane.get_title()
     assert "m = 12" in plane.get_legend().texts[0].get_text()
-    assert "Pair 2 turns 0.1 rad per position (a full turn every 63" in widget.status.value
+    assert "Pair 2 turns 0.1 rad per position (a full turn every 62.83 positions)" in \
+        widget.status.value
     curves = widget.state["curves"]
     np.testing.assert_allclose(curves.lines[0].get_ydata(),
                                w14.scores_by_distance(q, k)[:, 2])
@@ -279,7 +309,8 @@ def test_low_pairs_turn_fast_and_high_pairs_slowly():
         widget.controls["pair"].value = pair
         speeds.append(widget.state["angle_per_position"])
     assert speeds[0] == pytest.approx(1.0) and np.all(np.diff(speeds) < 0)
-    assert "a full turn every 6 positions" in w14.rotation_explorer(pair=0).status.value
+    assert "a full turn every 6.28 positions" in w14.rotation_explorer(pair=0).status.value
+    assert "a full turn every 19,869 positions" in w14.rotation_explorer(pair=7).status.value
     widget.controls["base"].value = 500000.0
     assert widget.state["angle_per_position"] == pytest.approx(500000.0 ** (-14 / 16))
 

@@ -317,6 +317,38 @@ def test_choosing_kv_heads_redraws_the_grouping_and_the_numbers():
     assert widget.preset.value == "Llama-3-8B"           # still the model, other K/V heads
 
 
+def test_the_bars_and_their_numbers_say_one_thing_kib_per_token():
+    widget = w15.grouping_explorer()
+    ax = widget.axes[1]
+    heights = [bar.get_height() for bar in ax.patches]
+    assert [text.get_text() for text in ax.texts] == [f"{h:,.0f}" for h in heights] == \
+        ["16", "32", "64", "128", "256", "512"]
+    assert "KiB per token" in ax.get_ylabel() and "KiB per token" in ax.get_title()
+    widget.budget_gib.value = 1.0                  # the budget changes the status, not the bars
+    assert [text.get_text() for text in ax.texts][3] == "128"
+    assert "In 1 GiB of cache: 8,192 cached tokens" in text_of(widget.status.value)
+    assert w15.kib_text(131_072) == "128" and w15.kib_text(36) == "0.0352"
+
+
+def test_readouts_count_in_words_with_one_of_each():
+    widget = w15.grouping_explorer("Falcon-7B")
+    assert "71 query heads, 1 K/V head of 64" in widget.source.value
+    widget.kv_heads.value = 71                     # multi-head attention: nothing saved
+    status = text_of(widget.status.value)
+    assert "MHA: 71 query heads each with a K/V head of its own" in status
+    assert "as much as multi-head attention" in status and "1 times" not in status
+    assert "You chose 71 K/V heads; the published model has 1" in widget.source.value
+    widget.n_heads.value, widget.layers.value = 1, 1
+    status = text_of(widget.status.value)
+    assert "MHA: 1 query head each with a K/V head of its own" in status
+    assert "2 (K and V) x 1 layer x 1 K/V head x 64 x 2 bytes = 256 bytes" in status
+    ylabels = [label.get_text() for label in widget.axes[0].get_yticklabels()]
+    assert ylabels == ["1 K/V head\n(cached)", "1 query head\n(not cached)"]
+    assert not re.search(r"\b1 (query heads|K/V heads|layers|cached tokens)", status)
+    widget.budget_gib.value = 256 / GiB            # room for exactly one token
+    assert "1 cached token," in text_of(widget.status.value)
+
+
 def test_presets_load_their_shapes():
     widget = w15.grouping_explorer("Llama-2-7B")
     widget.preset.value = "Falcon-7B"

@@ -7,7 +7,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import importlib.util  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import matplotlib.pyplot as plt  # noqa: E402
@@ -29,9 +31,14 @@ import kvlib  # noqa: E402
 from kvlib.exercises import lesson17 as ex17  # noqa: E402
 from kvlib.widgets import lesson17 as w17  # noqa: E402
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / \
-    "17_sliding_windows_and_sinks.ipynb"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "17_sliding_windows_and_sinks.ipynb"
+WINDOW_LOSSES = ROOT / "notebooks" / "data" / "window_losses.json"
 TOLERANCE = 1e-10
+_spec = importlib.util.spec_from_file_location("measure_windows",
+                                               ROOT / "tools" / "measure_windows.py")
+measure_windows = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(measure_windows)
 
 
 @pytest.fixture(autouse=True)
@@ -214,6 +221,22 @@ def test_draw_cache_bytes_and_losses_plot_their_data():
     assert ax.lines[-1].get_ydata()[0] == 1.5 and ax.get_ylabel().startswith("held-out loss")
 
 
+def test_the_loss_plots_draw_their_baselines_below_the_legend():
+    fig, (left, right) = plt.subplots(1, 2)
+    baselines = {"bigram": 2.5, "uniform guess": 5.6}
+    w17.draw_window_losses(left, [16, 32], {"window only": [5.0, 3.0]}, 0.6,
+                           baselines=baselines)
+    w17.draw_loss_by_position(right, {"full cache": np.ones(20)}, 4, smoothing=4,
+                              baselines=baselines)
+    for ax in (left, right):
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert lines["bigram"].get_ydata()[0] == 2.5
+        assert lines["uniform guess"].get_ydata()[0] == 5.6
+        assert lines["bigram"].get_linestyle() != lines["uniform guess"].get_linestyle()
+        assert ax.get_ylim()[1] > 1.3 * 5.6           # the legend's band, above every line
+        assert {t.get_text() for t in ax.get_legend().get_texts()} >= set(baselines)
+
+
 def test_draw_loss_by_position_smooths_each_curve():
     fig, ax = plt.subplots()
     curve = np.arange(20, dtype=float)
@@ -270,6 +293,17 @@ def test_widget_follows_its_sliders(window, sinks, n):
     assert widget.state["contents"].tolist() == expected
     assert [t.get_text() for t in ring_ax.texts] == [str(p) if p >= 0 else "-" for p in expected]
     assert widget.message.value == ""
+
+
+def test_widget_counts_in_words_with_one_of_each():
+    widget = w17.window_explorer(window=1, sink_tokens=1, n_tokens=1)
+    status = widget.status.value
+    assert "After 1 token the ring holds 1 position: 0." in status
+    assert "x 1 row x" in status and "a full cache of 1 position:" in status
+    assert widget.axes[1].get_title() == "The ring after 1 token: 1 sink slot + 1 window slot"
+    assert not any(phrase in status for phrase in ("1 positions", "1 rows", "1 tokens"))
+    widget.sinks.value, widget.tokens.value = 0, 2
+    assert "After 2 tokens the ring holds 1 position: 1." in widget.status.value
 
 
 def test_widget_redraws_in_place_without_leaks():
@@ -517,6 +551,94 @@ def test_every_checker_answers_anything_in_words(check, answer):
 def test_unfilled_answers_say_so(checker):
     not_yet(checker(...), "not filled in yet")
     not_yet(checker(None), "not filled in yet")
+
+
+# ---------------------------------------------------------------------------------------------
+# The trained model's measurement: notebooks/data/window_losses.json, from tools/measure_windows
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def window_losses():
+    return json.loads(WINDOW_LOSSES.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def story_model():
+    stories = kvlib.gpt2.load(measure_windows.MODEL, dtype="float64")
+    held_out = measure_windows.story_sequences(measure_windows.HELD_OUT_SEQUENCES,
+                                               measure_windows.HELD_OUT_SEED)
+    return stories, held_out
+
+
+def test_the_saved_measurement_is_written_as_the_tool_writes_it(window_losses, tmp_path):
+    measure_windows.write(window_losses, tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text(encoding="utf-8") == \
+        WINDOW_LOSSES.read_text(encoding="utf-8")
+    n, first = window_losses["sequences"], window_losses["first_position"]
+    assert (n, first, window_losses["predictions_per_sequence"]) == (64, 68, 187)
+    assert window_losses["uniform"] == round(math.log(276), 6)
+    names = {measure_windows.row_name(w, s) for w in (16, 32, 64) for s in (0, 1, 4)}
+    assert set(window_losses["rows"]) == names | {
+        "full cache", "bigram", "re-reading the last 16 afresh", "re-reading the last 32 afresh"}
+    for row in window_losses["rows"].values():
+        assert all(len(values) == n for values in row.values())
+        assert row["forced_count"] == window_losses["rows"]["bigram"]["forced_count"]
+    for name, curve in window_losses["by_position"].items():   # the same predictions
+        assert len(curve) == 255
+        assert abs(np.mean(curve[first:]) - np.mean(window_losses["rows"][name]["per_sequence"])) \
+            < 1e-5
+
+
+@pytest.mark.parametrize("window, sinks, sequences", [
+    (None, 0, [5, 63]), (16, 0, [7]), (16, 4, [4, 40]), (32, 1, [12]), (64, 4, [30])])
+def test_rows_of_the_saved_measurement_recomputed(window_losses, story_model, window, sinks,
+                                                  sequences):
+    """Rows the notebook does not recompute (it does the window of 32 on sequences 0-3)."""
+    stories, held_out = story_model
+    model = stories if window is None else stories.with_config(window=window,
+                                                               sink_tokens=sinks)
+    picked = held_out[sequences]
+    first = window_losses["first_position"]
+    losses = measure_windows.model_losses(model, picked)
+    forced = measure_windows.forced_predictions(picked)[:, first:]
+    fresh = measure_windows.summary(losses[:, first:], forced, 276)
+    saved = window_losses["rows"][measure_windows.row_name(window, sinks)]
+    for key, values in fresh.items():
+        np.testing.assert_allclose(values, [saved[key][i] for i in sequences], atol=2e-6)
+
+
+def test_re_reading_afresh_recomputed_for_one_sequence(window_losses, story_model):
+    stories, held_out = story_model
+    first = window_losses["first_position"]
+    for window in (16, 32):
+        losses = measure_windows.afresh_losses(stories, held_out[[9]], window, first)
+        saved = window_losses["rows"][f"re-reading the last {window} afresh"]
+        assert losses.shape == (1, 187)
+        assert abs(losses.mean() - saved["per_sequence"][9]) < 2e-6
+        assert int((losses > math.log(276)).sum()) == saved["worse_than_uniform"][9]
+
+
+def test_forced_predictions_are_the_repeats_of_the_grammar(story_model):
+    _, held_out = story_model
+    forced = measure_windows.forced_predictions(held_out[:2])
+    tokens = kvlib.stories.StoryTokenizer().tokens(held_out[0].tolist())
+    names = {r.position for r in kvlib.stories.forced_repeats(tokens, "name") if r.earlier}
+    assert names and all(forced[0, position - 1] for position in names)
+    assert not forced[:, 0].any() and 0.1 < forced.mean() < 0.3
+
+
+def test_what_the_notebook_reads_in_the_saved_measurement(window_losses):
+    rows = window_losses["rows"]
+    loss = {name: np.mean(row["per_sequence"]) for name, row in rows.items()}
+    assert loss["full cache"] < loss["window 64"] < loss["bigram"] < loss["window 32"] \
+        < loss["window 16"] < window_losses["uniform"]
+    for window in (16, 32, 64):        # a sink never hurts here, and 4 help more than 1
+        assert loss[f"window {window} + 4 sinks"] < loss[f"window {window} + 1 sink"] \
+            < loss[f"window {window}"]
+    assert min(loss["re-reading the last 16 afresh"], loss["re-reading the last 32 afresh"]) \
+        > loss["bigram"]
+    curve = np.convolve(window_losses["by_position"]["window 32"], np.ones(8) / 8, "valid")
+    assert curve.max() > window_losses["uniform"]       # the peak the plot shows
 
 
 # ---------------------------------------------------------------------------------------------

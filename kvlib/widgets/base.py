@@ -97,5 +97,6 @@ def safely(callback, message_widget: widgets.HTML | None = None):
 
 
 def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
-    """A count with its noun in the right number: '1 position', '5 positions'."""
-    return f"{count} {noun}" if count == 1 else f"{count} {plural_noun or noun + 's'}"
+    """A count with its noun in the right number: '1 position', '5 positions', '131,072
+    cached tokens' (thousands separated, as the readouts write every large number)."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {plural_noun or noun + 's'}"

@@ -28,7 +28,7 @@ from matplotlib.patches import Patch, Rectangle
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, explorer
+from .base import LiveFigure, explorer, plural
 
 FUTURE, DROPPED, SINK, IN_WINDOW = 0, 1, 2, 3
 VISIBILITY_NAMES = {FUTURE: "after the query (causal)", DROPPED: "fell out of the window",
@@ -54,10 +54,6 @@ def visibility(n_positions: int, window: int | None, sink_tokens: int = 0) -> np
     seen = kvlib.attention_mask(positions, positions, window, sink_tokens)
     kinds = np.where(seen, IN_WINDOW, np.where(causal, DROPPED, FUTURE))
     return np.where(seen & (positions < sink_tokens)[None, :], SINK, kinds)
-
-
-def _sinks(n: int) -> str:
-    return f"{n} sink" if n == 1 else f"{n} sinks"
 
 
 def _tick_step(n: int) -> int:
@@ -91,7 +87,8 @@ def draw_window_mask(ax, n_positions: int, window: int | None, sink_tokens: int 
                              label=VISIBILITY_NAMES[k]) for k in shown],
               loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, frameon=False,
               fontsize=8)
-    where = "full attention" if window is None else f"window W = {window}, {_sinks(sink_tokens)}"
+    where = ("full attention" if window is None
+             else f"window W = {window}, {plural(sink_tokens, 'sink')}")
     ax.set_title(title or f"Which keys each query sees ({where})", pad=24)
     return ax
 
@@ -177,8 +174,9 @@ def draw_cache_bytes(ax, tokens, full_bytes, ring_bytes, window: int, sink_token
     ax.clear()
     ax.plot(tokens, full_bytes, color=FULL_COLOR, marker=".", label="full cache (KVCache)")
     ax.plot(tokens, ring_bytes, color=RING_COLOR, marker=".", lw=2.5,
-            label=f"ring buffer (SlidingWindowCache, W = {window}, {_sinks(sink_tokens)})")
-    ax.annotate(f"stops at sinks + W = {window + sink_tokens} rows a layer",
+            label=f"ring buffer (SlidingWindowCache, W = {window}, "
+                  f"{plural(sink_tokens, 'sink')})")
+    ax.annotate(f"stops at sinks + W = {plural(window + sink_tokens, 'row')} a layer",
                 (tokens[-1], ring_bytes[-1]), xytext=(0, 8), textcoords="offset points",
                 ha="right", va="bottom", fontsize=8, color="#333333")
     ax.set_xlabel("tokens seen (prompt + generated)")
@@ -208,7 +206,7 @@ def draw_reach(ax, changes, layer_counts, window: int):
     for row, layers in enumerate(layer_counts):
         reach = layers * (window - 1)
         ax.plot([reach + 0.5] * 2, [row - 0.5, row + 0.5], color="black", lw=2)
-    ax.set_yticks(range(len(layer_counts)), [f"{n} layer{'s' * (n > 1)}" for n in layer_counts])
+    ax.set_yticks(range(len(layer_counts)), [plural(n, "layer") for n in layer_counts])
     ax.set_xlabel("how far before the last token the replaced token is (positions)")
     ax.set_title(f"Window W = {window}: what a replaced token changes in the last output\n"
                  "(grey: exactly nothing; black line: L x (W - 1) back)")
@@ -218,31 +216,46 @@ def draw_reach(ax, changes, layer_counts, window: int):
 
 # ---------------------------------------------------------------------------- the loss
 
-def draw_window_losses(ax, windows, losses: dict, full_loss: float, title: str | None = None):
+BASELINE_STYLES = (":", "-.", (0, (1, 4)))
+"""Line styles of the baselines (a bigram, a uniform guess, ...), told apart without colour."""
+
+
+def _draw_baselines(ax, baselines: dict | None) -> None:
+    """Each baseline {label: loss} as a grey horizontal line of its own style."""
+    for index, (label, value) in enumerate((baselines or {}).items()):
+        ax.axhline(value, color="#555555", lw=1.2, label=label,
+                   ls=BASELINE_STYLES[index % len(BASELINE_STYLES)])
+
+
+def draw_window_losses(ax, windows, losses: dict, full_loss: float, title: str | None = None,
+                       baselines: dict | None = None):
     """Held-out loss beyond the window against W (notebook 17): losses maps a label
     ("window only", "window + 4 sinks", ...) to one loss per window; the full cache's loss
-    is a dashed line."""
+    is a dashed line, and each of `baselines` ({"bigram": 2.6, ...}) a grey line."""
     ax.clear()
     markers = "osD^v"
     for index, (label, values) in enumerate(losses.items()):
         ax.plot(windows, values, marker=markers[index % len(markers)],
                 color=_VIRIDIS(0.15 + 0.7 * index / max(len(losses) - 1, 1)), label=label)
     ax.axhline(full_loss, color="black", ls="--", lw=1, label="full cache")
+    _draw_baselines(ax, baselines)
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(windows), [str(w) for w in windows])
     ax.set_xlabel("window W (positions)")
     ax.set_ylabel("held-out loss (nats per token)")
     ax.set_title(title or "Loss beyond the window, same weights")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend_above_the_data(ax)
     return ax
 
 
-def draw_loss_by_position(ax, curves: dict, window: int, smoothing: int = 8):
+def draw_loss_by_position(ax, curves: dict, window: int, smoothing: int = 8,
+                          baselines: dict | None = None):
     """Next-token loss against the position of the predicted token (notebook 17): curves
     maps a label to the mean loss of each prediction (T - 1,), the prediction at index i
     being of token i + 1; each curve is averaged over `smoothing` neighbours. A dashed line
-    marks the window: before it nothing has been forgotten."""
+    marks the window: before it nothing has been forgotten. Each of `baselines`
+    ({"uniform guess": 5.6, ...}) is a grey horizontal line."""
     ax.clear()
     kernel = np.ones(smoothing) / smoothing
     for index, (label, curve) in enumerate(curves.items()):
@@ -251,12 +264,20 @@ def draw_loss_by_position(ax, curves: dict, window: int, smoothing: int = 8):
         ax.plot(np.arange(first, first + len(smooth)), smooth, label=label,
                 color=_VIRIDIS(0.8 * index / max(len(curves) - 1, 1)))
     ax.axvline(window, color="#888888", ls="--", lw=1)
+    _draw_baselines(ax, baselines)
     ax.set_xlabel("position of the predicted token")
-    ax.set_ylabel(f"loss (nats), mean over {smoothing} positions")
+    ax.set_ylabel(f"loss (nats), mean over {plural(smoothing, 'position')}")
     ax.set_title(f"Where the loss comes from: W = {window}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend_above_the_data(ax)
     return ax
+
+
+def _legend_above_the_data(ax) -> None:
+    """A two-column legend in a band added above the highest line, where it hides none."""
+    top = max(max(np.max(line.get_ydata()) for line in ax.get_lines()), 0.0)
+    ax.set_ylim(0, 1.45 * top if top > 0 else 1.0)
+    ax.legend(fontsize=8, ncol=2, loc="upper right")
 
 
 # ------------------------------------------------------------------------------ widget
@@ -329,17 +350,18 @@ def window_explorer(params: kvlib.Params | None = None, window: int = 4,
                      full_bytes=full_bytes)
         draw_window_mask(live.axes[0], n, W, s)
         draw_ring(live.axes[1], contents, s, newest=n - 1, next_slot=ring_slot(n, W, s),
-                  title=f"The ring after {n} tokens: {s} sink slot{'s' * (s != 1)} "
-                        f"+ {W} window slots")
+                  title=f"The ring after {plural(n, 'token')}: {plural(s, 'sink slot')} "
+                        f"+ {plural(W, 'window slot')}")
         held = cache.key_positions()
         config = cache.config
         status.value = (
-            f"After {n} tokens the ring holds {len(held)} positions: "
+            f"After {plural(n, 'token')} the ring holds {plural(len(held), 'position')}: "
             f"{_ranges(held)}. Position {n} will go to slot "
             f"{ring_slot(n, W, s)}.<br>"
-            f"cache.nbytes = 2 (K, V) x {config.n_layers} layers x {len(held)} rows x "
-            f"{config.kv_width} numbers x {config.numpy_dtype.itemsize} bytes = "
-            f"<b>{cache.nbytes:,} bytes</b>; a full cache of {n} positions: "
+            f"cache.nbytes = 2 (K, V) x {plural(config.n_layers, 'layer')} x "
+            f"{plural(len(held), 'row')} x {plural(config.kv_width, 'number')} x "
+            f"{plural(config.numpy_dtype.itemsize, 'byte')} = "
+            f"<b>{cache.nbytes:,} bytes</b>; a full cache of {plural(n, 'position')}: "
             f"{full_bytes:,} bytes.")
         if not state.get("laid_out"):        # once: the labels keep their places, and a
             live.figure.tight_layout()       # layout pass is most of the time of a redraw
