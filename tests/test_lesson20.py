@@ -580,6 +580,35 @@ def test_widget_evicts_in_a_small_pool_and_says_so(toy):
     check_accounting(run.server)
 
 
+def test_widget_status_counts_in_words(toy):
+    """One block, one running request: no "1 blocks", no "1 running requests"."""
+    widget = w20.prefix_stream_explorer(toy)
+    widget.pool.value = widget.pool.min                     # 10 blocks: evictions soon
+    seen = set()
+    for _ in range(12):
+        widget.arrive.click()
+        run, status = widget.run(), status_text(widget)
+        running = len(run.server.running)
+        assert f"held by {running} running request{'s' if running > 1 else ''}." in status
+        assert f"{run.evicted} block{'' if run.evicted == 1 else 's'} evicted" in status
+        seen |= {("running", running), ("evicted", run.evicted)}
+    assert {("running", 1), ("running", 2), ("evicted", 1), ("evicted", 2)} <= seen
+
+
+def test_widget_redraws_in_place(toy):
+    """A click redraws the same three Axes (rebuilding them and their ticks is what made a
+    click slow) and shows one PNG render."""
+    widget = w20.prefix_stream_explorer(toy)
+    axes = list(widget.figure.axes)
+    for _ in range(5):
+        widget.arrive.click()
+    assert widget.figure.axes == axes
+    tree_ax = axes[0]
+    assert len(tree_ax.texts) == len(widget.run().server.prefix_cache)
+    assert len(axes[1].images) == len(axes[2].images) == 1
+    assert tree_ax.get_legend() is not None and axes[2].get_legend() is not None
+
+
 def test_widget_controls_start_a_new_stream(toy):
     widget = w20.prefix_stream_explorer(toy)
     widget.arrive.click()
@@ -594,15 +623,30 @@ def test_widget_controls_start_a_new_stream(toy):
     assert widget.run().position == 0
 
 
-def test_widget_refuses_a_pool_too_small_in_the_message_line(toy):
+def test_widget_offers_only_pools_the_stream_fits_in(toy):
+    """The slider starts at the smallest pool that holds two of the stream's longest requests,
+    for the block size and seed chosen; below it nothing can be set, so nothing is refused
+    and the pool drawn is always the slider's."""
     widget = w20.prefix_stream_explorer(toy)
-    run = widget.run()
-    widget.block.value = 2
-    widget.pool.value = 8
-    assert "too small for this stream" in widget.message.value
-    assert "take at least" in widget.message.value
+
+    def smallest():
+        size = widget.block.value
+        return 2 * max(-(-len(item.ids) // size) for item in widget.run().stream)
+
+    for size in (2, 8, 4):
+        widget.block.value = size
+        assert widget.pool.min == smallest()
+        assert widget.run().server.allocator.n_blocks == widget.pool.value >= smallest()
+        assert widget.message.value == ""
+    widget.pool.value = widget.pool.min - 2               # clamped to the minimum
+    assert widget.pool.value == widget.pool.min == widget.run().server.allocator.n_blocks
+    widget.block.value = 2                                # a larger minimum moves it up
+    assert widget.pool.value == widget.pool.min == widget.run().server.allocator.n_blocks
     widget.pool.value = 40
-    assert widget.message.value == "" and widget.run() is not run
+    assert widget.run().server.allocator.n_blocks == 40 and widget.message.value == ""
+    for seed in range(6):
+        widget.seed.value = seed
+        assert widget.pool.min == smallest() and widget.message.value == ""
 
 
 def test_widget_check_line_is_computed(toy, monkeypatch):
