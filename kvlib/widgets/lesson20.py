@@ -9,13 +9,11 @@ requests, many starting with one of two system prompts, one click at a time.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
-from IPython.display import Image, display
 from matplotlib.collections import LineCollection
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
@@ -23,7 +21,7 @@ from matplotlib.patches import Patch
 import kvlib
 from kvlib.serving import ROOT_KEY, Admission, PrefixServer
 
-from .base import LiveFigure, plural, safely
+from .base import OneRenderFigure, plural, safely
 
 TOLERANCE = 1e-10
 _VIRIDIS = plt.get_cmap("viridis")
@@ -297,19 +295,6 @@ def cache_table(prefix_cache, labels_of) -> str:
     return "\n".join(lines)
 
 
-class _OneRenderFigure(LiveFigure):
-    """A LiveFigure shown as one PNG render of the whole figure. The inline backend's tight
-    bounding box draws a figure twice; draw_prefix_state leaves room for every label itself,
-    so one draw does, and a click answers in half the time."""
-
-    def show(self) -> None:
-        buffer = io.BytesIO()
-        self.figure.savefig(buffer, format="png", pil_kwargs={"compress_level": 1})
-        with self.output:
-            self.output.clear_output(wait=True)
-            display(Image(buffer.getvalue()))
-
-
 # --------------------------------------------------------------------------------- the stream
 
 @dataclass
@@ -382,7 +367,7 @@ def prefix_stream_explorer(params=None, seed: int = 0, n_blocks: int = 20, block
     seed_box = widgets.BoundedIntText(value=seed, min=0, max=10_000, description="seed",
                                       layout=widgets.Layout(width="12em"))
     status, check, message = widgets.HTML(), widgets.HTML(), widgets.HTML()
-    live = _OneRenderFigure(figsize=(11, 6.6))
+    live = OneRenderFigure(figsize=(11, 6.6))
     state = {}
 
     def describe(admission: Admission | None) -> None:
