@@ -546,6 +546,13 @@ def test_forked_blocks_valid_forms(answer):
     assert ex19.check_forked_blocks(answer).passed
 
 
+def test_forked_blocks_correct_text_says_what_the_lesson_teaches():
+    """The partly filled block is copied by the first writers; the last holder writes in
+    place (notebook 19, cell 27): the feedback must not say the block is copied for each."""
+    message = ex19.check_forked_blocks(8).message
+    assert "in place" in message and "copied on write" not in message
+
+
 def test_forked_blocks_answer_is_a_live_pool():
     pool = counting_pool(40, 4)
     first = PagedKVCache(pool)
