@@ -27,8 +27,9 @@ from .base import OneRenderFigure, plural, safely
 OWNER_COLORS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
 FREE_COLOR = "#eeeeee"
 POOL_COLUMNS = 8
-ROW_PITCH = 1.3        # rows of the pool this far apart: room for the labels above a block
-                       # and its number below it, so that they never meet
+# rows of the pool this far apart: room for the labels above a block and the numbers below
+# the row over it, so that the two never share a line
+ROW_PITCH = 1.3
 
 
 def pool_columns(n_blocks: int) -> int:
@@ -117,8 +118,8 @@ def draw_pool(ax, n_blocks: int, block_size: int, block_tables: dict, lengths: d
         widths.append(2.4 if block in copied else 0.8)
         if len(names) > 1:
             label = f"shared x{len(names)}"
-        else:                              # a large pool's grey blocks go unlabelled:
-            label = names[0] if names else ("" if small else "free")    # fewer texts to draw
+        else:         # a large pool's free blocks go unlabelled: grey says it, with fewer texts
+            label = names[0] if names else ("" if small else "free")
         ax.text(x + 0.45, y + 0.68, label, ha="center", va="bottom", fontsize=5 if small else 7,
                 color="black" if names else "#888888", gid=f"block {block}")
         ax.text(x + 0.02, y - 0.05, str(block), ha="left", va="top", fontsize=5 if small else 6,
@@ -349,7 +350,7 @@ def pool_explorer(params=None, n_blocks: int = 24, block_size: int = 4, requests
                        f"<b>A sequence's K and V differ from a contiguous cache</b> "
                        f"(max difference {difference:.1e})")
         chosen, names = fork_of.value, [seq.name for seq in timeline.running]
-        fork_of.options = names            # this clears the choice: choose again, the same
+        fork_of.options = names            # new options clear the choice: keep it, or the first
         fork_of.value = chosen if chosen in names else (names[0] if names else None)
         next_step.disabled = timeline.all_done
         fork.disabled = not timeline.running

@@ -255,8 +255,8 @@ def _state_layout(figure) -> list[tuple[float, float, float, float]]:
 
 def draw_prefix_state(figure, server: PrefixServer, admission: Admission | None, labels_of,
                       new=()):
-    """The whole picture (notebook 20) into `figure`, cleared first: the prefix tree, the
-    request just admitted (if any) and the pool. Returns (tree, request, pool) Axes.
+    """The whole picture (notebook 20) into `figure`: the prefix tree, the request just
+    admitted (if any) and the pool. Returns (tree, request, pool) Axes.
 
     The three Axes are made on the first call and redrawn in place after (a widget redraws
     at every click: rebuilding Axes and their ticks would cost more than the drawing)."""
@@ -417,7 +417,7 @@ def prefix_stream_explorer(params=None, seed: int = 0, n_blocks: int = 20, block
         live.show()
 
     def smallest_pool(stream, size: int) -> int:
-        # two requests may hold blocks at once: room for the two longest of the stream
+        # two requests may hold blocks at once: room for two of the stream's longest
         return 2 * max(-(-len(item.ids) // size) for item in stream)
 
     def on_reset(*_):
