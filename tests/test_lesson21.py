@@ -464,6 +464,9 @@ def test_the_scheduler_keeps_its_rules(requests, policy):
     assert summary["steps"] == len(timeline.steps)
     assert 0 < summary["mean_occupancy"] <= 1
     assert summary["throughput"] == pytest.approx(timeline.output_tokens / timeline.makespan)
+    assert summary["tokens_per_step_run"] == pytest.approx(
+        timeline.output_tokens / len(timeline.steps))
+    assert summary["makespan"] >= summary["steps"]          # idle steps are in the makespan
 
 
 def _check_no_slot_left_idle(timeline, policy, step):
@@ -485,7 +488,8 @@ def test_the_lessons_workload_and_its_numbers():
     assert requests == scheduler.make_workload(12, seed=0)          # seeded
     static = scheduler.serve(requests, scheduler.StaticBatching(4)).summary()
     continuous = scheduler.serve(requests, scheduler.ContinuousBatching(4)).summary()
-    assert (static["steps"], continuous["steps"]) == (46, 36)
+    assert (static["steps"], continuous["steps"]) == (46, 36)          # steps run
+    assert (static["makespan"], continuous["makespan"]) == (55, 47)    # to the last token
     assert (static["mean_ttft"], continuous["max_ttft"]) == (4.25, 5)
     assert continuous["throughput"] > static["throughput"]
 
@@ -675,6 +679,10 @@ def test_the_plain_figures_show_kvlibs_numbers():
     assert [list(line.get_ydata()) for line in ax.lines[:3]] == [[10, 20, 30], [5, 9, 20],
                                                                [5, 5, 5]]
     assert ax.get_xscale() == "log" and "tokens per second" in ax.get_ylabel()
+    # the crossover is named in the legend, not written over the curves
+    assert not ax.texts
+    assert "roofline: compute-bound from B = 3" in [t.get_text() for t in
+                                                    ax.get_legend().get_texts()]
 
 
 def test_the_notebook_leaves_the_exercises_open(namespace):

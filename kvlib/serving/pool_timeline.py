@@ -144,6 +144,18 @@ class PoolTimeline:
     def all_done(self) -> bool:
         return not (self._arrivals or self.waiting or self.running)
 
+    @property
+    def n_forks(self) -> int:
+        """Sequences made by fork() so far: running and finished count them beside the
+        requests' own sequences."""
+        return self._fork_count
+
+    @property
+    def requests_done(self) -> int:
+        """Requests none of whose sequences (its own, its forks) still runs or waits."""
+        busy = {seq.request for seq in self.running} | {seq.request for seq in self.waiting}
+        return len({seq.request for seq in self.finished} - busy)
+
     def sequence(self, name: str) -> Sequence:
         for seq in self.running:
             if seq.name == name:

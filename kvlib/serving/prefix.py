@@ -16,6 +16,12 @@ its block pool (notebook 19) after a request ends and hand them to the next one:
 - a lookup follows the keys of a new request's blocks from the first one and stops at the
   first miss: the longest cached prefix, in whole blocks. It stops one token short of the
   end, because the last token must run through the model to give the logits;
+- a block is cached as soon as it is full, while its request still runs: the prompt's full
+  blocks right after its prefill, a generated block when its last row is written (vLLM's
+  cache_blocks in allocate_slots, SGLang's cache_unfinished_req after a prefill), so that a
+  second request with the same beginning, admitted while the first one runs, reuses them.
+  If two requests computed the same block, the one cached first is the cached copy; the
+  other stays private to its request and is freed with it;
 - the prefix cache holds one reference to each block it keeps and every running request one
   more for each block in its table (BlockAllocator's reference counts), so a block is free
   only when nobody holds it;
@@ -132,9 +138,11 @@ class PrefixCache:
 
     match(ids) finds the longest cached prefix of a request in whole blocks, reusable(ids)
     the part of it a request may reuse (all but its last token), attach(blocks) starts a
-    PagedKVCache on those blocks, insert(ids, cache) keeps a sequence's full blocks, and
-    make_room(n) evicts least recently used blocks that no running request holds until n
-    blocks are free. The cache itself holds one reference to every block it keeps.
+    PagedKVCache on those blocks, cache_full_blocks(ids, cache) keeps a running sequence's
+    full blocks as they fill, insert(ids, cache) does the same when a sequence ends and marks
+    its blocks as used, and make_room(n) evicts least recently used blocks that no running
+    request holds until n blocks are free. The cache itself holds one reference to every
+    block it keeps.
     """
 
     def __init__(self, allocator: BlockAllocator):
@@ -221,17 +229,37 @@ class PrefixCache:
             entry.hits += 1
             entry.last_used = self.clock
 
-    def insert(self, ids, cache: PagedKVCache) -> list[CachedBlock]:
-        """Keep the full blocks of a sequence (a finished request), and return the newly
-        cached ones.
+    def cache_full_blocks(self, ids, cache: PagedKVCache) -> list[CachedBlock]:
+        """Cache the full blocks of a running sequence that are not cached yet (notebook 20),
+        at the current tick, and return them: call it after a prefill and whenever a decode
+        step fills a block, as vLLM and SGLang do, so that a request admitted while this one
+        still runs can reuse them.
 
         ids are the tokens whose K and V the cache holds, len(ids) == len(cache). A block
-        already cached (reused by this request, or the same prefix computed by another) is
-        only marked as used; any other full block gets one more reference, the prefix
+        whose prefix is already cached (reused by this request, or computed by another one
+        first) is left as it is; any other full block gets one more reference, the prefix
         cache's, so that it stays in the pool when the request frees its blocks.
         """
+        ids, keys = self._checked_keys(ids, cache)
+        return self._store(ids, keys, cache)
+
+    def insert(self, ids, cache: PagedKVCache) -> list[CachedBlock]:
+        """Keep the full blocks of a sequence that ends (a finished request), mark all of them
+        as used now (one clock tick), and return the newly cached ones: cache_full_blocks plus
+        the touch, which sets a finished request's place in the LRU order."""
+        ids, keys = self._checked_keys(ids, cache)
+        self.clock += 1
+        new = self._store(ids, keys, cache)
+        for key in keys:
+            self._entries[key].last_used = self.clock
+        return new
+
+    def _checked_keys(self, ids, cache) -> tuple[list[int], list[bytes]]:
+        """ids as a list and the keys of its full blocks, after checking that they are what
+        the cache holds; clear errors otherwise."""
         if not isinstance(cache, PagedKVCache) or cache.allocator is not self.allocator:
-            raise TypeError("insert needs a PagedKVCache on this prefix cache's allocator")
+            raise TypeError("the prefix cache needs a PagedKVCache on this prefix cache's "
+                            "allocator")
         ids = _token_ids(ids, "ids")
         if len(ids) != len(cache):
             raise ValueError(f"ids has {len(ids)} tokens but the cache holds {len(cache)} "
@@ -243,20 +271,21 @@ class PrefixCache:
             if cached_as is not None and cached_as != key:
                 raise ValueError(f"block {block} of this sequence is cached for other tokens: "
                                  "ids do not match what the cache holds")
-        self.clock += 1
+        return ids, keys
+
+    def _store(self, ids, keys, cache) -> list[CachedBlock]:
+        """Cache the blocks whose keys are not cached yet, at the current tick."""
         parent, new = ROOT_KEY, []
         for depth, key in enumerate(keys):
-            entry = self._entries.get(key)
-            if entry is None:
+            if key not in self._entries:
                 block = self.allocator.share(cache.block_table[depth])
                 tokens = tuple(ids[depth * self.block_size:(depth + 1) * self.block_size])
-                entry = CachedBlock(key, parent, tokens, block, depth)
+                entry = CachedBlock(key, parent, tokens, block, depth, last_used=self.clock)
                 self._entries[key] = entry
                 self._key_of_block[block] = key
                 if parent != ROOT_KEY:
                     self._entries[parent].children += 1
                 new.append(entry)
-            entry.last_used = self.clock
             parent = key
         return new
 
@@ -356,8 +385,9 @@ class PrefixCache:
 @dataclass(frozen=True, eq=False)
 class Admission:
     """What admitting one request did (notebook 20): the cached blocks it reused (block ids,
-    in its block table's order), the blocks evicted to make room for the rest, and the logits
-    of its last token, (1, V), which choose its first new token."""
+    in its block table's order), the blocks evicted to make room for the rest, the logits
+    of its last token, (1, V), which choose its first new token, and the blocks it cached:
+    its prompt's full blocks that were not cached yet, reusable from now on."""
 
     request: int
     ids: tuple[int, ...]
@@ -365,6 +395,7 @@ class Admission:
     evicted_blocks: tuple[int, ...]
     block_size: int
     logits: np.ndarray
+    cached_blocks: tuple[int, ...] = ()
 
     @property
     def reused_tokens(self) -> int:
@@ -387,9 +418,11 @@ class PrefixServer:
     """Requests served from one block pool with a prefix cache (notebook 20).
 
     admit(ids) looks the request up, starts its PagedKVCache on the reused blocks, evicts
-    what the rest needs and prefills only the rest; decode(request, token) feeds one more
-    token; finish(request) keeps the request's full blocks in the prefix cache and frees its
-    others. Every running request holds its blocks, so eviction never takes them.
+    what the rest needs, prefills only the rest and caches the prompt's full blocks at once;
+    decode(request, token) feeds one more token and caches the block it fills;
+    finish(request) marks the request's cached blocks as used and frees its references, so
+    that only its partly filled block (and any block another request had cached first) goes
+    back to the pool. Every running request holds its blocks, so eviction never takes them.
     """
 
     def __init__(self, params: Params, n_blocks: int, block_size: int = 16):
@@ -415,8 +448,9 @@ class PrefixServer:
 
     def admit(self, ids) -> Admission:
         """Start a request: reuse the longest cached prefix (all but the last token at most),
-        make room for the rest and prefill only the rest. If it fails (too long, no room),
-        nothing is held and a clear error says why."""
+        make room for the rest, prefill only the rest, and cache the prompt's full blocks,
+        so that the next request with the same beginning reuses them even while this one
+        runs. If it fails (too long, no room), nothing is held and a clear error says why."""
         ids = [int(i) for i in check_ids(ids, self.params)]
         context = self.params.config.context_length
         if len(ids) > context:
@@ -435,31 +469,36 @@ class PrefixServer:
             cache.free()
             raise
         self.prefix_cache.record_hits(reused)
+        cached = self.prefix_cache.cache_full_blocks(ids, cache)
         request = self.n_admitted
         self.n_admitted += 1
         self.running[request] = RunningRequest(ids, cache)
         return Admission(request, tuple(ids), tuple(e.block for e in reused),
-                         tuple(e.block for e in evicted), self.block_size, logits)
+                         tuple(e.block for e in evicted), self.block_size, logits,
+                         tuple(e.block for e in cached))
 
     def decode(self, request: int, token: int) -> np.ndarray:
         """Feed one more token to a running request (kvlib.decode_step), evicting a block
-        first if it starts a new one: logits (1, V)."""
+        first if it starts a new one, and caching the block it fills: logits (1, V)."""
         running = self._running(request)
         token = int(check_ids(token, self.params, what="token")[0])
         if len(running.cache) % self.block_size == 0:
             self.prefix_cache.make_room(1)
         logits = decode_step(self.params, token, running.cache)
         running.ids.append(token)
+        if len(running.cache) % self.block_size == 0:
+            self.prefix_cache.cache_full_blocks(running.ids, running.cache)
         return logits
 
     def finish(self, request: int) -> list[CachedBlock]:
-        """End a request: its full blocks go into the prefix cache, the rest back to the
-        pool. Returns the newly cached blocks."""
+        """End a request: its full blocks stay in the prefix cache (cached as they filled),
+        marked as used now; its references go, so its partly filled block returns to the
+        pool. Returns the cached blocks that hold its prefix, first block first."""
         running = self._running(request)
-        new = self.prefix_cache.insert(running.ids, running.cache)
+        self.prefix_cache.insert(running.ids, running.cache)
         running.cache.free()
         del self.running[request]
-        return new
+        return self.prefix_cache.match(running.ids)
 
     def held_blocks(self) -> set[int]:
         """The pool blocks that running requests hold."""

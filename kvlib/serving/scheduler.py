@@ -293,14 +293,19 @@ class Timeline:
         return float(self.occupancy.mean() / self.policy.max_batch)
 
     def summary(self) -> dict:
-        """The numbers that compare two policies: steps run, makespan, throughput, the mean
-        occupancy, the mean and the worst TTFT, the mean TPOT and the mean latency."""
+        """The numbers that compare two policies, on two clocks: the steps run (passes of the
+        model, the work) and the makespan (first arrival to last token, idle steps
+        included); throughput is output tokens per unit of the makespan, tokens_per_step_run
+        per step run. Then the mean occupancy, the mean and the worst TTFT, the mean TPOT
+        and the mean latency."""
         ids = sorted(self.requests)
         ttft = np.array([self.time_to_first_token(i) for i in ids], dtype=float)
         tpot = [self.time_per_output_token(i) for i in ids]
         tpot = np.array([t for t in tpot if t is not None], dtype=float)
         return {"steps": len(self.steps), "makespan": self.makespan,
-                "throughput": self.throughput, "mean_occupancy": self.mean_occupancy,
+                "throughput": self.throughput,
+                "tokens_per_step_run": self.output_tokens / len(self.steps),
+                "mean_occupancy": self.mean_occupancy,
                 "mean_ttft": float(ttft.mean()), "max_ttft": float(ttft.max()),
                 "mean_tpot": float(tpot.mean()) if tpot.size else float("nan"),
                 "mean_latency": float(np.mean([self.latency(i) for i in ids]))}

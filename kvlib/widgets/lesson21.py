@@ -73,7 +73,8 @@ def draw_batch_roofline(ax, batch_sizes, predicted, measured=None, one_at_a_time
                         crossover=None, title=None):
     """Tokens per second against the batch size (notebook 21): the roofline's prediction
     (a line), what was measured (dots) and decoding the sequences one at a time (a dashed
-    line), both axes logarithmic; `crossover` marks where the roofline turns compute-bound."""
+    line), both axes logarithmic; `crossover` marks where the roofline turns compute-bound
+    (a dotted line, named in the legend)."""
     batch_sizes = np.asarray(batch_sizes)
     ax.plot(batch_sizes, predicted, "-", color="black", lw=1.5,
             label="roofline: B / max(FLOPs / rate, bytes / bandwidth)")
@@ -88,9 +89,9 @@ def draw_batch_roofline(ax, batch_sizes, predicted, measured=None, one_at_a_time
     ax.set_xticks(batch_sizes, [str(int(b)) for b in batch_sizes])
     ax.xaxis.set_minor_locator(NullLocator())
     if crossover is not None:
-        ax.axvline(crossover, color="#7f7f7f", lw=1, linestyle=":")
-        ax.text(crossover, ax.get_ylim()[1], f"roofline: compute-bound from B = {crossover} ",
-                rotation=90, va="top", ha="right", fontsize=8, color="#555555")
+        # named in the legend: a label written on the plot ran over the curve
+        ax.axvline(crossover, color="#7f7f7f", lw=1, linestyle=":",
+                   label=f"roofline: compute-bound from B = {crossover}")
     ax.set_xlabel("batch size B (sequences decoded in one step)")
     ax.set_ylabel("tokens per second (log scale)")
     ax.set_title(title or "Decode throughput against the batch size")
