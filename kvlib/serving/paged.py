@@ -31,6 +31,13 @@ class PagedKVCache(BaseKVCache):
         self.allocator = allocator
         self.capacity = allocator.config.context_length
         self.block_table: list[int] = []
+        # block -> its allocator.generations when this sequence took it: a block released
+        # behind the cache's back and taken again by another sequence no longer matches
+        self._taken: dict[int, int] = {}
+        self.token_ids: list[int] | None = []
+        """The token ids whose K and V the cache holds, when the code that filled it said
+        so (PrefixServer and PrefixCache.attach do; the prefix cache keys blocks by them);
+        None when not known."""
 
     def _describe(self) -> str:
         return (f"PagedKVCache({len(self)} positions in {len(self.block_table)} blocks of "
@@ -38,11 +45,22 @@ class PagedKVCache(BaseKVCache):
 
     # -------------------------------------------------------------- reading
 
-    def _rows(self, store: np.ndarray, layer: int) -> np.ndarray:
-        """The layer's rows gathered through the block table: (T, kv_width), a copy."""
+    def _checked_table(self) -> np.ndarray:
+        """The block table as indices (n_blocks,), after checking that every block in it is
+        still this sequence's: in use, and not released and taken again since."""
         for block in self.block_table:
             self.allocator.check_in_use(block)
-        table = np.asarray(self.block_table, dtype=np.intp)
+            if self.allocator.generations[block] != self._taken.get(block):
+                raise ValueError(
+                    f"block {block} of this sequence was released and taken again (by another "
+                    "sequence?) after this cache took it: its rows are not this sequence's any "
+                    "more. A block released by hand, outside the cache? Free the cache "
+                    "(cache.free()) and prefill its tokens again")
+        return np.asarray(self.block_table, dtype=np.intp)
+
+    def _rows(self, store: np.ndarray, layer: int) -> np.ndarray:
+        """The layer's rows gathered through the block table: (T, kv_width), a copy."""
+        table = self._checked_table()
         return store[layer, table].reshape(-1, self.allocator.width)[: self._lengths[layer]]
 
     def keys(self, layer: int) -> np.ndarray:
@@ -53,31 +71,66 @@ class PagedKVCache(BaseKVCache):
 
     # -------------------------------------------------------------- writing
 
+    def _take(self, block: int) -> int:
+        self._taken[block] = int(self.allocator.generations[block])
+        return block
+
+    def _let_go(self, block: int) -> None:
+        """Drop this sequence's reference to a block, unless the block stopped being its own
+        (released behind the cache's back): another sequence's reference is not ours to drop."""
+        taken = self._taken.pop(block, None)
+        allocator = self.allocator
+        if allocator.ref_counts[block] > 0 and allocator.generations[block] == taken:
+            allocator.release(block)
+
     def _writable_block(self, index: int) -> int:
         """The block for table slot index, taken or copied so that this sequence owns it."""
         allocator = self.allocator
         if index == len(self.block_table):
-            self.block_table.append(allocator.allocate())
+            self.block_table.append(self._take(allocator.allocate()))
         block = self.block_table[index]
         if allocator.ref_counts[block] > 1:          # shared: copy on write
-            self.block_table[index] = allocator.copy(block)
-            allocator.release(block)
+            self.block_table[index] = self._take(allocator.copy(block))
+            self._let_go(block)
         return self.block_table[index]
+
+    def _blocks_needed(self, start: int, n_new: int) -> int:
+        """Blocks that writing positions start .. start + n_new - 1 takes from the pool: new
+        ones past the table, and a copy of each shared block they write into."""
+        size = self.allocator.block_size
+        first, last = start // size, (start + n_new - 1) // size
+        shared = sum(int(self.allocator.ref_counts[block] > 1)
+                     for block in self.block_table[first:last + 1])
+        return max(0, last + 1 - len(self.block_table)) + shared
 
     def append(self, layer: int, K: np.ndarray, V: np.ndarray):
         """Write new rows into the sequence's blocks (taking new ones as needed); return the
-        layer's keys and values gathered through the block table."""
+        layer's keys and values gathered through the block table. All or nothing: when the
+        pool has too few free blocks for the whole chunk, a MemoryError says so and nothing
+        is taken or written."""
         layer = self._check_layer(layer)
         width, size = self.allocator.width, self.allocator.block_size
         self._check_rows("K", K, width)
         self._check_rows("V", V, width, K.shape[0])
         self._check_room(layer, K.shape[0])
+        self._checked_table()
         start = self._lengths[layer]
-        for offset in range(K.shape[0]):
-            position = start + offset
-            block = self._writable_block(position // size)
-            self.allocator.keys[layer, block, position % size] = K[offset]
-            self.allocator.values[layer, block, position % size] = V[offset]
+        needed = self._blocks_needed(start, K.shape[0])
+        if needed > self.allocator.n_free:
+            raise MemoryError(f"out of cache blocks: these {K.shape[0]} positions need "
+                              f"{needed} more blocks, and {self.allocator.n_free} of the "
+                              f"{self.allocator.n_blocks} are free. A server would now wait, "
+                              "or preempt a sequence and recompute it later")
+        saved = self.checkpoint()
+        try:
+            for offset in range(K.shape[0]):
+                position = start + offset
+                block = self._writable_block(position // size)
+                self.allocator.keys[layer, block, position % size] = K[offset]
+                self.allocator.values[layer, block, position % size] = V[offset]
+        except BaseException:          # a KeyboardInterrupt half-way: give back what was taken
+            self.restore(saved)
+            raise
         self._lengths[layer] = start + K.shape[0]
         return self.keys(layer), self.values(layer)
 
@@ -94,40 +147,53 @@ class PagedKVCache(BaseKVCache):
                              f"{allocator.block_size}: every block but the last must be full")
         cache = cls(allocator)
         cache._check_room(0, length)
-        cache.block_table = [allocator.share(block) for block in blocks]
+        cache.block_table = [cache._take(allocator.share(block)) for block in blocks]
         cache._lengths = [length] * allocator.config.n_layers
+        cache.token_ids = None
         return cache
 
     def fork(self) -> PagedKVCache:
         """A second sequence with the same positions, sharing every block (notebook 19)."""
-        return PagedKVCache.on_blocks(self.allocator, self.block_table, len(self))
+        self._checked_table()
+        child = PagedKVCache.on_blocks(self.allocator, self.block_table, len(self))
+        child.token_ids = None if self.token_ids is None else list(self.token_ids)
+        return child
 
     def truncate(self, n: int) -> None:
         """Keep positions 0 .. n-1; blocks no longer needed go back to the pool."""
         n = self._check_truncate(n)
         keep = -(-n // self.allocator.block_size)
         for block in self.block_table[keep:]:
-            self.allocator.release(block)
+            self._let_go(block)
         del self.block_table[keep:]
         self._lengths = [n] * self.config.n_layers
+        if n == 0 or self.token_ids is not None:
+            self.token_ids = [] if n == 0 else self.token_ids[:n]
 
     def free(self) -> None:
         """Give every block back (the request is finished); the cache is empty after."""
         self.reset()
 
     def checkpoint(self):
-        return tuple(self._lengths), list(self.block_table)
+        token_ids = None if self.token_ids is None else list(self.token_ids)
+        return tuple(self._lengths), list(self.block_table), dict(self._taken), token_ids
 
     def restore(self, state) -> None:
         """Back to a checkpoint: blocks taken since are released, blocks copied away from
         (copy-on-write) are held again."""
-        lengths, table = state
+        if not (isinstance(state, tuple) and len(state) == 4):
+            raise TypeError("restore takes what this cache's checkpoint() returned")
+        lengths, table, taken, token_ids = state
+        for block in set(table) - set(self.block_table):
+            self.allocator.check_in_use(block)       # before anything is given back
         for block in set(self.block_table) - set(table):
-            self.allocator.release(block)
+            self._let_go(block)
         for block in set(table) - set(self.block_table):
             self.allocator.share(block)
         self.block_table = list(table)
+        self._taken = dict(taken)
         self._lengths = list(lengths)
+        self.token_ids = None if token_ids is None else list(token_ids)
 
     @property
     def nbytes(self) -> int:

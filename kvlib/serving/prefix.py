@@ -69,6 +69,21 @@ def _token_ids(tokens, what: str = "tokens") -> list[int]:
     return [int(item) for item in items]
 
 
+def _check_token_ids(ids: list[int], cache: PagedKVCache) -> None:
+    """Refuse ids that are not the tokens the cache's K and V were computed from: cached
+    under them, its blocks would hand another request K and V of other tokens."""
+    if cache.token_ids is None or len(cache.token_ids) != len(cache):
+        raise ValueError("this cache does not record which tokens it holds (it was filled by "
+                         "hand, not by a PrefixServer): set cache.token_ids to the ids it was "
+                         "prefilled with before inserting it")
+    if ids != list(cache.token_ids):
+        first = next(i for i, (a, b) in enumerate(zip(ids, cache.token_ids)) if a != b)
+        raise ValueError(f"ids are not the tokens this cache holds: position {first} holds "
+                         f"token {cache.token_ids[first]}, ids say {ids[first]}. Cached under "
+                         "the wrong ids, its blocks would give later requests K and V of other "
+                         "tokens")
+
+
 def block_key(parent_key: bytes, tokens) -> bytes:
     """The key of one full block (notebook 20; vLLM's block hash): the SHA-256 digest of its
     parent's key and its token ids, 32 bytes.
@@ -211,8 +226,10 @@ class PrefixCache:
                 raise ValueError("the blocks must be a cached prefix, from the first block on, "
                                  "as match() returns them")
             parent = entry.key
-        return PagedKVCache.on_blocks(self.allocator, [entry.block for entry in entries],
-                                      len(entries) * self.block_size)
+        cache = PagedKVCache.on_blocks(self.allocator, [entry.block for entry in entries],
+                                       len(entries) * self.block_size)
+        cache.token_ids = [token for entry in entries for token in entry.tokens]
+        return cache
 
     def record_hits(self, entries) -> None:
         """A request reused these blocks: one more hit each, and used now (one clock tick)."""
@@ -225,10 +242,12 @@ class PrefixCache:
         """Keep the full blocks of a sequence (a finished request), and return the newly
         cached ones.
 
-        ids are the tokens whose K and V the cache holds, len(ids) == len(cache). A block
-        already cached (reused by this request, or the same prefix computed by another) is
-        only marked as used; any other full block gets one more reference, the prefix
-        cache's, so that it stays in the pool when the request frees its blocks.
+        ids are the tokens whose K and V the cache holds, len(ids) == len(cache), as the
+        cache records them (cache.token_ids, kept by PrefixServer and attach): other ids are
+        refused, since blocks cached under them would give later requests wrong K and V. A
+        block already cached (reused by this request, or the same prefix computed by
+        another) is only marked as used; any other full block gets one more reference, the
+        prefix cache's, so that it stays in the pool when the request frees its blocks.
         """
         if not isinstance(cache, PagedKVCache) or cache.allocator is not self.allocator:
             raise TypeError("insert needs a PagedKVCache on this prefix cache's allocator")
@@ -243,6 +262,7 @@ class PrefixCache:
             if cached_as is not None and cached_as != key:
                 raise ValueError(f"block {block} of this sequence is cached for other tokens: "
                                  "ids do not match what the cache holds")
+        _check_token_ids(ids, cache)
         self.clock += 1
         parent, new = ROOT_KEY, []
         for depth, key in enumerate(keys):
@@ -434,6 +454,7 @@ class PrefixServer:
         except BaseException:
             cache.free()
             raise
+        cache.token_ids = list(ids)
         self.prefix_cache.record_hits(reused)
         request = self.n_admitted
         self.n_admitted += 1
@@ -450,6 +471,7 @@ class PrefixServer:
             self.prefix_cache.make_room(1)
         logits = decode_step(self.params, token, running.cache)
         running.ids.append(token)
+        running.cache.token_ids = list(running.ids)
         return logits
 
     def finish(self, request: int) -> list[CachedBlock]:
