@@ -292,7 +292,7 @@ class Tokenizer:
                 raise TypeError(f"ids must be a 1-d array of integers, got an array of "
                                 f"shape {ids.shape} and dtype {ids.dtype}")
             ids = ids.tolist()
-        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        if isinstance(ids, (str, bytes, dict, set)) or not hasattr(ids, "__iter__"):
             raise TypeError(f"ids must be a sequence of integers, got {type(ids).__name__} "
                             f"{ids!r}")
         ids = list(ids)

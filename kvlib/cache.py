@@ -97,6 +97,9 @@ class BaseKVCache:
         if not isinstance(array, np.ndarray) or array.ndim != 2 or array.shape[1] != width:
             shape = getattr(array, "shape", type(array).__name__)
             raise ValueError(f"{what} must be a 2-D array (n_new, {width}), got {shape}")
+        if array.dtype.kind not in "fiu":
+            raise TypeError(f"{what} must hold real numbers (float or int), got dtype "
+                            f"{array.dtype}")
         if n_rows is not None and array.shape[0] != n_rows:
             raise ValueError(f"{what} must have {n_rows} rows, like the keys, got "
                              f"{array.shape[0]}")

@@ -6,6 +6,7 @@ so a function checks and converts in one line.
 """
 
 import math
+from collections.abc import Mapping, Set
 from numbers import Integral, Real
 
 import numpy as np
@@ -72,9 +73,11 @@ def numbers(name: str, value, ndim: int | tuple[int, ...] | None = None) -> np.n
     """
     if isinstance(value, np.ndarray):
         array = value
-    elif isinstance(value, (str, bytes)) or value is None:
-        raise TypeError(f"{name} must be an array of numbers, got {value!r}")
+    elif isinstance(value, (str, bytes, Mapping, Set)) or value is None:
+        raise TypeError(f"{name} must be an array of numbers, got {_short(value)}")
     else:
+        if contains_bool(value):
+            raise TypeError(f"{name} must be numbers, not True or False: got {_short(value)}")
         try:
             array = np.asarray(value)
         except (ValueError, TypeError):
@@ -93,8 +96,9 @@ def numbers(name: str, value, ndim: int | tuple[int, ...] | None = None) -> np.n
 def whole_numbers(name: str, values, minimum: int = 0) -> np.ndarray:
     """A flat sequence of whole numbers >= minimum (positions, lengths, token ids) as an int
     array (n,); bools, floats, text and nested lists are refused."""
-    if isinstance(values, (str, bytes)) or values is None:
-        raise TypeError(f"{name} must be a flat sequence of whole numbers, got {values!r}")
+    if isinstance(values, (str, bytes, Mapping, Set)) or values is None:
+        raise TypeError(f"{name} must be a flat sequence of whole numbers, got "
+                        f"{_short(values)}")
     if isinstance(values, np.ndarray):
         array = values
     else:
@@ -120,6 +124,18 @@ def whole_numbers(name: str, values, minimum: int = 0) -> np.ndarray:
     if array.size and array.min() < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {array.min()}")
     return array
+
+
+def contains_bool(value) -> bool:
+    """True when a list or tuple (nested or not) holds True or False somewhere: numpy reads
+    [True, 2] as the numbers [1, 2] without a word."""
+    if isinstance(value, (bool, np.bool_)):
+        return True
+    if isinstance(value, np.ndarray):
+        return value.dtype == bool
+    if isinstance(value, (list, tuple)):
+        return any(contains_bool(item) for item in value)
+    return False
 
 
 def _short(value, limit: int = 80) -> str:

@@ -26,8 +26,9 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from .checks import LARGEST_COUNT, numbers, real_number
 from .config import ModelConfig
-from .flops import generation_step_multiply_adds
+from .flops import MAX_PASSES, generation_step_multiply_adds
 from .memory import config_cache_bytes
 from .params import Params, layer_class
 
@@ -99,6 +100,12 @@ def generation_step_bytes(config: ModelConfig, prompt_length: int, new_tokens: i
     """
     _check_count("prompt_length", prompt_length, minimum=1)
     _check_count("new_tokens", new_tokens, minimum=1)
+    if prompt_length > LARGEST_COUNT:
+        raise ValueError(f"prompt_length must be at most {LARGEST_COUNT:,}, got "
+                         f"{prompt_length:,}")
+    if new_tokens > MAX_PASSES:
+        raise ValueError(f"new_tokens is {new_tokens:,}: this lists the bytes of each pass, "
+                         f"for at most {MAX_PASSES:,} passes")
     lengths = range(prompt_length, prompt_length + new_tokens)
     return np.array([forward_bytes(config, n) for n in lengths], dtype=np.int64)
 
@@ -114,8 +121,9 @@ def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
     for name, rate in (("compute_rate", compute_rate), ("bandwidth", bandwidth)):
         if isinstance(rate, bool) or not isinstance(rate, Real) or not rate > 0:
             raise ValueError(f"{name} must be a positive number, got {rate!r}")
-    flops = np.asarray(flops, dtype=np.float64)
-    n_bytes = np.asarray(n_bytes, dtype=np.float64)
+        real_number(name, rate, positive=True)
+    flops = numbers("flops", flops).astype(np.float64)
+    n_bytes = numbers("n_bytes", n_bytes).astype(np.float64)
     if flops.shape != n_bytes.shape:
         raise ValueError(f"flops {flops.shape} and n_bytes {n_bytes.shape} must have one shape")
     if (flops < 0).any() or (n_bytes < 0).any():
@@ -127,8 +135,8 @@ def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
 def arithmetic_intensity(flops, n_bytes):
     """FLOPs per byte read (notebook 10): above compute_rate / bandwidth, arithmetic sets the
     time; below it, memory does."""
-    flops = np.asarray(flops, dtype=np.float64)
-    n_bytes = np.asarray(n_bytes, dtype=np.float64)
+    flops = numbers("flops", flops).astype(np.float64)
+    n_bytes = numbers("n_bytes", n_bytes).astype(np.float64)
     if (n_bytes <= 0).any():
         raise ValueError("n_bytes must be positive")
     result = flops / n_bytes

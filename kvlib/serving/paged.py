@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cache import BaseKVCache
+from ..checks import whole_number
 from .blocks import BlockAllocator
 
 
@@ -140,7 +141,14 @@ class PagedKVCache(BaseKVCache):
     def on_blocks(cls, allocator: BlockAllocator, blocks, length: int) -> PagedKVCache:
         """A sequence whose first `length` positions are already in these blocks, taking one
         more reference to each (notebook 19: a fork; notebook 20: a cached prefix)."""
+        if not isinstance(allocator, BlockAllocator):
+            raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
+        if not isinstance(blocks, (list, tuple)):
+            raise TypeError(f"blocks must be a list of block ids, got {type(blocks).__name__}")
+        length = whole_number("length", length, 0)
         blocks = list(blocks)
+        for block in blocks:                 # all checked before one more reference is taken
+            allocator.check_in_use(block)
         if not (len(blocks) - 1) * allocator.block_size < length <= \
                 len(blocks) * allocator.block_size and (blocks or length):
             raise ValueError(f"{length} positions do not fill {len(blocks)} blocks of "

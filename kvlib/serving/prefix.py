@@ -53,6 +53,9 @@ def _token_ids(tokens, what: str = "tokens") -> list[int]:
     """A flat sequence of whole numbers (token ids) -> list of ints; clear errors otherwise."""
     if isinstance(tokens, (str, bytes)):
         raise TypeError(f"{what} must be token ids (whole numbers), got the text {tokens!r}")
+    if isinstance(tokens, (dict, set, frozenset)):
+        raise TypeError(f"{what} must be a sequence of token ids in order, got "
+                        f"{type(tokens).__name__}")
     try:
         items = list(tokens)
     except TypeError:
@@ -182,7 +185,9 @@ class PrefixCache:
 
     def entry(self, block: int) -> CachedBlock | None:
         """The cached block held in pool block `block`, or None if it holds no cached one."""
-        key = self._key_of_block.get(block)
+        if isinstance(block, (bool, np.bool_)) or not isinstance(block, Integral):
+            raise TypeError(f"block must be a block id (a whole number), got {block!r}")
+        key = self._key_of_block.get(int(block))
         return None if key is None else self._entries[key]
 
     def is_held(self, entry: CachedBlock) -> bool:
@@ -216,7 +221,7 @@ class PrefixCache:
         """A new sequence that starts with these cached blocks: its block table lists them,
         with one more reference each, and it holds their len(entries) x block_size positions;
         kvlib.prefill continues it with the rest of the request."""
-        entries = list(entries)
+        entries = self._entry_list(entries)
         parent = ROOT_KEY
         for depth, entry in enumerate(entries):
             if not isinstance(entry, CachedBlock) or self._entries.get(entry.key) is not entry:
@@ -231,8 +236,19 @@ class PrefixCache:
         cache.token_ids = [token for entry in entries for token in entry.tokens]
         return cache
 
+    def _entry_list(self, entries) -> list[CachedBlock]:
+        if not isinstance(entries, (list, tuple)):
+            raise TypeError(f"entries must be a list of cached blocks (match() returns one), "
+                            f"got {type(entries).__name__}")
+        return list(entries)
+
     def record_hits(self, entries) -> None:
         """A request reused these blocks: one more hit each, and used now (one clock tick)."""
+        entries = self._entry_list(entries)
+        for entry in entries:
+            if not isinstance(entry, CachedBlock) or self._entries.get(entry.key) is not entry:
+                raise ValueError(f"{entry!r:.60} is not a block of this prefix cache (evicted "
+                                 "since it was looked up?)")
         self.clock += 1
         for entry in entries:
             entry.hits += 1
@@ -291,6 +307,9 @@ class PrefixCache:
         tick, the deeper one first (the end of a prefix is less likely to be shared than
         its start). A block whose last cached child goes becomes a candidate itself.
         """
+        if n is not None and (isinstance(n, (bool, np.bool_)) or not isinstance(n, Integral)
+                              or n < 0):
+            raise ValueError(f"n must be a whole number >= 0 or None (all), got {n!r}")
         children = {key: entry.children for key, entry in self._entries.items()}
         heap = [(e.last_used, -e.depth, e.block, e) for e in self._entries.values()
                 if children[e.key] == 0 and not self.is_held(e)]
@@ -431,6 +450,9 @@ class PrefixServer:
 
     def blocks_needed(self, n_tokens: int) -> int:
         """Blocks that n_tokens positions take: ceil(n_tokens / block_size)."""
+        if isinstance(n_tokens, (bool, np.bool_)) or not isinstance(n_tokens, Integral) \
+                or n_tokens < 0:
+            raise ValueError(f"n_tokens must be a whole number >= 0, got {n_tokens!r}")
         return -(-n_tokens // self.block_size)
 
     def admit(self, ids) -> Admission:
