@@ -26,7 +26,7 @@ from numbers import Integral
 
 import numpy as np
 
-from .checks import whole_number
+from .checks import count, whole_number
 from .config import ModelConfig
 
 
@@ -134,7 +134,7 @@ class BaseKVCache:
         return np.arange(len(self) + self._check_new(n_new))
 
     def _check_new(self, n_new) -> int:
-        n_new = whole_number("n_new", n_new, 0)
+        n_new = count("n_new", n_new, 0)
         if self.capacity is not None and len(self) + n_new > self.capacity:
             raise ValueError(f"{n_new} more positions do not fit: the cache holds {len(self)} "
                              f"of {self.capacity}")

@@ -98,6 +98,11 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "context_length"):
             _whole_number(name, getattr(self, name), 1)
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "context_length",
+                     "n_kv_heads", "latent_dim", "rope_head_dim", "window", "sink_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, np.integer):      # numpy's small ints overflow the products
+                object.__setattr__(self, name, int(value))
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}), "

@@ -154,6 +154,7 @@ def generation_step_multiply_adds(config: ModelConfig, prompt_length: int, new_t
     for name, value in (("prompt_length", prompt_length), ("new_tokens", new_tokens)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{name} must be a whole number, got {value!r}")
+    prompt_length, new_tokens = int(prompt_length), int(new_tokens)   # numpy ints overflow
     if prompt_length < 1 or new_tokens < 1:
         raise ValueError("prompt_length and new_tokens must be at least 1")
     if new_tokens > MAX_PASSES:

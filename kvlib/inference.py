@@ -311,6 +311,7 @@ def generate(params: Params, ids, max_new_tokens: int, use_cache: bool = True,
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) \
             or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive whole number, got {max_new_tokens!r}")
+    max_new_tokens = int(max_new_tokens)          # numpy's small ints would overflow the sum
     use_cache = _check_flag("use_cache", use_cache)
     temperature = _check_temperature(temperature)
     _check_top_k(top_k, params.config.vocab_size)

@@ -153,7 +153,7 @@ def latent_attention_scores(absorbed, latent, query_rope=None, key_rope=None, sc
         raise ValueError("give query_rope and key_rope together (a rotary part), or neither")
     if query_rope is not None:
         _require_matrix("key_rope", key_rope)
-        _per_head_array("query_rope", query_rope, key_rope.shape[1])
+        query_rope = _per_head_array("query_rope", query_rope, key_rope.shape[1])
         if key_rope.shape[0] != latent.shape[0] or query_rope.shape[:-1] != absorbed.shape[:-1]:
             raise ValueError(f"query_rope {query_rope.shape} and key_rope {key_rope.shape} "
                              f"must match absorbed {absorbed.shape} and latent {latent.shape}")

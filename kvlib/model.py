@@ -16,7 +16,7 @@ from numbers import Real
 
 import numpy as np
 
-from .checks import count, numbers, real_number
+from .checks import contains_bool, count, numbers, real_number
 from .params import LatentLayerParams, LayerParams
 from .positions import RotaryPositions, check_positions
 
@@ -43,10 +43,15 @@ def _require_layer(layer, kinds=(LayerParams, LatentLayerParams)):
 
 
 def _numbers_or_scalar(x):
-    """An array of real numbers, or one real number (kept a Python number)."""
+    """Real numbers as floats: an array (float arrays kept as they are, whole numbers turned
+    into float64, whose cube does not overflow as an int8's does), or one number."""
     if isinstance(x, Real) and not isinstance(x, (bool, np.bool_)):
-        return x
-    return numbers("x", x)
+        try:
+            return float(x)
+        except OverflowError:
+            raise ValueError(f"x is too large for a float: {x}") from None
+    x = numbers("x", x)
+    return x if x.dtype.kind == "f" else x.astype(np.float64)
 
 
 def _require_heads(name: str, array) -> np.ndarray:
@@ -67,7 +72,7 @@ def _plus_bias(Y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
 def embed(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Embedding lookup (notebook 01): ids (T,) pick rows of the table (V, d) -> X (T, d)."""
     table = numbers("table", table, 2)
-    if isinstance(ids, (str, bytes)) or ids is None:
+    if isinstance(ids, (str, bytes)) or ids is None or contains_bool(ids):
         raise TypeError(f"ids must be token ids (whole numbers), got {ids!r}")
     try:
         ids = np.asarray(ids)
@@ -130,8 +135,9 @@ def causal_mask(n_queries: int, n_keys: int | None = None) -> np.ndarray:
     """
     n_keys = n_queries if n_keys is None else n_keys
     for name, value in (("n_queries", n_queries), ("n_keys", n_keys)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{name} must be a whole number, got {value!r}")
+    n_queries, n_keys = int(n_queries), int(n_keys)      # numpy's ints overflow the product
     if n_queries * n_keys > 10**9:
         raise ValueError(f"a ({n_queries}, {n_keys}) mask is far larger than any context here")
     if n_queries < 1 or n_keys < n_queries:
@@ -210,8 +216,9 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     Subtracting the row maximum first changes nothing mathematically and avoids overflow.
     """
     x = numbers("x", x)
-    if x.ndim == 0:
-        raise ValueError("softmax needs an array with at least one axis, got a single number")
+    if x.ndim == 0 or x.size == 0:
+        raise ValueError(f"softmax needs an array with at least one axis and one number, got "
+                         f"shape {x.shape}")
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)) \
             or not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis must be a whole number between {-x.ndim} and {x.ndim - 1} for "
@@ -317,6 +324,8 @@ def layer_norm(X: np.ndarray, gain: np.ndarray, bias: np.ndarray, epsilon: float
     unembedding, so that the size of the residual stream, which grows block by block, does
     not reach the products. epsilon keeps the division finite for a constant row.
     """
+    if bias is None:
+        raise ValueError("layer_norm needs a bias (for a gain alone, RMSNorm: rms_norm)")
     X, epsilon = _norm_input(X, gain, bias, epsilon)
     mean = X.mean(axis=-1, keepdims=True)
     variance = ((X - mean) ** 2).mean(axis=-1, keepdims=True)

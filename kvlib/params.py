@@ -168,7 +168,7 @@ class Params:
         config = self.config
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-        if isinstance(self.layers, (str, bytes)) or not hasattr(self.layers, "__iter__"):
+        if not isinstance(self.layers, (list, tuple)):
             raise TypeError(f"layers must be a list of the blocks' weights, got "
                             f"{type(self.layers).__name__}")
         object.__setattr__(self, "layers", tuple(self.layers))

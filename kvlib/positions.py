@@ -22,7 +22,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from .checks import count, numbers
+from .checks import contains_bool, count, numbers
 from .config import ModelConfig
 
 LARGEST_ROTARY_DIM = 2**16
@@ -31,7 +31,7 @@ LARGEST_ROTARY_DIM = 2**16
 
 def check_positions(positions, limit: int | None = None) -> np.ndarray:
     """Position ids as an int array (T,), each >= 0 and, given a limit, < limit."""
-    if isinstance(positions, (str, bytes)):
+    if isinstance(positions, (str, bytes)) or contains_bool(positions):
         raise ValueError(f"positions must be a flat sequence of whole numbers, got {positions!r}")
     try:
         array = np.asarray(positions)

@@ -91,6 +91,20 @@ def test_a_cache_whose_block_was_released_refuses_to_be_read_before_any_reuse():
         cache.keys(0)
 
 
+def test_a_cached_block_released_behind_the_prefix_caches_back_is_not_reused():
+    server = PrefixServer(TOY, n_blocks=3, block_size=2)
+    server.finish(server.admit([0, 3, 7, 1, 9]).request)          # blocks 0 and 1 cached
+    first = server.prefix_cache.match([0, 3, 7, 1, 9])[0]
+    server.allocator.release(first.block)                         # by hand: block 0 is free
+    other = PagedKVCache(server.allocator)
+    kvlib.prefill(TOY, [0, 9, 9], other)                          # and taken by another
+    assert first.block in other.block_table
+    counts = server.allocator.ref_counts.tolist()
+    with pytest.raises(ValueError, match="released and taken again"):
+        server.admit([0, 3, 7, 1, 9, 2])
+    assert server.allocator.ref_counts.tolist() == counts and not server.running
+
+
 # ------------------------------------------------------------------ the prefix cache
 
 

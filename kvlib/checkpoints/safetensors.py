@@ -67,9 +67,14 @@ def _as_path(path, what: str = "path") -> Path:
     """A file's path (a str or a pathlib.Path, not empty)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{what} must be a path (a str or a pathlib.Path), got {path!r}")
-    if str(path) == "":
+    name = os.fspath(path)
+    if isinstance(name, bytes):
+        raise TypeError(f"{what} must be a path (a str or a pathlib.Path), got {path!r}")
+    if name == "":
         raise ValueError(f"{what} is empty: give the name of a file")
-    return Path(path)
+    if "\0" in name:
+        raise ValueError(f"{what} {name!r} holds a NUL character, which no file name has")
+    return Path(name)
 
 
 def read_header(path) -> tuple[dict, int]:
@@ -83,6 +88,8 @@ def read_header(path) -> tuple[dict, int]:
     run past the end of the file.
     """
     path = _as_path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder, not a safetensors file")
     file_size = path.stat().st_size
     if file_size < 8:
         raise _invalid(path, f"it has {file_size} bytes; a safetensors file starts with an "
@@ -232,10 +239,18 @@ def bfloat16_to_float32(bits) -> np.ndarray:
     23 mantissa bits. Shifting its 16 bits up and filling the rest with zeros gives that
     float32 exactly. Same shape in and out; the result is a new array.
     """
-    bits = np.asarray(bits)
+    bits = _array(bits, "bits")
     if bits.dtype != np.uint16:
         raise TypeError(f"bfloat16 bits must be a uint16 array, got dtype {bits.dtype}")
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _array(value, name: str) -> np.ndarray:
+    try:
+        return np.asarray(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an array, not nested lists of different lengths") \
+            from None
 
 
 def float32_to_bfloat16(values) -> np.ndarray:
@@ -245,7 +260,7 @@ def float32_to_bfloat16(values) -> np.ndarray:
     (quiet) NaN of the same sign. Same shape in and out. write_safetensors stores the result
     as BF16 when its name is in bfloat16=.
     """
-    values = np.asarray(values)
+    values = _array(values, "values")
     if values.dtype != np.float32:
         raise TypeError(f"expected a float32 array, got dtype {values.dtype}: convert it "
                         "first (.astype(np.float32)) to say that this rounding is intended")
@@ -272,7 +287,9 @@ def write_safetensors(path, tensors: Mapping[str, np.ndarray], metadata=None, *,
     written under a temporary name, then renamed).
     """
     path = _as_path(path)
-    if isinstance(bfloat16, (str, bytes)) or not hasattr(bfloat16, "__iter__") or \
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: give the name of the file to write")
+    if not isinstance(bfloat16, (list, tuple, set, frozenset, dict)) or \
             not all(isinstance(name, str) for name in bfloat16):
         raise TypeError(f"bfloat16 must be a list of tensor names, got {bfloat16!r}")
     entries = _prepare_tensors(tensors, set(bfloat16))

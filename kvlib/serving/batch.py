@@ -40,6 +40,7 @@ from ..config import ModelConfig
 from ..flops import decode_step_multiply_adds
 from ..inference import check_ids
 from ..model import (
+    _require_layer,
     attention_mask,
     attention_scores,
     attention_weights,
@@ -54,7 +55,7 @@ from ..model import (
     unembed,
     weighted_sum,
 )
-from ..params import Params
+from ..params import LayerParams, Params
 from ..positions import add_positions, rotary_positions
 from ..roofline import cache_bytes, roofline_time, weights_bytes
 
@@ -299,11 +300,17 @@ def batched_decoder_block(X: np.ndarray, layer, config: ModelConfig, caches, lay
     its own sequence's position.
     """
     _check_config(config)
+    _require_layer(layer, LayerParams)
     caches = _check_caches(caches)
     if numbers("X", X, 2).shape[0] != len(caches) or not isinstance(masks, (list, tuple)) \
             or len(masks) != len(caches):
         raise ValueError(f"X, caches and masks must have one entry per sequence: got "
                          f"{np.shape(X)[0]} rows, {len(caches)} caches and masks {masks!r:.60}")
+    for b, mask in enumerate(masks):                     # before any cache changes
+        if mask is not None and (not isinstance(mask, np.ndarray) or mask.dtype != bool
+                                 or mask.ndim != 2 or len(mask) != 1):
+            raise ValueError(f"masks[{b}] must be None or a bool array (1, S), got "
+                             f"{mask!r:.80}")
     if not callable(attend):
         raise TypeError("attend must be attend_per_sequence, attend_padded or a function "
                         "like them")
@@ -311,10 +318,16 @@ def batched_decoder_block(X: np.ndarray, layer, config: ModelConfig, caches, lay
     Q, K, V = project_qkv(normalize(X, layer.ln_1_gain, layer.ln_1_bias, eps), layer)
     if rotary is not None:
         Q, K = rotary.rotate(Q), rotary.rotate(K)
-    attended = [cache.append(layer_index, K[b:b + 1], V[b:b + 1])
-                for b, cache in enumerate(caches)]
-    heads = attend(Q, [keys for keys, _ in attended], [vals for _, vals in attended], masks,
-                   config)
+    saved = [cache.checkpoint() for cache in caches]
+    try:
+        attended = [cache.append(layer_index, K[b:b + 1], V[b:b + 1])
+                    for b, cache in enumerate(caches)]
+        heads = attend(Q, [keys for keys, _ in attended], [vals for _, vals in attended],
+                       masks, config)
+    except BaseException:         # a mask of the wrong width, say: every cache as it was
+        for cache, state in zip(caches, saved):
+            cache.restore(state)
+        raise
     H = X + output_projection(heads, layer.Wo, layer.bo)
     return H + mlp(normalize(H, layer.ln_2_gain, layer.ln_2_bias, eps), layer)
 
@@ -442,7 +455,7 @@ def _positions(positions) -> list[int]:
 
 def _check_number_size(bytes_per_number) -> None:
     if bytes_per_number is not None and (isinstance(bytes_per_number, bool) or not isinstance(
-            bytes_per_number, Integral) or bytes_per_number < 1):
+            bytes_per_number, Integral) or not 1 <= bytes_per_number <= 64):
         raise ValueError(f"bytes_per_number must be a whole number >= 1 (2 for BF16) or None "
                          f"for the model's own dtype, got {bytes_per_number!r}")
 

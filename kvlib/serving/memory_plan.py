@@ -68,6 +68,7 @@ def request_mix(n_requests: int, max_length: int, seed: int = 0, mean_gap: float
     if isinstance(mean_gap, bool) or not isinstance(mean_gap, (Integral, float)) or \
             not 0 <= mean_gap < 1e6:
         raise ValueError(f"mean_gap must be a number of steps >= 0, got {mean_gap!r}")
+    mean_gap = float(mean_gap)                  # numpy's small ints overflow 1 + mean_gap
     rng = np.random.default_rng(whole_number("seed", seed, 0))
 
     def lengths():
@@ -95,7 +96,7 @@ def blocks_for(n_tokens: int, block_size: int) -> int:
 
 def slack(n_tokens: int, block_size: int) -> int:
     """Empty positions in the sequence's last block: always fewer than block_size."""
-    return blocks_for(n_tokens, block_size) * block_size - n_tokens
+    return blocks_for(n_tokens, block_size) * int(block_size) - int(n_tokens)
 
 
 # ------------------------------------------------------------------ a batch of sequences

@@ -110,6 +110,7 @@ def block_keys(ids, block_size: int) -> list[bytes]:
     ids = _token_ids(ids, "ids")
     if isinstance(block_size, bool) or not isinstance(block_size, Integral) or block_size < 1:
         raise ValueError(f"block_size must be a whole number >= 1, got {block_size!r}")
+    block_size = int(block_size)                # numpy's small ints overflow the range
     keys, parent = [], ROOT_KEY
     for start in range(0, len(ids) - block_size + 1, block_size):
         parent = block_key(parent, ids[start:start + block_size])
@@ -164,6 +165,9 @@ class PrefixCache:
         self.n_evicted = 0
         self._entries: dict[bytes, CachedBlock] = {}
         self._key_of_block: dict[int, bytes] = {}
+        # block -> its allocator.generations when cached: a block released behind the
+        # cache's back and taken by another sequence holds other tokens' K and V
+        self._generation_of_block: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -227,6 +231,10 @@ class PrefixCache:
             if not isinstance(entry, CachedBlock) or self._entries.get(entry.key) is not entry:
                 raise ValueError(f"entry {depth} is not a block of this prefix cache (evicted "
                                  "since it was looked up?): look the request up again")
+            if not self._still_ours(entry.block):
+                raise ValueError(f"cached block {entry.block} was released and taken again "
+                                 "behind the prefix cache's back (by hand?): it may hold other "
+                                 "tokens' K and V now. Make a new PrefixCache")
             if entry.depth != depth or entry.parent != parent:
                 raise ValueError("the blocks must be a cached prefix, from the first block on, "
                                  "as match() returns them")
@@ -241,6 +249,11 @@ class PrefixCache:
             raise TypeError(f"entries must be a list of cached blocks (match() returns one), "
                             f"got {type(entries).__name__}")
         return list(entries)
+
+    def _still_ours(self, block: int) -> bool:
+        """The pool block still holds what was cached: in use, not released and taken again."""
+        return bool(self.allocator.ref_counts[block] > 0) and \
+            self.allocator.generations[block] == self._generation_of_block.get(block)
 
     def record_hits(self, entries) -> None:
         """A request reused these blocks: one more hit each, and used now (one clock tick)."""
@@ -267,6 +280,7 @@ class PrefixCache:
         """
         if not isinstance(cache, PagedKVCache) or cache.allocator is not self.allocator:
             raise TypeError("insert needs a PagedKVCache on this prefix cache's allocator")
+        cache._checked_table()                 # its blocks are still its own
         ids = _token_ids(ids, "ids")
         if len(ids) != len(cache):
             raise ValueError(f"ids has {len(ids)} tokens but the cache holds {len(cache)} "
@@ -289,6 +303,7 @@ class PrefixCache:
                 entry = CachedBlock(key, parent, tokens, block, depth)
                 self._entries[key] = entry
                 self._key_of_block[block] = key
+                self._generation_of_block[block] = int(self.allocator.generations[block])
                 if parent != ROOT_KEY:
                     self._entries[parent].children += 1
                 new.append(entry)
@@ -337,7 +352,9 @@ class PrefixCache:
         del self._key_of_block[entry.block]
         if entry.parent != ROOT_KEY:
             self._entries[entry.parent].children -= 1
-        self.allocator.release(entry.block)
+        if self._still_ours(entry.block):      # else another sequence's reference, not ours
+            self.allocator.release(entry.block)
+        del self._generation_of_block[entry.block]
         self.n_evicted += 1
         return entry
 
@@ -453,7 +470,7 @@ class PrefixServer:
         if isinstance(n_tokens, (bool, np.bool_)) or not isinstance(n_tokens, Integral) \
                 or n_tokens < 0:
             raise ValueError(f"n_tokens must be a whole number >= 0, got {n_tokens!r}")
-        return -(-n_tokens // self.block_size)
+        return -(-int(n_tokens) // self.block_size)
 
     def admit(self, ids) -> Admission:
         """Start a request: reuse the longest cached prefix (all but the last token at most),

@@ -29,7 +29,7 @@ from numbers import Integral
 import numpy as np
 
 from ..cache import BaseKVCache
-from ..checks import count, numbers, real_number, whole_number, whole_numbers
+from ..checks import contains_bool, count, numbers, real_number, whole_number, whole_numbers
 from ..config import ModelConfig
 from ..inference import check_ids, decode_step, next_token_losses, prefill
 from ..params import Params
@@ -119,6 +119,8 @@ def quantize(x, scales, bits: int) -> np.ndarray:
 def dequantize(codes, scales, dtype="float64") -> np.ndarray:
     """What quantized numbers are read back as (notebook 22): codes x scales, in dtype."""
     codes = _codes(codes)
+    if isinstance(dtype, str) and dtype not in ("float16", "float32", "float64"):
+        raise TypeError(f"dtype must be a float dtype such as 'float32', got {dtype!r}")
     if not isinstance(dtype, (str, type, np.dtype)) or isinstance(dtype, bool):
         raise TypeError(f"dtype must be a float dtype such as 'float32', got {dtype!r}")
     try:
@@ -175,7 +177,7 @@ def pack_codes(codes, bits: int) -> np.ndarray:
 
 def _codes(codes) -> np.ndarray:
     """codes as an array (not nested lists of different lengths, not text)."""
-    if isinstance(codes, (str, bytes)) or codes is None:
+    if isinstance(codes, (str, bytes)) or codes is None or contains_bool(codes):
         raise TypeError(f"codes must be an array of whole numbers, got {codes!r}")
     try:
         return np.asarray(codes)
@@ -290,12 +292,13 @@ class PerChannel:
     def bytes_per_token(self, width: int) -> float:
         """Bytes one quantized position costs in one layer: its packed codes and its share of
         the group's width float16 scales, 2 x width / group_size (a fraction)."""
-        return packed_width(width, self.bits) + SCALE_BYTES * width / self.group_size
+        return packed_width(width, self.bits) + SCALE_BYTES * int(width) / self.group_size
 
     def nbytes(self, n_positions: int, width: int, residual_bytes: int) -> int:
         """Bytes held for n_positions rows: codes and scales of the full groups, and the
         residual rows at residual_bytes a number."""
         groups, rest = divmod(whole_number("n_positions", n_positions, 0), self.group_size)
+        width = count("width", width, 1)
         group_bytes = self.group_size * packed_width(width, self.bits) + width * SCALE_BYTES
         residual_bytes = whole_number("residual_bytes", residual_bytes, 1)
         return groups * group_bytes + rest * width * residual_bytes
@@ -552,7 +555,7 @@ def with_outlier_key_channels(params: Params, channels, factor: float, layers=No
         raise ValueError(f"channels must be whole numbers between 0 and {config.kv_width - 1}, "
                          f"got {channels.tolist()}")
     layers = range(config.n_layers) if layers is None else layers
-    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+    if not isinstance(layers, (list, tuple, range, set)):
         raise TypeError(f"layers must be a list of layer indices or None (all), got {layers!r}")
     layers = {whole_number("layer", layer, 0) for layer in layers}
     if max(layers, default=0) >= config.n_layers:

@@ -310,7 +310,10 @@ def propose(draft: Params, cache: BaseKVCache, unseen, k: int, choose) -> Propos
         logits, _ = prefill(draft, unseen, cache, last_only=True)
         tokens, probabilities = [], []
         for index in range(k):
-            token, distribution = choose(logits[-1])
+            chosen = choose(logits[-1])
+            if not (isinstance(chosen, tuple) and len(chosen) == 2):
+                raise TypeError(f"choose must return (token, distribution), got {chosen!r:.80}")
+            token, distribution = chosen
             tokens.append(token)
             probabilities.append(distribution)
             if index < k - 1:
