@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cache import BaseKVCache
+from ..cache import BaseKVCache, _plural
 from ..checks import whole_number
 from .blocks import BlockAllocator
 
@@ -104,6 +104,18 @@ class PagedKVCache(BaseKVCache):
                      for block in self.block_table[first:last + 1])
         return max(0, last + 1 - len(self.block_table)) + shared
 
+    def _out_of_blocks(self, n_new: int, needed: int) -> str:
+        """What a chunk that does not fit says (BlockAllocator.allocate's words when the pool
+        is full)."""
+        free, total = self.allocator.n_free, self.allocator.n_blocks
+        if free == 0:
+            held = f"all {total} are in use"
+        else:
+            held = (f"{_plural(n_new, 'position')} need {_plural(needed, 'more block')} and "
+                    f"only {free} of the {total} {'is' if free == 1 else 'are'} free")
+        return (f"out of cache blocks: {held}. A server would now wait, or preempt a "
+                "sequence and recompute it later")
+
     def append(self, layer: int, K: np.ndarray, V: np.ndarray):
         """Write new rows into the sequence's blocks (taking new ones as needed); return the
         layer's keys and values gathered through the block table. All or nothing: when the
@@ -118,10 +130,7 @@ class PagedKVCache(BaseKVCache):
         start = self._lengths[layer]
         needed = self._blocks_needed(start, K.shape[0])
         if needed > self.allocator.n_free:
-            raise MemoryError(f"out of cache blocks: these {K.shape[0]} positions need "
-                              f"{needed} more blocks, and {self.allocator.n_free} of the "
-                              f"{self.allocator.n_blocks} are free. A server would now wait, "
-                              "or preempt a sequence and recompute it later")
+            raise MemoryError(self._out_of_blocks(K.shape[0], needed))
         saved = self.checkpoint()
         try:
             for offset in range(K.shape[0]):

@@ -111,8 +111,9 @@ def quantize(x, scales, bits: int) -> np.ndarray:
     limit = max_code(bits)
     x = _as_float_array(x)
     scales = _as_scales(scales, x.shape)
-    ratio = np.divide(x, scales, out=np.zeros(np.broadcast_shapes(x.shape, scales.shape)),
-                      where=scales != 0)
+    with np.errstate(over="ignore"):        # a scale near 0: inf, which the clip takes in
+        ratio = np.divide(x, scales, out=np.zeros(np.broadcast_shapes(x.shape, scales.shape)),
+                          where=scales != 0)
     return np.clip(np.rint(ratio), -limit, limit).astype(np.int8)
 
 
@@ -133,7 +134,14 @@ def dequantize(codes, scales, dtype="float64") -> np.ndarray:
         raise TypeError(f"codes must be an array of whole numbers, got {codes.dtype} of shape "
                         f"{codes.shape}")
     scales = _as_scales(scales, codes.shape)
-    return (codes.astype(np.float64) * scales).astype(dtype, copy=False)
+    values = codes.astype(np.float64) * scales
+    # int8 codes and float16 scales always fit; only larger ones can overflow the dtype
+    largest = np.finfo(dtype).max
+    if np.iinfo(codes.dtype).max * np.abs(scales).max(initial=0) > largest and \
+            np.abs(values).max(initial=0) > largest:
+        raise ValueError(f"codes x scales reach {np.abs(values).max():.3g}, more than "
+                         f"{dtype}'s largest number, {largest:.3g}")
+    return values.astype(dtype, copy=False)
 
 
 def round_trip(x, bits: int, axis: int) -> np.ndarray:
