@@ -49,15 +49,22 @@ class PagedKVCache(BaseKVCache):
     def _checked_table(self) -> np.ndarray:
         """The block table as indices (n_blocks,), after checking that every block in it is
         still this sequence's: in use, and not released and taken again since."""
-        for block in self.block_table:
-            self.allocator.check_in_use(block)
-            if self.allocator.generations[block] != self._taken.get(block):
+        allocator, table = self.allocator, self.block_table
+        taken = [self._taken.get(block, -1) for block in table]
+        if all(type(block) is int and 0 <= block < allocator.n_blocks for block in table):
+            indices = np.asarray(table, dtype=np.intp)
+            if (allocator.ref_counts[indices] > 0).all() and \
+                    np.array_equal(allocator.generations[indices], taken):
+                return indices                   # the usual case, checked in one step
+        for block, generation in zip(table, taken):       # find the culprit, and say what
+            allocator.check_in_use(block)
+            if allocator.generations[block] != generation:
                 raise ValueError(
                     f"block {block} of this sequence was released and taken again (by another "
                     "sequence?) after this cache took it: its rows are not this sequence's any "
                     "more. A block released by hand, outside the cache? Free the cache "
                     "(cache.free()) and prefill its tokens again")
-        return np.asarray(self.block_table, dtype=np.intp)
+        return np.asarray(table, dtype=np.intp)
 
     def _rows(self, store: np.ndarray, layer: int) -> np.ndarray:
         """The layer's rows gathered through the block table: (T, kv_width), a copy."""
