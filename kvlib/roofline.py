@@ -131,7 +131,11 @@ def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
         raise ValueError(f"flops {flops.shape} and n_bytes {n_bytes.shape} must have one shape")
     if (flops < 0).any() or (n_bytes < 0).any():
         raise ValueError("flops and n_bytes must not be negative")
-    times = np.maximum(flops / compute_rate, n_bytes / bandwidth)
+    with np.errstate(over="ignore"):
+        times = np.maximum(flops / compute_rate, n_bytes / bandwidth)
+    if not np.isfinite(times).all():
+        raise ValueError(f"rates of {compute_rate!r} FLOP/s and {bandwidth!r} bytes/s are too "
+                         "small: the time does not fit a float")
     return float(times) if times.ndim == 0 else times
 
 

@@ -680,3 +680,51 @@ def _():
     cache = prefilled(TOY, PROMPT[:-1])
     return Case(speculative.verify, (TOY, cache, PROMPT[-1:], (1, 2)),
                 state=lambda: cache_state(cache))
+
+
+# ---- the engine (notebook 24) --------------------------------------------------------------
+
+from kvlib.serving import engine as engine_module  # noqa: E402
+from kvlib.serving.block_manager import BlockManager  # noqa: E402
+
+ENGINE_MODEL = kvlib.init_params(kvlib.ModelConfig(positions="rotary"), seed=24)
+
+pure("SamplingParams", engine_module.SamplingParams, 3, 0.0, None, (2,))
+pure("Engine", engine_module.Engine, ENGINE_MODEL, 4, 8, 16)
+pure("StaticBatchingEngine", engine_module.StaticBatchingEngine, ENGINE_MODEL, block_size=4,
+     n_blocks=8)
+pure("BlockManager", BlockManager, ENGINE_MODEL.config, 8, 4)
+pure("in_dtype", safetensors.in_dtype, np.ones(3, np.float32), "F32", "float64")
+
+
+def _engine():
+    engine = engine_module.Engine(ENGINE_MODEL, block_size=4, n_blocks=8,
+                                  max_num_batched_tokens=16)
+    engine.add_request([1, 2, 3, 4, 5], engine_module.SamplingParams(max_tokens=2))
+    engine.step()
+    return engine
+
+
+def engine_state(engine):
+    manager = engine.allocator
+    return ([r.request_id for r in engine.waiting], [r.request_id for r in engine.running],
+            {i: (list(r.tokens), r.num_computed_tokens, list(r.block_table), r.status)
+             for i, r in engine.requests.items()}, engine.step_count,
+            list(manager.ref_counts), list(manager.free), list(manager.idle),
+            manager.keys.copy(), manager.values.copy())
+
+
+CASES["Engine.add_request"] = lambda: (lambda engine: Case(
+    engine.add_request, ([6, 7, 8], engine_module.SamplingParams(max_tokens=2)),
+    state=lambda: engine_state(engine)))(_engine())
+CASES["Engine.generate"] = lambda: (lambda engine: Case(
+    engine.generate, ([[6, 7, 8]], engine_module.SamplingParams(max_tokens=2)),
+    state=lambda: engine_state(engine)))(_engine())
+
+
+@case("engine.summarize")
+def _():
+    engine = _engine()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return Case(engine_module.summarize, (engine, [0]))

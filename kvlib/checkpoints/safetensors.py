@@ -275,6 +275,15 @@ def in_dtype(array: np.ndarray, stored: str, dtype) -> np.ndarray:
     """A tensor read by read_safetensors, as numbers of dtype (notebooks 12, 18): BF16 bits
     become float32 first; a view of the mapped file when nothing needs converting, a copy
     otherwise. stored is the header's dtype name ("F32", "F16", "BF16", ...)."""
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
+        raise TypeError(f"array must be a numpy array of numbers read from a file, got "
+                        f"{type(array).__name__}")
+    if not isinstance(stored, str) or stored not in DTYPES:
+        raise ValueError(f"stored must be a safetensors dtype name ({', '.join(DTYPES)}), got "
+                         f"{stored!r}")
+    if not isinstance(dtype, (str, type)) or dtype not in ("float32", "float64", np.float32,
+                                                           np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
     if stored == "BF16":
         array = bfloat16_to_float32(array)
     if array.dtype == np.dtype(dtype):
