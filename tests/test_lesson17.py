@@ -684,3 +684,86 @@ def test_solution_display():
     assert "Solution to exercise 2" in shown.data and "ring_slot_fixed" in shown.data
     with pytest.raises(ValueError, match="no exercise 9"):
         ex17.solution(9)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a real model: SmolLM2's sinks and windows (kvlib/models/smollm2/measured.json, written by
+# tools/measure_smollm2.py), as the notebook reads them, and a row recomputed
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smol_measured():
+    return kvlib.checkpoints.smollm2.measured()
+
+
+def test_draw_sink_heads_draws_every_head_and_outlines_the_sinks():
+    fig, ax = plt.subplots()
+    on_first = np.array([[0.0, 0.2, 0.6], [0.999, 0.45, 0.51]])      # 2 layers, 3 heads
+    image = w17.draw_sink_heads(ax, on_first, 0.01, first_query=64)
+    np.testing.assert_array_equal(image.get_array(), on_first.T)  # heads down, layers across
+    assert image.get_clim() == (0.0, 1.0) and image.get_cmap().name == w17.plots.COLORMAP
+    assert [t.get_text() for t in ax.texts] == [".00", ".20", ".60", "1", ".45", ".51"]
+    outlined = sorted((p.get_x() + 0.5, p.get_y() + 0.5) for p in ax.patches)
+    assert outlined == [(0.0, 2.0), (1.0, 0.0), (1.0, 2.0)]       # (layer, head) above 0.5
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("layer", "query head")
+    assert "3 of 6 heads above 0.5" in ax.get_title() and "0.010" in ax.get_title()
+    assert "from position 64 on" in ax.get_title()
+    assert len(fig.axes) == 2                                    # the colour bar
+    for bad in (np.ones(3), np.array([[1.5]]), np.array([[np.nan]])):
+        with pytest.raises(ValueError, match="layers, heads"):
+            w17.draw_sink_heads(ax, bad, 0.01)
+
+
+def test_draw_sinks_won_back_draws_one_bar_a_window_grouped_by_model():
+    fig, ax = plt.subplots()
+    w17.draw_sinks_won_back(ax, {"story model": {16: 0.092, 64: 0.09}, "SmolLM2": {64: 0.746}})
+    heights = [bar.get_height() for bar in ax.patches]
+    np.testing.assert_allclose(heights, [9.2, 9.0, 74.6])
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["9%", "W = 16", "9%", "W = 64", "75%", "W = 64"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["story model", "SmolLM2"]
+    assert ax.patches[0].get_facecolor() != ax.patches[2].get_facecolor()
+
+
+def test_smollm2s_sinks_as_the_notebook_reads_them(smol_measured):
+    sinks = smol_measured["sinks"]
+    on_first = np.array(sinks["attention_on_position_0"])
+    assert on_first.shape == (30, 9) and sinks["first_query"] == 64
+    assert sinks["even_share"] == pytest.approx(np.mean(1 / (np.arange(64, 1024) + 1)))
+    assert int((on_first > 0.5).sum()) == 46
+    assert on_first.argmax() == 18 * 9 + 8 and on_first[18, 7] > 0.93
+    assert on_first[[0, 1, 10, 11]].max() < 0.03 < on_first[3:10].min() / 0.8
+    tokenizer = kvlib.smollm2_tokenizer()
+    assert tokenizer.decode(smol_measured["ids"][:1]) == "The"
+
+
+def test_smollm2s_windows_as_the_notebook_reads_them(smol_measured):
+    rows = smol_measured["windows"]["rows"]
+    loss = {(r["window"], r["sinks"], r["positions"]): r["loss"] for r in rows}
+    assert set(loss) == {(w, s, "original") for w in (64, 256) for s in (0, 4)} | \
+        {(w, 4, "inside the cache") for w in (64, 256)}
+    full = smol_measured["pairing"]["loss"]
+    for window in (64, 256):
+        alone, sinks = loss[(window, 0, "original")], loss[(window, 4, "original")]
+        assert full < sinks < alone
+        assert (alone - sinks) / (alone - full) > 0.7
+        assert abs(sinks - loss[(window, 4, "inside the cache")]) < 0.002
+    assert loss[(256, 0, "original")] < loss[(64, 0, "original")]
+
+
+def test_a_row_of_smollm2s_sink_measurement_recomputed(smol_measured):
+    """Layer 1's row (the notebook recomputes layer 3's), the tool's way: the layers run one
+    by one on the 1,024 measured tokens, each recording its attention weights."""
+    tool = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
+        "measure_smollm2", ROOT / "tools" / "measure_smollm2.py"))
+    tool.__spec__.loader.exec_module(tool)
+    params = kvlib.load_smollm2()
+    first_two = kvlib.Params(params.config.replace(n_layers=2), params.embedding,
+                             params.layers[:2], None, params.ln_f_gain, None)
+    rows = {}
+    tool.layer_by_layer(first_two, smol_measured["ids"],
+                        lambda index, weights: rows.setdefault(index, weights[:, 64:, 0]
+                                                              .mean(axis=1)))
+    saved = np.array(smol_measured["sinks"]["attention_on_position_0"])
+    for index in (0, 1):
+        np.testing.assert_allclose(rows[index], saved[index], rtol=0, atol=2e-4)

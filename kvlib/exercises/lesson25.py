@@ -167,7 +167,7 @@ def reports() -> dict[str, str]:
 
 ANSWERS = {"A": "rounding", "B": "bug", "C": "rounding", "D": "bug"}
 WHY = {
-    "A": "in bfloat16 a logit carries 3 significant digits: differences of this size, and a "
+    "A": "in bfloat16 a logit carries 2 to 3 significant digits: differences of this size, and a "
          "flip now and then between two near-equal tokens, are the format's own rounding",
     "B": "a difference of 5 in float32, starting at one step and staying, is a bug (a "
          "position that jumps, as in tiny-llm PR #46); rounding in float32 is 1e-5",

@@ -9,7 +9,9 @@ The pictures (each draws into a given Axes, cleared first):
 - draw_cache_bytes: bytes held against tokens seen, a full cache against the ring;
 - draw_reach: which earlier tokens can change the last token's output, by number of layers;
 - draw_window_losses: held-out loss beyond the window against W, for each choice of cache;
-- draw_loss_by_position: the loss of each prediction along the sequence.
+- draw_loss_by_position: the loss of each prediction along the sequence;
+- draw_sink_heads: the weight each head of a real model (SmolLM2) puts on position 0;
+- draw_sinks_won_back: the share of a window's cost that keeping sinks wins back, by model.
 
 The widget, ``window_explorer()``: sliders for W, sink_tokens and the tokens seen; it
 prefills a real SlidingWindowCache and shows its mask, its slots and its bytes.
@@ -270,6 +272,79 @@ def draw_loss_by_position(ax, curves: dict, window: int, smoothing: int = 8,
     ax.set_title(f"Where the loss comes from: W = {window}")
     ax.grid(alpha=0.3)
     _legend_above_the_data(ax)
+    return ax
+
+
+# ------------------------------------------------------------------- a real model's sinks
+
+SINK_THRESHOLD = 0.5
+"""draw_sink_heads outlines the heads that put more than this on position 0."""
+
+
+def draw_sink_heads(ax, on_first, even_share: float, first_query: int | None = None,
+                    threshold: float = SINK_THRESHOLD, title: str | None = None):
+    """Where a real model's heads put their attention (notebook 17, SmolLM2): on_first
+    (layers, heads), the mean weight each head gives position 0 over the measured queries,
+    drawn with layers across and heads down, viridis from 0 to 1 (the whole possible range,
+    so that 0.1 and 1.0 look as different as they are), each cell's value written in
+    hundredths and the heads above `threshold` outlined. even_share is the weight an even
+    spread would give position 0 (in the title, with first_query, the first query measured).
+    Returns the image; the colour bar is marked at the threshold."""
+    on_first = np.asarray(on_first, dtype=float)
+    if on_first.ndim != 2 or not np.isfinite(on_first).all() or on_first.min() < 0 \
+            or on_first.max() > 1:
+        raise ValueError(f"on_first must be a (layers, heads) array of weights in 0..1, got "
+                         f"shape {on_first.shape}")
+    ax.clear()
+    n_layers, n_heads = on_first.shape
+    image = ax.imshow(on_first.T, cmap=plots.COLORMAP, vmin=0.0, vmax=1.0, aspect="auto",
+                      interpolation="nearest")
+    for (layer, head), value in np.ndenumerate(on_first):
+        text = "1" if round(value, 2) >= 1 else f"{value:.2f}"[1:]          # ".94", "1"
+        ax.text(layer, head, text, ha="center", va="center", fontsize=6,
+                color="black" if value > 0.55 else "white")
+        if value > threshold:
+            ax.add_patch(Rectangle((layer - 0.5, head - 0.5), 1, 1, fill=False,
+                                   edgecolor="white", lw=1.2))
+    ax.set_xticks(range(n_layers), [str(i) if i % 2 == 0 else "" for i in range(n_layers)])
+    ax.set_yticks(range(n_heads), [str(h) for h in range(n_heads)])
+    ax.set_xlabel("layer")
+    ax.set_ylabel("query head")
+    queries = "" if first_query is None else f" from position {first_query} on"
+    above = int((on_first > threshold).sum())
+    ax.set_title(title or f"Mean attention on position 0, queries{queries} (an even spread: "
+                          f"{even_share:.3f}); {above} of {on_first.size} heads above "
+                          f"{threshold:g}, outlined", fontsize=10)
+    bar = ax.figure.colorbar(image, ax=ax, fraction=0.03, pad=0.015)
+    bar.set_label("weight on position 0")
+    bar.ax.axhline(threshold, color="white", lw=1.2)
+    return image
+
+
+def draw_sinks_won_back(ax, shares: dict, title: str | None = None):
+    """How much of a window's cost keeping sinks wins back (notebook 17): shares maps a
+    model's name to {window: share}, the share being (window loss - window + sinks loss) /
+    (window loss - full loss); one group of bars a model, one bar a window, each labelled
+    with its window and its percentage."""
+    ax.clear()
+    x, ticks, names = 0.0, [], []
+    for index, (model, by_window) in enumerate(shares.items()):
+        color = _VIRIDIS(0.2 + 0.6 * index / max(len(shares) - 1, 1))
+        start = x
+        for window, share in by_window.items():
+            ax.bar(x, 100 * share, width=0.8, color=color, edgecolor="black", lw=0.6)
+            ax.text(x, 100 * share + 2, f"{share:.0%}", ha="center", va="bottom", fontsize=8)
+            ax.text(x, -3, f"W = {window}", ha="center", va="top", fontsize=8)
+            x += 1
+        ticks.append((start + x - 1) / 2)
+        names.append(model)
+        x += 0.8
+    ax.set_xticks(ticks, names)
+    ax.tick_params(axis="x", pad=16, length=0)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("share of the window's cost won back (%)")
+    ax.set_title(title or "What 4 sinks win back")
+    ax.grid(axis="y", alpha=0.3)
     return ax
 
 
