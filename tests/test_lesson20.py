@@ -411,6 +411,24 @@ def test_chat_requests_to_smollm2_share_their_system_message():
     assert server.prefix_cache.reusable(dated[1]) == []        # another beginning: a miss
 
 
+def test_the_reuse_bars():
+    fig, ax = plt.subplots()
+    w20.draw_reuse_bars(ax, ["a", "b"], [40, 36], [0, 32], 16)
+    reused, computed = ax.containers
+    assert [bar.get_width() for bar in reused] == [0, 32]
+    assert [bar.get_width() for bar in computed] == [40, 4]
+    assert [bar.get_x() for bar in computed] == [0, 32]
+    placed = {tick: label.get_text() for tick, label in zip(ax.get_yticks(),
+                                                           ax.get_yticklabels())}
+    assert placed == {1: "a", 0: "b"}                              # the first on top
+    assert len(ax.lines) == 1                                      # one boundary inside 32
+    assert ax.get_title() == "32 of 76 prompt tokens reused"
+    with pytest.raises(ValueError, match="more tokens than it has"):
+        w20.draw_reuse_bars(ax, ["a"], [4], [5], 4)
+    with pytest.raises(ValueError, match="one name"):
+        w20.draw_reuse_bars(ax, ["a"], [4, 5], [1, 1], 4)
+
+
 def test_a_block_computed_twice_is_cached_once(toy):
     """A request admitted before another one filled a block computes that block too; the
     copy cached first stays the cached one, the other is freed with its request."""
