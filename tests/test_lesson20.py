@@ -377,6 +377,58 @@ def test_blocks_are_cached_as_they_fill_while_the_request_runs(toy):
     check_accounting(server)                                       # its block runs again
 
 
+def test_chat_requests_to_smollm2_share_their_system_message():
+    """The real model of the notebook's last section: two chat requests with one system
+    message, through SmolLM2's template. The system message is a prefix of both; the second
+    reuses every full block of their common beginning, and its logits and greedy token equal
+    a plain prefill's (float32; GQA, rotary positions, RMSNorm and SwiGLU on a paged cache).
+    A date at the top of the system message leaves nothing to reuse."""
+    from kvlib.chat import reusable_prefix
+
+    params, tokenizer = kvlib.load_smollm2(), kvlib.smollm2_tokenizer()
+    system = "You answer in one short sentence. You never make up facts."
+
+    def chat(question, system=system):
+        return tokenizer.apply_chat_template([{"role": "system", "content": system},
+                                              {"role": "user", "content": question}])
+
+    first, second = chat("Name a planet."), chat("What colour is the sky?")
+    system_part = tokenizer.apply_chat_template([{"role": "system", "content": system}],
+                                                add_generation_prompt=False)
+    assert first[:len(system_part)] == second[:len(system_part)] == system_part
+    shared = reusable_prefix(first, second)
+    server = PrefixServer(params, n_blocks=16, block_size=8)
+    server.admit(first)
+    admitted = server.admit(second)                          # the first still runs
+    assert admitted.reused_tokens == shared // 8 * 8 > 0
+    plain, _ = kvlib.prefill(params, second, last_only=True)
+    assert np.abs(admitted.logits - plain).max() <= 1e-4 * np.abs(plain).max()
+    assert int(admitted.logits[-1].argmax()) == int(plain[-1].argmax())
+    check_accounting(server)
+    dated = [chat(question, f"Today is {day}. {system}") for question, day in
+             (("Name a planet.", "Monday"), ("What colour is the sky?", "Tuesday"))]
+    assert reusable_prefix(*dated) < 8
+    assert server.prefix_cache.reusable(dated[1]) == []        # another beginning: a miss
+
+
+def test_the_reuse_bars():
+    fig, ax = plt.subplots()
+    w20.draw_reuse_bars(ax, ["a", "b"], [40, 36], [0, 32], 16)
+    reused, computed = ax.containers
+    assert [bar.get_width() for bar in reused] == [0, 32]
+    assert [bar.get_width() for bar in computed] == [40, 4]
+    assert [bar.get_x() for bar in computed] == [0, 32]
+    placed = {tick: label.get_text() for tick, label in zip(ax.get_yticks(),
+                                                           ax.get_yticklabels())}
+    assert placed == {1: "a", 0: "b"}                              # the first on top
+    assert len(ax.lines) == 1                                      # one boundary inside 32
+    assert ax.get_title() == "32 of 76 prompt tokens reused"
+    with pytest.raises(ValueError, match="more tokens than it has"):
+        w20.draw_reuse_bars(ax, ["a"], [4], [5], 4)
+    with pytest.raises(ValueError, match="one name"):
+        w20.draw_reuse_bars(ax, ["a"], [4, 5], [1, 1], 4)
+
+
 def test_a_block_computed_twice_is_cached_once(toy):
     """A request admitted before another one filled a block computes that block too; the
     copy cached first stays the cached one, the other is freed with its request."""

@@ -5,6 +5,7 @@ tree their parent keys make (hit counts on each block; the blocks the new reques
 highlighted), the request's tokens (reused or prefilled), and the pool (free, cached and
 idle, held by running requests). ``prefix_stream_explorer()`` serves a seeded stream of
 requests, many starting with one of two system prompts, one click at a time.
+``draw_reuse_bars`` draws, for a few requests, the prompt tokens reused and computed.
 """
 
 from __future__ import annotations
@@ -201,6 +202,32 @@ def draw_request(ax, labels, reused_tokens: int, block_size: int, title=None):
     ax.set_xlabel("the request's tokens (white lines: block boundaries)", fontsize=9)
     ax.set_title(title or f"{reused_tokens} tokens reused (yellow), {n - reused_tokens} "
                  "prefilled (purple)", fontsize=10)
+    return ax
+
+
+def draw_reuse_bars(ax, names, lengths, reused, block_size: int, title=None):
+    """Prompt tokens of each request, reused from the prefix cache or computed (notebook 20):
+    one horizontal bar a request, the reused part first (yellow, as in draw_request), the
+    computed part after it (purple), with the block boundaries of the reused part."""
+    lengths, reused = np.asarray(lengths), np.asarray(reused)
+    if lengths.shape != reused.shape or len(names) != len(lengths):
+        raise ValueError("give one name, one length and one reused count per request")
+    if ((reused < 0) | (reused > lengths)).any():
+        raise ValueError("a request cannot reuse more tokens than it has")
+    rows = np.arange(len(lengths))[::-1]                       # the first request on top
+    ax.barh(rows, reused, color=REUSED_COLOR, edgecolor="black", lw=0.5,
+            label="reused from the prefix cache")
+    ax.barh(rows, lengths - reused, left=reused, color=PRIVATE_COLOR, edgecolor="black",
+            lw=0.5, label="computed (prefilled)")
+    for row, n in zip(rows, reused):
+        for bound in range(block_size, int(n), block_size):
+            ax.plot([bound, bound], [row - 0.4, row + 0.4], color="white", lw=1)
+    ax.set_yticks(rows, names, fontsize=8)
+    ax.set_xlabel(f"prompt tokens (white lines: blocks of {block_size})")
+    ax.set_title(title or f"{int(reused.sum())} of {int(lengths.sum())} prompt tokens reused",
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=2,
+              frameon=False)
     return ax
 
 
