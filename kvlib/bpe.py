@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -55,6 +56,7 @@ END_OF_TEXT = "<|endoftext|>"
 
 def gpt2_words(text: str) -> list[str]:
     """GPT-2's pre-tokenizer (notebook 13): text -> words, by PRETOKENIZER_PATTERN."""
+    _check_text(text)
     return PRETOKENIZER_PATTERN.findall(text)
 
 
@@ -62,6 +64,7 @@ def smollm_words(text: str) -> list[str]:
     """SmolLM2's pre-tokenizer (notebook 18; llama.cpp calls it "smollm"): every numeral
     (\\p{N}) is a word of its own, then GPT-2's pattern cuts the rest. "in 2024." ->
     ["in", " ", "2", "0", "2", "4", "."]: a number is always read digit by digit."""
+    _check_text(text)
     words = []
     for part in _NUMBER.split(text):
         if part:
@@ -92,7 +95,7 @@ def bytes_to_unicode() -> dict[int, str]:
 
 def read_vocabulary(path) -> dict[str, int]:
     """vocab.json (GPT-2's encoder.json): token, in bytes_to_unicode characters -> id."""
-    path = Path(path)
+    path = _as_path(path)
     try:
         vocabulary = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -110,7 +113,7 @@ def read_merges(path) -> list[tuple[str, str]]:
 
     The first line ("#version: 0.2") is a comment; blank lines are skipped.
     """
-    path = Path(path)
+    path = _as_path(path)
     merges = []
     for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
         if not line or (number == 1 and line.startswith("#version")):
@@ -146,6 +149,7 @@ class Tokenizer:
     def __init__(self, vocabulary: dict[str, int], merges: list[tuple[str, str]], *,
                  pretokenize: Callable[[str], list[str]] = gpt2_words,
                  special_tokens: Iterable[str] = (END_OF_TEXT,), chat_template=None):
+        _check_tokenizer_parts(vocabulary, merges, pretokenize, special_tokens, chat_template)
         self.vocabulary = dict(vocabulary)
         self.merge_ranks = {tuple(pair): rank for rank, pair in enumerate(merges)}
         self.pretokenize = pretokenize
@@ -223,6 +227,8 @@ class Tokenizer:
         100,000 characters without a space is encoded in about a second (tiktoken and the
         `tokenizers` library do the same).
         """
+        if not isinstance(word, str):
+            raise TypeError(f"bpe takes one pre-token as a str, got {word!r}")
         if word in self._bpe_cache:
             return self._bpe_cache[word]
         pieces = merge_by_rank(list(word), self.merge_ranks)
@@ -292,7 +298,7 @@ class Tokenizer:
                 raise TypeError(f"ids must be a 1-d array of integers, got an array of "
                                 f"shape {ids.shape} and dtype {ids.dtype}")
             ids = ids.tolist()
-        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        if isinstance(ids, (str, bytes, dict, set)) or not hasattr(ids, "__iter__"):
             raise TypeError(f"ids must be a sequence of integers, got {type(ids).__name__} "
                             f"{ids!r}")
         ids = list(ids)
@@ -316,6 +322,11 @@ def merge_by_rank(pieces: list[str], merge_ranks: dict[tuple[str, str], int]) ->
     two pieces has since been merged into something else; it is recognised by the pieces it
     names and skipped.
     """
+    if not isinstance(pieces, list) or not all(isinstance(piece, str) for piece in pieces):
+        raise TypeError(f"pieces must be a list of str, got {pieces!r:.80}")
+    if not isinstance(merge_ranks, dict):
+        raise TypeError(f"merge_ranks must be a dict (left, right) -> rank, got "
+                        f"{type(merge_ranks).__name__}")
     following = list(range(1, len(pieces))) + [-1]
     previous = list(range(-1, len(pieces) - 1))
     heap = [(merge_ranks[pair], i, pair) for i, pair in enumerate(zip(pieces, pieces[1:]))
@@ -339,6 +350,36 @@ def merge_by_rank(pieces: list[str], merge_ranks: dict[tuple[str, str], int]) ->
         push(previous[i])
         push(i)
     return [piece for piece in pieces if piece is not None]
+
+
+def _as_path(path) -> Path:
+    if not isinstance(path, (str, os.PathLike)) or os.fspath(path) in ("", b""):
+        raise TypeError(f"path must be a file's path (a non-empty str or a pathlib.Path), got "
+                        f"{path!r}")
+    return Path(path)
+
+
+def _check_tokenizer_parts(vocabulary, merges, pretokenize, special_tokens,
+                           chat_template) -> None:
+    """The parts of a Tokenizer, before any is used: what read_vocabulary and read_merges
+    give, a pre-tokenizer function, names of special tokens, a template or None."""
+    if not isinstance(vocabulary, dict) or not all(
+            isinstance(token, str) and type(i) is int for token, i in vocabulary.items()):
+        raise TypeError("vocabulary must be a dict token (str) -> id (int), as "
+                        "read_vocabulary gives")
+    if not isinstance(merges, (list, tuple)) or not all(
+            isinstance(pair, (list, tuple)) and len(pair) == 2
+            and all(isinstance(piece, str) for piece in pair) for pair in merges):
+        raise TypeError("merges must be a list of pairs of str, as read_merges gives")
+    if not callable(pretokenize):
+        raise TypeError(f"pretokenize must be a function text -> words (gpt2_words or "
+                        f"smollm_words), got {pretokenize!r}")
+    if isinstance(special_tokens, str) or not isinstance(special_tokens, (list, tuple, set)):
+        raise TypeError(f"special_tokens must be a list of tokens (str), got "
+                        f"{special_tokens!r}")
+    if chat_template is not None and not hasattr(chat_template, "render"):
+        raise TypeError(f"chat_template must be a kvlib.chat.ChatTemplate or None, got "
+                        f"{type(chat_template).__name__}")
 
 
 def _check_text(text) -> None:

@@ -26,7 +26,7 @@ from numbers import Integral
 
 import numpy as np
 
-from .checks import whole_number
+from .checks import count, whole_number
 from .config import ModelConfig
 
 
@@ -97,6 +97,9 @@ class BaseKVCache:
         if not isinstance(array, np.ndarray) or array.ndim != 2 or array.shape[1] != width:
             shape = getattr(array, "shape", type(array).__name__)
             raise ValueError(f"{what} must be a 2-D array (n_new, {width}), got {shape}")
+        if array.dtype.kind not in "fiu":
+            raise TypeError(f"{what} must hold real numbers (float or int), got dtype "
+                            f"{array.dtype}")
         if n_rows is not None and array.shape[0] != n_rows:
             raise ValueError(f"{what} must have {n_rows} rows, like the keys, got "
                              f"{array.shape[0]}")
@@ -131,7 +134,7 @@ class BaseKVCache:
         return np.arange(len(self) + self._check_new(n_new))
 
     def _check_new(self, n_new) -> int:
-        n_new = whole_number("n_new", n_new, 0)
+        n_new = count("n_new", n_new, 0)
         if self.capacity is not None and len(self) + n_new > self.capacity:
             raise ValueError(f"{n_new} more positions do not fit: the cache holds {len(self)} "
                              f"of {self.capacity}")

@@ -211,17 +211,12 @@ class RotaryTableForPrompt:
         if self.table is None:
             self.table = rotary_positions(config, np.arange(self.length)).angles
         position = len(cache)
-        angles = self.table[position:position + 1]                 # empty past the end
-
-        class TableRotary:
-            @staticmethod
-            def rotate(X):
-                from .positions import ROTATIONS
-                return ROTATIONS[config.rope_pairing](X, angles)
-
         positions = np.array([position])
+        rotation = rotary_positions(config, positions)
+        # the bug: the angles are sliced from the table, which ends at self.length
+        object.__setattr__(rotation, "angles", self.table[position:position + 1])
         return run_blocks(params, [token_id], positions, cache,
-                          _mask(params, positions, cache), TableRotary)
+                          _mask(params, positions, cache), rotation)
 
 
 @dataclass(frozen=True)

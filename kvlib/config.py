@@ -98,19 +98,21 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "context_length"):
             _whole_number(name, getattr(self, name), 1)
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "context_length",
+                     "n_kv_heads", "latent_dim", "rope_head_dim", "window", "sink_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, np.integer):      # numpy's small ints overflow the products
+                object.__setattr__(self, name, int(value))
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}), "
                 "so that every head gets the same number of columns"
             )
-        if self.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtype must be one of {SUPPORTED_DTYPES}, got {self.dtype!r}")
-        if self.positions not in POSITION_SCHEMES:
-            raise ValueError(f"positions must be one of {POSITION_SCHEMES}, "
-                             f"got {self.positions!r}")
-        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("rope_pairing", ROPE_PAIRINGS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for name, allowed in (("dtype", SUPPORTED_DTYPES), ("positions", POSITION_SCHEMES),
+                              ("norm", NORMS), ("mlp", MLPS), ("rope_pairing", ROPE_PAIRINGS)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if not isinstance(self.bias, bool):
             raise TypeError(f"ModelConfig.bias must be True or False, got {self.bias!r}")
         for name in ("norm_epsilon", "rope_base"):

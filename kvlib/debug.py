@@ -459,4 +459,28 @@ def rows_computed(params: Params, prompt_ids, n_new_tokens: int,
     return rows
 
 
-__all__ = ["Divergence", "Record", "first_divergence", "record", "rows_computed"]
+def logit_differences(params: Params, prompt_ids, n_new_tokens: int,
+                      decode_step=inference.decode_step, *, prefill=inference.prefill
+                      ) -> np.ndarray:
+    """How far a cached run's logits are from recomputation, step by step (notebook 25):
+    (n_new_tokens,) largest |difference| of the logits that choose each new token, the
+    prefill's last row first, then one per decode step; fed the reference's greedy tokens
+    (teacher forcing). A step that raises gives nan from there on. A bug shows as a jump
+    that stays; rounding as a low, even floor."""
+    ids, n_new = _check_ids_and_steps(params, prompt_ids, n_new_tokens)
+    tokens = ids + inference.generate(params, ids, n_new, use_cache=False)
+    reference = inference.forward(params, tokens[:-1])[len(ids) - 1:]
+    differences = np.full(n_new, np.nan)
+    try:
+        logits, cache = prefill(params, ids, make_cache(params.config))
+        differences[0] = np.abs(np.asarray(logits)[-1] - reference[0]).max()
+        for step in range(1, n_new):
+            logits = decode_step(params, tokens[len(ids) + step - 1], cache)
+            differences[step] = np.abs(np.asarray(logits).reshape(-1) - reference[step]).max()
+    except Exception:        # a failing loop: what it computed before stays, the rest is nan
+        pass
+    return differences
+
+
+__all__ = ["Divergence", "Record", "first_divergence", "logit_differences", "record",
+           "rows_computed"]

@@ -25,8 +25,13 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from .checks import flag
 from .config import ModelConfig
 from .params import Params
+
+MAX_PASSES = 2**20
+"""The most passes generation_step_multiply_adds lists one by one (a generation of a million
+tokens); more is a slip, and would take minutes to list."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ def chunk_multiply_adds(config: ModelConfig, new_tokens: int, attended_positions
 
 def forward_multiply_adds(config: ModelConfig, n_tokens: int, last_only: bool = False):
     """A full forward over n_tokens, no cache (kvlib.forward): S = T = n_tokens."""
+    last_only = flag("last_only", last_only)
     return chunk_multiply_adds(config, n_tokens, n_tokens, 1 if last_only else n_tokens)
 
 
@@ -109,6 +115,7 @@ def prefill_multiply_adds(config: ModelConfig, n_tokens: int, cached: int = 0,
     sliding window, after the positions the cache still holds of them)."""
     _check_config(config)
     n_tokens = _check_count("n_tokens", n_tokens, 1)
+    last_only = flag("last_only", last_only)
     held = config.held_positions(_check_count("cached", cached, 0))
     return chunk_multiply_adds(config, n_tokens, held + n_tokens, 1 if last_only else n_tokens)
 
@@ -147,8 +154,12 @@ def generation_step_multiply_adds(config: ModelConfig, prompt_length: int, new_t
     for name, value in (("prompt_length", prompt_length), ("new_tokens", new_tokens)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{name} must be a whole number, got {value!r}")
+    prompt_length, new_tokens = int(prompt_length), int(new_tokens)   # numpy ints overflow
     if prompt_length < 1 or new_tokens < 1:
         raise ValueError("prompt_length and new_tokens must be at least 1")
+    if new_tokens > MAX_PASSES:
+        raise ValueError(f"new_tokens is {new_tokens:,}: this lists one count per pass, for "
+                         f"at most {MAX_PASSES:,} passes")
     if not isinstance(use_cache, (bool, np.bool_)):
         raise TypeError(f"use_cache must be True or False, got {use_cache!r}")
     if not use_cache:
@@ -241,6 +252,9 @@ def count_multiply_adds(function, params: Params, *args, **kwargs):
 
     if not isinstance(params, Params):
         raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
+    if not callable(function):
+        raise TypeError(f"function must be a kvlib function to run (kvlib.forward, kvlib."
+                        f"prefill, ...), got {function!r}")
     counted_params = Params(
         config=params.config,
         layers=tuple(type(layer)(**{name: counted(array)

@@ -25,6 +25,7 @@ from numbers import Integral
 
 import numpy as np
 
+from .checks import numbers
 from .config import ModelConfig
 from .model import softmax
 from .params import Params
@@ -59,7 +60,8 @@ def query_groups(n_heads: int, n_kv_heads: int) -> np.ndarray:
 
     query_groups(8, 2) is [0 0 0 0 1 1 1 1]: heads 0-3 share K/V head 0, heads 4-7 K/V head 1.
     """
-    return np.arange(n_heads) // group_size(n_heads, n_kv_heads)
+    group = group_size(n_heads, n_kv_heads)          # checks both before numpy sees them
+    return np.arange(n_heads) // group
 
 
 def repeat_kv_heads(K: np.ndarray, n_heads: int) -> np.ndarray:
@@ -73,6 +75,7 @@ def repeat_kv_heads(K: np.ndarray, n_heads: int) -> np.ndarray:
     if not isinstance(K, np.ndarray) or K.ndim != 3:
         shape = getattr(K, "shape", type(K).__name__)
         raise ValueError(f"K must be a 3-D array (K/V heads, positions, head size), got {shape}")
+    numbers("K", K)
     return np.repeat(K, group_size(n_heads, K.shape[0]), axis=0)
 
 
@@ -86,6 +89,7 @@ def repeated_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
     if not isinstance(Q, np.ndarray) or Q.ndim != 3:
         shape = getattr(Q, "shape", type(Q).__name__)
         raise ValueError(f"Q must be a 3-D array (query heads, tokens, head size), got {shape}")
+    numbers("Q", Q)
     n_heads, _, head_dim = Q.shape
     K_all, V_all = repeat_kv_heads(K, n_heads), repeat_kv_heads(V, n_heads)
     if K_all.shape[-1] != head_dim or V_all.shape[1] != K_all.shape[1]:
@@ -93,10 +97,11 @@ def repeated_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
                          "and K and V one number of positions")
     scores = Q @ K_all.swapaxes(-1, -2) / float(np.sqrt(head_dim))
     if mask is not None:
-        if not isinstance(mask, np.ndarray) or mask.shape != scores.shape[-2:]:
+        if not isinstance(mask, np.ndarray) or mask.dtype != bool or \
+                mask.shape != scores.shape[-2:]:
             shape = getattr(mask, "shape", type(mask).__name__)
-            raise ValueError(f"mask must be a (queries, positions) = {scores.shape[-2:]} "
-                             f"array, got {shape}")
+            raise ValueError(f"mask must be a bool (queries, positions) = {scores.shape[-2:]} "
+                             f"array, got {getattr(mask, 'dtype', '')} {shape}")
         scores = np.where(mask, scores, -np.inf)
     return softmax(scores) @ V_all
 

@@ -16,6 +16,7 @@ from numbers import Integral, Real
 import numpy as np
 
 from .cache import BaseKVCache, make_cache
+from .checks import contains_bool, numbers, whole_numbers
 from .config import ModelConfig
 from .latent import latent_decoder_block
 from .model import attention_mask, decoder_block, embed, normalize, softmax, unembed
@@ -31,6 +32,8 @@ def check_ids(ids, params: Params, what: str = "prompt") -> np.ndarray:
     if isinstance(ids, (str, bytes)):
         raise TypeError(f"the {what} must be token ids (integers), got the text {ids!r}: "
                         "encode it with a tokenizer first")
+    if contains_bool(ids):
+        raise TypeError(f"token ids must be integers, not True or False: got {ids!r}")
     try:
         array = np.asarray(ids)
     except ValueError:
@@ -223,9 +226,9 @@ def _check_top_k(top_k, vocab_size: int) -> int | None:
 
 def _check_logits_row(logits_row) -> np.ndarray:
     try:
-        row = np.asarray(logits_row, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError):
-        raise TypeError(f"expected one row of logits (numbers), got {logits_row!r}") from None
+        row = numbers("the logits", logits_row).astype(np.float64, copy=False)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"expected one row of logits: {error}") from None
     if row.ndim != 1 or row.size == 0:
         raise ValueError(f"expected one row of logits (V,), got shape {row.shape}: for a "
                          "(T, V) array take its last row, logits[-1]")
@@ -242,9 +245,9 @@ def next_token_probabilities(logits_row, temperature: float = 1.0, top_k: int | 
     all but the k largest logits get probability 0. Temperature 0 is greedy decoding: all
     the probability on the largest logit, the token choose_next_token picks.
     """
+    row = _check_logits_row(logits_row)
     dtype = np.asarray(logits_row).dtype
     dtype = dtype if np.issubdtype(dtype, np.floating) else np.dtype(np.float64)
-    row = _check_logits_row(logits_row)
     temperature = _check_temperature(temperature)
     top_k = _check_top_k(top_k, len(row))
     if temperature == 0:
@@ -266,11 +269,14 @@ def next_token_losses(logits, ids) -> np.ndarray:
     """The loss of each next-token prediction, in nats (notebook 13): logits (T, V) of a
     sequence of ids (T,) -> (T - 1,), -log p(ids[t + 1]) under row t (the last row predicts
     nothing). Its mean is the loss a model is trained and measured on."""
-    logits = np.asarray(logits, dtype=np.float64)
-    ids = np.asarray(ids)
-    if logits.ndim != 2 or ids.ndim != 1 or len(logits) != len(ids) or len(ids) < 2:
+    logits = numbers("logits", logits).astype(np.float64, copy=False)
+    ids = whole_numbers("ids", ids)
+    if logits.ndim != 2 or len(logits) != len(ids) or len(ids) < 2:
         raise ValueError(f"need logits (T, V) for T >= 2 ids, got {logits.shape} for ids of "
                          f"shape {ids.shape}")
+    if ids.max() >= logits.shape[1]:
+        raise ValueError(f"ids must be between 0 and {logits.shape[1] - 1} (the logits' "
+                         f"columns), got {ids.max()}")
     shifted = logits[:-1] - logits[:-1].max(axis=1, keepdims=True)
     log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
     return -log_probabilities[np.arange(len(ids) - 1), ids[1:]]
@@ -305,6 +311,7 @@ def generate(params: Params, ids, max_new_tokens: int, use_cache: bool = True,
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) \
             or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive whole number, got {max_new_tokens!r}")
+    max_new_tokens = int(max_new_tokens)          # numpy's small ints would overflow the sum
     use_cache = _check_flag("use_cache", use_cache)
     temperature = _check_temperature(temperature)
     _check_top_k(top_k, params.config.vocab_size)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from numbers import Integral
 
+from .config import ModelConfig
+
 GiB = 2**30
 MiB = 2**20
 
@@ -62,6 +64,8 @@ def config_cache_bytes(config, seq_len: int, batch_size: int = 1,
     kv_cache_bytes or latent_cache_bytes for its shapes, over the positions it holds (with
     a sliding window, the sinks and the last W). dtype_bytes defaults to the model's own.
     Equal to ``cache.nbytes`` of a live cache of that config."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a kvlib ModelConfig, got {type(config).__name__}")
     dtype_bytes = config.numpy_dtype.itemsize if dtype_bytes is None else dtype_bytes
     held = config.held_positions(_whole("seq_len", seq_len))
     if config.latent_dim is not None:
@@ -118,6 +122,10 @@ class ModelPreset:
     window: int | None = None
 
     def __post_init__(self):
+        for name in ("name", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"ModelPreset.{name} must be a string, got "
+                                f"{getattr(self, name)!r}")
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim",
                      "context_length", "n_parameters"):
             value = getattr(self, name)

@@ -12,18 +12,56 @@ a numpy float64 scalar would silently turn float32 activations into float64.
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 import numpy as np
 
-from .positions import check_positions
+from .checks import contains_bool, count, numbers, real_number
+from .params import LatentLayerParams, LayerParams
+from .positions import RotaryPositions, check_positions
 
 
 def _require_matrix(name: str, array: np.ndarray, columns: int | None = None) -> None:
     if not isinstance(array, np.ndarray) or array.ndim != 2:
         shape = getattr(array, "shape", type(array).__name__)
         raise ValueError(f"{name} must be a 2-D array (tokens, features), got {shape}")
+    if array.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must hold real numbers (float or int), got dtype {array.dtype}")
     if columns is not None and array.shape[1] != columns:
         raise ValueError(f"{name} must have {columns} columns, got shape {array.shape}")
+
+
+def _require_layer(layer, kinds=(LayerParams, LatentLayerParams)):
+    """A block's weights: one of params.layers (LayerParams, or LatentLayerParams for latent
+    attention, notebook 16), not something else with a similar name."""
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if not isinstance(layer, kinds):
+        names = " or ".join(kind.__name__ for kind in kinds)
+        raise TypeError(f"layer must be a block's weights, a {names} (one of params.layers), "
+                        f"got {type(layer).__name__}")
+    return layer
+
+
+def _numbers_or_scalar(x):
+    """Real numbers as floats: an array (float arrays kept as they are, whole numbers turned
+    into float64, whose cube does not overflow as an int8's does), or one number."""
+    if isinstance(x, Real) and not isinstance(x, (bool, np.bool_)):
+        try:
+            return float(x)
+        except OverflowError:
+            raise ValueError(f"x is too large for a float: {x}") from None
+    x = numbers("x", x)
+    return x if x.dtype.kind == "f" else x.astype(np.float64)
+
+
+def _require_heads(name: str, array) -> np.ndarray:
+    """Per-head arrays: (h, T, dh) (or one head, (T, dh), or a batch of them) of real
+    numbers."""
+    array = numbers(name, array)
+    if array.ndim < 2:
+        raise ValueError(f"{name} must be an array (heads, tokens, head size) or (tokens, head "
+                         f"size), got shape {array.shape}")
+    return array
 
 
 def _plus_bias(Y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -33,6 +71,21 @@ def _plus_bias(Y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
 
 def embed(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Embedding lookup (notebook 01): ids (T,) pick rows of the table (V, d) -> X (T, d)."""
+    table = numbers("table", table, 2)
+    if isinstance(ids, (str, bytes)) or ids is None or contains_bool(ids):
+        raise TypeError(f"ids must be token ids (whole numbers), got {ids!r}")
+    try:
+        ids = np.asarray(ids)
+    except ValueError:
+        raise ValueError("ids must be token ids in a flat list, not nested lists of different "
+                         "lengths") from None
+    if ids.size == 0:
+        ids = ids.astype(np.intp)
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"ids must be token ids (whole numbers), got dtype {ids.dtype}")
+    if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
+        raise ValueError(f"token ids must be between 0 and {table.shape[0] - 1} (the table's "
+                         f"rows), got {ids.min()} .. {ids.max()}")
     return table[ids]
 
 
@@ -43,6 +96,7 @@ def project_qkv(X: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray, np.ndarra
     one (d, 3d) matrix, c_attn: X @ c_attn is the three products next to each other. With
     fewer K/V heads (notebook 15) Wk and Wv are (d, kv x dh), and so are K and V.
     """
+    _require_layer(layer, LayerParams)
     _require_matrix("X", X, layer.Wq.shape[0])
     return (_plus_bias(X @ layer.Wq, layer.bq), _plus_bias(X @ layer.Wk, layer.bk),
             _plus_bias(X @ layer.Wv, layer.bv))
@@ -64,6 +118,7 @@ def split_heads(X: np.ndarray, n_heads: int) -> np.ndarray:
 
 def merge_heads(heads: np.ndarray) -> np.ndarray:
     """Concatenate the heads back (notebook 04): (h, T, dh) -> (T, h * dh)."""
+    heads = numbers("heads", heads)
     if heads.ndim != 3:
         raise ValueError(f"heads must be a 3-D array (heads, tokens, head_dim), got {heads.shape}")
     h, T, dh = heads.shape
@@ -80,8 +135,9 @@ def causal_mask(n_queries: int, n_keys: int | None = None) -> np.ndarray:
     """
     n_keys = n_queries if n_keys is None else n_keys
     for name, value in (("n_queries", n_queries), ("n_keys", n_keys)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{name} must be a whole number, got {value!r}")
+    n_queries, n_keys = int(n_queries), int(n_keys)      # numpy's ints overflow the product
     if n_queries * n_keys > 10**9:
         raise ValueError(f"a ({n_queries}, {n_keys}) mask is far larger than any context here")
     if n_queries < 1 or n_keys < n_queries:
@@ -103,9 +159,10 @@ def attention_mask(query_positions, key_positions, window: int | None = None,
     """
     queries = check_positions(query_positions)[:, None]
     keys = check_positions(key_positions)[None, :]
+    sink_tokens = count("sink_tokens", sink_tokens)
     allowed = keys <= queries
     if window is not None:
-        allowed &= (keys > queries - window) | (keys < sink_tokens)
+        allowed &= (keys > queries - count("window", window, 1)) | (keys < sink_tokens)
     return allowed
 
 
@@ -128,6 +185,7 @@ def attention_scores(Q: np.ndarray, K: np.ndarray) -> np.ndarray:
     viewed as kv groups of h / kv heads, and each group meets its one K/V head by
     broadcasting, without copying K.
     """
+    Q, K = _require_heads("Q", Q), _require_heads("K", K)
     if Q.shape[-1] != K.shape[-1]:
         raise ValueError(f"queries {Q.shape} and keys {K.shape} must have the same head size")
     scale = 1.0 / math.sqrt(Q.shape[-1])
@@ -143,7 +201,11 @@ def apply_mask(scores: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
     -inf becomes exactly 0 after the softmax, so a forbidden position gets no weight.
     """
-    if mask.shape != scores.shape[-2:]:
+    scores = numbers("scores", scores)
+    if not isinstance(mask, np.ndarray) or mask.dtype != bool:
+        raise TypeError(f"mask must be a bool array (True where a query may look), got "
+                        f"{getattr(mask, 'dtype', type(mask).__name__)}")
+    if scores.ndim < 2 or mask.shape != scores.shape[-2:]:
         raise ValueError(f"mask {mask.shape} does not match scores {scores.shape[-2:]}")
     return np.where(mask, scores, -np.inf)
 
@@ -153,6 +215,14 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
     Subtracting the row maximum first changes nothing mathematically and avoids overflow.
     """
+    x = numbers("x", x)
+    if x.ndim == 0 or x.size == 0:
+        raise ValueError(f"softmax needs an array with at least one axis and one number, got "
+                         f"shape {x.shape}")
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)) \
+            or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis must be a whole number between {-x.ndim} and {x.ndim - 1} for "
+                         f"an array of shape {x.shape}, got {axis!r}")
     shifted = np.exp(x - x.max(axis=axis, keepdims=True))
     return shifted / shifted.sum(axis=axis, keepdims=True)
 
@@ -170,6 +240,10 @@ def weighted_sum(weights: np.ndarray, V: np.ndarray) -> np.ndarray:
 
     With fewer K/V heads (notebook 15), V is (kv, S, dh), shared by groups of h / kv heads.
     """
+    weights, V = _require_heads("weights", weights), _require_heads("V", V)
+    if weights.shape[-1] != V.shape[-2]:
+        raise ValueError(f"weights {weights.shape} need one value per position: V must be "
+                         f"(heads, {weights.shape[-1]}, head size), got {V.shape}")
     if _is_grouped(weights, V):
         h, T, S = weights.shape
         groups = weights.reshape(V.shape[0], h // V.shape[0], T, S)   # (kv, h/kv, T, S)
@@ -184,6 +258,10 @@ def attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, mask: np.ndarray | No
 
 def output_projection(X: np.ndarray, Wo: np.ndarray, bo: np.ndarray | None = None):
     """Mix the concatenated heads (notebook 04): (T, d) @ Wo (d, d) (+ bo) -> (T, d)."""
+    Wo = numbers("Wo", Wo, 2)
+    _require_matrix("X", X, Wo.shape[0])
+    if bo is not None and numbers("bo", bo, 1).shape != (Wo.shape[1],):
+        raise ValueError(f"bo must have shape ({Wo.shape[1]},), got {np.shape(bo)}")
     return _plus_bias(X @ Wo, bo)
 
 
@@ -193,6 +271,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     The cube is written x * x * x: numpy's x**3 on a float32 array goes through a general
     power function, about 100 times slower, which made this the slowest step of a decode.
     """
+    x = _numbers_or_scalar(x)
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
 
 
@@ -201,6 +280,7 @@ def gelu_mlp(X: np.ndarray, layer) -> np.ndarray:
 
     GPT-2 adds a bias after each product (notebook 12).
     """
+    _require_matrix("X", X, _require_layer(layer).W_up.shape[0])
     hidden = gelu(_plus_bias(X @ layer.W_up, getattr(layer, "b_up", None)))
     return _plus_bias(hidden @ layer.W_down, getattr(layer, "b_down", None))
 
@@ -211,6 +291,7 @@ def silu(x: np.ndarray) -> np.ndarray:
     sigmoid(x) = 1 / (1 + exp(-x)) overflows exp for x below about -88 in float32, so it is
     computed from z = exp(-|x|), which never does: 1 / (1 + z) for x >= 0, z / (1 + z) below.
     """
+    x = _numbers_or_scalar(x)
     z = np.exp(-np.abs(x))
     return x * np.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
 
@@ -222,13 +303,17 @@ def swiglu_mlp(X: np.ndarray, layer) -> np.ndarray:
     column, how much of the up projection passes. Three (d, f) matrices instead of two, so
     Llama-style models choose f about 8/3 d instead of 4 d (SmolLM2: 1536 for d = 576).
     """
+    if _require_layer(layer).W_gate is None:
+        raise ValueError("swiglu_mlp needs a layer with a gate, W_gate (a SwiGLU model, "
+                         "notebook 18); for GPT-2's MLP use gelu_mlp")
+    _require_matrix("X", X, layer.W_gate.shape[0])
     return (silu(X @ layer.W_gate) * (X @ layer.W_up)) @ layer.W_down
 
 
 def mlp(X: np.ndarray, layer) -> np.ndarray:
     """The block's MLP (notebook 05): X (T, d) -> (T, d). GPT-2's (gelu_mlp), or Llama's
     SwiGLU (swiglu_mlp, notebook 18) when the layer has a gate, W_gate."""
-    if getattr(layer, "W_gate", None) is not None:
+    if _require_layer(layer).W_gate is not None:
         return swiglu_mlp(X, layer)
     return gelu_mlp(X, layer)
 
@@ -240,19 +325,36 @@ def layer_norm(X: np.ndarray, gain: np.ndarray, bias: np.ndarray, epsilon: float
     unembedding, so that the size of the residual stream, which grows block by block, does
     not reach the products. epsilon keeps the division finite for a constant row.
     """
+    if bias is None:
+        raise ValueError("layer_norm needs a bias (for a gain alone, RMSNorm: rms_norm)")
+    X, epsilon = _norm_input(X, gain, bias, epsilon)
     mean = X.mean(axis=-1, keepdims=True)
     variance = ((X - mean) ** 2).mean(axis=-1, keepdims=True)
-    return (X - mean) / np.sqrt(variance + float(epsilon)) * gain + bias
+    return (X - mean) / np.sqrt(variance + epsilon) * gain + bias
 
 
 def rms_norm(X: np.ndarray, gain: np.ndarray, epsilon: float = 1e-5) -> np.ndarray:
     """RMSNorm (notebook 18; Llama): each row (T, d) divided by its root mean square, then *
     gain. No mean is subtracted and no bias added: LayerNorm without its centring, one
     reduction per row instead of two."""
+    X, epsilon = _norm_input(X, gain, None, epsilon)
     # sum / d rather than .mean(): the same number, without numpy's slower mean wrapper,
     # which a decode step of SmolLM2 calls 61 times
     mean_square = (X * X).sum(axis=-1, keepdims=True) * (1.0 / X.shape[-1])
-    return X / np.sqrt(mean_square + float(epsilon)) * gain
+    return X / np.sqrt(mean_square + epsilon) * gain
+
+
+def _norm_input(X, gain, bias, epsilon) -> tuple[np.ndarray, float]:
+    """X (..., d) with a gain (and a bias) of d numbers each, and epsilon > 0: checked."""
+    X = numbers("X", X)
+    if X.ndim < 1:
+        raise ValueError("X must have at least one axis: the features normalized together")
+    for name, vector in (("gain", gain), ("bias", bias)):
+        if (vector is not None or name == "gain") and \
+                numbers(name, vector, 1).shape != X.shape[-1:]:
+            raise ValueError(f"{name} must have one number per feature, shape "
+                             f"({X.shape[-1]},), got {np.shape(vector)}")
+    return X, real_number("epsilon", epsilon, positive=True)
 
 
 def normalize(X: np.ndarray, gain: np.ndarray | None, bias: np.ndarray | None,
@@ -292,6 +394,7 @@ def decoder_block(
     heads (notebook 15) K and V are narrower and split into fewer heads than Q; Llama's MLP
     is SwiGLU (notebook 18).
     """
+    _check_block_options(_require_layer(layer, LayerParams), n_heads, rotary, record_attention)
     Q, K, V = project_qkv(normalize(X, layer.ln_1_gain, layer.ln_1_bias, norm_epsilon), layer)
     if rotary is not None:
         Q, K = rotary.rotate(Q), rotary.rotate(K)
@@ -306,6 +409,24 @@ def decoder_block(
     return H + mlp(normalize(H, layer.ln_2_gain, layer.ln_2_bias, norm_epsilon), layer)
 
 
+def _check_block_options(layer, n_heads, rotary, record_attention) -> None:
+    """What a decoder block needs beside X: heads that split the queries' columns evenly, a
+    rotation or None, a list or None to record the weights in."""
+    width = layer.Wq.shape[1]
+    if isinstance(n_heads, (bool, np.bool_)) or not isinstance(n_heads, (int, np.integer)) \
+            or not 1 <= n_heads <= width or width % n_heads:
+        raise ValueError(f"n_heads must be a whole number that divides the {width} query "
+                         f"columns, got {n_heads!r}")
+    if rotary is not None and not isinstance(rotary, RotaryPositions):
+        raise TypeError(f"rotary must be a RotaryPositions (kvlib.rotary_positions) or None, "
+                        f"got {type(rotary).__name__}")
+    if record_attention is not None and not isinstance(record_attention, list):
+        raise TypeError(f"record_attention must be a list or None, got "
+                        f"{type(record_attention).__name__}")
+
+
 def unembed(X: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Logits with the tied unembedding (notebook 06): X (T, d) @ table^T (d, V) -> (T, V)."""
+    table = numbers("table", table, 2)
+    _require_matrix("X", X, table.shape[1])
     return X @ table.T

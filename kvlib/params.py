@@ -20,6 +20,20 @@ DEFAULT_SEED = 1302
 """Seed of the article's example model; see init_params for how it was chosen."""
 
 
+def _check_fields(obj) -> None:
+    """Every weight of a block is a float array, the optional ones may be None: what Params
+    then checks against the config's shapes."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        optional = f.default is None
+        if value is None and optional:
+            continue
+        if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+            raise TypeError(f"{type(obj).__name__}.{f.name} must be a numpy float array"
+                            f"{' or None' if optional else ''}, got "
+                            f"{getattr(value, 'dtype', type(value).__name__)}")
+
+
 def _present_arrays(obj) -> dict[str, np.ndarray]:
     return {f.name: getattr(obj, f.name) for f in fields(obj)
             if f.name != "config" and isinstance(getattr(obj, f.name), np.ndarray)}
@@ -53,6 +67,9 @@ class LayerParams:
     ln_2_gain: np.ndarray | None = None
     ln_2_bias: np.ndarray | None = None
     W_gate: np.ndarray | None = None
+
+    def __post_init__(self):
+        _check_fields(self)
 
     @staticmethod
     def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -97,6 +114,9 @@ class LatentLayerParams:
     ln_2_bias: np.ndarray | None = None
     W_gate: np.ndarray | None = None
 
+    def __post_init__(self):
+        _check_fields(self)
+
     @staticmethod
     def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         d, dc, dr = config.d_model, config.latent_dim, config.rope_head_dim
@@ -125,6 +145,8 @@ def _norm_shapes(config: ModelConfig, *names: str) -> dict[str, tuple[int]]:
 
 def layer_class(config: ModelConfig) -> type:
     """LatentLayerParams for latent attention, LayerParams otherwise."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
     return LatentLayerParams if config.latent_dim is not None else LayerParams
 
 
@@ -146,6 +168,9 @@ class Params:
         config = self.config
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+        if not isinstance(self.layers, (list, tuple)):
+            raise TypeError(f"layers must be a list of the blocks' weights, got "
+                            f"{type(self.layers).__name__}")
         object.__setattr__(self, "layers", tuple(self.layers))
         _check_arrays("", self, self.expected_shapes(config), config)
         if len(self.layers) != config.n_layers:

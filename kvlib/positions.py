@@ -22,10 +22,24 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from .checks import contains_bool, count, numbers
+from .config import ModelConfig
+
+LARGEST_ROTARY_DIM = 2**16
+"""More rotated columns a head than any model has (real heads have 64 to 256)."""
+
 
 def check_positions(positions, limit: int | None = None) -> np.ndarray:
     """Position ids as an int array (T,), each >= 0 and, given a limit, < limit."""
-    array = np.asarray(positions)
+    if isinstance(positions, (str, bytes)) or contains_bool(positions):
+        raise ValueError(f"positions must be a flat sequence of whole numbers, got {positions!r}")
+    try:
+        array = np.asarray(positions)
+    except (ValueError, TypeError):
+        raise ValueError(f"positions must be a flat sequence of whole numbers, got "
+                         f"{positions!r}") from None
+    if limit is not None:
+        limit = count("limit", limit)
     if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
         raise ValueError(f"positions must be a flat sequence of whole numbers, got "
                          f"{array.tolist()!r}")
@@ -43,6 +57,7 @@ def add_positions(X: np.ndarray, table: np.ndarray, positions) -> np.ndarray:
     table is (context_length, d); a position at or past context_length raises, because the
     model never learned a row for it.
     """
+    table, X = numbers("table", table, 2), numbers("X", X, 2)
     positions = check_positions(positions, limit=table.shape[0])
     if X.shape != (len(positions), table.shape[1]):
         raise ValueError(f"X {X.shape} needs one position per row and {table.shape[1]} "
@@ -54,14 +69,21 @@ def _check_rotary_dim(dim) -> int:
     if isinstance(dim, bool) or not isinstance(dim, Integral):
         raise TypeError(f"dim must be a whole number (the rotated columns of a head), got "
                         f"{dim!r}")
-    if dim < 2 or dim % 2:
+    if dim < 2 or dim % 2 or dim > LARGEST_ROTARY_DIM:
         raise ValueError(f"rotary positions turn pairs of columns: dim must be an even whole "
-                         f"number >= 2, got {dim}")
+                         f"number between 2 and {LARGEST_ROTARY_DIM:,}, got {dim}")
     return int(dim)
 
 
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:            # an int too large for a float
+        return False
+
+
 def _check_base(base) -> float:
-    if isinstance(base, bool) or not isinstance(base, Real) or not math.isfinite(base) \
+    if isinstance(base, bool) or not isinstance(base, Real) or not _finite(base) \
             or base <= 0:
         raise ValueError(f"the rotary base must be a positive finite number (10000 in RoPE's "
                          f"paper, 100000 in SmolLM2), got {base!r}")
@@ -87,7 +109,7 @@ def _check_rotated(X, angles) -> tuple[int, int]:
                         f"{getattr(X, 'dtype', type(X).__name__)} "
                         f"{getattr(X, 'shape', '')}: a rotation of whole numbers is not whole")
     T, width = X.shape
-    angles = np.asarray(angles)
+    angles = numbers("angles", angles)
     if angles.ndim != 2 or angles.shape[0] != T or angles.shape[1] == 0 \
             or width % (2 * angles.shape[1]):
         raise ValueError(f"angles {angles.shape} do not fit X {X.shape}: need one row per "
@@ -149,7 +171,7 @@ class RotaryPositions:
     pairing: str = "interleaved"
 
     def __post_init__(self):
-        if self.pairing not in ROTATIONS:
+        if not isinstance(self.pairing, str) or self.pairing not in ROTATIONS:
             raise ValueError(f"pairing must be one of {tuple(ROTATIONS)}, got {self.pairing!r}")
         object.__setattr__(self, "angles", rotary_angles(self.positions, self.dim, self.base))
 
@@ -162,6 +184,8 @@ def rotary_positions(config, positions) -> RotaryPositions | None:
     """The rotation a model applies at these positions (notebooks 14, 18), or None when it
     has no rotary positions: the head size (the decoupled rotary part's with latent
     attention), the config's base and its pairing."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a kvlib ModelConfig, got {type(config).__name__}")
     if config.positions != "rotary":
         return None
     dim = config.rope_head_dim if config.latent_dim is not None else config.head_dim

@@ -44,7 +44,7 @@ from .wrapping import wrapped
 FORMATS = ("float64", "float32", "float16", "bfloat16")
 """The number formats compared: (sign, exponent, mantissa) bits 1-11-52, 1-8-23, 1-5-10,
 1-8-7. float16 keeps more digits and overflows at 65504; bfloat16 keeps float32's range and
-fewer digits (about 3 significant decimal digits against float16's 3.3)."""
+fewer digits (about 2.4 significant decimal digits against float16's 3.3)."""
 
 ROUNDED = ("normalize", "project_qkv", "attention_weights", "weighted_sum",
            "output_projection", "mlp", "decoder_block", "unembed")

@@ -26,8 +26,9 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from .checks import LARGEST_COUNT, numbers, real_number
 from .config import ModelConfig
-from .flops import generation_step_multiply_adds
+from .flops import MAX_PASSES, generation_step_multiply_adds
 from .memory import config_cache_bytes
 from .params import Params, layer_class
 
@@ -42,9 +43,11 @@ def _check_config(config) -> None:
         raise TypeError(f"expected a kvlib ModelConfig, got {type(config).__name__}")
 
 
-def _check_count(name: str, value, minimum: int = 0) -> None:
+def _check_count(name: str, value, minimum: int = 0) -> int:
+    """value as a Python int (numpy's small ints would overflow the sums), >= minimum."""
     if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
         raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def weights_bytes(config: ModelConfig) -> int:
@@ -66,15 +69,14 @@ def cache_bytes(config: ModelConfig, n_positions: int) -> int:
     2 x L x n_positions x d x bytes a number, the kv_cache_bytes formula at batch 1 (with
     fewer K/V heads, a latent or a window, what that cache holds: kvlib.config_cache_bytes)."""
     _check_config(config)
-    _check_count("n_positions", n_positions)
-    return config_cache_bytes(config, n_positions)
+    return config_cache_bytes(config, _check_count("n_positions", n_positions))
 
 
 def decode_step_bytes(config: ModelConfig, position: int) -> int:
     """Bytes a cached decode step must read (notebook 10) for the token at 0-based `position`:
     every weight once (each matrix meets the new row once; the unembedding reads the whole
     table), and the keys and values of the position + 1 positions it attends over."""
-    _check_count("position", position)
+    position = _check_count("position", position)
     return weights_bytes(config) + cache_bytes(config, position + 1)
 
 
@@ -97,8 +99,14 @@ def generation_step_bytes(config: ModelConfig, prompt_length: int, new_tokens: i
     positions): the cache changes the FLOPs, not the bytes. use_cache is accepted so that
     the call reads like its FLOP counterpart.
     """
-    _check_count("prompt_length", prompt_length, minimum=1)
-    _check_count("new_tokens", new_tokens, minimum=1)
+    prompt_length = _check_count("prompt_length", prompt_length, minimum=1)
+    new_tokens = _check_count("new_tokens", new_tokens, minimum=1)
+    if prompt_length > LARGEST_COUNT:
+        raise ValueError(f"prompt_length must be at most {LARGEST_COUNT:,}, got "
+                         f"{prompt_length:,}")
+    if new_tokens > MAX_PASSES:
+        raise ValueError(f"new_tokens is {new_tokens:,}: this lists the bytes of each pass, "
+                         f"for at most {MAX_PASSES:,} passes")
     lengths = range(prompt_length, prompt_length + new_tokens)
     return np.array([forward_bytes(config, n) for n in lengths], dtype=np.int64)
 
@@ -114,24 +122,34 @@ def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
     for name, rate in (("compute_rate", compute_rate), ("bandwidth", bandwidth)):
         if isinstance(rate, bool) or not isinstance(rate, Real) or not rate > 0:
             raise ValueError(f"{name} must be a positive number, got {rate!r}")
-    flops = np.asarray(flops, dtype=np.float64)
-    n_bytes = np.asarray(n_bytes, dtype=np.float64)
+        real_number(name, rate, positive=True)
+    flops = numbers("flops", flops).astype(np.float64)
+    n_bytes = numbers("n_bytes", n_bytes).astype(np.float64)
+    if not (np.isfinite(flops).all() and np.isfinite(n_bytes).all()):
+        raise ValueError("flops and n_bytes must be finite numbers")
     if flops.shape != n_bytes.shape:
         raise ValueError(f"flops {flops.shape} and n_bytes {n_bytes.shape} must have one shape")
     if (flops < 0).any() or (n_bytes < 0).any():
         raise ValueError("flops and n_bytes must not be negative")
-    times = np.maximum(flops / compute_rate, n_bytes / bandwidth)
+    with np.errstate(over="ignore"):
+        times = np.maximum(flops / compute_rate, n_bytes / bandwidth)
+    if not np.isfinite(times).all():
+        raise ValueError(f"rates of {compute_rate!r} FLOP/s and {bandwidth!r} bytes/s are too "
+                         "small: the time does not fit a float")
     return float(times) if times.ndim == 0 else times
 
 
 def arithmetic_intensity(flops, n_bytes):
     """FLOPs per byte read (notebook 10): above compute_rate / bandwidth, arithmetic sets the
     time; below it, memory does."""
-    flops = np.asarray(flops, dtype=np.float64)
-    n_bytes = np.asarray(n_bytes, dtype=np.float64)
+    flops = numbers("flops", flops).astype(np.float64)
+    n_bytes = numbers("n_bytes", n_bytes).astype(np.float64)
+    if not (np.isfinite(flops).all() and np.isfinite(n_bytes).all()):
+        raise ValueError("flops and n_bytes must be finite numbers")
     if (n_bytes <= 0).any():
         raise ValueError("n_bytes must be positive")
-    result = flops / n_bytes
+    with np.errstate(over="ignore"):        # a tiny byte count overflows to inf, its limit
+        result = flops / n_bytes
     return float(result) if result.ndim == 0 else result
 
 
@@ -139,9 +157,10 @@ def matmul_intensity(rows: int, inner: int, columns: int, itemsize: int = 4) -> 
     """FLOPs per byte of X (rows, inner) @ W (inner, columns) (notebook 10): 2 rows inner
     columns FLOPs over the bytes of X, W and the result. About rows / 2 for one float32 row
     against a large matrix: decode (rows = 1) does 0.5 FLOP per byte."""
-    for name, value in (("rows", rows), ("inner", inner), ("columns", columns),
-                        ("itemsize", itemsize)):
+    rows, inner, columns, itemsize = (
         _check_count(name, value, minimum=1)
+        for name, value in (("rows", rows), ("inner", inner), ("columns", columns),
+                            ("itemsize", itemsize)))
     flops = 2 * rows * inner * columns
     n_bytes = itemsize * (rows * inner + inner * columns + rows * columns)
     return flops / n_bytes

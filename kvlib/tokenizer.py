@@ -6,6 +6,8 @@ import re
 
 import numpy as np
 
+from .checks import contains_bool
+
 BOS = "<bos>"
 
 TOY_VOCABULARY = (BOS, "you", "am", "How", "fine", "I", "thanks", "are", ".", "?", "good", "and")
@@ -85,7 +87,12 @@ class ToyTokenizer:
         return [word for word in self.vocabulary if word != BOS]
 
     def _check_ids(self, ids) -> list[int]:
-        ids = np.atleast_1d(np.asarray(ids))
+        if isinstance(ids, (str, bytes, dict, set)) or contains_bool(ids):
+            raise TypeError(f"ids must be a sequence of integers, got {ids!r}")
+        try:
+            ids = np.atleast_1d(np.asarray(ids))
+        except ValueError:
+            raise TypeError(f"ids must be a flat sequence of integers, got {ids!r}") from None
         if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
             raise TypeError(f"ids must be a sequence of integers, got {ids.tolist()!r}")
         bad = [int(i) for i in ids if not 0 <= i < len(self.vocabulary)]

@@ -1,13 +1,24 @@
 """Bad and odd input on kvlib's public functions: every outcome is a valid result or a
 ValueError/TypeError raised by kvlib's own checks (the last frame is in kvlib, not deep in
-numpy), and no failing call changes a cache."""
+numpy), and no failing call changes a cache.
 
+The first tests fuzz the core's calls one by one; test_every_public_function_answers_odd_input
+fuzzes every public function of kvlib, kvlib.serving, kvlib.gpt2 and
+kvlib.checkpoints.safetensors (the table in tests/fuzz_api_cases.py), one argument at a time.
+"""
+
+import contextlib
+import copy
+import importlib
+import math
+import os
 import traceback
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from fuzz_api_cases import CASES, same
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvlib
@@ -167,3 +178,159 @@ def test_flags_that_are_not_booleans_are_refused():
             call()
     with pytest.raises(ValueError, match="more than once"):
         kvlib.ToyTokenizer(("<bos>", "A", "a"))
+
+
+def test_rotary_angles_and_rotations_refuse_what_they_cannot_turn():
+    for dim in (0, 3, -2):
+        with pytest.raises(ValueError, match="even whole number"):
+            kvlib.rotary_angles([0, 1], dim)
+    for dim in (2.0, True, "2"):
+        with pytest.raises(TypeError, match="whole number"):
+            kvlib.rotary_angles([0, 1], dim)
+    for base in (0, -1, math.nan, math.inf, 10**400, "1"):
+        with pytest.raises(ValueError, match="positive finite number"):
+            kvlib.rotary_angles([0, 1], 2, base)
+    angles = kvlib.rotary_angles([0, 1], 2)
+    for rotate in (kvlib.rotate_pairs, kvlib.rotate_halves):
+        with pytest.raises(TypeError, match="float array"):
+            rotate(np.ones((2, 4), dtype=int), angles)
+
+
+# ------------------------------------------------------------------ every public function
+
+ARRAYS = st.sampled_from([
+    np.array(["a", "b"]), np.array([1, None], dtype=object), np.array([1 + 2j]),
+    np.array([True, False]), np.array(3), np.array([2**40]), np.array([np.nan, 1.0]),
+    np.zeros((0, 4)), np.zeros((2, 3)), np.zeros((2, 4)), np.zeros((1, 4), np.float32),
+    np.zeros((2, 2, 2)), np.full((3, 4), np.inf), np.arange(5), np.array([[1, 2]]),
+    np.ones((3, 4), dtype=np.int64), np.ones((2, 3, 2)), np.ones((1, 12)),
+])
+WIDE_ODD = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 70),
+    st.sampled_from([2**31, 2**63, 2**70, -(2**70), 10**400]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4), st.binary(max_size=2),
+    st.sampled_from([np.int32(3), np.int64(-2), np.float32(0.5), np.float64(np.nan),
+                     np.bool_(True), np.uint8(255)]),
+    st.lists(st.integers(-2, 12), max_size=5), st.lists(st.booleans(), max_size=3),
+    st.lists(st.floats(-2, 2), max_size=3),
+    st.sampled_from([[True, 2], [1, [2, 3]], [[1, 2], [3, 4]], [[]], [], [None], ["a", 1],
+                     (1.5,), {}, {"a": 1}, {1, 2}, object(), [2**70], [[1, 2], [3]]]),
+    ARRAYS, st.just(lambda *args: None),
+)
+
+
+def allowed_error(error: BaseException) -> bool:
+    """kvlib's own ValueError or TypeError (raised by a raise statement in kvlib, with words),
+    a MemoryError that kvlib raises when a pool or an arena has no room, or an OSError that
+    names a file (a missing checkpoint, a folder given as a file)."""
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    ours = frame.filename.startswith(KVLIB) and (frame.line or "").lstrip().startswith("raise")
+    if isinstance(error, (ValueError, TypeError, MemoryError)):
+        return ours and len(str(error)) > 15
+    if isinstance(error, OSError):
+        return ours or error.filename is not None
+    return False
+
+
+def has_nonfinite(value) -> bool:
+    """True for NaN or infinity, alone or in an array or a list of numbers."""
+    if isinstance(value, (float, np.floating)):
+        return not math.isfinite(value)
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):
+        return False
+    return array.dtype.kind in "fc" and not np.isfinite(array).all()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def in_a_scratch_folder(tmp_path_factory):
+    """Text values passed as paths write there, not into the repository."""
+    before = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("fuzz-cwd"))
+    yield
+    os.chdir(before)
+
+
+FUZZED_MODULES = [
+    "kvlib", "kvlib.serving", "kvlib.serving.batch", "kvlib.serving.memory_plan",
+    "kvlib.serving.pool_timeline", "kvlib.serving.prefix", "kvlib.serving.quantized",
+    "kvlib.serving.scheduler", "kvlib.serving.speculative", "kvlib.gpt2",
+    "kvlib.checkpoints.safetensors", "kvlib.positions", "kvlib.grouped", "kvlib.latent",
+    "kvlib.memory", "kvlib.flops", "kvlib.roofline", "kvlib.params", "kvlib.bpe",
+]
+NOT_FUZZED = {
+    # what the fuzz exercises through every call
+    **dict.fromkeys(["contains_bool", "count", "flag", "numbers", "real_number",
+                     "whole_number", "whole_numbers"], "kvlib.checks: the checks themselves"),
+    **dict.fromkeys(["blas_name", "blas_threads", "set_blas_threads", "measure_matmul_rate",
+                     "measure_matmul_rows", "measure_read_bandwidth", "time_appends",
+                     "time_cached_generation", "time_recomputation"],
+                    "measure this machine: no timings in the tests"),
+    **dict.fromkeys(["default_directory", "download", "load_smollm2", "smollm2_tokenizer"],
+                    "need a network or the SmolLM2 package"),
+    **dict.fromkeys(["bytes_to_unicode", "load_tokenizer", "GreedyAcceptance"],
+                    "take no arguments"),
+    "BaseKVCache": "the caches' base class; every kind of cache is fuzzed",
+    **dict.fromkeys(["MultiplyAdds", "PagedMemory", "Sequence", "Snapshot", "Admission",
+                     "CachedBlock", "RunningRequest", "Quality", "Step", "Timeline",
+                     "Proposal", "SpeculativeStats", "SpeculativeStep", "Verdict",
+                     "RequestOutput", "StepRecord"],
+                    "records that kvlib's functions build (serve() builds a Timeline)"),
+    **dict.fromkeys(["PerTokenStore", "PerChannelStore"],
+                    "QuantizedKVCache's stores, called by it after its own checks"),
+}
+
+
+def test_the_table_has_every_public_function():
+    """A new public function gets a valid call in tests/fuzz_api_cases.py, or a reason here."""
+    covered = set()
+    for build in CASES.values():
+        function = build().function
+        covered.add(getattr(function, "__func__", function))
+    public = {}
+    for module_name in FUZZED_MODULES:
+        for name, value in vars(importlib.import_module(module_name)).items():
+            if not name.startswith("_") and callable(value) and \
+                    getattr(value, "__module__", "").startswith("kvlib"):
+                public[value] = name
+    missing = sorted(name for value, name in public.items()
+                     if value not in covered and name not in NOT_FUZZED)
+    assert not missing, f"no valid call in tests/fuzz_api_cases.py for {missing}"
+
+
+def test_every_valid_call_of_the_table_succeeds():
+    """The fuzz swaps one argument of these calls: each must be valid as it stands."""
+    for name, build in CASES.items():
+        case = build()
+        try:
+            case.function(*case.args, **case.kwargs)
+        except Exception as error:
+            pytest.fail(f"the valid call of {name} fails: {type(error).__name__}: {error}")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@given(data=st.data())
+@settings(max_examples=int(os.environ.get("KVLIB_FUZZ_EXAMPLES", 12)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+def test_every_public_function_answers_odd_input(name, data):
+    case = CASES[name]()
+    if not case.slots():
+        return
+    slot = data.draw(st.sampled_from(case.slots()), label="argument")
+    value = data.draw(WIDE_ODD, label="value")
+    value = value if callable(value) else copy.deepcopy(value)   # calls may append to lists
+    before = case.state() if case.state else None
+    # NaN and infinity in, NaN and infinity out: numpy's warnings about them are not errors
+    quiet = np.errstate(all="ignore") if has_nonfinite(value) else contextlib.nullcontext()
+    try:
+        with quiet:
+            case.call_with(slot, value)
+    except Exception as error:
+        assert allowed_error(error), (
+            f"{name}, argument {slot} = {value!r:.80}: {type(error).__name__}: {error}\n"
+            + "".join(traceback.format_tb(error.__traceback__)[-2:]))
+        if case.state:
+            assert same(case.state(), before), \
+                f"{name}, argument {slot} = {value!r:.80} failed but changed the state"

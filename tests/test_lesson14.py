@@ -89,6 +89,35 @@ def test_the_notebooks_pair_rotation_is_kvlibs(namespace, inputs):
 
 
 @PROPERTY
+@given(st.floats(-50, 50), st.floats(-50, 50))
+def test_the_notebooks_one_line_derivation(namespace, a, b):
+    """R(a)ᵀ = R(-a) and R(a)ᵀ R(b) = R(b - a), for any two angles."""
+    rotation = namespace["rotation"]
+    np.testing.assert_allclose(rotation(a).T, rotation(-a), atol=1e-12)
+    np.testing.assert_allclose(rotation(a).T @ rotation(b), rotation(b - a), atol=1e-9)
+
+
+@PROPERTY
+@given(st.integers(2, 128).map(lambda half: 2 * half), bases, st.floats(1.01, 64))
+def test_ntk_aware_scaling_keeps_the_fastest_pair_and_slows_the_slowest_by_the_factor(
+        namespace, dim, base, factor):
+    raised = namespace["ntk_aware_base"](base, dim, factor)
+    slowed = (kvlib.rotary_angles(np.array([1]), dim, base)[0]
+              / kvlib.rotary_angles(np.array([1]), dim, raised)[0])
+    assert slowed[0] == pytest.approx(1.0) and slowed[-1] == pytest.approx(factor)
+    assert np.all(np.diff(slowed) > 0)
+
+
+def test_pair_zero_comes_close_to_a_full_turn_only_near_multiples_of_six_point_28():
+    q, k = w14.example_query_and_key()
+    shares = w14.scores_by_distance(q, k, 48)[:, 0]
+    # the distance where pair 0 comes nearest to where it started, 1..48: 44, not 6
+    off_a_turn = np.abs((np.arange(1, 49) + np.pi) % (2 * np.pi) - np.pi)
+    assert int(np.argmin(off_a_turn)) + 1 == 44
+    assert abs(shares[44] - shares[0]) < 0.03 < abs(shares[6] - shares[0])
+
+
+@PROPERTY
 @given(rotation_inputs(), seeds)
 def test_transformers_half_layout_is_a_permutation_of_kvlibs_pairs(namespace, inputs, seed):
     X, positions, dim, base = inputs
@@ -233,7 +262,8 @@ def test_widget_draws_kvlibs_rotation_of_the_chosen_pair():
     np.testing.assert_allclose(tip_k, w14.rotated(k, 7).reshape(-1, 2)[2])
     assert "Pair 2 of q and k" in plane.get_title()
     assert "m = 12" in plane.get_legend().texts[0].get_text()
-    assert "Pair 2 turns 0.1 rad per position (a full turn every 63" in widget.status.value
+    assert "Pair 2 turns 0.1 rad per position (a full turn every 62.83 positions)" in \
+        widget.status.value
     curves = widget.state["curves"]
     np.testing.assert_allclose(curves.lines[0].get_ydata(),
                                w14.scores_by_distance(q, k)[:, 2])
@@ -279,7 +309,8 @@ def test_low_pairs_turn_fast_and_high_pairs_slowly():
         widget.controls["pair"].value = pair
         speeds.append(widget.state["angle_per_position"])
     assert speeds[0] == pytest.approx(1.0) and np.all(np.diff(speeds) < 0)
-    assert "a full turn every 6 positions" in w14.rotation_explorer(pair=0).status.value
+    assert "a full turn every 6.28 positions" in w14.rotation_explorer(pair=0).status.value
+    assert "a full turn every 19,869 positions" in w14.rotation_explorer(pair=7).status.value
     widget.controls["base"].value = 500000.0
     assert widget.state["angle_per_position"] == pytest.approx(500000.0 ** (-14 / 16))
 
@@ -582,3 +613,110 @@ def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, a
 @given(answer=student_answers)
 def test_every_checker_answers_anything_in_words(checker, answer):
     assert_answers_in_words(checker, answer)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a real model: SmolLM2's two pairings, its measured wrong pairing, its base
+# ---------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_tool(name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return kvlib.load_smollm2()
+
+
+def llama_cpp_permute(rows, n_head):
+    """llama.cpp's LlamaModel.permute (convert_hf_to_gguf.py; conversion/llama.py), on rows
+    (out, in) as its converter reads them from the hub's checkpoint."""
+    return (rows.reshape(n_head, 2, rows.shape[0] // n_head // 2, *rows.shape[1:])
+            .swapaxes(1, 2).reshape(rows.shape))
+
+
+@pytest.mark.parametrize("layer", [0, 14, 29])
+def test_llama_cpps_permute_is_to_interleaved_columns_on_smollm2s_weights(smol, layer):
+    from kvlib.checkpoints import llama
+    block = smol.layers[layer]
+    for W, n_heads in ((block.Wq, 9), (block.Wk, 3)):
+        hub = llama.to_half_columns(W, n_heads)
+        assert not np.array_equal(hub, W)
+        np.testing.assert_array_equal(llama_cpp_permute(hub.T, n_heads).T, W)
+        np.testing.assert_array_equal(llama.to_interleaved_columns(hub, n_heads), W)
+
+
+@pytest.mark.parametrize("layer, head", [(0, 0), (0, 8), (7, 4), (29, 5)])
+def test_both_right_pairings_give_one_heads_scores_and_the_wrong_one_does_not(smol, layer, head):
+    """The notebook's check, on other heads: a head's scores on real inputs (the layer's
+    RMSNorm of the embeddings) with the GGUF's columns and neighbour pairs equal those with
+    the hub's order and halves; the GGUF's columns with halves differ."""
+    from kvlib.checkpoints import llama
+    config, block = smol.config, smol.layers[layer]
+    ids = kvlib.smollm2_tokenizer().encode("def f(x):\n    return x * 2  # twice x")
+    X = kvlib.rms_norm(kvlib.embed(np.array(ids), smol.embedding), block.ln_1_gain,
+                       config.norm_epsilon)
+    angles = kvlib.rotary_angles(np.arange(len(ids)), 64, config.rope_base)
+    q_columns = slice(64 * head, 64 * head + 64)
+    k_columns = slice(64 * (head // 3), 64 * (head // 3) + 64)
+
+    def scores(Wq, Wk, turn):
+        q, k = turn(X @ Wq[:, q_columns], angles), turn(X @ Wk[:, k_columns], angles)
+        return q @ k.T
+
+    gguf = scores(block.Wq, block.Wk, kvlib.rotate_pairs)
+    hub = scores(llama.to_half_columns(block.Wq, 9), llama.to_half_columns(block.Wk, 3),
+                 kvlib.rotate_halves)
+    wrong = scores(block.Wq, block.Wk, kvlib.rotate_halves)
+    largest = np.abs(gguf).max()
+    np.testing.assert_allclose(hub, gguf, rtol=0, atol=1e-5 * largest)
+    assert np.abs(wrong - gguf).max() > 1e-2 * largest
+    assert wrong[0, 0] == pytest.approx(gguf[0, 0], rel=1e-5)     # position 0: angle 0
+
+
+def test_the_measured_pairing_holds_its_first_predictions_one_by_one(smol):
+    pairing = kvlib.checkpoints.smollm2.measured()["pairing"]
+    first = pairing["first_tokens"]
+    assert len(pairing["first_losses"]) == len(pairing["first_wrong_pairing_losses"]) \
+        == first - 1 == 63
+    ids = kvlib.checkpoints.smollm2.measured()["ids"][:first]
+    right = kvlib.next_token_losses(kvlib.forward(smol, ids), ids)
+    np.testing.assert_allclose(right, pairing["first_losses"], rtol=0, atol=1e-4)
+    assert np.mean(pairing["first_wrong_pairing_losses"]) - np.mean(pairing["first_losses"]) \
+        < (pairing["wrong_pairing_loss"] - pairing["loss"]) / 2
+
+
+def test_the_tools_first_predictions_are_what_the_first_tokens_alone_give():
+    """tools/measure_smollm2.py's pairing part keeps the first predictions of the whole text;
+    a causal model gives the same from the first tokens alone (what notebook 14 recomputes).
+    Checked on a random rotary model, in float64."""
+    tool = _load_tool("measure_smollm2")
+    params = kvlib.init_params(kvlib.ModelConfig(positions="rotary", context_length=128,
+                                                 vocab_size=12))
+    ids = np.random.default_rng(5).integers(0, 12, 100).tolist()
+    part = tool.run_pairing(params, ids)
+    first = ids[:part["first_tokens"]]
+    alone = kvlib.next_token_losses(kvlib.forward(params, first), first)
+    np.testing.assert_allclose(part["first_losses"], alone, rtol=0, atol=1e-5)
+    wrong = kvlib.next_token_losses(
+        kvlib.forward(params.with_config(rope_pairing="half"), first), first)
+    np.testing.assert_allclose(part["first_wrong_pairing_losses"], wrong, rtol=0, atol=1e-5)
+    assert part["loss"] == pytest.approx(
+        kvlib.next_token_losses(kvlib.forward(params, ids), ids).mean())
+
+
+def test_a_base_of_100000_slows_every_pair_but_the_first():
+    slow = kvlib.rotary_angles(np.array([1]), 64, 100000.0)[0]
+    fast = kvlib.rotary_angles(np.array([1]), 64, 10000.0)[0]
+    ratio = fast / slow
+    assert ratio[0] == 1 and np.all(np.diff(ratio) > 0)
+    assert ratio[-1] == pytest.approx(10 ** (62 / 64))
+    assert round(2 * np.pi / slow[-1]) == 438_460 and round(2 * np.pi / fast[-1]) == 47_117
+    assert kvlib.SMOLLM2_135M.rope_base == 100000.0 and kvlib.ModelConfig().rope_base == 10000.0

@@ -317,6 +317,38 @@ def test_choosing_kv_heads_redraws_the_grouping_and_the_numbers():
     assert widget.preset.value == "Llama-3-8B"           # still the model, other K/V heads
 
 
+def test_the_bars_and_their_numbers_say_one_thing_kib_per_token():
+    widget = w15.grouping_explorer()
+    ax = widget.axes[1]
+    heights = [bar.get_height() for bar in ax.patches]
+    assert [text.get_text() for text in ax.texts] == [f"{h:,.0f}" for h in heights] == \
+        ["16", "32", "64", "128", "256", "512"]
+    assert "KiB per token" in ax.get_ylabel() and "KiB per token" in ax.get_title()
+    widget.budget_gib.value = 1.0                  # the budget changes the status, not the bars
+    assert [text.get_text() for text in ax.texts][3] == "128"
+    assert "In 1 GiB of cache: 8,192 cached tokens" in text_of(widget.status.value)
+    assert w15.kib_text(131_072) == "128" and w15.kib_text(36) == "0.0352"
+
+
+def test_readouts_count_in_words_with_one_of_each():
+    widget = w15.grouping_explorer("Falcon-7B")
+    assert "71 query heads, 1 K/V head of 64" in widget.source.value
+    widget.kv_heads.value = 71                     # multi-head attention: nothing saved
+    status = text_of(widget.status.value)
+    assert "MHA: 71 query heads each with a K/V head of its own" in status
+    assert "as much as multi-head attention" in status and "1 times" not in status
+    assert "You chose 71 K/V heads; the published model has 1" in widget.source.value
+    widget.n_heads.value, widget.layers.value = 1, 1
+    status = text_of(widget.status.value)
+    assert "MHA: 1 query head each with a K/V head of its own" in status
+    assert "2 (K and V) x 1 layer x 1 K/V head x 64 x 2 bytes = 256 bytes" in status
+    ylabels = [label.get_text() for label in widget.axes[0].get_yticklabels()]
+    assert ylabels == ["1 K/V head\n(cached)", "1 query head\n(not cached)"]
+    assert not re.search(r"\b1 (query heads|K/V heads|layers|cached tokens)", status)
+    widget.budget_gib.value = 256 / GiB            # room for exactly one token
+    assert "1 cached token," in text_of(widget.status.value)
+
+
 def test_presets_load_their_shapes():
     widget = w15.grouping_explorer("Llama-2-7B")
     widget.preset.value = "Falcon-7B"
@@ -720,3 +752,71 @@ def test_solution_display():
     assert "Solution to exercise 2" in shown.data and "np.repeat" in shown.data
     with pytest.raises(ValueError, match="no exercise 9"):
         ex15.solution(9)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a real model: SmolLM2's grouping, its cache bytes, its grouped attention
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smol():
+    return kvlib.load_smollm2()
+
+
+def test_smollm2s_grouping_and_cache_bytes_a_token(smol):
+    config = smol.config
+    assert (config.n_heads, config.kv_heads, config.head_dim, config.n_layers) == (9, 3, 64, 30)
+    assert grouped.query_groups(config.n_heads, config.kv_heads).tolist() == \
+        [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    float16 = kvlib.kv_cache_bytes(30, None, 1, dtype_bytes=2, n_kv_heads=3, head_dim=64)
+    assert float16 == 23_040 and kvlib.kv_cache_bytes(30, 576, 1, dtype_bytes=2) == 69_120
+    for n in (1, 7):
+        _, cache = kvlib.prefill(smol, list(range(100, 100 + n)))
+        assert cache.keys(29).dtype == np.float32
+        assert cache.nbytes == 2 * n * float16 == kvlib.config_cache_bytes(config, n)
+
+
+@pytest.mark.parametrize("layer", [0, 12, 29])
+def test_grouped_attention_equals_copied_kv_heads_on_smollm2s_layers(smol, layer):
+    """The notebook's check (layer 12) on other layers: kvlib's broadcast grouping and
+    np.repeat's copies give the same outputs on the real queries, keys and values."""
+    config = smol.config
+    ids = kvlib.smollm2_tokenizer().encode("Grouped-query attention shares K/V heads.")
+    positions, mask = np.arange(len(ids)), kvlib.causal_mask(len(ids))
+    rotary = kvlib.rotary_positions(config, positions)
+    X = kvlib.embed(np.array(ids), smol.embedding)
+    for block in smol.layers[:layer]:
+        X = kvlib.decoder_block(X, block, 9, mask=mask, rotary=rotary,
+                                norm_epsilon=config.norm_epsilon)
+    block = smol.layers[layer]
+    Q, K, V = kvlib.project_qkv(kvlib.rms_norm(X, block.ln_1_gain, config.norm_epsilon), block)
+    Qh = kvlib.split_heads(rotary.rotate(Q), 9)
+    Kh, Vh = kvlib.split_heads(rotary.rotate(K), 3), kvlib.split_heads(V, 3)
+    broadcast = kvlib.attention(Qh, Kh, Vh, mask)
+    copied = grouped.repeated_attention(Qh, Kh, Vh, mask)
+    assert broadcast.dtype == np.float32 and broadcast.shape == (9, len(ids), 64)
+    np.testing.assert_allclose(broadcast, copied, rtol=0, atol=1e-6)
+    tiled = kvlib.attention(Qh, np.tile(Kh, (3, 1, 1)), np.tile(Vh, (3, 1, 1)), mask)
+    assert np.abs(tiled - broadcast).max() > 1e-3            # the wrong order is noticed
+
+
+def test_the_notebook_quotes_the_reference_test_as_it_is():
+    """The notebook's words about tests/test_variants_reference.py: the versions it names
+    and the tolerance the test holds the outputs to."""
+    text = NOTEBOOK.read_text(encoding="utf-8")
+    versions = json.loads((Path(__file__).parent / "data" / "variants-reference" /
+                           "versions.json").read_text())
+    assert f"transformers {versions['transformers']}" in text
+    assert f"torch {versions['torch'].split('+')[0]}" in text
+    import test_variants_reference as reference
+    assert reference.EXACT == 1e-10 and "allows 1e-10" in text
+    assert "within 1e-15" in text
+    for case in reference.cases("gqa"):                  # what "within 1e-15" measured
+        config = reference.grouped_config(case)
+        layer = reference.llama_layer(case, config)
+        Q, K, V = kvlib.project_qkv(case["x"], layer)
+        Q, K = (kvlib.rotate_halves(M, case["angles"]) for M in (Q, K))
+        heads = kvlib.attention(kvlib.split_heads(Q, 4), kvlib.split_heads(K, config.kv_heads),
+                                kvlib.split_heads(V, config.kv_heads),
+                                kvlib.causal_mask(len(case["x"])))
+        assert np.abs(kvlib.merge_heads(heads) @ layer.Wo - case["output"]).max() < 1e-15

@@ -285,6 +285,8 @@ def test_draw_bytes_per_token_labels_and_refusals():
     assert texts == [" 1,000", " 100  (10.0x less)"]
     assert ax.get_xscale() == "log" and ax.get_title() == "t"
     assert [tick.get_text() for tick in ax.get_yticklabels()] == ["MHA", "MLA"]
+    w16.draw_bytes_per_token(ax, ["a", "b", "c"], [100, 100, 400], ["MHA", "MLA", "MLA"])
+    assert [t.get_text() for t in ax.texts] == [" 100", " 100  (the same)", " 400  (4.0x more)"]
     with pytest.raises(ValueError, match="positive"):
         w16.draw_bytes_per_token(ax, ["a"], [0], ["MHA"])
     with pytest.raises(ValueError, match="as many labels"):
@@ -314,19 +316,63 @@ def test_calculator_starts_on_deepseek_v2():
                       "MLA, latent 512 + rotary 64"]
 
 
-def test_choosing_presets_brings_their_latent_or_keeps_the_typed_one():
+def test_choosing_a_preset_brings_its_own_latent_sizes():
     box = w16.latent_cache_calculator("DeepSeek-V2")
     box.controls["latent_dim"].value = 1024
     assert box.state["sizes"]["MLA"] == 60 * (1024 + 64) * 2
-    box.controls["preset"].value = "Llama-3-8B"          # no latent of its own: keeps 1024
-    assert box.controls["latent_dim"].value == 1024
-    assert box.state["sizes"] == w16.bytes_per_token(32, 32, 128, 1024, 64)
-    assert "Llama-3-8B itself uses GQA" in box.status.value
-    box.controls["preset"].value = "DeepSeek-V3"         # has one: brings 512 and 64
+    box.controls["preset"].value = "GPT-2 small"         # no latent: DeepSeek's proportions
+    assert (box.controls["latent_dim"].value, box.controls["rope_head_dim"].value) == (256, 32)
+    assert box.state["sizes"] == w16.bytes_per_token(12, 12, 64, 256, 32)
+    assert "GPT-2 small itself uses MHA" in box.status.value
+    box.controls["preset"].value = "Llama-3-8B"
+    assert (box.controls["latent_dim"].value, box.controls["rope_head_dim"].value) == (512, 64)
+    box.controls["preset"].value = "DeepSeek-V3"         # its own: 512 and 64
     assert (box.controls["latent_dim"].value, box.controls["rope_head_dim"].value) == (512, 64)
     assert box.state["sizes"]["MLA"] == memory.PRESETS["DeepSeek-V3"].kv_bytes_per_token()
     box.controls["preset"].value = "Falcon-7B"           # 71 heads: no GQA bar
     assert list(box.state["sizes"]) == ["MHA", "MQA", "MLA"] and len(bars(box)) == 3
+    assert box.controls["latent_dim"].value == 256       # heads of 64
+    assert box.message.value == ""
+
+
+def test_gpt2_draws_the_gqa_bar_it_can_and_labels_it():
+    box = w16.latent_cache_calculator("GPT-2 small")
+    labels = [t.get_text() for t in box.figure.axes[0].get_yticklabels()]
+    assert labels[:3] == ["MHA, 12 K/V heads", "GQA, 6 K/V heads", "MQA, 1 K/V head"]
+
+
+@pytest.mark.parametrize("latent_dim, phrase", [
+    (512, "56.9 times less than MHA"),
+    (32_704, "as much as MHA"),                 # (32,704 + 64) x 60 x 2 = 3,932,160
+    (65_472, "2.0 times more than MHA"),
+    (10**9, "times more than MHA"),
+])
+def test_a_latent_larger_than_mha_is_said_to_cache_more(latent_dim, phrase):
+    box = w16.latent_cache_calculator("DeepSeek-V2")
+    box.controls["latent_dim"].value = latent_dim
+    assert phrase in box.status.value
+    if "more" in phrase:
+        assert "times less" not in box.status.value
+        assert "x more)" in box.figure.axes[0].texts[-1].get_text()
+
+
+@pytest.mark.parametrize("preset, latent_dim", [("DeepSeek-V2", 512), ("GPT-2 small", 10**9),
+                                                 ("Falcon-7B", 123_456_789)])
+def test_every_bar_label_fits_in_the_figure(preset, latent_dim):
+    box = w16.latent_cache_calculator(preset, latent_dim=latent_dim)
+    figure = box.figure
+    figure.draw_without_rendering()              # places the labels as a display would
+    for label in figure.axes[0].get_yticklabels():
+        assert label.get_window_extent().x0 >= 0, f"{label.get_text()!r} is clipped"
+    right = figure.axes[0].get_window_extent().x1
+    for text in figure.axes[0].texts:            # the bytes and the comparison after each bar
+        assert text.get_window_extent().x1 <= right, f"{text.get_text()!r} is clipped"
+
+
+def test_compared_with_says_less_more_or_as_much():
+    assert w16.compared_with(56.9, "MHA") == "56.9 times less than MHA"
+    assert w16.compared_with(0.5, "MHA") == "2.0 times more than MHA"
+    assert w16.compared_with(1.0, "MHA") == "as much as MHA"
 
 
 def test_calculator_starts_from_deepseek_proportions_for_other_models():

@@ -7,7 +7,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import importlib.util  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import matplotlib.pyplot as plt  # noqa: E402
@@ -29,9 +31,14 @@ import kvlib  # noqa: E402
 from kvlib.exercises import lesson17 as ex17  # noqa: E402
 from kvlib.widgets import lesson17 as w17  # noqa: E402
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / \
-    "17_sliding_windows_and_sinks.ipynb"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "17_sliding_windows_and_sinks.ipynb"
+WINDOW_LOSSES = ROOT / "notebooks" / "data" / "window_losses.json"
 TOLERANCE = 1e-10
+_spec = importlib.util.spec_from_file_location("measure_windows",
+                                               ROOT / "tools" / "measure_windows.py")
+measure_windows = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(measure_windows)
 
 
 @pytest.fixture(autouse=True)
@@ -214,6 +221,22 @@ def test_draw_cache_bytes_and_losses_plot_their_data():
     assert ax.lines[-1].get_ydata()[0] == 1.5 and ax.get_ylabel().startswith("held-out loss")
 
 
+def test_the_loss_plots_draw_their_baselines_below_the_legend():
+    fig, (left, right) = plt.subplots(1, 2)
+    baselines = {"bigram": 2.5, "uniform guess": 5.6}
+    w17.draw_window_losses(left, [16, 32], {"window only": [5.0, 3.0]}, 0.6,
+                           baselines=baselines)
+    w17.draw_loss_by_position(right, {"full cache": np.ones(20)}, 4, smoothing=4,
+                              baselines=baselines)
+    for ax in (left, right):
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert lines["bigram"].get_ydata()[0] == 2.5
+        assert lines["uniform guess"].get_ydata()[0] == 5.6
+        assert lines["bigram"].get_linestyle() != lines["uniform guess"].get_linestyle()
+        assert ax.get_ylim()[1] > 1.3 * 5.6           # the legend's band, above every line
+        assert {t.get_text() for t in ax.get_legend().get_texts()} >= set(baselines)
+
+
 def test_draw_loss_by_position_smooths_each_curve():
     fig, ax = plt.subplots()
     curve = np.arange(20, dtype=float)
@@ -270,6 +293,17 @@ def test_widget_follows_its_sliders(window, sinks, n):
     assert widget.state["contents"].tolist() == expected
     assert [t.get_text() for t in ring_ax.texts] == [str(p) if p >= 0 else "-" for p in expected]
     assert widget.message.value == ""
+
+
+def test_widget_counts_in_words_with_one_of_each():
+    widget = w17.window_explorer(window=1, sink_tokens=1, n_tokens=1)
+    status = widget.status.value
+    assert "After 1 token the ring holds 1 position: 0." in status
+    assert "x 1 row x" in status and "a full cache of 1 position:" in status
+    assert widget.axes[1].get_title() == "The ring after 1 token: 1 sink slot + 1 window slot"
+    assert not any(phrase in status for phrase in ("1 positions", "1 rows", "1 tokens"))
+    widget.sinks.value, widget.tokens.value = 0, 2
+    assert "After 2 tokens the ring holds 1 position: 1." in widget.status.value
 
 
 def test_widget_redraws_in_place_without_leaks():
@@ -520,6 +554,94 @@ def test_unfilled_answers_say_so(checker):
 
 
 # ---------------------------------------------------------------------------------------------
+# The trained model's measurement: notebooks/data/window_losses.json, from tools/measure_windows
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def window_losses():
+    return json.loads(WINDOW_LOSSES.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def story_model():
+    stories = kvlib.gpt2.load(measure_windows.MODEL, dtype="float64")
+    held_out = measure_windows.story_sequences(measure_windows.HELD_OUT_SEQUENCES,
+                                               measure_windows.HELD_OUT_SEED)
+    return stories, held_out
+
+
+def test_the_saved_measurement_is_written_as_the_tool_writes_it(window_losses, tmp_path):
+    measure_windows.write(window_losses, tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text(encoding="utf-8") == \
+        WINDOW_LOSSES.read_text(encoding="utf-8")
+    n, first = window_losses["sequences"], window_losses["first_position"]
+    assert (n, first, window_losses["predictions_per_sequence"]) == (64, 68, 187)
+    assert window_losses["uniform"] == round(math.log(276), 6)
+    names = {measure_windows.row_name(w, s) for w in (16, 32, 64) for s in (0, 1, 4)}
+    assert set(window_losses["rows"]) == names | {
+        "full cache", "bigram", "re-reading the last 16 afresh", "re-reading the last 32 afresh"}
+    for row in window_losses["rows"].values():
+        assert all(len(values) == n for values in row.values())
+        assert row["forced_count"] == window_losses["rows"]["bigram"]["forced_count"]
+    for name, curve in window_losses["by_position"].items():   # the same predictions
+        assert len(curve) == 255
+        assert abs(np.mean(curve[first:]) - np.mean(window_losses["rows"][name]["per_sequence"])) \
+            < 1e-5
+
+
+@pytest.mark.parametrize("window, sinks, sequences", [
+    (None, 0, [5, 63]), (16, 0, [7]), (16, 4, [4, 40]), (32, 1, [12]), (64, 4, [30])])
+def test_rows_of_the_saved_measurement_recomputed(window_losses, story_model, window, sinks,
+                                                  sequences):
+    """Rows the notebook does not recompute (it does the window of 32 on sequences 0-3)."""
+    stories, held_out = story_model
+    model = stories if window is None else stories.with_config(window=window,
+                                                               sink_tokens=sinks)
+    picked = held_out[sequences]
+    first = window_losses["first_position"]
+    losses = measure_windows.model_losses(model, picked)
+    forced = measure_windows.forced_predictions(picked)[:, first:]
+    fresh = measure_windows.summary(losses[:, first:], forced, 276)
+    saved = window_losses["rows"][measure_windows.row_name(window, sinks)]
+    for key, values in fresh.items():
+        np.testing.assert_allclose(values, [saved[key][i] for i in sequences], atol=2e-6)
+
+
+def test_re_reading_afresh_recomputed_for_one_sequence(window_losses, story_model):
+    stories, held_out = story_model
+    first = window_losses["first_position"]
+    for window in (16, 32):
+        losses = measure_windows.afresh_losses(stories, held_out[[9]], window, first)
+        saved = window_losses["rows"][f"re-reading the last {window} afresh"]
+        assert losses.shape == (1, 187)
+        assert abs(losses.mean() - saved["per_sequence"][9]) < 2e-6
+        assert int((losses > math.log(276)).sum()) == saved["worse_than_uniform"][9]
+
+
+def test_forced_predictions_are_the_repeats_of_the_grammar(story_model):
+    _, held_out = story_model
+    forced = measure_windows.forced_predictions(held_out[:2])
+    tokens = kvlib.stories.StoryTokenizer().tokens(held_out[0].tolist())
+    names = {r.position for r in kvlib.stories.forced_repeats(tokens, "name") if r.earlier}
+    assert names and all(forced[0, position - 1] for position in names)
+    assert not forced[:, 0].any() and 0.1 < forced.mean() < 0.3
+
+
+def test_what_the_notebook_reads_in_the_saved_measurement(window_losses):
+    rows = window_losses["rows"]
+    loss = {name: np.mean(row["per_sequence"]) for name, row in rows.items()}
+    assert loss["full cache"] < loss["window 64"] < loss["bigram"] < loss["window 32"] \
+        < loss["window 16"] < window_losses["uniform"]
+    for window in (16, 32, 64):        # a sink never hurts here, and 4 help more than 1
+        assert loss[f"window {window} + 4 sinks"] < loss[f"window {window} + 1 sink"] \
+            < loss[f"window {window}"]
+    assert min(loss["re-reading the last 16 afresh"], loss["re-reading the last 32 afresh"]) \
+        > loss["bigram"]
+    curve = np.convolve(window_losses["by_position"]["window 32"], np.ones(8) / 8, "valid")
+    assert curve.max() > window_losses["uniform"]       # the peak the plot shows
+
+
+# ---------------------------------------------------------------------------------------------
 # The notebook: its solutions pass, its broken function fails with the right diagnosis
 # ---------------------------------------------------------------------------------------------
 
@@ -562,3 +684,86 @@ def test_solution_display():
     assert "Solution to exercise 2" in shown.data and "ring_slot_fixed" in shown.data
     with pytest.raises(ValueError, match="no exercise 9"):
         ex17.solution(9)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a real model: SmolLM2's sinks and windows (kvlib/models/smollm2/measured.json, written by
+# tools/measure_smollm2.py), as the notebook reads them, and a row recomputed
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smol_measured():
+    return kvlib.checkpoints.smollm2.measured()
+
+
+def test_draw_sink_heads_draws_every_head_and_outlines_the_sinks():
+    fig, ax = plt.subplots()
+    on_first = np.array([[0.0, 0.2, 0.6], [0.999, 0.45, 0.51]])      # 2 layers, 3 heads
+    image = w17.draw_sink_heads(ax, on_first, 0.01, first_query=64)
+    np.testing.assert_array_equal(image.get_array(), on_first.T)  # heads down, layers across
+    assert image.get_clim() == (0.0, 1.0) and image.get_cmap().name == w17.plots.COLORMAP
+    assert [t.get_text() for t in ax.texts] == [".00", ".20", ".60", "1", ".45", ".51"]
+    outlined = sorted((p.get_x() + 0.5, p.get_y() + 0.5) for p in ax.patches)
+    assert outlined == [(0.0, 2.0), (1.0, 0.0), (1.0, 2.0)]       # (layer, head) above 0.5
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("layer", "query head")
+    assert "3 of 6 heads above 0.5" in ax.get_title() and "0.010" in ax.get_title()
+    assert "from position 64 on" in ax.get_title()
+    assert len(fig.axes) == 2                                    # the colour bar
+    for bad in (np.ones(3), np.array([[1.5]]), np.array([[np.nan]])):
+        with pytest.raises(ValueError, match="layers, heads"):
+            w17.draw_sink_heads(ax, bad, 0.01)
+
+
+def test_draw_sinks_won_back_draws_one_bar_a_window_grouped_by_model():
+    fig, ax = plt.subplots()
+    w17.draw_sinks_won_back(ax, {"story model": {16: 0.092, 64: 0.09}, "SmolLM2": {64: 0.746}})
+    heights = [bar.get_height() for bar in ax.patches]
+    np.testing.assert_allclose(heights, [9.2, 9.0, 74.6])
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["9%", "W = 16", "9%", "W = 64", "75%", "W = 64"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["story model", "SmolLM2"]
+    assert ax.patches[0].get_facecolor() != ax.patches[2].get_facecolor()
+
+
+def test_smollm2s_sinks_as_the_notebook_reads_them(smol_measured):
+    sinks = smol_measured["sinks"]
+    on_first = np.array(sinks["attention_on_position_0"])
+    assert on_first.shape == (30, 9) and sinks["first_query"] == 64
+    assert sinks["even_share"] == pytest.approx(np.mean(1 / (np.arange(64, 1024) + 1)))
+    assert int((on_first > 0.5).sum()) == 46
+    assert on_first.argmax() == 18 * 9 + 8 and on_first[18, 7] > 0.93
+    assert on_first[[0, 1, 10, 11]].max() < 0.03 < on_first[3:10].min() / 0.8
+    tokenizer = kvlib.smollm2_tokenizer()
+    assert tokenizer.decode(smol_measured["ids"][:1]) == "The"
+
+
+def test_smollm2s_windows_as_the_notebook_reads_them(smol_measured):
+    rows = smol_measured["windows"]["rows"]
+    loss = {(r["window"], r["sinks"], r["positions"]): r["loss"] for r in rows}
+    assert set(loss) == {(w, s, "original") for w in (64, 256) for s in (0, 4)} | \
+        {(w, 4, "inside the cache") for w in (64, 256)}
+    full = smol_measured["pairing"]["loss"]
+    for window in (64, 256):
+        alone, sinks = loss[(window, 0, "original")], loss[(window, 4, "original")]
+        assert full < sinks < alone
+        assert (alone - sinks) / (alone - full) > 0.7
+        assert abs(sinks - loss[(window, 4, "inside the cache")]) < 0.002
+    assert loss[(256, 0, "original")] < loss[(64, 0, "original")]
+
+
+def test_a_row_of_smollm2s_sink_measurement_recomputed(smol_measured):
+    """Layer 1's row (the notebook recomputes layer 3's), the tool's way: the layers run one
+    by one on the 1,024 measured tokens, each recording its attention weights."""
+    tool = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
+        "measure_smollm2", ROOT / "tools" / "measure_smollm2.py"))
+    tool.__spec__.loader.exec_module(tool)
+    params = kvlib.load_smollm2()
+    first_two = kvlib.Params(params.config.replace(n_layers=2), params.embedding,
+                             params.layers[:2], None, params.ln_f_gain, None)
+    rows = {}
+    tool.layer_by_layer(first_two, smol_measured["ids"],
+                        lambda index, weights: rows.setdefault(index, weights[:, 64:, 0]
+                                                              .mean(axis=1)))
+    saved = np.array(smol_measured["sinks"]["attention_on_position_0"])
+    for index in (0, 1):
+        np.testing.assert_allclose(rows[index], saved[index], rtol=0, atol=2e-4)

@@ -8,6 +8,7 @@ matplotlib.use("Agg")
 
 import json  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import matplotlib.pyplot as plt  # noqa: E402
@@ -356,12 +357,13 @@ def test_owner_colors_follow_the_request():
 def test_pool_explorer_starts_empty_and_steps():
     widget = w19.pool_explorer()
     assert widget.next_step.description == "Next step" and widget.fork.description == "Fork"
-    assert "Step 0: 0 running" in widget.status.value and widget.fork.disabled
+    assert "Step 0: 0 sequences running" in widget.status.value and widget.fork.disabled
     assert labels(widget.axes["pool"], "block")["block 0"] == "free"
     widget.next_step.click()
     timeline = widget.timeline()
     assert timeline.step_number == 1 and widget.fork_of.options == ("A", "B")
-    assert "Step 1: 2 running" in widget.status.value
+    assert "Step 1: 2 sequences running" in widget.status.value
+    assert "0 of 10 requests done" in widget.status.value
     assert "A arrived" in widget.events.value and "B arrived" in widget.events.value
     assert "equal a contiguous cache" in widget.check.value
     pool_labels = labels(widget.axes["pool"], "block")
@@ -413,6 +415,64 @@ def test_pool_explorer_block_size_reset_and_the_end():
     assert widget.message.value == "" and plt.get_fignums() == before
     widget.reset.click()
     assert widget.timeline().step_number == 0 and not widget.next_step.disabled
+
+
+def test_pool_explorer_keeps_a_sequence_chosen_to_fork():
+    """While sequences run, the dropdown always names one (the one chosen before if it still
+    runs, else the first), so Fork never answers that nothing runs."""
+    widget = w19.pool_explorer()
+    for _ in range(6):
+        widget.next_step.click()
+        running = [seq.name for seq in widget.timeline().running]
+        assert widget.fork_of.value in running
+    widget.fork_of.value = running[-1]
+    widget.next_step.click()
+    if running[-1] in widget.fork_of.options:
+        assert widget.fork_of.value == running[-1]
+    chosen = widget.fork_of.value
+    widget.fork.click()                                    # without touching the dropdown
+    assert widget.message.value == ""
+    assert f"{chosen}.1 forked from {chosen}" in widget.events.value
+
+
+def test_pool_explorer_counts_forks_as_sequences_not_requests():
+    """Forks finish as sequences of their request: the status never says more finished than
+    there are requests, and says when every request is done."""
+    widget = w19.pool_explorer()
+    forks = 0
+    for _ in range(30):
+        widget.next_step.click()
+        if widget.timeline().running:
+            widget.fork.click()
+            forks += 1
+    timeline = widget.timeline()
+    assert timeline.n_forks == forks > 10
+    status = re.sub(r"<[^>]+>", "", widget.status.value)
+    done = timeline.requests_done
+    assert f"{done} of 10 requests done" in status and done <= 10
+    assert f"{len(timeline.finished)} finished, {timeline.n_forks} forks among them" in status
+    for _ in range(200):
+        widget.next_step.click()
+    assert widget.timeline().requests_done == 10 and widget.timeline().all_done
+    assert "10 of 10 requests done" in widget.status.value
+
+
+def test_pool_labels_never_sit_on_the_block_numbers():
+    """Each row of blocks has its labels above and its numbers below: no label shares a line
+    with any number (of its own row or of the row above), at every block size."""
+    widget = w19.pool_explorer()
+    for size in (4, 1, 16):
+        widget.block_size.value = size
+        widget.next_step.click()
+        texts = [t for t in widget.axes["pool"].texts if t.get_text()]
+        spans = {kind: [(box.y0, box.y1) for box in
+                        (t.get_window_extent() for t in texts
+                         if (t.get_gid() or "").startswith(kind))]
+                 for kind in ("block", "number")}
+        n_blocks = widget.timeline().allocator.n_blocks
+        assert len(spans["number"]) == n_blocks and spans["block"]
+        assert not [(a, b) for a in spans["block"] for b in spans["number"]
+                    if a[0] < b[1] and b[0] < a[1]]
 
 
 def test_pool_explorer_reports_a_fork_of_nothing_in_words():
@@ -488,6 +548,13 @@ def test_forked_blocks_wrong_answers(answer, phrase):
 @pytest.mark.parametrize("answer", [8, 8.0, np.int64(8), np.float32(8.0), [8], np.array([8])])
 def test_forked_blocks_valid_forms(answer):
     assert ex19.check_forked_blocks(answer).passed
+
+
+def test_forked_blocks_correct_text_says_what_the_lesson_teaches():
+    """The partly filled block is copied by the first writers; the last holder writes in
+    place (notebook 19, cell 27): the feedback must not say the block is copied for each."""
+    message = ex19.check_forked_blocks(8).message
+    assert "in place" in message and "copied on write" not in message
 
 
 def test_forked_blocks_answer_is_a_live_pool():

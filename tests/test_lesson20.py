@@ -206,6 +206,38 @@ def test_random_request_streams_with_evictions(model, block_size, data):
 
 @given(models(latent=False, window=False), st.integers(1, 4), st.data())
 @PROPERTY
+def test_a_running_requests_full_blocks_are_reused_at_once(model, block_size, data):
+    """With nothing finished and nothing evicted, every full block of every running request
+    (prompt or generated) is cached: a new request reuses the longest full-block prefix it
+    shares with any of them, all but its last token."""
+    params, config = model
+    server = PrefixServer(params, n_blocks=300, block_size=block_size)
+    draw = prompts(data, config)
+    texts = {}
+
+    def common(a, b):
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    for _ in range(data.draw(st.integers(1, 10))):
+        if texts and data.draw(st.booleans()):
+            request = data.draw(st.sampled_from(sorted(texts)))
+            if len(texts[request]) < config.context_length:
+                token = data.draw(st.integers(0, config.vocab_size - 1))
+                server.decode(request, token)
+                texts[request].append(token)
+            continue
+        ids = draw()
+        shared = max((common(ids[:-1], text) for text in texts.values()), default=0)
+        admission = server.admit(ids)
+        assert admission.reused_tokens == shared // block_size * block_size
+        texts[admission.request] = list(ids)
+    full = {key for text in texts.values() for key in block_keys(text, block_size)}
+    assert {e.key for e in server.prefix_cache.entries} == full
+    check_accounting(server)
+
+
+@given(models(latent=False, window=False), st.integers(1, 4), st.data())
+@PROPERTY
 def test_eviction_never_takes_a_held_block_and_goes_leaves_first(model, block_size, data):
     params, config = model
     server = PrefixServer(params, n_blocks=120, block_size=block_size)
@@ -319,13 +351,101 @@ def test_a_reused_block_is_never_written_into(toy):
     check_accounting(server)
 
 
-def test_insert_keeps_one_copy_of_a_prefix_computed_twice(toy):
+def test_blocks_are_cached_as_they_fill_while_the_request_runs(toy):
+    """The prompt's full blocks are cached right after its prefill and a generated block when
+    it fills, so a second request admitted while the first still runs reuses every full block
+    of their common beginning (vLLM, SGLang and nano-vllm do the same); the last token of a
+    prompt always runs."""
+    server = PrefixServer(toy, n_blocks=16, block_size=4)
+    ids = tokens("I am good . How are you ? I am fine")           # 12 tokens: 3 full blocks
+    first = server.admit(ids[:10])                                 # 2 full blocks, 2 rows more
+    assert len(first.cached_blocks) == 2 and len(server.prefix_cache) == 2
+    second = server.admit(ids[:10])                                # the first still runs
+    assert second.reused_blocks == first.cached_blocks and second.reused_tokens == 8
+    assert second.cached_blocks == ()                              # nothing new to cache
+    for token in ids[10:]:                                         # the first fills block 2
+        server.decode(first.request, token)
+    assert len(server.prefix_cache) == 3
+    longer = ids + tokens("thanks")[1:]                            # 13 tokens
+    third = server.admit(longer)                                   # the first still runs
+    assert third.reused_tokens == 12
+    np.testing.assert_allclose(third.logits, kvlib.forward(toy, longer)[-1:], atol=TOLERANCE)
+    held = [e for e in server.prefix_cache.entries if server.prefix_cache.is_held(e)]
+    assert len(held) == 3                                          # all held by running ones
+    same = server.admit(ids)                                       # exactly 3 full blocks:
+    assert same.reused_tokens == 8                                 # the last token runs, so
+    check_accounting(server)                                       # its block runs again
+
+
+def test_chat_requests_to_smollm2_share_their_system_message():
+    """The real model of the notebook's last section: two chat requests with one system
+    message, through SmolLM2's template. The system message is a prefix of both; the second
+    reuses every full block of their common beginning, and its logits and greedy token equal
+    a plain prefill's (float32; GQA, rotary positions, RMSNorm and SwiGLU on a paged cache).
+    A date at the top of the system message leaves nothing to reuse."""
+    from kvlib.chat import reusable_prefix
+
+    params, tokenizer = kvlib.load_smollm2(), kvlib.smollm2_tokenizer()
+    system = "You answer in one short sentence. You never make up facts."
+
+    def chat(question, system=system):
+        return tokenizer.apply_chat_template([{"role": "system", "content": system},
+                                              {"role": "user", "content": question}])
+
+    first, second = chat("Name a planet."), chat("What colour is the sky?")
+    system_part = tokenizer.apply_chat_template([{"role": "system", "content": system}],
+                                                add_generation_prompt=False)
+    assert first[:len(system_part)] == second[:len(system_part)] == system_part
+    shared = reusable_prefix(first, second)
+    server = PrefixServer(params, n_blocks=16, block_size=8)
+    server.admit(first)
+    admitted = server.admit(second)                          # the first still runs
+    assert admitted.reused_tokens == shared // 8 * 8 > 0
+    plain, _ = kvlib.prefill(params, second, last_only=True)
+    assert np.abs(admitted.logits - plain).max() <= 1e-4 * np.abs(plain).max()
+    assert int(admitted.logits[-1].argmax()) == int(plain[-1].argmax())
+    check_accounting(server)
+    dated = [chat(question, f"Today is {day}. {system}") for question, day in
+             (("Name a planet.", "Monday"), ("What colour is the sky?", "Tuesday"))]
+    assert reusable_prefix(*dated) < 8
+    assert server.prefix_cache.reusable(dated[1]) == []        # another beginning: a miss
+
+
+def test_the_reuse_bars():
+    fig, ax = plt.subplots()
+    w20.draw_reuse_bars(ax, ["a", "b"], [40, 36], [0, 32], 16)
+    reused, computed = ax.containers
+    assert [bar.get_width() for bar in reused] == [0, 32]
+    assert [bar.get_width() for bar in computed] == [40, 4]
+    assert [bar.get_x() for bar in computed] == [0, 32]
+    placed = {tick: label.get_text() for tick, label in zip(ax.get_yticks(),
+                                                           ax.get_yticklabels())}
+    assert placed == {1: "a", 0: "b"}                              # the first on top
+    assert len(ax.lines) == 1                                      # one boundary inside 32
+    assert ax.get_title() == "32 of 76 prompt tokens reused"
+    with pytest.raises(ValueError, match="more tokens than it has"):
+        w20.draw_reuse_bars(ax, ["a"], [4], [5], 4)
+    with pytest.raises(ValueError, match="one name"):
+        w20.draw_reuse_bars(ax, ["a"], [4, 5], [1, 1], 4)
+
+
+def test_a_block_computed_twice_is_cached_once(toy):
+    """A request admitted before another one filled a block computes that block too; the
+    copy cached first stays the cached one, the other is freed with its request."""
     server = PrefixServer(toy, n_blocks=16, block_size=4)
     ids = tokens("I am good . How are you ?")
-    a, b = server.admit(ids), server.admit(ids)       # both computed it: nothing was cached
-    assert b.reused_tokens == 0
-    assert len(server.finish(a.request)) == 2
-    assert server.finish(b.request) == []             # already cached: b's blocks are freed
+    a = server.admit(ids[:6])                       # block 0 cached, block 1 partly filled
+    b = server.admit(ids[:9])                       # reuses block 0, computes and caches 1
+    assert b.reused_tokens == 4 and len(b.cached_blocks) == 1
+    for token in ids[6:8]:                          # a fills its own block 1: already cached
+        server.decode(a.request, token)
+    a_table = list(server.running[a.request].cache.block_table)
+    b_table = server.running[b.request].cache.block_table
+    assert a_table[0] == b_table[0] and a_table[1] != b_table[1]
+    assert len(server.prefix_cache) == 2
+    assert [e.block for e in server.finish(a.request)] == b_table[:2]
+    assert server.allocator.ref_counts[a_table[1]] == 0          # a's copy went back
+    server.finish(b.request)
     assert len(server.prefix_cache) == 2 and server.allocator.n_used == 2
     check_accounting(server)
 
@@ -405,10 +525,10 @@ def test_bad_input_gets_clear_errors(toy):
 def test_a_request_that_does_not_fit_holds_nothing(toy):
     server = PrefixServer(toy, n_blocks=6, block_size=4)
     ids = tokens("I am good . How are you ? I am fine . thanks")     # 14 tokens: 4 blocks
-    running = server.admit(ids)
+    running = server.admit(ids)                      # its 3 full blocks cached, all held
     before = server.allocator.ref_counts.copy()
     with pytest.raises(MemoryError, match="held by running requests"):
-        server.admit(ids[:8] + tokens("you are good . thanks")[1:])  # reuses 2, needs 2 more
+        server.admit(tokens("you are good . thanks . I am"))         # 9 tokens: 3 blocks
     np.testing.assert_array_equal(server.allocator.ref_counts, before)
     assert list(server.running) == [running.request]
     check_accounting(server)
@@ -513,6 +633,35 @@ def test_widget_evicts_in_a_small_pool_and_says_so(toy):
     check_accounting(run.server)
 
 
+def test_widget_status_counts_in_words(toy):
+    """One block, one running request: no "1 blocks", no "1 running requests"."""
+    widget = w20.prefix_stream_explorer(toy)
+    widget.pool.value = widget.pool.min                     # 10 blocks: evictions soon
+    seen = set()
+    for _ in range(12):
+        widget.arrive.click()
+        run, status = widget.run(), status_text(widget)
+        running = len(run.server.running)
+        assert f"held by {running} running request{'s' if running > 1 else ''}." in status
+        assert f"{run.evicted} block{'' if run.evicted == 1 else 's'} evicted" in status
+        seen |= {("running", running), ("evicted", run.evicted)}
+    assert {("running", 1), ("running", 2), ("evicted", 1), ("evicted", 2)} <= seen
+
+
+def test_widget_redraws_in_place(toy):
+    """A click redraws the same three Axes (rebuilding them and their ticks is what made a
+    click slow) and shows one PNG render."""
+    widget = w20.prefix_stream_explorer(toy)
+    axes = list(widget.figure.axes)
+    for _ in range(5):
+        widget.arrive.click()
+    assert widget.figure.axes == axes
+    tree_ax = axes[0]
+    assert len(tree_ax.texts) == len(widget.run().server.prefix_cache)
+    assert len(axes[1].images) == len(axes[2].images) == 1
+    assert tree_ax.get_legend() is not None and axes[2].get_legend() is not None
+
+
 def test_widget_controls_start_a_new_stream(toy):
     widget = w20.prefix_stream_explorer(toy)
     widget.arrive.click()
@@ -527,15 +676,30 @@ def test_widget_controls_start_a_new_stream(toy):
     assert widget.run().position == 0
 
 
-def test_widget_refuses_a_pool_too_small_in_the_message_line(toy):
+def test_widget_offers_only_pools_the_stream_fits_in(toy):
+    """The slider starts at the smallest pool that holds two of the stream's longest requests,
+    for the block size and seed chosen; below it nothing can be set, so nothing is refused
+    and the pool drawn is always the slider's."""
     widget = w20.prefix_stream_explorer(toy)
-    run = widget.run()
-    widget.block.value = 2
-    widget.pool.value = 8
-    assert "too small for this stream" in widget.message.value
-    assert "take at least" in widget.message.value
+
+    def smallest():
+        size = widget.block.value
+        return 2 * max(-(-len(item.ids) // size) for item in widget.run().stream)
+
+    for size in (2, 8, 4):
+        widget.block.value = size
+        assert widget.pool.min == smallest()
+        assert widget.run().server.allocator.n_blocks == widget.pool.value >= smallest()
+        assert widget.message.value == ""
+    widget.pool.value = widget.pool.min - 2               # clamped to the minimum
+    assert widget.pool.value == widget.pool.min == widget.run().server.allocator.n_blocks
+    widget.block.value = 2                                # a larger minimum moves it up
+    assert widget.pool.value == widget.pool.min == widget.run().server.allocator.n_blocks
     widget.pool.value = 40
-    assert widget.message.value == "" and widget.run() is not run
+    assert widget.run().server.allocator.n_blocks == 40 and widget.message.value == ""
+    for seed in range(6):
+        widget.seed.value = seed
+        assert widget.pool.min == smallest() and widget.message.value == ""
 
 
 def test_widget_check_line_is_computed(toy, monkeypatch):
@@ -562,7 +726,9 @@ def test_widget_stream_end_disables_the_button_and_nothing_leaks(toy):
 
 
 def test_a_request_that_does_not_fit_waits(toy):
-    stream = [w20.StreamRequest("", tuple(tokens("I am good . How are you ? and you")), 2)] * 3
+    first = w20.StreamRequest("", tuple(tokens("I am good . How are you ? and you")), 2)
+    other = w20.StreamRequest("", tuple(tokens("you are good . thanks . I am fine")), 2)
+    stream = [first, other, first]                   # 11 and 10 tokens: 3 blocks each
     run = w20.StreamRun(PrefixServer(toy, n_blocks=5, block_size=4), stream)
     assert run.arrive() is not None
     assert run.arrive() is None and run.waited and run.position == 1
@@ -605,7 +771,8 @@ def test_cache_table_lists_every_block():
     lines = table.splitlines()
     assert len(lines) == 1 + len(server.prefix_cache)
     assert "last used" in lines[0] and "held" in lines[0]
-    assert re.search(r"^\s+5\s+4-7\s+\. How are you\s+1\s+5\s+yes\s+1$", table, re.M)
+    assert re.search(r"^\s+5\s+4-7\s+\. How are you\s+1\s+5\s+yes\s+2$", table, re.M)
+    assert re.search(r"^\s+8\s+8-11\s+\? and you \?\s+0\s+5\s+yes\s+0$", table, re.M)
 
 
 def test_request_stream_is_seeded_and_shares_system_prompts():
@@ -797,7 +964,7 @@ def test_exercise3_scenario_is_what_the_notebook_says():
     assert server.allocator.n_free == 3 and ex20.lru_to_evict(server) == 4
     assert list(server.running) == [2]
     held = {e.block for e in server.prefix_cache.entries if server.prefix_cache.is_held(e)}
-    assert held == {4, 5}
+    assert held == {4, 5, 8}            # the two it reused and its own, cached when it filled
     # what admitting a request of 7 new blocks really evicts
     evicted = server.prefix_cache.make_room(ex20.LRU_NEEDED)
     assert [e.block for e in evicted] == ex20.lru_expected()

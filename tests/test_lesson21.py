@@ -52,7 +52,8 @@ def close_figures():
 @pytest.fixture(scope="module")
 def namespace():
     """The notebook's variables after running its code cells headless; the cells that time
-    this machine (they use the lab model) and the widget cell are left out."""
+    this machine (the lab model's, and the cell tagged timings) and the widget cell are left
+    out."""
     notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
     variables = {"__name__": "__notebook__"}
     for cell in notebook["cells"]:
@@ -67,7 +68,8 @@ def namespace():
 
 def test_every_cell_can_run_twice():
     """Each code cell run twice in a row gives the same printed output and passes its asserts
-    again (cells that touch caches work on fresh ones); the timing cells are left out."""
+    again (cells that touch caches work on fresh ones); the timing cells are left out (the
+    lab model's, and the cells tagged timings)."""
     import contextlib
     import io
 
@@ -75,7 +77,8 @@ def test_every_cell_can_run_twice():
     variables = {"__name__": "__notebook__"}
     for cell in notebook["cells"]:
         source = "".join(cell["source"])
-        if cell["cell_type"] != "code" or "lab_" in source:
+        if cell["cell_type"] != "code" or "lab_" in source or \
+                "timings" in cell["metadata"].get("tags", []):
             continue
         outputs = []
         for _ in range(2):
@@ -464,6 +467,9 @@ def test_the_scheduler_keeps_its_rules(requests, policy):
     assert summary["steps"] == len(timeline.steps)
     assert 0 < summary["mean_occupancy"] <= 1
     assert summary["throughput"] == pytest.approx(timeline.output_tokens / timeline.makespan)
+    assert summary["tokens_per_step_run"] == pytest.approx(
+        timeline.output_tokens / len(timeline.steps))
+    assert summary["makespan"] >= summary["steps"]          # idle steps are in the makespan
 
 
 def _check_no_slot_left_idle(timeline, policy, step):
@@ -485,7 +491,8 @@ def test_the_lessons_workload_and_its_numbers():
     assert requests == scheduler.make_workload(12, seed=0)          # seeded
     static = scheduler.serve(requests, scheduler.StaticBatching(4)).summary()
     continuous = scheduler.serve(requests, scheduler.ContinuousBatching(4)).summary()
-    assert (static["steps"], continuous["steps"]) == (46, 36)
+    assert (static["steps"], continuous["steps"]) == (46, 36)          # steps run
+    assert (static["makespan"], continuous["makespan"]) == (55, 47)    # to the last token
     assert (static["mean_ttft"], continuous["max_ttft"]) == (4.25, 5)
     assert continuous["throughput"] > static["throughput"]
 
@@ -675,6 +682,48 @@ def test_the_plain_figures_show_kvlibs_numbers():
     assert [list(line.get_ydata()) for line in ax.lines[:3]] == [[10, 20, 30], [5, 9, 20],
                                                                [5, 5, 5]]
     assert ax.get_xscale() == "log" and "tokens per second" in ax.get_ylabel()
+    # the crossover is named in the legend, not written over the curves
+    assert not ax.texts
+    assert "roofline: compute-bound from B = 3" in [t.get_text() for t in
+                                                    ax.get_legend().get_texts()]
+
+
+def test_the_roofline_figure_draws_the_products_alone_when_given():
+    fig, ax = plt.subplots()
+    w21.draw_batch_roofline(ax, [1, 2, 4], [10, 20, 30], measured=[5, 9, 20],
+                            products=[6, 10, 22])
+    assert [list(line.get_ydata()) for line in ax.lines] == [[10, 20, 30], [5, 9, 20],
+                                                           [6, 10, 22]]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[0].startswith("roofline") and all(label.startswith("measured")
+                                                    for label in labels[1:])
+
+
+def test_the_skinny_products_figure():
+    fig, ax = plt.subplots()
+    w21.draw_skinny_products(ax, [1, 2, 3], [1e-4, 4e-4, 4.5e-4], contiguous=[1e-4, 3e-4, 4e-4])
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.lines}
+    assert lines["one product per row (rows x one row)"] == [1, 2, 3]
+    assert lines["one read of the matrix (the memory-bound roofline)"] == [1, 1, 1]
+    assert np.allclose(lines["measured: W as kvlib holds it (column-major)"], [1, 4, 4.5])
+    assert np.allclose(lines["measured: a contiguous (row-major) copy of W"], [1, 3, 4])
+    assert "time of one row" in ax.get_ylabel() and list(ax.get_xticks()) == [1, 2, 3]
+
+
+def test_the_smollm2_measurement_is_explained_when_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="benchmarks/smollm2_batching.py"):
+        w21.smollm2_batching(tmp_path / "nothing.json")
+
+
+def test_the_notebook_reads_the_committed_smollm2_run(namespace):
+    """The SmolLM2 section's figures come from benchmarks/data/smollm2_batching.json, and
+    the roofline it draws is kvlib's for the rates that run measured."""
+    measured = w21.smollm2_batching()
+    assert namespace["measured_smol"] == measured
+    assert namespace["smol_sizes"].tolist() == [1, 2, 4, 8, 16]
+    assert np.allclose(namespace["smol_predicted"],
+                       [row["predicted_seconds"] for row in measured["batches"]])
+    assert namespace["skinny_relative"][0] == 1.0
 
 
 def test_the_notebook_leaves_the_exercises_open(namespace):

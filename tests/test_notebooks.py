@@ -30,7 +30,7 @@ def test_the_series_is_numbered_without_gaps_and_listed_in_the_readme():
 
 
 # what a measurement of this machine prints: seconds, rates, bandwidth
-TIMING = re.compile(r"\d ?(ms|µs|us|ns|s)\b(?! *=)|tokens/s|FLOP/s|B/s|\d ?x faster")
+TIMING = re.compile(r"\d ?(ms|µs|us|ns|s)\b(?! *=)|tokens/s\b|FLOP/s\b|B/s\b|\d ?x faster")
 TIMINGS_NOTE = ("[measured on the machine that runs this cell, so not saved with the notebook: "
                 "run the cell to see the numbers]\n")
 

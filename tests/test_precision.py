@@ -183,3 +183,42 @@ def test_the_tool_gives_the_committed_story_numbers_on_its_first_windows(monkeyp
     assert again[("bfloat16", "everything")]["cached_against_recomputed"][
         "largest_difference"] > 1e-3
     json.dumps(again[("bfloat16", "the cache")])       # plain numbers, ready for the file
+
+
+def test_the_emulation_is_close_to_real_bfloat16_in_transformers():
+    """tools/make_precision_reference.py ran the same 16 SmolLM2 windows through transformers
+    in real bfloat16 (PyTorch's CPU kernels): the emulation's differences and flip rates are
+    of the same size (within a factor of 3), and float32 agrees to 1e-4 without flips in
+    both."""
+    reference = json.loads((ROOT / "tests" / "data" / "precision-reference" /
+                            "smollm2.json").read_text())
+    theirs = {row["format"]: row for row in reference["rows"]}
+    ours = {row["format"]: row for row in precision.measured()["smollm2"]["rows"]
+            if row["where"] == "everything"}
+    for column in ("cached_against_recomputed", "padded_against_alone"):
+        assert theirs["float32"][column]["flips"] == ours["float32"][column]["flips"] == 0
+        assert theirs["float32"][column]["largest_difference"] < 1e-4
+        mine, real = ours["bfloat16"][column], theirs["bfloat16"][column]
+        assert 1 / 3 < mine["largest_difference"] / real["largest_difference"] < 3
+        assert 1 / 3 < mine["flips"] / mine["positions"] / (real["flips"] / real["positions"]) < 3
+    assert 1 / 3 < ours["bfloat16"]["against_float64"]["flips"] / \
+        theirs["bfloat16"]["against_float32"]["flips"] < 3
+
+
+def test_notebook_25_quotes_the_transformers_reference():
+    reference = json.loads((ROOT / "tests" / "data" / "precision-reference" /
+                            "smollm2.json").read_text())
+    theirs = {row["format"]: row for row in reference["rows"]}["bfloat16"]
+    notebook = json.loads((ROOT / "notebooks" / "25_when_the_cache_is_wrong.ipynb").read_text())
+    text = " ".join("".join(cell["source"]) for cell in notebook["cells"]
+                    if cell["cell_type"] == "markdown")
+    text = " ".join(text.split())
+    cached, padded = theirs["cached_against_recomputed"], theirs["padded_against_alone"]
+    assert f"{cached['flips']} flips in {cached['positions']}" in text
+    assert f"{padded['flips']} in {padded['positions']}" in text
+    assert f"{cached['largest_difference']:.2f}" in text
+    ours = {row["format"]: row for row in precision.measured()["smollm2"]["rows"]
+            if row["where"] == "everything"}["bfloat16"]
+    mine = ours["cached_against_recomputed"]
+    assert f"the emulation gives {mine['flips']} flips and {mine['largest_difference']:.2f}" in text
+    assert f"the emulation gives {ours['padded_against_alone']['flips']}." in text

@@ -2,9 +2,10 @@
 keep the numbers small (kvlib/models/precision.json; the lesson loads it with
 kvlib.precision.measured()).
 
-    python tools/measure_precision.py                  # both models (about 25 minutes idle)
+    python tools/measure_precision.py                  # both models (about 15 minutes)
     python tools/measure_precision.py stories          # one; the other is kept
     python tools/measure_precision.py gpt2             # GPT-2 124M, when it is downloaded
+    python tools/measure_precision.py zoo              # notebook 25's widget (about 20 s)
 
 For each model, windows of real text: the story model's stories (kvlib.stories.corpus,
 seed 2026), SmolLM2's 1024 tokens of Python's documentation (the ids kept in
@@ -22,6 +23,10 @@ and by one forward pass (kvlib.precision.teacher_forced). Rows:
 
 Each comparison: positions, largest and mean absolute logit difference, greedy flips and
 the widest top-two gap at which one happened (kvlib.precision.Comparison).
+
+zoo: the widget of notebook 25, every bug it offers in every format on the story model
+(kvlib.widgets.lesson25.run_bug): the logit differences step by step, the locator's report
+and the rows a step computes.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from kvlib import precision  # noqa: E402
 
 PROMPT = 16
 PADDING = 5
-SIZES = {"stories": (48, 96), "smollm2": (8, 64), "gpt2": (8, 64)}   # windows, tokens each
+SIZES = {"stories": (48, 96), "smollm2": (16, 64), "gpt2": (16, 64)}   # windows, tokens each
 
 
 def story_windows(n: int, length: int) -> list[list[int]]:
@@ -126,17 +131,39 @@ def measure(name: str) -> dict:
             "padding": PADDING, "rows": rows}
 
 
+def measure_zoo() -> dict:
+    from kvlib.exercises import lesson25
+    from kvlib.widgets import lesson25 as widgets25
+
+    story, tokenizer = lesson25.story_model()
+    prompt = lesson25.exercise_prompt()
+    runs = {}
+    for label in widgets25.zoo(tokenizer, prompt):
+        runs[label] = {}
+        for number_format in widgets25.TOLERANCES:
+            differences, found, rows = widgets25.run_bug(story, tokenizer, prompt, label,
+                                                         number_format)
+            runs[label][number_format] = {
+                "differences": [None if np.isnan(d) else float(d) for d in differences],
+                "report": None if found is None else str(found), "rows": rows}
+    return {"prompt": lesson25.PROMPT_TEXT, "runs": runs}
+
+
+MEASURES = {"stories": lambda: measure("stories"), "smollm2": lambda: measure("smollm2"),
+            "gpt2": lambda: measure("gpt2"), "zoo": measure_zoo}
+
+
 def main(argv: list[str]) -> None:
-    names = argv or ["stories", "smollm2"]
-    unknown = set(names) - set(WINDOWS)
+    names = argv or ["stories", "smollm2", "zoo"]
+    unknown = set(names) - set(MEASURES)
     if unknown:
-        raise SystemExit(f"unknown models {sorted(unknown)}; choose from {sorted(WINDOWS)}")
+        raise SystemExit(f"unknown parts {sorted(unknown)}; choose from {sorted(MEASURES)}")
     for name in names:
         started = time.monotonic()
-        result = measure(name)
+        result = MEASURES[name]()
         path = precision.MEASURED
         measured = json.loads(path.read_text()) if path.is_file() else {}
-        measured |= {"command": "python tools/measure_precision.py [models]", name: result}
+        measured |= {"command": "python tools/measure_precision.py [parts]", name: result}
         path.write_text(json.dumps(measured, indent=1) + "\n")
         print(f"{name}: {time.monotonic() - started:.0f} s in all", flush=True)
 

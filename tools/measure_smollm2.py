@@ -12,8 +12,11 @@ next-token loss in nats over those 1024 tokens (1023 predictions), computed by a
 (kvlib.forward) unless said otherwise.
 
 Parts:
-- pairing (notebook 18): the loss with the GGUF's interleaved pairing and with the wrong
-  (half) one, how often their top-1 tokens agree, and their largest logit difference;
+- pairing (notebooks 14 and 18): the loss with the GGUF's interleaved pairing and with the
+  wrong (half) one, how often their top-1 tokens agree, and their largest logit difference;
+  and both pairings' losses of the first FIRST_TOKENS - 1 predictions one by one, which a
+  notebook recomputes from those tokens alone (a causal model's first predictions never see
+  the tokens after them);
 - sinks (notebook 17): the mean attention every head puts on position 0, over query positions
   64-1023, against the even share 1/(t+1);
 - windows (notebook 17): the loss with a sliding window of 64 and 256, with 0 and 4 attention
@@ -60,6 +63,7 @@ from kvlib.serving import quantized, speculative  # noqa: E402
 
 N_TOKENS = 1024
 FIRST_QUERY = 64          # sinks: query positions from here on
+FIRST_TOKENS = 64        # pairing: the predictions kept one by one, for a notebook to recompute
 WINDOWS = (64, 256)
 SINKS = (0, 4)
 
@@ -78,10 +82,16 @@ def loss(params, ids) -> float:
 def run_pairing(params, ids) -> dict:
     right = kvlib.forward(params, ids)
     wrong = kvlib.forward(params.with_config(rope_pairing="half"), ids)
-    return {"loss": float(kvlib.next_token_losses(right, ids).mean()),
-            "wrong_pairing_loss": float(kvlib.next_token_losses(wrong, ids).mean()),
+    right_losses = kvlib.next_token_losses(right, ids)
+    wrong_losses = kvlib.next_token_losses(wrong, ids)
+    first = FIRST_TOKENS - 1
+    return {"loss": float(right_losses.mean()),
+            "wrong_pairing_loss": float(wrong_losses.mean()),
             "top1_agreement": float((right.argmax(1) == wrong.argmax(1)).mean()),
-            "largest_logit_difference": float(np.abs(right - wrong).max())}
+            "largest_logit_difference": float(np.abs(right - wrong).max()),
+            "first_tokens": FIRST_TOKENS,
+            "first_losses": right_losses[:first].round(5).tolist(),
+            "first_wrong_pairing_losses": wrong_losses[:first].round(5).tolist()}
 
 
 def layer_by_layer(params, ids, visit) -> None:

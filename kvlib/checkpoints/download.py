@@ -19,6 +19,16 @@ FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt")
 ENVIRONMENT_VARIABLE = "KVLIB_GPT2_DIR"
 
 
+def _directory(directory) -> Path:
+    """The folder given, or the default one for None."""
+    if directory is None:
+        return default_directory()
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a path (a str or a pathlib.Path) or None, got "
+                        f"{directory!r}")
+    return Path(directory)
+
+
 def default_directory() -> Path:
     """Where GPT-2's weights are kept: $KVLIB_GPT2_DIR, or ~/.cache/kvlib/gpt2."""
     configured = os.environ.get(ENVIRONMENT_VARIABLE)
@@ -29,7 +39,7 @@ def default_directory() -> Path:
 def find_weights(directory=None) -> Path | None:
     """The folder holding GPT-2 124M's config.json and model.safetensors, or None when they
     have not been downloaded (notebook 13 then says how to get them)."""
-    directory = default_directory() if directory is None else Path(directory)
+    directory = _directory(directory)
     complete = all((directory / name).is_file() for name in ("config.json", "model.safetensors"))
     return directory if complete else None
 
@@ -45,7 +55,7 @@ def download(directory=None) -> Path:
     except ImportError:
         raise ImportError("downloading GPT-2 needs the huggingface_hub package: "
                           "pip install huggingface_hub") from None
-    directory = default_directory() if directory is None else Path(directory)
+    directory = _directory(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for name in FILES:
         hf_hub_download(REPOSITORY, name, local_dir=directory)

@@ -27,14 +27,15 @@ causal mask as a buffer, not weights; they are skipped.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from ..config import ModelConfig
 from ..params import LayerParams, Params
+from .gguf import check_finite
 from .safetensors import (
+    _as_path,
     bfloat16_to_float32,
     float32_to_bfloat16,
     read_header,
@@ -59,9 +60,12 @@ def config_from_hub(hub_config: dict, dtype: str = "float32") -> ModelConfig:
     Refuses, naming the setting, what kvlib's GPT-2 does not compute: another activation
     than the tanh GeLU, unscaled or per-layer-scaled attention, untied embeddings.
     """
+    if not isinstance(hub_config, dict):
+        raise TypeError(f"hub_config must be the dict of a config.json, got "
+                        f"{type(hub_config).__name__}")
     if hub_config.get("model_type", "gpt2") != "gpt2":
-        raise ValueError(f"config.json describes a {hub_config['model_type']!r} model; "
-                         "kvlib.gpt2 reads GPT-2 checkpoints only")
+        raise ValueError(f"config.json describes a {hub_config['model_type']!r} model "
+                         "(model_type); kvlib.gpt2 reads GPT-2 checkpoints only")
     activation = hub_config.get("activation_function", "gelu_new")
     if activation not in _TANH_GELU:
         raise ValueError(f"activation_function is {activation!r}: kvlib computes GPT-2's "
@@ -72,6 +76,12 @@ def config_from_hub(hub_config: dict, dtype: str = "float32") -> ModelConfig:
         if hub_config.get(setting, expected) != expected:
             raise ValueError(f"config.json sets {setting} = {hub_config[setting]}; kvlib's "
                              f"GPT-2 computes {setting} = {expected} only")
+    for key in ("n_embd", "n_head", "n_layer", "vocab_size", "n_positions", "n_ctx", "n_inner"):
+        if key not in hub_config or (key == "n_inner" and hub_config[key] is None):
+            continue                                 # n_inner null: 4 x n_embd
+        value = hub_config[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"config.json's {key} must be a whole number >= 1, got {value!r}")
     try:
         d_model = hub_config["n_embd"]
         return ModelConfig(
@@ -134,19 +144,20 @@ def load(directory, dtype: str = "float32") -> Params:
     """kvlib params from a GPT-2 checkpoint folder (config.json + model.safetensors) (notebook 12).
 
     Tensors stored as F32 and loaded as float32 stay memory-mapped: nothing is copied, and
-    only the pages a computation reads come from disk (GPT-2 124M is 500 MB). F16 and BF16,
+    the file's pages stay file-backed (GPT-2 124M is 500 MB; the kernel can drop them and
+    read them again). Each tensor is read once here, to check that it holds no NaN or
+    infinity: a damaged file would otherwise show much later, as NaN logits. F16 and BF16,
     or a dtype other than the file's, are converted (a copy). Missing or misshapen tensors
-    are named in the error, with the shape expected and the shape found.
+    are named in the error, with the shape expected and the shape found; so is a
+    config.json that is not a JSON object.
     """
-    if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"directory must be a path (a str or a pathlib.Path), got {directory!r}")
-    directory = Path(directory)
+    directory = _as_path(directory, "directory")
     for needed in ("config.json", "model.safetensors"):
         if not (directory / needed).is_file():
             raise FileNotFoundError(f"{directory} has no {needed}: a GPT-2 checkpoint folder "
                                     "holds config.json and model.safetensors (kvlib.gpt2."
                                     "download() fetches GPT-2 124M)")
-    config = config_from_hub(json.loads((directory / "config.json").read_text()), dtype)
+    config = config_from_hub(read_config(directory / "config.json"), dtype)
     path = directory / "model.safetensors"
     header, _ = read_header(path)
     tensors = read_safetensors(path)
@@ -163,8 +174,25 @@ def load(directory, dtype: str = "float32") -> Params:
             raise ValueError(f"{path}: tensor {theirs!r} has shape {tensor.shape}, but "
                              f"config.json's sizes need {shapes[ours]}")
         arrays[ours] = _as_dtype(tensor, header[theirs]["dtype"], config.numpy_dtype)
+        check_finite(arrays[ours], theirs, str(path))
     _check_nothing_else(path, tensors, set(names.values()), prefix, arrays["embedding"])
     return _params(config, arrays)
+
+
+def read_config(path: Path) -> dict:
+    """A config.json as a dict; a ValueError naming the file when it is not a JSON object."""
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text: is it a config.json?") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not valid JSON: nested too deeply") from None
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} holds a JSON {type(config).__name__}, not a JSON object "
+                         "({\"n_embd\": ..., ...}): is it a config.json?")
+    return config
 
 
 def _check_nothing_else(path, tensors, used: set[str], prefix: str, embedding) -> None:
@@ -200,14 +228,18 @@ def save(params: Params, directory, *, prefix: str = "", stored_dtype: str = "F3
     prefix "" names tensors as the hub's GPT-2 file does, "transformer." as save_pretrained
     does. stored_dtype "F32", "F16" or "BF16".
     """
+    if not isinstance(params, Params):
+        raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
     config = params.config
     if (config.positions, config.norm, config.bias) != ("learned", "layer", True) or \
             config.n_kv_heads is not None:
         raise ValueError("only a GPT-2 architecture (learned positions, layer norms, biases, "
                          "as many K/V heads as heads) can be saved as a GPT-2 checkpoint")
-    if prefix not in ("", "transformer."):
+    if not isinstance(prefix, str) or prefix not in ("", "transformer."):
         raise ValueError(f"prefix must be '' or 'transformer.', got {prefix!r}")
-    directory = Path(directory)
+    if not isinstance(stored_dtype, str) or stored_dtype not in ("F32", "F16", "BF16"):
+        raise ValueError(f"stored_dtype must be 'F32', 'F16' or 'BF16', got {stored_dtype!r}")
+    directory = _as_path(directory, "directory")
     directory.mkdir(parents=True, exist_ok=True)
     arrays = dict(params.arrays())
     for i, layer in enumerate(params.layers):

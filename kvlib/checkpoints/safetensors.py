@@ -53,12 +53,28 @@ order (its Rust `Dtype` enum); the writer lays tensors out in this order, last f
 METADATA_KEY = "__metadata__"
 MAX_HEADER_BYTES = 100_000_000
 """The reference implementation refuses longer headers; so does read_header."""
+MAX_DIMENSIONS = 64
+"""numpy's limit on an array's dimensions."""
 
 _NAMES_OF_DTYPES = {dtype: name for name, dtype in DTYPES.items() if name != "BF16"}
 
 
 def _invalid(path, message: str) -> ValueError:
     return ValueError(f"{path} is not a valid safetensors file: {message}")
+
+
+def _as_path(path, what: str = "path") -> Path:
+    """A file's path (a str or a pathlib.Path, not empty)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a path (a str or a pathlib.Path), got {path!r}")
+    name = os.fspath(path)
+    if isinstance(name, bytes):
+        raise TypeError(f"{what} must be a path (a str or a pathlib.Path), got {path!r}")
+    if name == "":
+        raise ValueError(f"{what} is empty: give the name of a file")
+    if "\0" in name:
+        raise ValueError(f"{what} {name!r} holds a NUL character, which no file name has")
+    return Path(name)
 
 
 def read_header(path) -> tuple[dict, int]:
@@ -71,7 +87,9 @@ def read_header(path) -> tuple[dict, int]:
     tensor whose byte count is not dtype size x shape, and offsets that overlap, leave gaps or
     run past the end of the file.
     """
-    path = Path(path)
+    path = _as_path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder, not a safetensors file")
     file_size = path.stat().st_size
     if file_size < 8:
         raise _invalid(path, f"it has {file_size} bytes; a safetensors file starts with an "
@@ -95,7 +113,9 @@ def _parse_header(path, raw: bytes) -> dict:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys(path))
     except UnicodeDecodeError as error:
         raise _invalid(path, f"its header is not UTF-8 ({error})") from None
-    except json.JSONDecodeError as error:
+    except RecursionError:
+        raise _invalid(path, "its header's JSON is nested too deeply to read") from None
+    except ValueError as error:       # JSONDecodeError, or an integer of thousands of digits
         raise _invalid(path, f"its header is not valid JSON ({error})") from None
     if not isinstance(header, dict):
         raise _invalid(path, f"its header is a JSON {type(header).__name__}, not an object")
@@ -129,11 +149,17 @@ def _check_entry(path, name: str, entry) -> None:
         raise _invalid(path, f"{where} must be an object with dtype, shape and data_offsets, "
                             f"got {entry!r}")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise _invalid(path, f"{where} has dtype {dtype!r}, which kvlib does not read "
                             f"(it reads {', '.join(DTYPES)})")
     if not isinstance(shape, list) or not all(_is_count(size) for size in shape):
         raise _invalid(path, f"{where} has shape {shape!r}, not a list of sizes >= 0")
+    if len(shape) > MAX_DIMENSIONS:
+        raise _invalid(path, f"{where} has {len(shape)} dimensions; numpy arrays have at most "
+                            f"{MAX_DIMENSIONS}")
+    if math.prod(size for size in shape if size) * DTYPES[dtype].itemsize >= 2**63:
+        raise _invalid(path, f"{where} has shape {shape}, too large for any array (even "
+                            "with no elements, numpy refuses such sizes)")
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(_is_count(offset) for offset in offsets) or offsets[0] > offsets[1]):
         raise _invalid(path, f"{where} has data_offsets {offsets!r}, not [begin, end] with "
@@ -176,6 +202,8 @@ def read_safetensors(path, *, memory_map: bool = True) -> dict[str, np.ndarray]:
     BF16 tensors come back as uint16 bits (see bfloat16_to_float32); the file's
     "__metadata__" is in read_header(path)[0]. Raises ValueError as read_header does.
     """
+    if not isinstance(memory_map, (bool, np.bool_)):
+        raise TypeError(f"memory_map must be True or False, got {memory_map!r}")
     header, data_offset = read_header(path)
     buffer_size = os.path.getsize(path) - data_offset
     if buffer_size == 0:  # mmap refuses a region of 0 bytes; every tensor here is empty
@@ -211,10 +239,18 @@ def bfloat16_to_float32(bits) -> np.ndarray:
     23 mantissa bits. Shifting its 16 bits up and filling the rest with zeros gives that
     float32 exactly. Same shape in and out; the result is a new array.
     """
-    bits = np.asarray(bits)
+    bits = _array(bits, "bits")
     if bits.dtype != np.uint16:
         raise TypeError(f"bfloat16 bits must be a uint16 array, got dtype {bits.dtype}")
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _array(value, name: str) -> np.ndarray:
+    try:
+        return np.asarray(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an array, not nested lists of different lengths") \
+            from None
 
 
 def float32_to_bfloat16(values) -> np.ndarray:
@@ -224,7 +260,7 @@ def float32_to_bfloat16(values) -> np.ndarray:
     (quiet) NaN of the same sign. Same shape in and out. write_safetensors stores the result
     as BF16 when its name is in bfloat16=.
     """
-    values = np.asarray(values)
+    values = _array(values, "values")
     if values.dtype != np.float32:
         raise TypeError(f"expected a float32 array, got dtype {values.dtype}: convert it "
                         "first (.astype(np.float32)) to say that this rounding is intended")
@@ -239,6 +275,15 @@ def in_dtype(array: np.ndarray, stored: str, dtype) -> np.ndarray:
     """A tensor read by read_safetensors, as numbers of dtype (notebooks 12, 18): BF16 bits
     become float32 first; a view of the mapped file when nothing needs converting, a copy
     otherwise. stored is the header's dtype name ("F32", "F16", "BF16", ...)."""
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
+        raise TypeError(f"array must be a numpy array of numbers read from a file, got "
+                        f"{type(array).__name__}")
+    if not isinstance(stored, str) or stored not in DTYPES:
+        raise ValueError(f"stored must be a safetensors dtype name ({', '.join(DTYPES)}), got "
+                         f"{stored!r}")
+    if not isinstance(dtype, (str, type)) or dtype not in ("float32", "float64", np.float32,
+                                                           np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
     if stored == "BF16":
         array = bfloat16_to_float32(array)
     if array.dtype == np.dtype(dtype):
@@ -261,7 +306,12 @@ def write_safetensors(path, tensors: Mapping[str, np.ndarray], metadata=None, *,
     checked before the file is touched, and the file appears complete or not at all (it is
     written under a temporary name, then renamed).
     """
-    path = Path(path)
+    path = _as_path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: give the name of the file to write")
+    if not isinstance(bfloat16, (list, tuple, set, frozenset, dict)) or \
+            not all(isinstance(name, str) for name in bfloat16):
+        raise TypeError(f"bfloat16 must be a list of tensor names, got {bfloat16!r}")
     entries = _prepare_tensors(tensors, set(bfloat16))
     header = {}
     if metadata is not None:

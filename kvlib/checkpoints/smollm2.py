@@ -192,8 +192,8 @@ def _tokenizer(folder: Path) -> Tokenizer:
 
 
 def measured() -> dict:
-    """What tools/measure_smollm2.py measured on SmolLM2 (notebooks 17, 18, 22-24): a dict
-    with the 1024 token ids it used ("ids") and one entry a part ("pairing", "sinks",
+    """What tools/measure_smollm2.py measured on SmolLM2 (notebooks 14, 17, 18, 22-24): a
+    dict with the 1024 token ids it used ("ids") and one entry a part ("pairing", "sinks",
     "windows", "outliers", "kivi", "kivi_free", "speculative", "engine"); the tool's
     docstring says what each holds."""
     return json.loads(MEASURED.read_text(encoding="utf-8"))

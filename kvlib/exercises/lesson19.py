@@ -265,7 +265,8 @@ def check_forked_blocks(answer) -> Feedback:
     if value == expected:
         return Feedback(True, f"{expected} blocks: the {full} full prompt blocks shared, "
                         f"then {final - full} blocks of each sample's own (the prompt's "
-                        f"partly filled block, copied on write, and one new block), against "
+                        "partly filled block, which the first samples to write copy and the "
+                        "last holder keeps and writes in place, and one new block), against "
                         f"{separate} for three caches of their own.")
     if value == separate:
         return Feedback(False, f"{separate} is three caches of their own. The samples share "

@@ -35,10 +35,12 @@ from numbers import Integral, Real
 import numpy as np
 
 from ..cache import BaseKVCache
+from ..checks import count, numbers, real_number, whole_numbers
 from ..config import ModelConfig
 from ..flops import decode_step_multiply_adds
 from ..inference import check_ids
 from ..model import (
+    _require_layer,
     attention_mask,
     attention_scores,
     attention_weights,
@@ -53,11 +55,14 @@ from ..model import (
     unembed,
     weighted_sum,
 )
-from ..params import Params
+from ..params import LayerParams, Params
 from ..positions import add_positions, rotary_positions
 from ..roofline import cache_bytes, roofline_time, weights_bytes
 
 # ------------------------------------------------------------------------------ checks
+
+LARGEST_ID = 2**62
+"""Larger than any vocabulary: token ids above it do not fit numpy's int64 arithmetic."""
 
 
 def _config_differences(a: ModelConfig, b: ModelConfig) -> str:
@@ -128,7 +133,22 @@ def check_batch(params: Params, token_ids, caches) -> np.ndarray:
 
 def batch_positions(caches) -> np.ndarray:
     """The position of each sequence's new token (notebook 21): len(cache) each, (B,)."""
-    return np.array([len(cache) for cache in caches], dtype=np.intp)
+    return np.array([len(cache) for cache in _check_caches(caches)], dtype=np.intp)
+
+
+def _check_caches(caches) -> list:
+    """A non-empty list of kvlib caches, one per sequence."""
+    if not isinstance(caches, (list, tuple)) or not caches or \
+            not all(isinstance(cache, BaseKVCache) for cache in caches):
+        raise TypeError(f"caches must be a non-empty list of kvlib caches, one per sequence, "
+                        f"got {caches!r:.80}")
+    return list(caches)
+
+
+def _check_config(config) -> ModelConfig:
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a kvlib ModelConfig, got {type(config).__name__}")
+    return config
 
 
 def embed_batch(params: Params, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -137,6 +157,8 @@ def embed_batch(params: Params, token_ids: np.ndarray, positions: np.ndarray) ->
     A lookup per row, as for a prompt; with learned positions (GPT-2) each row gets its own
     sequence's position, not its row number in the batch.
     """
+    if not isinstance(params, Params):
+        raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
     X = embed(token_ids, params.embedding)
     if params.config.positions == "learned":
         X = add_positions(X, params.position_table, positions)
@@ -146,6 +168,12 @@ def embed_batch(params: Params, token_ids: np.ndarray, positions: np.ndarray) ->
 def sequence_masks(config: ModelConfig, caches, positions: np.ndarray) -> list:
     """Which cached positions each new query may see (notebook 21): for sequence b a bool
     (1, S_b), or None when it sees them all (no window). Read before any layer appends."""
+    _check_config(config)
+    caches = _check_caches(caches)
+    positions = whole_numbers("positions", positions)
+    if len(positions) != len(caches):
+        raise ValueError(f"{len(positions)} positions for {len(caches)} caches: give one per "
+                         "sequence")
     masks = []
     for cache, position in zip(caches, positions):
         mask = attention_mask([position], cache.key_positions(1), config.window,
@@ -161,12 +189,36 @@ def attend_per_sequence(queries: np.ndarray, keys: list, values: list, masks: li
     queries (B, d); keys[b] and values[b] (S_b, kv_width); masks[b] (1, S_b) or None
     -> the merged heads (B, d). Row b is kvlib.decode_step's attention for sequence b alone.
     """
+    _check_attend_arguments(queries, keys, values, masks, config)
     rows = []
     for b, (K, V, mask) in enumerate(zip(keys, values, masks)):
         q = split_heads(queries[b:b + 1], config.n_heads)              # (h, 1, dh)
         weights = attention_weights(q, split_heads(K, config.kv_heads), mask)
         rows.append(merge_heads(weighted_sum(weights, split_heads(V, config.kv_heads))))
     return np.vstack(rows)
+
+
+def _check_attend_arguments(queries, keys, values, masks, config) -> None:
+    """queries (B, d); B keys and B values (S_b, kv_width) each; B masks, each None or bool
+    (1, S_b): what both ways of attending need."""
+    config = _check_config(config)
+    queries = numbers("queries", queries, 2)
+    if queries.shape[1] != config.d_model:
+        raise ValueError(f"queries must be (B, {config.d_model}), got {queries.shape}")
+    B = len(queries)
+    for name, rows in (("keys", keys), ("values", values), ("masks", masks)):
+        if not isinstance(rows, (list, tuple)) or len(rows) != B:
+            raise ValueError(f"{name} must be a list of {B} entries, one per query row, got "
+                             f"{rows!r:.80}")
+    for b, (K, V, mask) in enumerate(zip(keys, values, masks)):
+        K, V = numbers(f"keys[{b}]", K, 2), numbers(f"values[{b}]", V, 2)
+        if K.shape != V.shape or K.shape[1] != config.kv_width or len(K) == 0:
+            raise ValueError(f"keys[{b}] and values[{b}] must both be (S, {config.kv_width}) "
+                             f"with S >= 1, got {K.shape} and {V.shape}")
+        if mask is not None and (not isinstance(mask, np.ndarray) or mask.dtype != bool
+                                 or mask.shape != (1, len(K))):
+            raise ValueError(f"masks[{b}] must be None or a bool array (1, {len(K)}), got "
+                             f"{mask!r:.80}")
 
 
 def padding_mask(lengths) -> np.ndarray:
@@ -177,18 +229,30 @@ def padding_mask(lengths) -> np.ndarray:
     sequence's newest position sits in the same, last column; the first S_max - S_b columns
     of row b are padding, and no query may attend to them.
     """
-    lengths = np.asarray(lengths)
-    if lengths.ndim != 1 or lengths.size == 0 or lengths.dtype.kind not in "iu" \
-            or lengths.min() < 1:
-        raise ValueError(f"lengths must be a flat, non-empty list of whole numbers >= 1, got "
-                         f"{lengths.tolist()!r}")
-    longest = int(lengths.max())
+    try:
+        lengths = whole_numbers("lengths", lengths, minimum=1)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"lengths must be a flat, non-empty list of whole numbers >= 1: "
+                         f"{error}") from None
+    if lengths.size == 0:
+        raise ValueError("lengths must be a flat, non-empty list of whole numbers >= 1, got []")
+    longest = count("the longest length", int(lengths.max()), 1)
     return np.arange(longest)[None, :] >= (longest - lengths)[:, None]
 
 
 def pad_left(rows: list, width: int) -> np.ndarray:
     """Sequences of rows (S_b, n) each, copied into one zero-filled array (B, width, n),
     every sequence in its last S_b rows (notebook 21)."""
+    if not isinstance(rows, (list, tuple)) or not rows:
+        raise TypeError(f"rows must be a non-empty list of arrays (S_b, n), got {rows!r:.80}")
+    rows = [numbers(f"rows[{b}]", block, 2) for b, block in enumerate(rows)]
+    if len({block.shape[1] for block in rows}) > 1:
+        raise ValueError(f"rows must all have one number of columns, got shapes "
+                         f"{[block.shape for block in rows]}")
+    width = count("width", width)
+    if width < max(len(block) for block in rows):
+        raise ValueError(f"width {width} is shorter than the longest sequence, "
+                         f"{max(len(block) for block in rows)} rows")
     padded = np.zeros((len(rows), width, rows[0].shape[1]), dtype=rows[0].dtype)
     for b, block in enumerate(rows):
         padded[b, width - len(block):] = block
@@ -207,6 +271,7 @@ def attend_padded(queries: np.ndarray, keys: list, values: list, masks: list,
     kvlib.attention_scores' grouping of query heads for GQA: query head i of sequence b
     meets K/V head b x kv + i // (h / kv), its own sequence's.
     """
+    _check_attend_arguments(queries, keys, values, masks, config)
     B, h, kv, dh = len(keys), config.n_heads, config.kv_heads, config.head_dim
     lengths = [len(K) for K in keys]
     longest = max(lengths)
@@ -234,14 +299,35 @@ def batched_decoder_block(X: np.ndarray, layer, config: ModelConfig, caches, lay
     lets each query see its own sequence only. With rotary positions each row is turned to
     its own sequence's position.
     """
+    _check_config(config)
+    _require_layer(layer, LayerParams)
+    caches = _check_caches(caches)
+    if numbers("X", X, 2).shape[0] != len(caches) or not isinstance(masks, (list, tuple)) \
+            or len(masks) != len(caches):
+        raise ValueError(f"X, caches and masks must have one entry per sequence: got "
+                         f"{np.shape(X)[0]} rows, {len(caches)} caches and masks {masks!r:.60}")
+    for b, mask in enumerate(masks):                     # before any cache changes
+        if mask is not None and (not isinstance(mask, np.ndarray) or mask.dtype != bool
+                                 or mask.ndim != 2 or len(mask) != 1):
+            raise ValueError(f"masks[{b}] must be None or a bool array (1, S), got "
+                             f"{mask!r:.80}")
+    if not callable(attend):
+        raise TypeError("attend must be attend_per_sequence, attend_padded or a function "
+                        "like them")
     eps = config.norm_epsilon
     Q, K, V = project_qkv(normalize(X, layer.ln_1_gain, layer.ln_1_bias, eps), layer)
     if rotary is not None:
         Q, K = rotary.rotate(Q), rotary.rotate(K)
-    attended = [cache.append(layer_index, K[b:b + 1], V[b:b + 1])
-                for b, cache in enumerate(caches)]
-    heads = attend(Q, [keys for keys, _ in attended], [vals for _, vals in attended], masks,
-                   config)
+    saved = [cache.checkpoint() for cache in caches]
+    try:
+        attended = [cache.append(layer_index, K[b:b + 1], V[b:b + 1])
+                    for b, cache in enumerate(caches)]
+        heads = attend(Q, [keys for keys, _ in attended], [vals for _, vals in attended],
+                       masks, config)
+    except BaseException:         # a mask of the wrong width, say: every cache as it was
+        for cache, state in zip(caches, saved):
+            cache.restore(state)
+        raise
     H = X + output_projection(heads, layer.Wo, layer.bo)
     return H + mlp(normalize(H, layer.ln_2_gain, layer.ln_2_bias, eps), layer)
 
@@ -301,14 +387,15 @@ def left_pad(prompts, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) \
             or not prompts:
         raise ValueError("prompts must be a non-empty list of prompts, each a list of ids")
-    if isinstance(pad_id, bool) or not isinstance(pad_id, Integral) or pad_id < 0:
+    if isinstance(pad_id, bool) or not isinstance(pad_id, Integral) or \
+            not 0 <= pad_id <= LARGEST_ID:
         raise ValueError(f"pad_id must be a token id (a whole number >= 0), got {pad_id!r}")
     rows = []
     for index, prompt in enumerate(prompts):
         if isinstance(prompt, (str, bytes)):
             raise TypeError(f"prompt {index} is text: encode it into ids first")
-        row = np.asarray(prompt)
-        if row.ndim != 1 or row.size == 0 or row.dtype.kind not in "iu":
+        row = whole_numbers(f"prompt {index}", prompt)
+        if row.size == 0 or row.max() > LARGEST_ID:
             raise ValueError(f"prompt {index} must be a non-empty flat list of token ids, got "
                              f"{prompt!r}")
         rows.append(row)
@@ -328,9 +415,7 @@ def padded_prompt_mask(real: np.ndarray) -> np.ndarray:
     is 0 / 0; it is let see itself instead, and its output is never read (transformers
     un-masks such rows for the same reason).
     """
-    real = np.asarray(real, dtype=bool)
-    if real.ndim != 2 or real.size == 0:
-        raise ValueError(f"real must be a (B, T) array of True/False, got shape {real.shape}")
+    real = _check_real(real)
     T = real.shape[1]
     allowed = np.tri(T, dtype=bool)[None] & real[:, None, :]
     return allowed | (np.eye(T, dtype=bool)[None] & ~real[:, :, None])
@@ -340,27 +425,37 @@ def padded_prompt_positions(real: np.ndarray) -> np.ndarray:
     """The position of every column of a left-padded prompt batch (notebook 21): real
     (B, T) -> (B, T) ints, each prompt counting from 0 at its first real token (padding
     gets 0). transformers computes position_ids the same way, from the attention mask."""
-    real = np.asarray(real, dtype=bool)
+    real = _check_real(real)
     return np.maximum(np.cumsum(real, axis=1) - 1, 0)
+
+
+def _check_real(real) -> np.ndarray:
+    """A (B, T) array of True/False (left_pad's second result)."""
+    try:
+        array = np.asarray(real)
+    except ValueError:
+        raise ValueError("real must be a (B, T) array of True/False, not rows of different "
+                         "lengths") from None
+    if array.dtype != bool or array.ndim != 2 or array.size == 0:
+        raise ValueError(f"real must be a (B, T) array of True/False (left_pad gives it), got "
+                         f"{array.dtype} of shape {array.shape}")
+    return array
 
 
 # ------------------------------------------------------------------------ the roofline of a batch
 
 
 def _positions(positions) -> list[int]:
-    values = np.asarray(positions)
-    if values.ndim == 0:
-        values = values.reshape(1)
-    if values.ndim != 1 or values.size == 0 or values.dtype.kind not in "iu" \
-            or values.min() < 0:
+    values = whole_numbers("positions", positions)
+    if values.size == 0:
         raise ValueError(f"positions must be a non-empty list of whole numbers >= 0 (the "
                          f"position of each sequence's new token), got {positions!r}")
-    return [int(p) for p in values]
+    return [count("a position", int(p)) for p in values]
 
 
 def _check_number_size(bytes_per_number) -> None:
     if bytes_per_number is not None and (isinstance(bytes_per_number, bool) or not isinstance(
-            bytes_per_number, Integral) or bytes_per_number < 1):
+            bytes_per_number, Integral) or not 1 <= bytes_per_number <= 64):
         raise ValueError(f"bytes_per_number must be a whole number >= 1 (2 for BF16) or None "
                          f"for the model's own dtype, got {bytes_per_number!r}")
 
@@ -394,10 +489,9 @@ def batched_step_seconds(config: ModelConfig, positions, compute_rate: float,
 
 
 def _check_rate(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) \
-            or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, Real):
         raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
+    return real_number(name, value, positive=True)
 
 
 def ridge_point(compute_rate: float, bandwidth: float) -> float:
@@ -419,6 +513,7 @@ def compute_bound_batch_size(config: ModelConfig, position: int, compute_rate: f
     """
     compute_rate = _check_rate("compute_rate", compute_rate)
     bandwidth = _check_rate("bandwidth", bandwidth)
+    _check_number_size(bytes_per_number)
     [position] = _positions([position])
     flops_each = batched_step_flops(config, [position])
     weights = _weights_bytes(config, bytes_per_number)

@@ -10,13 +10,17 @@ last of them lets it go.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from numbers import Integral
 
 import numpy as np
 
-from ..checks import whole_number
+from ..checks import count
 from ..config import ModelConfig
+
+MAX_POOL_BYTES = 2**40
+"""The largest pool kvlib allocates (1 TiB of K and V): a larger one is a typing slip."""
 
 
 class BlockAllocator:
@@ -35,13 +39,21 @@ class BlockAllocator:
             raise ValueError("kvlib's paged cache holds K and V: use a config without a "
                              "latent or a window")
         self.config = config
-        self.n_blocks = whole_number("n_blocks", n_blocks, 1)
-        self.block_size = whole_number("block_size", block_size, 1)
+        self.n_blocks = count("n_blocks", n_blocks, 1)
+        self.block_size = count("block_size", block_size, 1)
         self.width = config.kv_width
         shape = (config.n_layers, self.n_blocks, self.block_size, self.width)
+        pool_bytes = 2 * math.prod(shape) * config.numpy_dtype.itemsize
+        if pool_bytes > MAX_POOL_BYTES:
+            raise ValueError(f"a pool of {self.n_blocks:,} blocks of {self.block_size:,} "
+                             f"positions takes {pool_bytes:,} bytes of K and V, more than the "
+                             f"{MAX_POOL_BYTES:,} kvlib allows: give fewer or smaller blocks")
         self.keys = np.zeros(shape, dtype=config.numpy_dtype)
         self.values = np.zeros(shape, dtype=config.numpy_dtype)
         self.ref_counts = np.zeros(self.n_blocks, dtype=np.int64)
+        # how many times each block was taken from the free list: a cache notes it when it
+        # takes a block, so that it can tell its block from the same block taken again later
+        self.generations = np.zeros(self.n_blocks, dtype=np.int64)
         self._free = deque(range(self.n_blocks))
 
     def __repr__(self) -> str:
@@ -73,6 +85,7 @@ class BlockAllocator:
                               "would now wait, or preempt a sequence and recompute it later")
         block = self._free.popleft()
         self.ref_counts[block] = 1
+        self.generations[block] += 1
         return block
 
     def share(self, block: int) -> int:

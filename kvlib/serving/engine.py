@@ -73,7 +73,7 @@ class SamplingParams:
                              f"{self.temperature!r}")
         if self.seed is not None:
             whole_number("seed", self.seed, 0)
-        if isinstance(self.stop_token_ids, (str, bytes)) or not all(
+        if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
                 isinstance(t, Integral) and not isinstance(t, bool) and t >= 0
                 for t in self.stop_token_ids):
             raise TypeError(f"stop_token_ids must be token ids, got {self.stop_token_ids!r}")
@@ -180,6 +180,9 @@ class Engine:
     def add_request(self, prompt_ids, sampling_params: SamplingParams | None = None) -> int:
         """Queue a request -> its id. Refused in words if it could never run: ids outside the
         vocabulary, more positions than the context, more blocks than the whole pool."""
+        return self._queue(*self._checked_request(prompt_ids, sampling_params))
+
+    def _checked_request(self, prompt_ids, sampling_params) -> tuple[list[int], SamplingParams]:
         prompt = [int(i) for i in check_ids(prompt_ids, self.params)]
         sampling = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(sampling, SamplingParams):
@@ -200,6 +203,9 @@ class Engine:
             raise ValueError(f"this request needs {needed} blocks of {self.block_size} "
                              f"positions, and the pool has {self.allocator.n_blocks} in all: "
                              "it could never finish")
+        return prompt, sampling
+
+    def _queue(self, prompt: list[int], sampling: SamplingParams) -> int:
         request = Request(self._next_id, prompt, sampling, self.step_count)
         self._next_id += 1
         self.requests[request.request_id] = request
@@ -216,11 +222,15 @@ class Engine:
             raise TypeError("prompts must be a list of prompts, each a list of token ids")
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
+        if not isinstance(sampling_params, (list, tuple)):
+            raise TypeError(f"sampling_params must be a SamplingParams, a list of one a "
+                            f"prompt, or None; got {type(sampling_params).__name__}")
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} "
                              "SamplingParams")
-        ids = [self.add_request(prompt, sampling)
-               for prompt, sampling in zip(prompts, sampling_params)]
+        checked = [self._checked_request(prompt, sampling)     # all, before queueing any
+                   for prompt, sampling in zip(prompts, sampling_params)]
+        ids = [self._queue(prompt, sampling) for prompt, sampling in checked]
         while self.has_unfinished_requests():
             self.step()
         return [self.requests[i].output for i in ids]
@@ -440,6 +450,13 @@ def summarize(engine: Engine, request_ids) -> dict[str, float]:
     """The service a workload got (notebook 24), as medians over its requests: time to first
     token (TTFT) and time per output token after it (TPOT), in steps and in this machine's
     seconds, and throughput: output tokens per step and per second, over the whole run."""
+    if not isinstance(engine, Engine):
+        raise TypeError(f"engine must be a kvlib Engine, got {type(engine).__name__}")
+    if isinstance(request_ids, (str, bytes)) or not isinstance(request_ids, (list, tuple)) \
+            or not request_ids or any(isinstance(i, bool) or i not in engine.requests
+                                      for i in request_ids):
+        raise ValueError(f"request_ids must be a non-empty list of this engine's request ids "
+                         f"(0 to {len(engine.requests) - 1}), got {request_ids!r:.60}")
     requests = [engine.requests[i] for i in request_ids]
     if any(r.status != "finished" for r in requests):
         raise ValueError("summarize needs finished requests: run the engine to the end first")

@@ -24,7 +24,7 @@ from numbers import Integral
 
 import numpy as np
 
-from ..checks import whole_number
+from ..checks import count, whole_number
 
 # ------------------------------------------------------------------ requests
 
@@ -58,8 +58,8 @@ def request_mix(n_requests: int, max_length: int, seed: int = 0, mean_gap: float
     long ones occur, as in chat traffic; every request fits in max_length positions. Arrival
     steps grow by geometric gaps of mean mean_gap (0, the default: all arrive at step 0).
     """
-    n_requests = whole_number("n_requests", n_requests, 1)
-    max_length = whole_number("max_length", max_length, 2)
+    n_requests = count("n_requests", n_requests, 1)
+    max_length = count("max_length", max_length, 2)
     half = max_length // 2
     shortest = max(1, max_length // 64) if shortest is None else shortest
     shortest = whole_number("shortest", shortest, 1)
@@ -68,6 +68,7 @@ def request_mix(n_requests: int, max_length: int, seed: int = 0, mean_gap: float
     if isinstance(mean_gap, bool) or not isinstance(mean_gap, (Integral, float)) or \
             not 0 <= mean_gap < 1e6:
         raise ValueError(f"mean_gap must be a number of steps >= 0, got {mean_gap!r}")
+    mean_gap = float(mean_gap)                  # numpy's small ints overflow 1 + mean_gap
     rng = np.random.default_rng(whole_number("seed", seed, 0))
 
     def lengths():
@@ -95,7 +96,7 @@ def blocks_for(n_tokens: int, block_size: int) -> int:
 
 def slack(n_tokens: int, block_size: int) -> int:
     """Empty positions in the sequence's last block: always fewer than block_size."""
-    return blocks_for(n_tokens, block_size) * block_size - n_tokens
+    return blocks_for(n_tokens, block_size) * int(block_size) - int(n_tokens)
 
 
 # ------------------------------------------------------------------ a batch of sequences
@@ -149,7 +150,8 @@ class PagedMemory:
 
 
 def _lengths(lengths) -> list[int]:
-    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__") or \
+            (isinstance(lengths, np.ndarray) and lengths.ndim != 1):
         raise TypeError(f"lengths must be a list of sequence lengths (or Requests), got "
                         f"{type(lengths).__name__}")
     values = [item.length if isinstance(item, Request) else item for item in lengths]
@@ -183,7 +185,8 @@ def paged_memory(lengths, block_size: int, max_length: int,
 def memory_table(lengths, block_sizes, max_length: int,
                  bytes_per_position: int = 1) -> list[PagedMemory]:
     """paged_memory at each block size, in the order given (notebook 19)."""
-    if isinstance(block_sizes, (str, bytes)) or not hasattr(block_sizes, "__iter__"):
+    if isinstance(block_sizes, (str, bytes)) or not hasattr(block_sizes, "__iter__") or \
+            (isinstance(block_sizes, np.ndarray) and block_sizes.ndim != 1):
         raise TypeError(f"block_sizes must be a list of whole numbers, got "
                         f"{type(block_sizes).__name__}")
     block_sizes = list(block_sizes)
@@ -238,7 +241,7 @@ class ContiguousArena:
     FREE = -1
 
     def __init__(self, n_positions: int):
-        n_positions = whole_number("n_positions", n_positions, 1)
+        n_positions = count("n_positions", n_positions, 1)
         self.owners = np.full(n_positions, self.FREE, dtype=np.int64)
 
     def __repr__(self) -> str:
@@ -262,7 +265,7 @@ class ContiguousArena:
     def reserve(self, owner: int, n_positions: int) -> int:
         """Reserve n_positions contiguous positions for owner at the first hole that fits;
         return where they start. MemoryError when no hole is large enough."""
-        owner = whole_number("owner", owner, 0)
+        owner = count("owner", owner)
         n_positions = whole_number("n_positions", n_positions, 1)
         if (self.owners == owner).any():
             raise ValueError(f"request {owner} already holds a reservation")
@@ -276,7 +279,7 @@ class ContiguousArena:
 
     def release(self, owner: int) -> None:
         """Free the positions of owner's reservation."""
-        owner = whole_number("owner", owner, 0)
+        owner = count("owner", owner)
         held = self.owners == owner
         if not held.any():
             raise ValueError(f"request {owner} holds no reservation")

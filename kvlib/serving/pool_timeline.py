@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 
+from ..checks import count, real_number, whole_number
 from ..inference import choose_next_token, decode_step, prefill
 from ..params import Params
 from .blocks import BlockAllocator
@@ -33,6 +34,7 @@ NAMES = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 def request_name(index: int) -> str:
     """A, B, ..., Z, then A1, B1, ...: short enough to write inside a drawn block."""
+    index = whole_number("index", index, 0)
     letter, lap = NAMES[index % len(NAMES)], index // len(NAMES)
     return letter if lap == 0 else f"{letter}{lap}"
 
@@ -93,7 +95,7 @@ class PoolTimeline:
                  seed: int = 0, temperature: float = 1.0):
         if not isinstance(params, Params):
             raise TypeError(f"PoolTimeline needs kvlib Params, got {type(params).__name__}")
-        if isinstance(requests, (str, bytes)) or not hasattr(requests, "__iter__"):
+        if not isinstance(requests, (list, tuple)):
             raise TypeError("requests must be a list of kvlib.serving.Request")
         requests = list(requests)
         if not requests or not all(isinstance(r, Request) for r in requests):
@@ -102,7 +104,9 @@ class PoolTimeline:
             raise TypeError(f"seed must be a whole number >= 0, got {seed!r}")
         self.params, self.config = params, params.config
         self.allocator = BlockAllocator(self.config, n_blocks, block_size)
-        self.temperature = float(temperature)
+        if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, Real):
+            raise TypeError(f"temperature must be a number (0 for greedy), got {temperature!r}")
+        self.temperature = real_number("temperature", temperature, minimum=0)
         choose_next_token(np.zeros(2), self.temperature)      # refuses a bad temperature now
         context = self.config.context_length
         for index, request in enumerate(requests):
@@ -144,7 +148,22 @@ class PoolTimeline:
     def all_done(self) -> bool:
         return not (self._arrivals or self.waiting or self.running)
 
+    @property
+    def n_forks(self) -> int:
+        """Sequences made by fork() so far: running and finished count them beside the
+        requests' own sequences."""
+        return self._fork_count
+
+    @property
+    def requests_done(self) -> int:
+        """Requests none of whose sequences (its own, its forks) still runs or waits."""
+        busy = {seq.request for seq in self.running} | {seq.request for seq in self.waiting}
+        return len({seq.request for seq in self.finished} - busy)
+
     def sequence(self, name: str) -> Sequence:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a running sequence's name (a string such as 'A'), "
+                            f"got {name!r}")
         for seq in self.running:
             if seq.name == name:
                 return seq
@@ -194,7 +213,7 @@ class PoolTimeline:
 
     def run(self, max_steps: int = 10_000) -> list[Snapshot]:
         """step() until every request is done (at most max_steps steps); the history."""
-        for _ in range(max_steps):
+        for _ in range(count("max_steps", max_steps)):
             if self.all_done:
                 break
             self.step()

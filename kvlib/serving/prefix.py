@@ -16,6 +16,12 @@ its block pool (notebook 19) after a request ends and hand them to the next one:
 - a lookup follows the keys of a new request's blocks from the first one and stops at the
   first miss: the longest cached prefix, in whole blocks. It stops one token short of the
   end, because the last token must run through the model to give the logits;
+- a block is cached as soon as it is full, while its request still runs: the prompt's full
+  blocks right after its prefill, a generated block when its last row is written (vLLM's
+  cache_blocks in allocate_slots, SGLang's cache_unfinished_req after a prefill), so that a
+  second request with the same beginning, admitted while the first one runs, reuses them.
+  If two requests computed the same block, the one cached first is the cached copy; the
+  other stays private to its request and is freed with it;
 - the prefix cache holds one reference to each block it keeps and every running request one
   more for each block in its table (BlockAllocator's reference counts), so a block is free
   only when nobody holds it;
@@ -53,6 +59,9 @@ def _token_ids(tokens, what: str = "tokens") -> list[int]:
     """A flat sequence of whole numbers (token ids) -> list of ints; clear errors otherwise."""
     if isinstance(tokens, (str, bytes)):
         raise TypeError(f"{what} must be token ids (whole numbers), got the text {tokens!r}")
+    if isinstance(tokens, (dict, set, frozenset)):
+        raise TypeError(f"{what} must be a sequence of token ids in order, got "
+                        f"{type(tokens).__name__}")
     try:
         items = list(tokens)
     except TypeError:
@@ -67,6 +76,21 @@ def _token_ids(tokens, what: str = "tokens") -> list[int]:
             raise ValueError(f"{what} holds a token id with {len(str(int(item)))} digits: no "
                              "vocabulary is that large")
     return [int(item) for item in items]
+
+
+def _check_token_ids(ids: list[int], cache: PagedKVCache) -> None:
+    """Refuse ids that are not the tokens the cache's K and V were computed from: cached
+    under them, its blocks would hand another request K and V of other tokens."""
+    if cache.token_ids is None or len(cache.token_ids) != len(cache):
+        raise ValueError("this cache does not record which tokens it holds (it was filled by "
+                         "hand, not by a PrefixServer): set cache.token_ids to the ids it was "
+                         "prefilled with before inserting it")
+    if ids != list(cache.token_ids):
+        first = next(i for i, (a, b) in enumerate(zip(ids, cache.token_ids)) if a != b)
+        raise ValueError(f"ids are not the tokens this cache holds: position {first} holds "
+                         f"token {cache.token_ids[first]}, ids say {ids[first]}. Cached under "
+                         "the wrong ids, its blocks would give later requests K and V of other "
+                         "tokens")
 
 
 def block_key(parent_key: bytes, tokens) -> bytes:
@@ -92,6 +116,7 @@ def block_keys(ids, block_size: int) -> list[bytes]:
     ids = _token_ids(ids, "ids")
     if isinstance(block_size, bool) or not isinstance(block_size, Integral) or block_size < 1:
         raise ValueError(f"block_size must be a whole number >= 1, got {block_size!r}")
+    block_size = int(block_size)                # numpy's small ints overflow the range
     keys, parent = [], ROOT_KEY
     for start in range(0, len(ids) - block_size + 1, block_size):
         parent = block_key(parent, ids[start:start + block_size])
@@ -132,9 +157,11 @@ class PrefixCache:
 
     match(ids) finds the longest cached prefix of a request in whole blocks, reusable(ids)
     the part of it a request may reuse (all but its last token), attach(blocks) starts a
-    PagedKVCache on those blocks, insert(ids, cache) keeps a sequence's full blocks, and
-    make_room(n) evicts least recently used blocks that no running request holds until n
-    blocks are free. The cache itself holds one reference to every block it keeps.
+    PagedKVCache on those blocks, cache_full_blocks(ids, cache) keeps a running sequence's
+    full blocks as they fill, insert(ids, cache) does the same when a sequence ends and marks
+    its blocks as used, and make_room(n) evicts least recently used blocks that no running
+    request holds until n blocks are free. The cache itself holds one reference to every
+    block it keeps.
     """
 
     def __init__(self, allocator: BlockAllocator):
@@ -146,6 +173,9 @@ class PrefixCache:
         self.n_evicted = 0
         self._entries: dict[bytes, CachedBlock] = {}
         self._key_of_block: dict[int, bytes] = {}
+        # block -> its allocator.generations when cached: a block released behind the
+        # cache's back and taken by another sequence holds other tokens' K and V
+        self._generation_of_block: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -167,7 +197,9 @@ class PrefixCache:
 
     def entry(self, block: int) -> CachedBlock | None:
         """The cached block held in pool block `block`, or None if it holds no cached one."""
-        key = self._key_of_block.get(block)
+        if isinstance(block, (bool, np.bool_)) or not isinstance(block, Integral):
+            raise TypeError(f"block must be a block id (a whole number), got {block!r}")
+        key = self._key_of_block.get(int(block))
         return None if key is None else self._entries[key]
 
     def is_held(self, entry: CachedBlock) -> bool:
@@ -201,37 +233,82 @@ class PrefixCache:
         """A new sequence that starts with these cached blocks: its block table lists them,
         with one more reference each, and it holds their len(entries) x block_size positions;
         kvlib.prefill continues it with the rest of the request."""
-        entries = list(entries)
+        entries = self._entry_list(entries)
         parent = ROOT_KEY
         for depth, entry in enumerate(entries):
             if not isinstance(entry, CachedBlock) or self._entries.get(entry.key) is not entry:
                 raise ValueError(f"entry {depth} is not a block of this prefix cache (evicted "
                                  "since it was looked up?): look the request up again")
+            if not self._still_ours(entry.block):
+                raise ValueError(f"cached block {entry.block} was released and taken again "
+                                 "behind the prefix cache's back (by hand?): it may hold other "
+                                 "tokens' K and V now. Make a new PrefixCache")
             if entry.depth != depth or entry.parent != parent:
                 raise ValueError("the blocks must be a cached prefix, from the first block on, "
                                  "as match() returns them")
             parent = entry.key
-        return PagedKVCache.on_blocks(self.allocator, [entry.block for entry in entries],
-                                      len(entries) * self.block_size)
+        cache = PagedKVCache.on_blocks(self.allocator, [entry.block for entry in entries],
+                                       len(entries) * self.block_size)
+        cache.token_ids = [token for entry in entries for token in entry.tokens]
+        return cache
+
+    def _entry_list(self, entries) -> list[CachedBlock]:
+        if not isinstance(entries, (list, tuple)):
+            raise TypeError(f"entries must be a list of cached blocks (match() returns one), "
+                            f"got {type(entries).__name__}")
+        return list(entries)
+
+    def _still_ours(self, block: int) -> bool:
+        """The pool block still holds what was cached: in use, not released and taken again."""
+        return bool(self.allocator.ref_counts[block] > 0) and \
+            self.allocator.generations[block] == self._generation_of_block.get(block)
 
     def record_hits(self, entries) -> None:
         """A request reused these blocks: one more hit each, and used now (one clock tick)."""
+        entries = self._entry_list(entries)
+        for entry in entries:
+            if not isinstance(entry, CachedBlock) or self._entries.get(entry.key) is not entry:
+                raise ValueError(f"{entry!r:.60} is not a block of this prefix cache (evicted "
+                                 "since it was looked up?)")
         self.clock += 1
         for entry in entries:
             entry.hits += 1
             entry.last_used = self.clock
 
-    def insert(self, ids, cache: PagedKVCache) -> list[CachedBlock]:
-        """Keep the full blocks of a sequence (a finished request), and return the newly
-        cached ones.
+    def cache_full_blocks(self, ids, cache: PagedKVCache) -> list[CachedBlock]:
+        """Cache the full blocks of a running sequence that are not cached yet (notebook 20),
+        at the current tick, and return them: call it after a prefill and whenever a decode
+        step fills a block, as vLLM and SGLang do, so that a request admitted while this one
+        still runs can reuse them.
 
-        ids are the tokens whose K and V the cache holds, len(ids) == len(cache). A block
-        already cached (reused by this request, or the same prefix computed by another) is
-        only marked as used; any other full block gets one more reference, the prefix
-        cache's, so that it stays in the pool when the request frees its blocks.
+        ids are the tokens whose K and V the cache holds, len(ids) == len(cache), as the
+        cache records them (cache.token_ids, kept by PrefixServer and attach): other ids are
+        refused, since blocks cached under them would give later requests wrong K and V. A
+        block already cached (reused by this request, or the same prefix computed by
+        another) is only marked as used; any other full block gets one more reference, the
+        prefix cache's, so that it stays in the pool when the request frees its blocks.
         """
+        ids, keys = self._checked_keys(ids, cache)
+        return self._store(ids, keys, cache)
+
+    def insert(self, ids, cache: PagedKVCache) -> list[CachedBlock]:
+        """Keep the full blocks of a sequence that ends (a finished request), mark all of them
+        as used now (one clock tick), and return the newly cached ones: cache_full_blocks plus
+        the touch, which sets a finished request's place in the LRU order."""
+        ids, keys = self._checked_keys(ids, cache)
+        self.clock += 1
+        new = self._store(ids, keys, cache)
+        for key in keys:
+            self._entries[key].last_used = self.clock
+        return new
+
+    def _checked_keys(self, ids, cache) -> tuple[list[int], list[bytes]]:
+        """ids as a list and the keys of its full blocks, after checking that they are what
+        the cache holds; clear errors otherwise."""
         if not isinstance(cache, PagedKVCache) or cache.allocator is not self.allocator:
-            raise TypeError("insert needs a PagedKVCache on this prefix cache's allocator")
+            raise TypeError("the prefix cache needs a PagedKVCache on this prefix cache's "
+                            "allocator")
+        cache._checked_table()                 # its blocks are still its own
         ids = _token_ids(ids, "ids")
         if len(ids) != len(cache):
             raise ValueError(f"ids has {len(ids)} tokens but the cache holds {len(cache)} "
@@ -243,20 +320,23 @@ class PrefixCache:
             if cached_as is not None and cached_as != key:
                 raise ValueError(f"block {block} of this sequence is cached for other tokens: "
                                  "ids do not match what the cache holds")
-        self.clock += 1
+        _check_token_ids(ids, cache)
+        return ids, keys
+
+    def _store(self, ids, keys, cache) -> list[CachedBlock]:
+        """Cache the blocks whose keys are not cached yet, at the current tick."""
         parent, new = ROOT_KEY, []
         for depth, key in enumerate(keys):
-            entry = self._entries.get(key)
-            if entry is None:
+            if key not in self._entries:
                 block = self.allocator.share(cache.block_table[depth])
                 tokens = tuple(ids[depth * self.block_size:(depth + 1) * self.block_size])
-                entry = CachedBlock(key, parent, tokens, block, depth)
+                entry = CachedBlock(key, parent, tokens, block, depth, last_used=self.clock)
                 self._entries[key] = entry
                 self._key_of_block[block] = key
+                self._generation_of_block[block] = int(self.allocator.generations[block])
                 if parent != ROOT_KEY:
                     self._entries[parent].children += 1
                 new.append(entry)
-            entry.last_used = self.clock
             parent = key
         return new
 
@@ -271,6 +351,9 @@ class PrefixCache:
         tick, the deeper one first (the end of a prefix is less likely to be shared than
         its start). A block whose last cached child goes becomes a candidate itself.
         """
+        if n is not None and (isinstance(n, (bool, np.bool_)) or not isinstance(n, Integral)
+                              or n < 0):
+            raise ValueError(f"n must be a whole number >= 0 or None (all), got {n!r}")
         children = {key: entry.children for key, entry in self._entries.items()}
         heap = [(e.last_used, -e.depth, e.block, e) for e in self._entries.values()
                 if children[e.key] == 0 and not self.is_held(e)]
@@ -298,7 +381,9 @@ class PrefixCache:
         del self._key_of_block[entry.block]
         if entry.parent != ROOT_KEY:
             self._entries[entry.parent].children -= 1
-        self.allocator.release(entry.block)
+        if self._still_ours(entry.block):      # else another sequence's reference, not ours
+            self.allocator.release(entry.block)
+        del self._generation_of_block[entry.block]
         self.n_evicted += 1
         return entry
 
@@ -356,8 +441,9 @@ class PrefixCache:
 @dataclass(frozen=True, eq=False)
 class Admission:
     """What admitting one request did (notebook 20): the cached blocks it reused (block ids,
-    in its block table's order), the blocks evicted to make room for the rest, and the logits
-    of its last token, (1, V), which choose its first new token."""
+    in its block table's order), the blocks evicted to make room for the rest, the logits
+    of its last token, (1, V), which choose its first new token, and the blocks it cached:
+    its prompt's full blocks that were not cached yet, reusable from now on."""
 
     request: int
     ids: tuple[int, ...]
@@ -365,6 +451,7 @@ class Admission:
     evicted_blocks: tuple[int, ...]
     block_size: int
     logits: np.ndarray
+    cached_blocks: tuple[int, ...] = ()
 
     @property
     def reused_tokens(self) -> int:
@@ -387,9 +474,11 @@ class PrefixServer:
     """Requests served from one block pool with a prefix cache (notebook 20).
 
     admit(ids) looks the request up, starts its PagedKVCache on the reused blocks, evicts
-    what the rest needs and prefills only the rest; decode(request, token) feeds one more
-    token; finish(request) keeps the request's full blocks in the prefix cache and frees its
-    others. Every running request holds its blocks, so eviction never takes them.
+    what the rest needs, prefills only the rest and caches the prompt's full blocks at once;
+    decode(request, token) feeds one more token and caches the block it fills;
+    finish(request) marks the request's cached blocks as used and frees its references, so
+    that only its partly filled block (and any block another request had cached first) goes
+    back to the pool. Every running request holds its blocks, so eviction never takes them.
     """
 
     def __init__(self, params: Params, n_blocks: int, block_size: int = 16):
@@ -411,12 +500,16 @@ class PrefixServer:
 
     def blocks_needed(self, n_tokens: int) -> int:
         """Blocks that n_tokens positions take: ceil(n_tokens / block_size)."""
-        return -(-n_tokens // self.block_size)
+        if isinstance(n_tokens, (bool, np.bool_)) or not isinstance(n_tokens, Integral) \
+                or n_tokens < 0:
+            raise ValueError(f"n_tokens must be a whole number >= 0, got {n_tokens!r}")
+        return -(-int(n_tokens) // self.block_size)
 
     def admit(self, ids) -> Admission:
         """Start a request: reuse the longest cached prefix (all but the last token at most),
-        make room for the rest and prefill only the rest. If it fails (too long, no room),
-        nothing is held and a clear error says why."""
+        make room for the rest, prefill only the rest, and cache the prompt's full blocks,
+        so that the next request with the same beginning reuses them even while this one
+        runs. If it fails (too long, no room), nothing is held and a clear error says why."""
         ids = [int(i) for i in check_ids(ids, self.params)]
         context = self.params.config.context_length
         if len(ids) > context:
@@ -434,32 +527,39 @@ class PrefixServer:
         except BaseException:
             cache.free()
             raise
+        cache.token_ids = list(ids)
         self.prefix_cache.record_hits(reused)
+        cached = self.prefix_cache.cache_full_blocks(ids, cache)
         request = self.n_admitted
         self.n_admitted += 1
         self.running[request] = RunningRequest(ids, cache)
         return Admission(request, tuple(ids), tuple(e.block for e in reused),
-                         tuple(e.block for e in evicted), self.block_size, logits)
+                         tuple(e.block for e in evicted), self.block_size, logits,
+                         tuple(e.block for e in cached))
 
     def decode(self, request: int, token: int) -> np.ndarray:
         """Feed one more token to a running request (kvlib.decode_step), evicting a block
-        first if it starts a new one: logits (1, V)."""
+        first if it starts a new one, and caching the block it fills: logits (1, V)."""
         running = self._running(request)
         token = int(check_ids(token, self.params, what="token")[0])
         if len(running.cache) % self.block_size == 0:
             self.prefix_cache.make_room(1)
         logits = decode_step(self.params, token, running.cache)
         running.ids.append(token)
+        running.cache.token_ids = list(running.ids)
+        if len(running.cache) % self.block_size == 0:
+            self.prefix_cache.cache_full_blocks(running.ids, running.cache)
         return logits
 
     def finish(self, request: int) -> list[CachedBlock]:
-        """End a request: its full blocks go into the prefix cache, the rest back to the
-        pool. Returns the newly cached blocks."""
+        """End a request: its full blocks stay in the prefix cache (cached as they filled),
+        marked as used now; its references go, so its partly filled block returns to the
+        pool. Returns the cached blocks that hold its prefix, first block first."""
         running = self._running(request)
-        new = self.prefix_cache.insert(running.ids, running.cache)
+        self.prefix_cache.insert(running.ids, running.cache)
         running.cache.free()
         del self.running[request]
-        return new
+        return self.prefix_cache.match(running.ids)
 
     def held_blocks(self) -> set[int]:
         """The pool blocks that running requests hold."""

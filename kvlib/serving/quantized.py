@@ -35,7 +35,7 @@ from numbers import Integral
 import numpy as np
 
 from ..cache import BaseKVCache
-from ..checks import whole_number
+from ..checks import contains_bool, count, numbers, real_number, whole_number, whole_numbers
 from ..config import ModelConfig
 from ..inference import check_ids, decode_step, next_token_losses, prefill
 from ..params import Params
@@ -56,14 +56,7 @@ def _check_bits(bits) -> int:
 
 
 def _as_float_array(x, name: str = "x") -> np.ndarray:
-    if isinstance(x, np.ndarray) and x.dtype.kind in "fiu":
-        array = x
-    else:
-        try:
-            array = np.asarray(x, dtype=np.float64)
-        except (TypeError, ValueError, OverflowError):
-            raise TypeError(f"{name} must be an array of numbers, got {type(x).__name__}") \
-                from None
+    array = numbers(name, x)
     if array.ndim == 0 or array.size == 0:
         raise ValueError(f"{name} must be a non-empty array, got shape {array.shape}")
     if not np.isfinite(array).all():
@@ -105,10 +98,9 @@ def symmetric_scales(x, bits: int, axis: int) -> np.ndarray:
 
 def _as_scales(scales, shape: tuple[int, ...]) -> np.ndarray:
     """Scales as a float array that broadcasts against numbers of the given shape."""
-    try:
-        scales = np.asarray(scales, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError):
-        raise TypeError(f"scales must be numbers, got {type(scales).__name__}") from None
+    if isinstance(scales, (bool, np.bool_, str, bytes)) or scales is None:
+        raise TypeError(f"scales must be numbers, got {scales!r}")
+    scales = numbers("scales", scales).astype(np.float64)
     if not np.isfinite(scales).all() or (scales < 0).any():
         raise ValueError("scales must be finite numbers >= 0")
     try:
@@ -125,19 +117,37 @@ def quantize(x, scales, bits: int) -> np.ndarray:
     limit = max_code(bits)
     x = _as_float_array(x)
     scales = _as_scales(scales, x.shape)
-    ratio = np.divide(x, scales, out=np.zeros(np.broadcast_shapes(x.shape, scales.shape)),
-                      where=scales != 0)
+    with np.errstate(over="ignore"):        # a scale near 0: inf, which the clip takes in
+        ratio = np.divide(x, scales, out=np.zeros(np.broadcast_shapes(x.shape, scales.shape)),
+                          where=scales != 0)
     return np.clip(np.rint(ratio), -limit, limit).astype(np.int8)
 
 
 def dequantize(codes, scales, dtype="float64") -> np.ndarray:
     """What quantized numbers are read back as (notebook 22): codes x scales, in dtype."""
-    codes = np.asarray(codes)
+    codes = _codes(codes)
+    if isinstance(dtype, str) and dtype not in ("float16", "float32", "float64"):
+        raise TypeError(f"dtype must be a float dtype such as 'float32', got {dtype!r}")
+    if not isinstance(dtype, (str, type, np.dtype)) or isinstance(dtype, bool):
+        raise TypeError(f"dtype must be a float dtype such as 'float32', got {dtype!r}")
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a float dtype such as 'float32', got {dtype!r}") from None
+    if dtype.kind != "f":
+        raise TypeError(f"dtype must be a float dtype such as 'float32', got {dtype}")
     if codes.ndim == 0 or not np.issubdtype(codes.dtype, np.integer):
         raise TypeError(f"codes must be an array of whole numbers, got {codes.dtype} of shape "
                         f"{codes.shape}")
     scales = _as_scales(scales, codes.shape)
-    return (codes.astype(np.float64) * scales).astype(dtype, copy=False)
+    values = codes.astype(np.float64) * scales
+    # int8 codes and float16 scales always fit; only larger ones can overflow the dtype
+    largest = np.finfo(dtype).max
+    if np.iinfo(codes.dtype).max * np.abs(scales).max(initial=0) > largest and \
+            np.abs(values).max(initial=0) > largest:
+        raise ValueError(f"codes x scales reach {np.abs(values).max():.3g}, more than "
+                         f"{dtype}'s largest number, {largest:.3g}")
+    return values.astype(dtype, copy=False)
 
 
 def round_trip(x, bits: int, axis: int) -> np.ndarray:
@@ -150,7 +160,7 @@ def round_trip(x, bits: int, axis: int) -> np.ndarray:
 
 def packed_width(width: int, bits: int) -> int:
     """Bytes that width codes of `bits` bits take, 8 // bits to a byte: ceil(width x bits / 8)."""
-    return -(-whole_number("width", width, 1) * _check_bits(bits) // 8)
+    return -(-count("width", width, 1) * _check_bits(bits) // 8)
 
 
 def pack_codes(codes, bits: int) -> np.ndarray:
@@ -161,7 +171,7 @@ def pack_codes(codes, bits: int) -> np.ndarray:
     not a multiple of 8 // bits is padded with zero bits.
     """
     bits = _check_bits(bits)
-    codes = np.asarray(codes)
+    codes = _codes(codes)
     limit = max_code(bits)
     if codes.ndim == 0 or not np.issubdtype(codes.dtype, np.integer):
         raise TypeError(f"codes must be an array of whole numbers, got {codes.dtype} "
@@ -179,6 +189,17 @@ def pack_codes(codes, bits: int) -> np.ndarray:
     return (grouped << shifts).sum(axis=-1).astype(np.uint8)
 
 
+def _codes(codes) -> np.ndarray:
+    """codes as an array (not nested lists of different lengths, not text)."""
+    if isinstance(codes, (str, bytes)) or codes is None or contains_bool(codes):
+        raise TypeError(f"codes must be an array of whole numbers, got {codes!r}")
+    try:
+        return np.asarray(codes)
+    except ValueError:
+        raise ValueError("codes must be an array of whole numbers with rows of one length") \
+            from None
+
+
 def _byte_table(bits: int) -> np.ndarray:
     """The codes every byte value holds: (256, 8 // bits) int8, lowest bits first."""
     per_byte = 8 // bits
@@ -192,8 +213,11 @@ BYTE_TABLES = {bits: _byte_table(bits) for bits in SUPPORTED_BITS}
 
 def unpack_codes(packed, bits: int, width: int) -> np.ndarray:
     """Bytes from pack_codes (..., packed_width(width, bits)) -> codes (..., width), int8."""
-    bits, width = _check_bits(bits), whole_number("width", width, 1)
-    packed = np.asarray(packed)
+    bits, width = _check_bits(bits), count("width", width, 1)
+    try:
+        packed = np.asarray(packed)
+    except ValueError:
+        raise ValueError("packed must be an array of bytes with rows of one length") from None
     if packed.dtype != np.uint8 or packed.ndim == 0 or \
             packed.shape[-1] != packed_width(width, bits):
         raise ValueError(f"expected uint8 bytes (..., {packed_width(width, bits)}) for {width} "
@@ -338,11 +362,13 @@ class PerChannel:
     def bytes_per_token(self, width: int) -> float:
         """Bytes one quantized position costs in one layer: its packed codes and its share of
         the group's width float16 scales, 2 x width / group_size (a fraction)."""
-        return packed_width(width, self.bits) + SCALE_BYTES * width / self.group_size
+        return packed_width(width, self.bits) + SCALE_BYTES * int(width) / self.group_size
 
     def nbytes(self, n_positions: int, width: int, residual_bytes: int) -> int:
         """Bytes held for n_positions rows: codes and scales of the quantized groups, and the
         residual rows at residual_bytes a number."""
+        n_positions = whole_number("n_positions", n_positions, 0)
+        width = count("width", width, 1)
         full = self.quantized_positions(n_positions)
         group_bytes = self.group_size * packed_width(width, self.bits) + width * SCALE_BYTES
         residual_bytes = whole_number("residual_bytes", residual_bytes, 1)
@@ -576,7 +602,7 @@ def bytes_per_token(n_layers: int, width: int, keys, values) -> float:
     """Bytes one position adds to a quantized cache once its groups are full (notebook 22):
     layers x (K's codes and scale share + V's), for rows of width = kv_heads x head_dim."""
     keys, values = _check_grouping("keys", keys), _check_grouping("values", values)
-    return whole_number("n_layers", n_layers, 1) * (keys.bytes_per_token(width)
+    return count("n_layers", n_layers, 1) * (keys.bytes_per_token(width)
                                               + values.bytes_per_token(width))
 
 
@@ -593,20 +619,28 @@ def with_outlier_key_channels(params: Params, channels, factor: float, layers=No
     channel meets one query column in each head of its group. Needs learned or no positions
     (rotary positions turn pairs of channels together) and K and V (not a latent).
     """
+    if not isinstance(params, Params):
+        raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
     config = params.config
     if config.latent_dim is not None or config.positions == "rotary":
         raise ValueError("with_outlier_key_channels needs a model with K and V and learned "
                          "or no positions: rotary positions turn pairs of channels together, "
                          "and a latent has no key channels")
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or \
-            not np.isfinite(factor) or factor <= 0:
-        raise ValueError(f"factor must be a positive number, got {factor!r}")
-    channels = np.unique(np.asarray(channels))
-    if channels.size == 0 or not np.issubdtype(channels.dtype, np.integer) or \
-            channels.min() < 0 or channels.max() >= config.kv_width:
+    try:
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            raise TypeError
+        factor = real_number("factor", factor, positive=True)
+    except (TypeError, ValueError):
+        raise ValueError(f"factor must be a positive number (finite), got {factor!r}") from None
+    if isinstance(channels, (Integral, np.ndarray)) and not isinstance(channels, bool):
+        channels = np.atleast_1d(channels)          # one channel, or an array of them
+    channels = np.unique(whole_numbers("channels", channels))
+    if channels.size == 0 or channels.max() >= config.kv_width:
         raise ValueError(f"channels must be whole numbers between 0 and {config.kv_width - 1}, "
                          f"got {channels.tolist()}")
     layers = range(config.n_layers) if layers is None else layers
+    if not isinstance(layers, (list, tuple, range, set)):
+        raise TypeError(f"layers must be a list of layer indices or None (all), got {layers!r}")
     layers = {whole_number("layer", layer, 0) for layer in layers}
     if max(layers, default=0) >= config.n_layers:
         raise ValueError(f"layers must be between 0 and {config.n_layers - 1}, got "
@@ -643,11 +677,9 @@ def decoded_logits(params: Params, ids, cache: BaseKVCache, prompt_length: int =
     forcing), into the given empty cache: ids (T,) -> logits (T, V). Row t predicts id t+1."""
     ids = check_ids(ids, params)
     prompt_length = whole_number("prompt_length", prompt_length, 1)
+    _check_empty_cache("decoded_logits", cache)
     if prompt_length > len(ids):
         raise ValueError(f"prompt_length {prompt_length} is longer than the {len(ids)} ids")
-    if len(cache) != 0:
-        raise ValueError(f"decoded_logits needs an empty cache, this one holds {len(cache)} "
-                         "positions: give a fresh one")
     logits, _ = prefill(params, ids[:prompt_length], cache)
     rows = [logits] + [decode_step(params, token, cache) for token in ids[prompt_length:]]
     return np.concatenate(rows)
@@ -658,14 +690,24 @@ def greedy_tokens(params: Params, prompt, n_new: int, cache: BaseKVCache) -> lis
     kvlib.generate with a cache of one's choosing. Returns the new ids."""
     prompt = check_ids(prompt, params)
     n_new = whole_number("n_new", n_new, 1)
-    if len(cache) != 0:
-        raise ValueError(f"greedy_tokens needs an empty cache, this one holds {len(cache)} "
-                         "positions: give a fresh one")
+    _check_empty_cache("greedy_tokens", cache)
+    room = params.config.context_length if cache.capacity is None else cache.capacity
+    if len(prompt) + n_new - 1 > room:
+        raise ValueError(f"a {len(prompt)}-token prompt and {n_new} new tokens need "
+                         f"{len(prompt) + n_new - 1} positions; the cache holds {room}")
     logits, _ = prefill(params, prompt, cache, last_only=True)
     new = [int(np.argmax(logits[-1]))]
     while len(new) < n_new:
         new.append(int(np.argmax(decode_step(params, new[-1], cache)[-1])))
     return new
+
+
+def _check_empty_cache(what: str, cache) -> None:
+    if not isinstance(cache, BaseKVCache):
+        raise TypeError(f"{what} needs a kvlib cache, got {type(cache).__name__}")
+    if len(cache) != 0:
+        raise ValueError(f"{what} needs an empty cache, this one holds {len(cache)} "
+                         "positions: give a fresh one")
 
 
 def next_token_loss(logits: np.ndarray, ids) -> float:
@@ -676,7 +718,8 @@ def next_token_loss(logits: np.ndarray, ids) -> float:
 
 def greedy_agreement(logits, reference_logits) -> float:
     """Fraction of positions where both logits (T, V) pick the same greedy token."""
-    logits, reference_logits = np.asarray(logits), np.asarray(reference_logits)
+    logits = numbers("logits", logits)
+    reference_logits = numbers("reference_logits", reference_logits)
     if logits.shape != reference_logits.shape or logits.ndim != 2:
         raise ValueError(f"need two logits arrays of one shape (T, V), got {logits.shape} "
                          f"and {reference_logits.shape}")
@@ -710,7 +753,17 @@ class Quality:
 
 def plain_logits(params: Params, sequences) -> list[np.ndarray]:
     """Each sequence's logits with a plain cache: one prefill each (T, V)."""
-    return [prefill(params, ids)[0] for ids in sequences]
+    return [prefill(params, ids)[0] for ids in _sequences(sequences)]
+
+
+def _sequences(sequences) -> list:
+    """A list of sequences, or a 2-D array of them (one row each)."""
+    if isinstance(sequences, np.ndarray) and sequences.ndim == 2:
+        return list(sequences)
+    if not isinstance(sequences, (list, tuple)):
+        raise TypeError(f"sequences must be a list of token id sequences, got "
+                        f"{type(sequences).__name__}")
+    return list(sequences)
 
 
 def measure_quality(params: Params, sequences, keys, values, reference=None) -> Quality:
@@ -718,7 +771,7 @@ def measure_quality(params: Params, sequences, keys, values, reference=None) -> 
     plain cache's (reference: plain_logits(params, sequences), given to save the work when
     several settings are measured). Every position of every sequence counts once."""
     keys, values = _check_grouping("keys", keys), _check_grouping("values", values)
-    sequences = [check_ids(ids, params, "sequence") for ids in sequences]
+    sequences = [check_ids(ids, params, "sequence") for ids in _sequences(sequences)]
     if not sequences:
         raise ValueError("measure_quality needs at least one sequence")
     reference = plain_logits(params, sequences) if reference is None else reference

@@ -31,12 +31,12 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from numbers import Real
+from numbers import Integral, Real
 
 import numpy as np
 
 from ..cache import KVCache
-from ..checks import whole_number
+from ..checks import count, real_number, whole_number
 from ..inference import prefill
 from ..params import Params
 from .batch import attend_per_sequence, batched_decode_step
@@ -57,9 +57,9 @@ class Request:
 
     def __post_init__(self):
         whole_number("Request.id", self.id, 0)
-        if isinstance(self.arrival, bool) or not isinstance(self.arrival, Real) \
-                or not math.isfinite(self.arrival) or self.arrival < 0:
+        if isinstance(self.arrival, bool) or not isinstance(self.arrival, Real):
             raise ValueError(f"Request.arrival must be a time >= 0, got {self.arrival!r}")
+        real_number("Request.arrival", self.arrival, minimum=0)
         whole_number("Request.prompt_length", self.prompt_length, 1)
         whole_number("Request.output_length", self.output_length, 1)
 
@@ -72,9 +72,9 @@ def arrivals_in_seconds(requests, seconds_per_step: float) -> tuple[Request, ...
     """The requests with their arrival steps turned into seconds (notebook 21's benchmark):
     arrival x seconds_per_step, so that a workload keeps its shape on a clock of seconds."""
     requests = _check_requests(requests)
-    if isinstance(seconds_per_step, bool) or not isinstance(seconds_per_step, Real) \
-            or not math.isfinite(seconds_per_step) or seconds_per_step <= 0:
+    if isinstance(seconds_per_step, bool) or not isinstance(seconds_per_step, Real):
         raise ValueError(f"seconds_per_step must be a positive number, got {seconds_per_step!r}")
+    real_number("seconds_per_step", seconds_per_step, positive=True)
     return tuple(r.arriving_at(r.arrival * float(seconds_per_step)) for r in requests)
 
 
@@ -94,10 +94,10 @@ def make_workload(n_requests: int = 12, seed: int = 0, mean_gap: float = 2.0,
     (exponential gaps of mean mean_gap, rounded down to whole steps: a Poisson stream), the
     first at step 0; prompt and output lengths uniform between their (shortest, longest).
     The same seed gives the same requests."""
-    n_requests = whole_number("n_requests", n_requests, 1)
+    n_requests = count("n_requests", n_requests, 1)
     seed = whole_number("seed", seed, 0)
     if isinstance(mean_gap, bool) or not isinstance(mean_gap, Real) \
-            or not math.isfinite(mean_gap) or mean_gap < 0 or mean_gap > 1e6:
+            or not 0 <= real_number("mean_gap", mean_gap) <= 1e6:
         raise ValueError(f"mean_gap must be a number of steps between 0 and 1e6, "
                          f"got {mean_gap!r}")
     prompts, outputs = _check_range("prompt_lengths", prompt_lengths), \
@@ -135,6 +135,10 @@ def first_come_first_served(waiting, free_slots: int, token_budget: int | None) 
     """The waiting requests that enter now (notebook 21): in order of arrival (then id), as
     many as free_slots allows and, with a token budget, as long as their prompts fit in it.
     Stops at the first that does not fit: a later request never overtakes it."""
+    waiting = _request_list("waiting", waiting)
+    free_slots = whole_number("free_slots", free_slots, 0)
+    if token_budget is not None:
+        token_budget = whole_number("token_budget", token_budget, 0)
     admitted = []
     for request in sorted(waiting, key=lambda r: (r.arrival, r.id)):
         if len(admitted) == free_slots:
@@ -145,6 +149,15 @@ def first_come_first_served(waiting, free_slots: int, token_budget: int | None) 
             token_budget -= request.prompt_length
         admitted.append(request)
     return admitted
+
+
+def _request_list(name: str, requests) -> list:
+    """A list (possibly empty) of scheduler Requests."""
+    if not isinstance(requests, (list, tuple)) or \
+            not all(isinstance(request, Request) for request in requests):
+        raise TypeError(f"{name} must be a list of kvlib.serving.scheduler.Request, got "
+                        f"{requests!r:.80}")
+    return list(requests)
 
 
 class _Policy:
@@ -177,7 +190,7 @@ class StaticBatching(_Policy):
     name = "static"
 
     def admit(self, waiting, running) -> list:
-        if running:
+        if _request_list("running", running):
             return []
         return first_come_first_served(waiting, self.max_batch, self.max_batched_tokens)
 
@@ -191,7 +204,7 @@ class ContinuousBatching(_Policy):
     name = "continuous"
 
     def admit(self, waiting, running) -> list:
-        free = self.max_batch - len(running)
+        free = self.max_batch - len(_request_list("running", running))
         budget = None if self.max_batched_tokens is None else \
             self.max_batched_tokens - len(running)
         return first_come_first_served(waiting, free, budget)
@@ -249,14 +262,23 @@ class Timeline:
         return (f"Timeline({self.policy.name}: {len(self.requests)} requests in "
                 f"{len(self.steps)} steps)")
 
+    def _request(self, request_id) -> int:
+        if isinstance(request_id, (bool, np.bool_)) or not isinstance(request_id, Integral) \
+                or request_id not in self.requests:
+            raise ValueError(f"request_id must be the id of one of this timeline's requests "
+                             f"{sorted(self.requests)}, got {request_id!r}")
+        return int(request_id)
+
     def admitted_at(self, request_id: int) -> float:
         """When the request's prefill step started."""
-        return self.steps[self.admitted_step[request_id]].start
+        return self.steps[self.admitted_step[self._request(request_id)]].start
 
     def time_to_first_token(self, request_id: int) -> float:
+        request_id = self._request(request_id)
         return self.first_token[request_id] - self.requests[request_id].arrival
 
     def time_per_output_token(self, request_id: int) -> float | None:
+        request_id = self._request(request_id)
         request = self.requests[request_id]
         if request.output_length == 1:
             return None
@@ -265,6 +287,7 @@ class Timeline:
 
     def latency(self, request_id: int) -> float:
         """From arrival to the last token."""
+        request_id = self._request(request_id)
         return self.finish[request_id] - self.requests[request_id].arrival
 
     @property
@@ -293,14 +316,19 @@ class Timeline:
         return float(self.occupancy.mean() / self.policy.max_batch)
 
     def summary(self) -> dict:
-        """The numbers that compare two policies: steps run, makespan, throughput, the mean
-        occupancy, the mean and the worst TTFT, the mean TPOT and the mean latency."""
+        """The numbers that compare two policies, on two clocks: the steps run (passes of the
+        model, the work) and the makespan (first arrival to last token, idle steps
+        included); throughput is output tokens per unit of the makespan, tokens_per_step_run
+        per step run. Then the mean occupancy, the mean and the worst TTFT, the mean TPOT
+        and the mean latency."""
         ids = sorted(self.requests)
         ttft = np.array([self.time_to_first_token(i) for i in ids], dtype=float)
         tpot = [self.time_per_output_token(i) for i in ids]
         tpot = np.array([t for t in tpot if t is not None], dtype=float)
         return {"steps": len(self.steps), "makespan": self.makespan,
-                "throughput": self.throughput, "mean_occupancy": self.mean_occupancy,
+                "throughput": self.throughput,
+                "tokens_per_step_run": self.output_tokens / len(self.steps),
+                "mean_occupancy": self.mean_occupancy,
                 "mean_ttft": float(ttft.mean()), "max_ttft": float(ttft.max()),
                 "mean_tpot": float(tpot.mean()) if tpot.size else float("nan"),
                 "mean_latency": float(np.mean([self.latency(i) for i in ids]))}
@@ -308,6 +336,7 @@ class Timeline:
     def state_at(self, time_now: float) -> dict[int, str]:
         """Each request's state at a time (notebook 21's widget): 'not arrived', 'waiting',
         'running' or 'finished'."""
+        time_now = _time(time_now)
         states = {}
         for i, request in self.requests.items():
             if time_now < request.arrival:
@@ -322,10 +351,18 @@ class Timeline:
 
     def step_at(self, time_now: float) -> Step | None:
         """The step running at a time, or None (before the first, after the last, idle)."""
+        time_now = _time(time_now)
         for step in self.steps:
             if step.start <= time_now < step.end:
                 return step
         return None
+
+
+def _time(time_now) -> float:
+    if isinstance(time_now, (bool, np.bool_)) or not isinstance(time_now, Real):
+        raise TypeError(f"time_now must be a time (a number, in the unit of the requests' "
+                        f"arrivals), got {time_now!r}")
+    return real_number("time_now", time_now)
 
 
 def serve(requests, policy: _Policy, execute=None) -> Timeline:
@@ -343,6 +380,9 @@ def serve(requests, policy: _Policy, execute=None) -> Timeline:
     if not isinstance(policy, _Policy):
         raise TypeError(f"policy must be StaticBatching(...) or ContinuousBatching(...), got "
                         f"{type(policy).__name__}")
+    if execute is not None and not callable(execute):
+        raise TypeError(f"execute must be a function execute(admitted, decoded) (ModelRunner) "
+                        f"or None, got {execute!r}")
     budget = policy.max_batched_tokens
     too_long = [r.id for r in requests if budget is not None and r.prompt_length > budget]
     if too_long:
@@ -392,7 +432,7 @@ def serve(requests, policy: _Policy, execute=None) -> Timeline:
 def random_prompts(requests, vocab_size: int, seed: int = 0) -> dict[int, list[int]]:
     """Seeded token ids for every request's prompt (notebook 21): {id: prompt_length ids}."""
     requests = _check_requests(requests)
-    vocab_size = whole_number("vocab_size", vocab_size, 1)
+    vocab_size = count("vocab_size", vocab_size, 1)
     rng = np.random.default_rng(whole_number("seed", seed, 0))
     return {r.id: rng.integers(0, vocab_size, r.prompt_length).tolist() for r in requests}
 
@@ -415,6 +455,8 @@ class ModelRunner:
             raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
         if not isinstance(prompts, Mapping):
             raise TypeError("prompts must be a dict {request id: token ids}")
+        if not callable(attend) or (make_cache is not None and not callable(make_cache)):
+            raise TypeError("attend and make_cache must be functions (make_cache may be None)")
         self.params, self.prompts, self.attend = params, dict(prompts), attend
         self.make_cache = make_cache or (lambda request: KVCache(
             params.config, capacity=request.prompt_length + request.output_length))

@@ -40,8 +40,15 @@ from numbers import Integral, Real
 import numpy as np
 
 from ..cache import BaseKVCache, make_cache
-from ..checks import whole_number
-from ..inference import check_ids, decode_step, forward, next_token_probabilities, prefill
+from ..checks import LARGEST_COUNT, numbers, real_number, whole_number, whole_numbers
+from ..inference import (
+    _check_logits_row,
+    check_ids,
+    decode_step,
+    forward,
+    next_token_probabilities,
+    prefill,
+)
 from ..params import Params
 
 PROBABILITY_TOLERANCE = 1e-6
@@ -59,6 +66,9 @@ def check_speculation_length(k) -> int:
         raise ValueError(f"k (tokens the draft proposes a round) must be at least 1, got {k}: "
                          "with no proposals there is nothing to verify (that is plain "
                          "decoding, kvlib.generate)")
+    if k > LARGEST_COUNT:
+        raise ValueError(f"k (tokens the draft proposes a round) must be at most "
+                         f"{LARGEST_COUNT:,}, got {k:,}")
     return int(k)
 
 
@@ -88,8 +98,8 @@ def check_pair(target: Params, draft: Params) -> None:
 def _probabilities(name: str, values) -> np.ndarray:
     """A probability vector (V,) as float64, or a ValueError that says what is wrong."""
     try:
-        array = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError):
+        array = numbers(name, values).astype(np.float64)
+    except (TypeError, ValueError):
         raise TypeError(f"{name} must be a vector of probabilities, got {values!r}") from None
     if array.ndim != 1 or array.size == 0:
         raise ValueError(f"{name} must be a vector of probabilities (V,), got shape "
@@ -184,13 +194,15 @@ class GreedyAcceptance:
     def choose(self, logits_row) -> tuple[int, np.ndarray]:
         """The draft's proposal from its logits row (V,): (argmax, its distribution, one-hot:
         next_token_probabilities at temperature 0, built directly, as it runs every pass)."""
+        logits_row = _check_logits_row(logits_row)
         token = int(np.argmax(logits_row))
         return token, certain(token, len(logits_row))
 
     def verdict(self, proposals, draft_probabilities, target_logits) -> Verdict:
         """Keep proposals while each is the argmax of the target's row before it; then the
         target's argmax. target_logits (k + 1, V)."""
-        choices = np.argmax(np.asarray(target_logits), axis=-1)
+        proposals, target_logits = _check_round(proposals, target_logits)
+        choices = np.argmax(target_logits, axis=-1)
         accepted, acceptance = 0, []
         for proposal, choice in zip(proposals, choices):
             acceptance.append(1.0 if proposal == choice else 0.0)
@@ -198,6 +210,19 @@ class GreedyAcceptance:
                 break
             accepted += 1
         return Verdict(accepted, int(choices[accepted]), tuple(acceptance))
+
+
+def _check_round(proposals, target_logits) -> tuple[list[int], np.ndarray]:
+    """k proposals (token ids) and the target's k + 1 rows of logits (k + 1, V) over them."""
+    proposals = [int(p) for p in whole_numbers("proposals", proposals)]
+    target_logits = numbers("target_logits", target_logits, 2)
+    if len(target_logits) != len(proposals) + 1 or target_logits.shape[1] == 0:
+        raise ValueError(f"target_logits must be (k + 1, V) = ({len(proposals) + 1}, V) for "
+                         f"{len(proposals)} proposals, got {target_logits.shape}")
+    if proposals and max(proposals) >= target_logits.shape[1]:
+        raise ValueError(f"proposals must be token ids below {target_logits.shape[1]}, got "
+                         f"{max(proposals)}")
+    return proposals, target_logits
 
 
 class SamplingAcceptance:
@@ -215,9 +240,10 @@ class SamplingAcceptance:
     def __init__(self, temperature: float = 1.0, top_k: int | None = None,
                  seed: int | None = None):
         if isinstance(temperature, bool) or not isinstance(temperature, Real) or \
-                not math.isfinite(temperature) or temperature <= 0:
+                not temperature > 0:
             raise ValueError(f"temperature must be a positive number (for temperature 0 use "
                              f"GreedyAcceptance), got {temperature!r}")
+        real_number("temperature", temperature, positive=True)
         if top_k is not None:
             top_k = whole_number("top_k", top_k, 1)
         if seed is not None:
@@ -227,7 +253,7 @@ class SamplingAcceptance:
 
     def distribution(self, logits_row) -> np.ndarray:
         """The sampling distribution of a logits row (V,), float64 (notebook 06)."""
-        return next_token_probabilities(np.asarray(logits_row, np.float64), self.temperature,
+        return next_token_probabilities(_check_logits_row(logits_row), self.temperature,
                                         self.top_k)
 
     def choose(self, logits_row) -> tuple[int, np.ndarray]:
@@ -241,12 +267,17 @@ class SamplingAcceptance:
         draft_probabilities None: a drafter without a distribution (prompt lookup) is
         certain of its guesses, q one-hot, so each is kept with chance p(x) (vLLM's ngram
         drafts are judged the same way, with a draft probability of 1)."""
+        proposals, target_logits = _check_round(proposals, target_logits)
         if draft_probabilities is None:
-            draft_probabilities = [None] * len(proposals)
+            draft_probabilities = np.zeros((len(proposals), target_logits.shape[1]))
+            draft_probabilities[np.arange(len(proposals)), proposals] = 1.0
+        draft_probabilities = numbers("draft_probabilities", draft_probabilities, 2)
+        if draft_probabilities.shape != (len(proposals), target_logits.shape[1]):
+            raise ValueError(f"draft_probabilities must be (k, V) = ({len(proposals)}, "
+                             f"{target_logits.shape[1]}), got {draft_probabilities.shape}")
         accepted, acceptance = 0, []
         for proposal, q, row in zip(proposals, draft_probabilities, target_logits):
             p = self.distribution(row)
-            q = certain(proposal, p.size) if q is None else q
             chance = acceptance_probability(p, q, proposal)
             acceptance.append(chance)
             if self.rng.random() >= chance:
@@ -307,14 +338,33 @@ def propose(draft: Params, cache: BaseKVCache, unseen, k: int, choose) -> Propos
     sequence and the first k - 1 proposals. choose: logits row -> (token, distribution).
     """
     k = check_speculation_length(k)
-    logits, _ = prefill(draft, unseen, cache, last_only=True)
-    tokens, probabilities = [], []
-    for index in range(k):
-        token, distribution = choose(logits[-1])
-        tokens.append(token)
-        probabilities.append(distribution)
-        if index < k - 1:
-            logits = decode_step(draft, token, cache)
+    if not callable(choose):
+        raise TypeError(f"choose must be a function logits row -> (token, distribution), such "
+                        f"as GreedyAcceptance().choose, got {choose!r}")
+    if not isinstance(cache, BaseKVCache):
+        raise TypeError(f"cache must be a kvlib cache, got {type(cache).__name__}")
+    unseen = check_ids(unseen, draft, what="unseen tokens")
+    room = draft.config.context_length if cache.capacity is None else cache.capacity
+    if len(cache) + len(unseen) + k - 1 > room:
+        raise ValueError(f"{len(unseen)} unseen tokens and {k} proposals need "
+                         f"{len(cache) + len(unseen) + k - 1} positions; the draft's cache "
+                         f"holds {room}")
+    saved = cache.checkpoint()
+    try:
+        logits, _ = prefill(draft, unseen, cache, last_only=True)
+        tokens, probabilities = [], []
+        for index in range(k):
+            chosen = choose(logits[-1])
+            if not (isinstance(chosen, tuple) and len(chosen) == 2):
+                raise TypeError(f"choose must return (token, distribution), got {chosen!r:.80}")
+            token, distribution = chosen
+            tokens.append(token)
+            probabilities.append(distribution)
+            if index < k - 1:
+                logits = decode_step(draft, token, cache)
+    except BaseException:          # choose failed half-way: the cache as it was
+        cache.restore(saved)
+        raise
     return Proposal(tuple(tokens), np.array(probabilities))
 
 
@@ -326,7 +376,9 @@ def verify(target: Params, cache: BaseKVCache, unseen, proposals) -> np.ndarray:
     cache. The last k + 1 rows are what the target predicts after the sequence and after
     each of its first 1 .. k proposals: row i judges proposal i, row k gives the bonus.
     """
-    logits, _ = prefill(target, list(unseen) + list(proposals), cache)
+    unseen = check_ids(unseen, target, what="unseen tokens")
+    proposals = whole_numbers("proposals", proposals)
+    logits, _ = prefill(target, np.concatenate([unseen, proposals]).astype(np.intp), cache)
     return logits[-(len(proposals) + 1):]
 
 
@@ -561,6 +613,10 @@ class SpeculativeStats:
 
 def summarize(steps) -> SpeculativeStats:
     """SpeculativeStats of a list of SpeculativeStep."""
+    if not isinstance(steps, (list, tuple)) or \
+            not all(isinstance(step, SpeculativeStep) for step in steps):
+        raise TypeError(f"steps must be a list of SpeculativeStep (decoder.steps), got "
+                        f"{steps!r:.80}")
     steps = list(steps)
     return SpeculativeStats(
         rounds=len(steps), proposed=sum(len(s.proposals) for s in steps),
@@ -777,8 +833,9 @@ def predicted_speedup(alpha: float, k: int, draft_cost: float) -> float:
     draft pass's time relative to a target pass, and the target's pass over k + 1 tokens is
     taken to cost one decode step (true while decoding is limited by reading the weights)."""
     if isinstance(draft_cost, bool) or not isinstance(draft_cost, Real) or \
-            not math.isfinite(draft_cost) or draft_cost < 0:
+            not draft_cost >= 0:
         raise ValueError(f"draft_cost (c) must be a number >= 0, got {draft_cost!r}")
+    draft_cost = real_number("draft_cost (c)", draft_cost, minimum=0)
     return expected_tokens_per_pass(alpha, k) / (k * draft_cost + 1)
 
 
@@ -810,7 +867,7 @@ def replay_greedy(agreements, k: int) -> list[int]:
     fewer near the end, as SpeculativeDecoder.generate does), then adds the target's token.
     """
     k = check_speculation_length(k)
-    agreements = [bool(a) for a in np.asarray(agreements, dtype=bool).ravel()]
+    agreements = _agreements(agreements)
     total, done, rounds = len(agreements), 0, []
     while done < total:
         limit = min(k, total - done - 1)
@@ -820,6 +877,24 @@ def replay_greedy(agreements, k: int) -> list[int]:
         rounds.append(accepted)
         done += accepted + 1
     return rounds
+
+
+def _agreements(agreements) -> list[bool]:
+    """A flat sequence of True/False (greedy_agreements gives one), as a list of bools."""
+    if isinstance(agreements, np.ndarray):
+        if agreements.dtype != bool or agreements.ndim != 1:
+            raise TypeError(f"agreements must be a flat sequence of True or False, got an "
+                            f"array of {agreements.dtype} {agreements.shape}")
+        return agreements.tolist()
+    if not isinstance(agreements, (list, tuple)) or \
+            not all(isinstance(a, (bool, np.bool_)) for a in agreements):
+        raise TypeError(f"agreements must be a flat sequence of True or False (as "
+                        f"greedy_agreements gives), got {agreements!r:.80}")
+    return [bool(a) for a in agreements]
+
+
+MAX_OUTCOME_PATHS = 10**6
+"""outcome_probabilities follows every path of a round: at most this many."""
 
 
 def outcome_probabilities(target_distribution, draft_distribution, prefix, k: int
@@ -834,7 +909,12 @@ def outcome_probabilities(target_distribution, draft_distribution, prefix, k: in
     after k acceptances. Only for a tiny vocabulary: V^k draft paths.
     """
     k = check_speculation_length(k)
-    prefix = tuple(int(i) for i in prefix)
+    for name, function in (("target_distribution", target_distribution),
+                           ("draft_distribution", draft_distribution)):
+        if not callable(function):
+            raise TypeError(f"{name} must be a function sequence -> distribution (V,), got "
+                            f"{function!r}")
+    prefix = tuple(int(i) for i in whole_numbers("prefix", prefix))
     outcomes: dict[tuple[int, ...], float] = {}
 
     def add(tokens, probability):
@@ -848,6 +928,10 @@ def outcome_probabilities(target_distribution, draft_distribution, prefix, k: in
                 add(kept + (int(token),), probability * p[token])
             return
         q = _probabilities("draft_distribution(...)", draft_distribution(prefix + kept))
+        if not kept and k * math.log(q.size) > math.log(MAX_OUTCOME_PATHS):
+            raise ValueError(f"a round of k = {k} proposals over {q.size} tokens has up to "
+                             f"{q.size}^{k} paths, more than {MAX_OUTCOME_PATHS:,}: this "
+                             "enumeration is for a tiny vocabulary and small k")
         residual = residual_distribution(p, q)
         rejected = 0.0
         for token in np.flatnonzero(q):

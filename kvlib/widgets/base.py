@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import html
+import io
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
-from IPython.display import display
+from IPython.display import Image, display
 
 
 class LiveFigure:
@@ -32,6 +33,20 @@ class LiveFigure:
         with self.output:
             self.output.clear_output(wait=True)
             display(self.figure)
+
+
+class OneRenderFigure(LiveFigure):
+    """A LiveFigure shown as one PNG render of the whole figure (notebooks 19 and 20). The
+    inline backend crops a figure to its tight bounding box, which draws it twice; a figure
+    laid out with room for every label needs one draw, and a click answers in about half
+    the time."""
+
+    def show(self) -> None:
+        buffer = io.BytesIO()
+        self.figure.savefig(buffer, format="png", pil_kwargs={"compress_level": 1})
+        with self.output:
+            self.output.clear_output(wait=True)
+            display(Image(buffer.getvalue()))
 
 
 def read_prompt(text, tokenizer, max_tokens: int) -> list[int]:
@@ -97,5 +112,6 @@ def safely(callback, message_widget: widgets.HTML | None = None):
 
 
 def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
-    """A count with its noun in the right number: '1 position', '5 positions'."""
-    return f"{count} {noun}" if count == 1 else f"{count} {plural_noun or noun + 's'}"
+    """A count with its noun in the right number: '1 position', '5 positions', '131,072
+    cached tokens' (thousands separated, as the readouts write every large number)."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {plural_noun or noun + 's'}"

@@ -234,7 +234,7 @@ def rotation_explorer(q: np.ndarray | None = None, k: np.ndarray | None = None,
         state.update(drawn, score_at_key_zero=float(at_zero), difference=float(difference))
         same = ("the same as with the key at n = 0" if difference < TOLERANCE else
                 f"<b>not</b> the same as with the key at n = 0 (difference {difference:.1e})")
-        turn = (f"a full turn every {drawn['turn_every']:,.0f} positions"
+        turn = (f"a full turn every {_positions_text(drawn['turn_every'])} positions"
                 if drawn["turn_every"] < 1e7 else "hardly turning at all")
         status.value = (
             f"Pair {values['pair']} turns {drawn['angle_per_position']:.4g} rad per position "
@@ -244,6 +244,11 @@ def rotation_explorer(q: np.ndarray | None = None, k: np.ndarray | None = None,
         live.show()
 
     return explorer(live, controls, status, message, redraw, state)
+
+
+def _positions_text(positions: float) -> str:
+    """A turn's length in positions: '6.28' (pair 0 never turns in a whole number), '19,869'."""
+    return f"{positions:,.2f}" if positions < 100 else f"{positions:,.0f}"
 
 
 def draw_angle_table(ax, n_positions: int = 32, dim: int = HEAD_DIM, base: float = 10000.0):
@@ -262,12 +267,14 @@ def draw_angle_table(ax, n_positions: int = 32, dim: int = HEAD_DIM, base: float
 
 def draw_score_tables(figure, rotary_scores: np.ndarray, learned_scores: np.ndarray):
     """Two (positions, positions) tables of one head's scores side by side (notebook 14): the
-    query at row m, the key at column n; with RoPE every diagonal holds one value. Only
-    m >= n is drawn (a query never sees later keys). Returns the two axes."""
+    query at row m, the key at column n; with RoPE every diagonal holds one value; the
+    learned table of the notebook is random rows, a stand-in for a trained one. Only m >= n
+    is drawn (a query never sees later keys). Returns the two axes."""
     figure.clear()
     axes = figure.subplots(1, 2)
     tables = (("RoPE: the same q and k at every position", rotary_scores),
-              ("Learned positions: the same token at every position", learned_scores))
+              ("Learned positions (a random table): the same token at every position",
+               learned_scores))
     for ax, (title, table) in zip(axes, tables):
         table = np.asarray(table, dtype=float)
         shown = np.where(np.tri(*table.shape, dtype=bool), table, np.nan)

@@ -2,9 +2,9 @@
 
 ``grouping_explorer()`` takes a published model (kvlib.memory.PRESETS) or a custom one and
 lets a student choose the number of K/V heads among the divisors of the query heads. It
-draws the grouping (each query head joined to the K/V head it reads, one colour a group),
-the cache bytes per token for every possible choice, and says how many tokens fit in a
-memory budget for the cache.
+draws the grouping (each query head joined to the K/V head it reads, one colour a group)
+and the cache KiB per token for every possible choice (each bar labelled with its own
+value), and says how many tokens the chosen one fits in a memory budget for the cache.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from kvlib.grouped import group_size, query_groups
 from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit
 
-from .base import LiveFigure, safely
+from .base import LiveFigure, plural, safely
 
 CUSTOM = "custom"
 DTYPES = {"FP32 (4 bytes)": 4, "BF16 / FP16 (2 bytes)": 2, "INT8 / FP8 (1 byte)": 1}
@@ -77,6 +77,11 @@ def grouping_summary(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int
             "mha_tokens_that_fit": tokens_that_fit(budget_bytes, 0, mha)}
 
 
+def kib_text(n_bytes: int) -> str:
+    """Bytes as KiB for a bar's label (notebook 15): '128' for 131,072, '0.0352' for 36."""
+    return f"{n_bytes // 1024:,}" if n_bytes % 1024 == 0 else f"{n_bytes / 1024:,.3g}"
+
+
 def _heads_text(heads: list[int]) -> str:
     if len(heads) == 1:
         return f"query head {heads[0]} alone"
@@ -127,22 +132,22 @@ def draw_query_groups(ax, n_heads: int, n_kv_heads: int, title: str | None = Non
                 fontsize=7)
     ax.set_xlim(0, n_heads)
     ax.set_ylim(-0.9, 3.6)
-    ax.set_yticks([0.4, 2.4], labels=[f"{n_kv_heads} K/V head{'s' if n_kv_heads > 1 else ''}"
-                                      "\n(cached)",
-                                      f"{n_heads} query heads\n(not cached)"])
+    ax.set_yticks([0.4, 2.4], labels=[f"{plural(n_kv_heads, 'K/V head')}\n(cached)",
+                                      f"{plural(n_heads, 'query head')}\n(not cached)"])
     ax.set_xticks([])
     ax.set_xlabel("head number (query heads on top, K/V heads below)")
     for side in ("top", "right", "bottom"):
         ax.spines[side].set_visible(False)
-    plural = "head" if n_kv_heads == 1 else "heads"
-    ax.set_title(title or f"{n_heads} query heads, {n_kv_heads} K/V {plural}: groups of {group}")
+    ax.set_title(title or f"{plural(n_heads, 'query head')}, {plural(n_kv_heads, 'K/V head')}: "
+                          f"groups of {group}")
 
 
 def draw_bytes_per_choice(ax, n_layers: int, n_heads: int, head_dim: int, chosen: int,
                           dtype_bytes: int = 2, budget_bytes: int = 16 * GiB) -> list[int]:
-    """Cache bytes per token for every possible number of K/V heads (notebook 15), the
-    chosen one highlighted, each bar labelled with the tokens that fit in budget_bytes.
-    Returns the bytes per token of each choice, in the order drawn (1 K/V head first)."""
+    """Cache KiB per token for every possible number of K/V heads (notebook 15), the chosen
+    one highlighted, each bar labelled with its own KiB. (budget_bytes is only passed on to
+    grouping_summary.) Returns the bytes per token of each choice, in the order drawn
+    (1 K/V head first)."""
     choices = divisors(_whole("query heads", n_heads, 1, MAX_HEADS))
     if chosen not in choices:
         raise ValueError(f"{chosen} K/V heads cannot serve {n_heads} query heads equally: "
@@ -155,8 +160,7 @@ def draw_bytes_per_choice(ax, n_layers: int, n_heads: int, head_dim: int, chosen
                   color=[CHOSEN_COLOR if k == chosen else OTHER_COLOR for k in choices],
                   edgecolor="black", linewidth=0.5)
     for bar, n_bytes in zip(bars, per_token):
-        fit = tokens_that_fit(budget_bytes, 0, n_bytes)
-        ax.annotate(f"{fit:,}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+        ax.annotate(kib_text(n_bytes), (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
                     fontsize=7, rotation=90 if len(choices) > 6 else 0)
     ax.set_xticks(positions, labels=[str(k) for k in choices])
@@ -167,8 +171,8 @@ def draw_bytes_per_choice(ax, n_layers: int, n_heads: int, head_dim: int, chosen
     ax.set_ylim(min(per_token) / 1024 / 2, max(per_token) / 1024 * 12)
     ax.set_xlabel("K/V heads (the divisors of the query heads)")
     ax.set_ylabel("cache KiB per token (log scale)")
-    ax.set_title(f"Cache bytes per token for each choice\n(above each bar: tokens that fit "
-                 f"in {budget_bytes / GiB:g} GiB)", fontsize=10)
+    ax.set_title("Cache KiB per token for each choice\n(the number above each bar)",
+                 fontsize=10)
     return per_token
 
 
@@ -236,19 +240,21 @@ def grouping_explorer(preset: str = "Llama-3-8B", budget_gib: float = 16.0,
         group, kind = summary["group"], summary["kind"]
         shared = summary["shared_by"]
         example = min(h - 1, group + 1)
+        sharing = ("each with a K/V head of its own" if group == 1 else
+                   f"share {plural(kv, 'K/V head')}, {group} to a group")
+        saving = ("as much as multi-head attention, which it is" if group == 1 else
+                  f"{group} times less than the {summary['mha_bytes_per_token']:,} of "
+                  "multi-head attention")
         lines = [
-            f"<b>{kind}</b>: {h} query heads share {kv} K/V head{'s' if kv > 1 else ''}, "
-            f"{group} to a group. Query head i reads K/V head i // {group}: query head "
-            f"{example} reads K/V head {example // group}, shared by "
-            f"{_heads_text(shared[example // group])}.",
-            f"A token costs 2 (K and V) x {layers.value} layers x {kv} K/V "
-            f"head{'s' if kv > 1 else ''} x "
-            f"{head_dim.value} x {dtype.value} bytes = <b>{summary['bytes_per_token']:,} "
-            f"bytes</b>, {group} times less than the "
-            f"{summary['mha_bytes_per_token']:,} of multi-head attention.",
-            f"In {budget.value:g} GiB of cache: <b>{summary['tokens_that_fit']:,} cached "
-            f"tokens</b>, against {summary['mha_tokens_that_fit']:,} with multi-head "
-            "attention.",
+            f"<b>{kind}</b>: {plural(h, 'query head')} {sharing}. Query head i reads K/V "
+            f"head i // {group}: query head {example} reads K/V head {example // group}, "
+            f"shared by {_heads_text(shared[example // group])}.",
+            f"A token costs 2 (K and V) x {plural(layers.value, 'layer')} x "
+            f"{plural(kv, 'K/V head')} x {head_dim.value} x {plural(dtype.value, 'byte')} = "
+            f"<b>{summary['bytes_per_token']:,} bytes</b>, {saving}.",
+            f"In {budget.value:g} GiB of cache: "
+            f"<b>{plural(summary['tokens_that_fit'], 'cached token')}</b>, against "
+            f"{summary['mha_tokens_that_fit']:,} with multi-head attention.",
         ]
         status.value = "<br>".join(lines)
         chosen = PRESETS.get(choose.value)
@@ -256,14 +262,15 @@ def grouping_explorer(preset: str = "Llama-3-8B", budget_gib: float = 16.0,
             source.value = ""
         else:
             published = ("" if chosen.n_kv_heads == kv else
-                         f" <b>You chose {kv} K/V heads; the published model has "
+                         f" <b>You chose {plural(kv, 'K/V head')}; the published model has "
                          f"{chosen.n_kv_heads}.</b>")
             window = ("" if chosen.window is None else
                       f" Its sliding window keeps at most {chosen.window:,} positions of each "
                       "sequence (notebook 17).")
-            source.value = (f"<small>{chosen.name}: {chosen.n_heads} query heads, "
-                            f"{chosen.n_kv_heads} K/V heads of {chosen.head_dim}.{window} "
-                            f"Source: {html.escape(chosen.source)}</small>{published}")
+            source.value = (f"<small>{html.escape(chosen.name)}: "
+                            f"{plural(chosen.n_heads, 'query head')}, "
+                            f"{plural(chosen.n_kv_heads, 'K/V head')} of {chosen.head_dim}."
+                            f"{window} Source: {html.escape(chosen.source)}</small>{published}")
         draw_query_groups(live.axes[0], h, kv)
         draw_bytes_per_choice(live.axes[1], layers.value, h, head_dim.value, kv,
                               int(dtype.value), budget_bytes())

@@ -11,13 +11,14 @@ plain figure.
 from __future__ import annotations
 
 import html
+import math
 from numbers import Integral
 
 import ipywidgets as widgets
 
 from kvlib.memory import PRESETS, GiB, kv_cache_bytes, latent_cache_bytes
 
-from .base import LiveFigure, explorer
+from .base import LiveFigure, explorer, plural
 
 KIND_COLORS = {"MHA": "#3b528b", "GQA": "#21918c", "MQA": "#5ec962", "MLA": "#fde725"}
 """One viridis colour per kind of attention, dark (caches most) to light (the latent)."""
@@ -33,6 +34,23 @@ def grouped_kv_heads(n_heads: int) -> int | None:
         return GQA_KV_HEADS
     divisors = [k for k in range(2, n_heads) if n_heads % k == 0]
     return max(divisors) if divisors else None
+
+
+def compared_with(ratio: float, other: str) -> str:
+    """How one size compares with another's (notebook 16), ratio = other's / this one's:
+    '56.9 times less than MHA', '2.0 times more than MHA', 'as much as MHA'."""
+    if round(ratio, 1) == 1.0:
+        return f"as much as {other}"
+    if ratio > 1:
+        return f"{ratio:,.1f} times less than {other}"
+    return f"{1 / ratio:,.1f} times more than {other}"
+
+
+def _short_comparison(ratio: float) -> str:
+    """The bar label's note: '(56.9x less)', '(2.0x more)', '(the same)'."""
+    if round(ratio, 1) == 1.0:
+        return "(the same)"
+    return f"({ratio:,.1f}x less)" if ratio > 1 else f"({1 / ratio:,.1f}x more)"
 
 
 def _whole(name: str, value, minimum: int) -> int:
@@ -70,7 +88,7 @@ def draw_bytes_per_token(ax, labels, values, kinds, title: str = "",
                          compare_to_first: bool = True) -> None:
     """Horizontal bars of bytes per token on a log scale (notebook 16), one colour per kind
     ('MHA', 'GQA', 'MQA', 'MLA'), each bar labelled with its bytes and, with
-    compare_to_first, with how many times less than the first bar it caches."""
+    compare_to_first, with how many times less (or more) than the first bar it caches."""
     if not (len(labels) == len(values) == len(kinds)) or not labels:
         raise ValueError(f"need as many labels, values and kinds, at least one each; got "
                          f"{len(labels)}, {len(values)}, {len(kinds)}")
@@ -84,8 +102,7 @@ def draw_bytes_per_token(ax, labels, values, kinds, title: str = "",
     ax.barh(positions, values, color=[KIND_COLORS[k] for k in kinds], edgecolor="black",
             linewidth=0.5)
     for y, value in zip(positions, values):
-        ratio = values[0] / value
-        note = f"  ({ratio:,.1f}x less)" if compare_to_first and y > 0 else ""
+        note = f"  {_short_comparison(values[0] / value)}" if compare_to_first and y > 0 else ""
         ax.text(value, y, f" {value:,}{note}", va="center", fontsize=9)
     ax.set_yticks(list(positions), labels)
     ax.invert_yaxis()
@@ -98,8 +115,32 @@ def draw_bytes_per_token(ax, labels, values, kinds, title: str = "",
 
 def _kind_label(kind: str, kv_heads: int | None, latent_dim: int, rope_head_dim: int) -> str:
     if kind == "MLA":
-        return f"MLA, latent {latent_dim} + rotary {rope_head_dim}"
-    return f"{kind}, {kv_heads} K/V head{'s' if kv_heads != 1 else ''}"
+        return f"MLA, latent {latent_dim:,} + rotary {rope_head_dim:,}"
+    return f"{kind}, {plural(kv_heads, 'K/V head')}"
+
+
+def fit_labels(ax, pad_pixels: float = 8.0) -> None:
+    """Make room for the labels of notebook 16's bars, whose lengths follow what is typed: on
+    the left of the figure for the longest y tick label, and on the right of the (log) x
+    axis for the text after each bar. Measures the texts as drawn, which costs far less
+    than a full tight_layout."""
+    figure = ax.figure
+    widest = max((label.get_window_extent().width for label in ax.get_yticklabels()),
+                 default=0.0)
+    figure_width = figure.get_figwidth() * figure.dpi
+    left = min(0.6, (widest + pad_pixels + ax.yaxis.get_tick_padding() * figure.dpi / 72)
+               / figure_width)
+    figure.subplots_adjust(left=max(left, 0.05))
+    # a text anchored at value v ends inside the axes when the axes span, in decades, is at
+    # least (log v - log bottom) / (1 - its width / the axes width)
+    axes_width = ax.get_window_extent().width
+    bottom = ax.get_xlim()[0]
+    decades = [math.log10(text.get_position()[0] / bottom)
+               / max(1 - (text.get_window_extent().width + pad_pixels) / axes_width, 0.05)
+               for text in ax.texts]
+    top = bottom * 10 ** max(decades, default=0.0)
+    if top > ax.get_xlim()[1]:
+        ax.set_xlim(bottom, top)
 
 
 def latent_cache_calculator(preset: str = "DeepSeek-V2", latent_dim: int | None = None,
@@ -109,8 +150,9 @@ def latent_cache_calculator(preset: str = "DeepSeek-V2", latent_dim: int | None 
     The preset gives the layers, query heads and head size (for DeepSeek-V2 and V3, the
     heads that latent attention rebuilds); latent_dim and rope_head_dim default to the
     preset's own (512 and 64 for DeepSeek), or to DeepSeek's proportions, 4 x and 1/2 x the
-    head size, for models without latent attention. Choosing a preset with a latent of its
-    own brings its sizes; choosing another keeps the sizes typed. Numbers in BF16.
+    head size, for models without latent attention. Choosing a preset brings its sizes
+    (those typed for the previous one are dropped: they were sized for other heads).
+    Numbers in BF16.
 
     Returns a VBox with what the tests use: ``controls`` ({"preset", "latent_dim",
     "rope_head_dim"}), ``status`` and ``message`` (HTML; bad input is explained in the
@@ -145,14 +187,13 @@ def latent_cache_calculator(preset: str = "DeepSeek-V2", latent_dim: int | None 
     state = {"loading": False}
 
     def on_preset(change):
-        # a preset with its own latent brings its dc and dr; redraw once, after both are set
+        # every preset brings its own dc and dr; redraw once, after both are set
         model = PRESETS.get(change["new"])
-        if model is None or model.latent_dim is None:
+        if model is None:
             return
         state["loading"] = True
         try:
-            controls["latent_dim"].value = model.latent_dim
-            controls["rope_head_dim"].value = model.rope_head_dim
+            controls["latent_dim"].value, controls["rope_head_dim"].value = defaults(model)
         finally:
             state["loading"] = False
 
@@ -166,15 +207,16 @@ def latent_cache_calculator(preset: str = "DeepSeek-V2", latent_dim: int | None 
         kv_heads = {"MHA": model.n_heads, "GQA": grouped_kv_heads(model.n_heads), "MQA": 1}
         labels = [_kind_label(kind, kv_heads.get(kind), dc, dr) for kind in sizes]
         draw_bytes_per_token(live.ax, labels, list(sizes.values()), list(sizes),
-                             title=f"{model.name}'s shapes: {model.n_layers} layers, "
-                                   f"{model.n_heads} heads of {model.head_dim}, BF16")
+                             title=f"{model.name}'s shapes: {plural(model.n_layers, 'layer')}, "
+                                   f"{plural(model.n_heads, 'head')} of {model.head_dim}, BF16")
+        fit_labels(live.ax)
         live.show()
         mla, mha = sizes["MLA"], sizes["MHA"]
         equivalent = (dc + dr) / (2 * model.head_dim)
         context = model.context_length
         status.value = "<br>".join([
-            f"MLA caches {model.n_layers} layers x ({dc} + {dr}) numbers x 2 bytes = "
-            f"<b>{mla:,} bytes a token</b>: {mha / mla:,.1f} times less than MHA "
+            f"MLA caches {plural(model.n_layers, 'layer')} x ({dc:,} + {dr:,}) numbers x 2 "
+            f"bytes = <b>{mla:,} bytes a token</b>: {compared_with(mha / mla, 'MHA')} "
             f"({mha:,}), as much as GQA with {equivalent:,.2f} K/V heads of "
             f"{model.head_dim}.",
             f"At {context:,} tokens (the context length): {mla * context / GiB:,.2f} GiB "

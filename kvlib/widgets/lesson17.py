@@ -9,7 +9,9 @@ The pictures (each draws into a given Axes, cleared first):
 - draw_cache_bytes: bytes held against tokens seen, a full cache against the ring;
 - draw_reach: which earlier tokens can change the last token's output, by number of layers;
 - draw_window_losses: held-out loss beyond the window against W, for each choice of cache;
-- draw_loss_by_position: the loss of each prediction along the sequence.
+- draw_loss_by_position: the loss of each prediction along the sequence;
+- draw_sink_heads: the weight each head of a real model (SmolLM2) puts on position 0;
+- draw_sinks_won_back: the share of a window's cost that keeping sinks wins back, by model.
 
 The widget, ``window_explorer()``: sliders for W, sink_tokens and the tokens seen; it
 prefills a real SlidingWindowCache and shows its mask, its slots and its bytes.
@@ -28,7 +30,7 @@ from matplotlib.patches import Patch, Rectangle
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, explorer
+from .base import LiveFigure, explorer, plural
 
 FUTURE, DROPPED, SINK, IN_WINDOW = 0, 1, 2, 3
 VISIBILITY_NAMES = {FUTURE: "after the query (causal)", DROPPED: "fell out of the window",
@@ -54,10 +56,6 @@ def visibility(n_positions: int, window: int | None, sink_tokens: int = 0) -> np
     seen = kvlib.attention_mask(positions, positions, window, sink_tokens)
     kinds = np.where(seen, IN_WINDOW, np.where(causal, DROPPED, FUTURE))
     return np.where(seen & (positions < sink_tokens)[None, :], SINK, kinds)
-
-
-def _sinks(n: int) -> str:
-    return f"{n} sink" if n == 1 else f"{n} sinks"
 
 
 def _tick_step(n: int) -> int:
@@ -91,7 +89,8 @@ def draw_window_mask(ax, n_positions: int, window: int | None, sink_tokens: int 
                              label=VISIBILITY_NAMES[k]) for k in shown],
               loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, frameon=False,
               fontsize=8)
-    where = "full attention" if window is None else f"window W = {window}, {_sinks(sink_tokens)}"
+    where = ("full attention" if window is None
+             else f"window W = {window}, {plural(sink_tokens, 'sink')}")
     ax.set_title(title or f"Which keys each query sees ({where})", pad=24)
     return ax
 
@@ -177,8 +176,9 @@ def draw_cache_bytes(ax, tokens, full_bytes, ring_bytes, window: int, sink_token
     ax.clear()
     ax.plot(tokens, full_bytes, color=FULL_COLOR, marker=".", label="full cache (KVCache)")
     ax.plot(tokens, ring_bytes, color=RING_COLOR, marker=".", lw=2.5,
-            label=f"ring buffer (SlidingWindowCache, W = {window}, {_sinks(sink_tokens)})")
-    ax.annotate(f"stops at sinks + W = {window + sink_tokens} rows a layer",
+            label=f"ring buffer (SlidingWindowCache, W = {window}, "
+                  f"{plural(sink_tokens, 'sink')})")
+    ax.annotate(f"stops at sinks + W = {plural(window + sink_tokens, 'row')} a layer",
                 (tokens[-1], ring_bytes[-1]), xytext=(0, 8), textcoords="offset points",
                 ha="right", va="bottom", fontsize=8, color="#333333")
     ax.set_xlabel("tokens seen (prompt + generated)")
@@ -208,7 +208,7 @@ def draw_reach(ax, changes, layer_counts, window: int):
     for row, layers in enumerate(layer_counts):
         reach = layers * (window - 1)
         ax.plot([reach + 0.5] * 2, [row - 0.5, row + 0.5], color="black", lw=2)
-    ax.set_yticks(range(len(layer_counts)), [f"{n} layer{'s' * (n > 1)}" for n in layer_counts])
+    ax.set_yticks(range(len(layer_counts)), [plural(n, "layer") for n in layer_counts])
     ax.set_xlabel("how far before the last token the replaced token is (positions)")
     ax.set_title(f"Window W = {window}: what a replaced token changes in the last output\n"
                  "(grey: exactly nothing; black line: L x (W - 1) back)")
@@ -218,31 +218,46 @@ def draw_reach(ax, changes, layer_counts, window: int):
 
 # ---------------------------------------------------------------------------- the loss
 
-def draw_window_losses(ax, windows, losses: dict, full_loss: float, title: str | None = None):
+BASELINE_STYLES = (":", "-.", (0, (1, 4)))
+"""Line styles of the baselines (a bigram, a uniform guess, ...), told apart without colour."""
+
+
+def _draw_baselines(ax, baselines: dict | None) -> None:
+    """Each baseline {label: loss} as a grey horizontal line of its own style."""
+    for index, (label, value) in enumerate((baselines or {}).items()):
+        ax.axhline(value, color="#555555", lw=1.2, label=label,
+                   ls=BASELINE_STYLES[index % len(BASELINE_STYLES)])
+
+
+def draw_window_losses(ax, windows, losses: dict, full_loss: float, title: str | None = None,
+                       baselines: dict | None = None):
     """Held-out loss beyond the window against W (notebook 17): losses maps a label
     ("window only", "window + 4 sinks", ...) to one loss per window; the full cache's loss
-    is a dashed line."""
+    is a dashed line, and each of `baselines` ({"bigram": 2.6, ...}) a grey line."""
     ax.clear()
     markers = "osD^v"
     for index, (label, values) in enumerate(losses.items()):
         ax.plot(windows, values, marker=markers[index % len(markers)],
                 color=_VIRIDIS(0.15 + 0.7 * index / max(len(losses) - 1, 1)), label=label)
     ax.axhline(full_loss, color="black", ls="--", lw=1, label="full cache")
+    _draw_baselines(ax, baselines)
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(windows), [str(w) for w in windows])
     ax.set_xlabel("window W (positions)")
     ax.set_ylabel("held-out loss (nats per token)")
     ax.set_title(title or "Loss beyond the window, same weights")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend_above_the_data(ax)
     return ax
 
 
-def draw_loss_by_position(ax, curves: dict, window: int, smoothing: int = 8):
+def draw_loss_by_position(ax, curves: dict, window: int, smoothing: int = 8,
+                          baselines: dict | None = None):
     """Next-token loss against the position of the predicted token (notebook 17): curves
     maps a label to the mean loss of each prediction (T - 1,), the prediction at index i
     being of token i + 1; each curve is averaged over `smoothing` neighbours. A dashed line
-    marks the window: before it nothing has been forgotten."""
+    marks the window: before it nothing has been forgotten. Each of `baselines`
+    ({"uniform guess": 5.6, ...}) is a grey horizontal line."""
     ax.clear()
     kernel = np.ones(smoothing) / smoothing
     for index, (label, curve) in enumerate(curves.items()):
@@ -251,12 +266,93 @@ def draw_loss_by_position(ax, curves: dict, window: int, smoothing: int = 8):
         ax.plot(np.arange(first, first + len(smooth)), smooth, label=label,
                 color=_VIRIDIS(0.8 * index / max(len(curves) - 1, 1)))
     ax.axvline(window, color="#888888", ls="--", lw=1)
+    _draw_baselines(ax, baselines)
     ax.set_xlabel("position of the predicted token")
-    ax.set_ylabel(f"loss (nats), mean over {smoothing} positions")
+    ax.set_ylabel(f"loss (nats), mean over {plural(smoothing, 'position')}")
     ax.set_title(f"Where the loss comes from: W = {window}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend_above_the_data(ax)
     return ax
+
+
+# ------------------------------------------------------------------- a real model's sinks
+
+SINK_THRESHOLD = 0.5
+"""draw_sink_heads outlines the heads that put more than this on position 0."""
+
+
+def draw_sink_heads(ax, on_first, even_share: float, first_query: int | None = None,
+                    threshold: float = SINK_THRESHOLD, title: str | None = None):
+    """Where a real model's heads put their attention (notebook 17, SmolLM2): on_first
+    (layers, heads), the mean weight each head gives position 0 over the measured queries,
+    drawn with layers across and heads down, viridis from 0 to 1 (the whole possible range,
+    so that 0.1 and 1.0 look as different as they are), each cell's value written in
+    hundredths and the heads above `threshold` outlined. even_share is the weight an even
+    spread would give position 0 (in the title, with first_query, the first query measured).
+    Returns the image; the colour bar is marked at the threshold."""
+    on_first = np.asarray(on_first, dtype=float)
+    if on_first.ndim != 2 or not np.isfinite(on_first).all() or on_first.min() < 0 \
+            or on_first.max() > 1:
+        raise ValueError(f"on_first must be a (layers, heads) array of weights in 0..1, got "
+                         f"shape {on_first.shape}")
+    ax.clear()
+    n_layers, n_heads = on_first.shape
+    image = ax.imshow(on_first.T, cmap=plots.COLORMAP, vmin=0.0, vmax=1.0, aspect="auto",
+                      interpolation="nearest")
+    for (layer, head), value in np.ndenumerate(on_first):
+        text = "1" if round(value, 2) >= 1 else f"{value:.2f}"[1:]          # ".94", "1"
+        ax.text(layer, head, text, ha="center", va="center", fontsize=6,
+                color="black" if value > 0.55 else "white")
+        if value > threshold:
+            ax.add_patch(Rectangle((layer - 0.5, head - 0.5), 1, 1, fill=False,
+                                   edgecolor="white", lw=1.2))
+    ax.set_xticks(range(n_layers), [str(i) if i % 2 == 0 else "" for i in range(n_layers)])
+    ax.set_yticks(range(n_heads), [str(h) for h in range(n_heads)])
+    ax.set_xlabel("layer")
+    ax.set_ylabel("query head")
+    queries = "" if first_query is None else f" from position {first_query} on"
+    above = int((on_first > threshold).sum())
+    ax.set_title(title or f"Mean attention on position 0, queries{queries} (an even spread: "
+                          f"{even_share:.3f}); {above} of {on_first.size} heads above "
+                          f"{threshold:g}, outlined", fontsize=10)
+    bar = ax.figure.colorbar(image, ax=ax, fraction=0.03, pad=0.015)
+    bar.set_label("weight on position 0")
+    bar.ax.axhline(threshold, color="white", lw=1.2)
+    return image
+
+
+def draw_sinks_won_back(ax, shares: dict, title: str | None = None):
+    """How much of a window's cost keeping sinks wins back (notebook 17): shares maps a
+    model's name to {window: share}, the share being (window loss - window + sinks loss) /
+    (window loss - full loss); one group of bars a model, one bar a window, each labelled
+    with its window and its percentage."""
+    ax.clear()
+    x, ticks, names = 0.0, [], []
+    for index, (model, by_window) in enumerate(shares.items()):
+        color = _VIRIDIS(0.2 + 0.6 * index / max(len(shares) - 1, 1))
+        start = x
+        for window, share in by_window.items():
+            ax.bar(x, 100 * share, width=0.8, color=color, edgecolor="black", lw=0.6)
+            ax.text(x, 100 * share + 2, f"{share:.0%}", ha="center", va="bottom", fontsize=8)
+            ax.text(x, -3, f"W = {window}", ha="center", va="top", fontsize=8)
+            x += 1
+        ticks.append((start + x - 1) / 2)
+        names.append(model)
+        x += 0.8
+    ax.set_xticks(ticks, names)
+    ax.tick_params(axis="x", pad=16, length=0)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("share of the window's cost won back (%)")
+    ax.set_title(title or "What 4 sinks win back")
+    ax.grid(axis="y", alpha=0.3)
+    return ax
+
+
+def _legend_above_the_data(ax) -> None:
+    """A two-column legend in a band added above the highest line, where it hides none."""
+    top = max(max(np.max(line.get_ydata()) for line in ax.get_lines()), 0.0)
+    ax.set_ylim(0, 1.45 * top if top > 0 else 1.0)
+    ax.legend(fontsize=8, ncol=2, loc="upper right")
 
 
 # ------------------------------------------------------------------------------ widget
@@ -329,17 +425,18 @@ def window_explorer(params: kvlib.Params | None = None, window: int = 4,
                      full_bytes=full_bytes)
         draw_window_mask(live.axes[0], n, W, s)
         draw_ring(live.axes[1], contents, s, newest=n - 1, next_slot=ring_slot(n, W, s),
-                  title=f"The ring after {n} tokens: {s} sink slot{'s' * (s != 1)} "
-                        f"+ {W} window slots")
+                  title=f"The ring after {plural(n, 'token')}: {plural(s, 'sink slot')} "
+                        f"+ {plural(W, 'window slot')}")
         held = cache.key_positions()
         config = cache.config
         status.value = (
-            f"After {n} tokens the ring holds {len(held)} positions: "
+            f"After {plural(n, 'token')} the ring holds {plural(len(held), 'position')}: "
             f"{_ranges(held)}. Position {n} will go to slot "
             f"{ring_slot(n, W, s)}.<br>"
-            f"cache.nbytes = 2 (K, V) x {config.n_layers} layers x {len(held)} rows x "
-            f"{config.kv_width} numbers x {config.numpy_dtype.itemsize} bytes = "
-            f"<b>{cache.nbytes:,} bytes</b>; a full cache of {n} positions: "
+            f"cache.nbytes = 2 (K, V) x {plural(config.n_layers, 'layer')} x "
+            f"{plural(len(held), 'row')} x {plural(config.kv_width, 'number')} x "
+            f"{plural(config.numpy_dtype.itemsize, 'byte')} = "
+            f"<b>{cache.nbytes:,} bytes</b>; a full cache of {plural(n, 'position')}: "
             f"{full_bytes:,} bytes.")
         if not state.get("laid_out"):        # once: the labels keep their places, and a
             live.figure.tight_layout()       # layout pass is most of the time of a redraw

@@ -15,17 +15,35 @@ import ipywidgets as widgets
 import numpy as np
 from matplotlib.collections import PatchCollection
 from matplotlib.patches import ConnectionPatch, Rectangle
+from matplotlib.ticker import MaxNLocator
 
 import kvlib
 from kvlib.serving import PoolTimeline, Request, request_mix
 
-from .base import LiveFigure, safely
+from .base import OneRenderFigure, plural, safely
 
 # Okabe and Ito's colour-blind-safe palette (without black, which hides the labels); a
 # request and its forks share a colour, and every block also carries the sequence's name
 OWNER_COLORS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
 FREE_COLOR = "#eeeeee"
 POOL_COLUMNS = 8
+# rows of the pool this far apart: room for the labels above a block and the numbers below
+# the row over it, so that the two never share a line
+ROW_PITCH = 1.3
+
+
+def pool_columns(n_blocks: int) -> int:
+    """Blocks in a row of the drawn pool: 8, or 16 for a large pool (96 blocks of 1), which
+    would otherwise need too many rows to read."""
+    return POOL_COLUMNS if n_blocks <= 4 * POOL_COLUMNS else 2 * POOL_COLUMNS
+
+
+def block_place(block: int, n_blocks: int, columns: int | None = None) -> tuple[float, float]:
+    """Where draw_pool puts a block: the lower-left corner (x, y) of its slots, row by row
+    from the top."""
+    columns = columns or pool_columns(n_blocks)
+    rows = -(-n_blocks // columns)
+    return float(block % columns), (rows - 1 - block // columns) * ROW_PITCH
 
 
 def owner_color(name: str) -> str:
@@ -67,22 +85,25 @@ def _rectangles(ax, rectangles, **options):
 
 
 def draw_pool(ax, n_blocks: int, block_size: int, block_tables: dict, lengths: dict,
-              copied=(), title: str | None = None, columns: int = POOL_COLUMNS):
+              copied=(), title: str | None = None, columns: int | None = None):
     """The pool as a grid of blocks (notebook 19), each cut into block_size slots: the
     filled slots in the owner's colour, shared blocks hatched with their reference count
     ("x2"), free blocks grey, blocks just made by copy-on-write outlined in black.
 
     block_tables: {name: [block ids]}; lengths: {name: positions held}. The label above
-    block b (its owners, or "free") is a text with gid "block b", so that tests can read
-    the pool back. Returns ax.
+    block b (its owners, or "free"; empty for a free block of a pool drawn 16 blocks a row)
+    is a text with gid "block b", its number below it one with gid "number b", so that
+    tests can read the pool back. Returns ax.
     """
     _wipe(ax)
+    columns = columns or pool_columns(n_blocks)
+    small = columns > POOL_COLUMNS                 # narrower blocks: smaller labels
     owners = block_owners(block_tables, lengths, block_size)
     rows = -(-n_blocks // columns)
     slot = 0.9 / block_size
     plain, plain_colors, hatched, hatched_colors, outlines, widths = [], [], [], [], [], []
     for block in range(n_blocks):
-        x, y = block % columns, rows - 1 - block // columns
+        x, y = block_place(block, n_blocks, columns)
         names, filled = owners.get(block, ((), 0))
         color = owner_color(names[0]) if names else FREE_COLOR
         for position in range(block_size):
@@ -97,19 +118,19 @@ def draw_pool(ax, n_blocks: int, block_size: int, block_tables: dict, lengths: d
         widths.append(2.4 if block in copied else 0.8)
         if len(names) > 1:
             label = f"shared x{len(names)}"
-        else:
-            label = names[0] if names else "free"
-        ax.text(x + 0.45, y + 0.68, label, ha="center", va="bottom", fontsize=7,
+        else:         # a large pool's free blocks go unlabelled: grey says it, with fewer texts
+            label = names[0] if names else ("" if small else "free")
+        ax.text(x + 0.45, y + 0.68, label, ha="center", va="bottom", fontsize=5 if small else 7,
                 color="black" if names else "#888888", gid=f"block {block}")
-        ax.text(x + 0.02, y - 0.05, str(block), ha="left", va="top", fontsize=6,
-                color="#333333")
+        ax.text(x + 0.02, y - 0.05, str(block), ha="left", va="top", fontsize=5 if small else 6,
+                color="#333333", gid=f"number {block}")
     _rectangles(ax, plain, facecolors=plain_colors, edgecolors="#aaaaaa", linewidths=0.4)
     _rectangles(ax, hatched, facecolors=hatched_colors, edgecolors="#555555",
                 linewidths=0.4, hatch="///")
     _rectangles(ax, outlines, facecolors="none", linewidths=widths,
                 edgecolors=["black" if w > 1 else "#555555" for w in widths])
     ax.set_xlim(-0.1, columns)
-    ax.set_ylim(-0.25, rows)
+    ax.set_ylim(-0.3, (rows - 1) * ROW_PITCH + 0.95)
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(title or f"The pool: {n_blocks} blocks of {block_size} positions "
@@ -182,12 +203,11 @@ def draw_gather(figure, n_blocks: int, block_size: int, block_tables: dict, leng
     rows_ax.set_ylim(-0.2, n)
     rows_ax.axis("off")
     rows_ax.set_title(f"{reader}'s K rows,\ngathered in order", fontsize=10)
-    columns = POOL_COLUMNS
-    pool_rows = -(-n_blocks // columns)
     for index, block in enumerate(table):
         top = n - index * block_size
+        x, y = block_place(block, n_blocks)
         figure.add_artist(ConnectionPatch(
-            xyA=(block % columns + 0.9, pool_rows - 1 - block // columns + 0.31),
+            xyA=(x + 0.9, y + 0.31),
             coordsA=pool_ax.transData, xyB=(0, top - 0.5), coordsB=rows_ax.transData,
             arrowstyle="->", color=owner_color(reader), lw=1.0, alpha=0.8, gid="gather"))
     return pool_ax, table_ax, rows_ax
@@ -245,6 +265,7 @@ def plot_timeline(ax, history, bytes_per_position: int, unit: int = 1024,
                ls=":", label="pool size")
     ax.relim()
     ax.autoscale_view()
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # steps are whole
     ax.set_xlabel("step")
     ax.set_ylabel(f"cache memory ({unit_name})")
     ax.set_title("Memory over time")
@@ -281,7 +302,7 @@ def pool_explorer(params=None, n_blocks: int = 24, block_size: int = 4, requests
     size = widgets.Dropdown(options=sizes, value=block_size, description="block size",
                             layout=widgets.Layout(width="12em"))
     status, events, check, message = (widgets.HTML() for _ in range(4))
-    live = LiveFigure(figsize=(11, 6.4))
+    live = OneRenderFigure(figsize=(11, 6.4))
     figure = live.figure
     grid = figure.add_gridspec(2, 2, height_ratios=[1.25, 1], width_ratios=[1.5, 1],
                                hspace=0.35, wspace=0.25, left=0.06, right=0.84)
@@ -305,10 +326,13 @@ def pool_explorer(params=None, n_blocks: int = 24, block_size: int = 4, requests
         plot_timeline(axes["memory"], timeline.history, per_position)
         snapshot = timeline.history[-1]
         fits = pool_positions // params.config.context_length
+        forks = (f", {plural(timeline.n_forks, 'fork')} among them"
+                 if timeline.n_forks else "")
         status.value = (
-            f"Step {timeline.step_number}: {len(timeline.running)} running, "
-            f"{len(timeline.waiting)} waiting, {len(timeline.finished)} finished of "
-            f"{len(requests)} requests; {timeline.preemptions} preemptions. "
+            f"Step {timeline.step_number}: {plural(len(timeline.running), 'sequence')} "
+            f"running, {len(timeline.waiting)} waiting, {len(timeline.finished)} finished"
+            f"{forks}; {timeline.requests_done} of {len(requests)} requests done; "
+            f"{plural(timeline.preemptions, 'preemption')}. "
             f"Paged: {snapshot.paged_positions * per_position:,} bytes in "
             f"{allocator.n_used} blocks for {snapshot.used_positions} positions. Contiguous "
             f"caches of {params.config.context_length} positions would reserve "
@@ -325,7 +349,9 @@ def pool_explorer(params=None, n_blocks: int = 24, block_size: int = 4, requests
                        if difference < 1e-10 else
                        f"<b>A sequence's K and V differ from a contiguous cache</b> "
                        f"(max difference {difference:.1e})")
-        fork_of.options = [seq.name for seq in timeline.running]
+        chosen, names = fork_of.value, [seq.name for seq in timeline.running]
+        fork_of.options = names            # new options clear the choice: keep it, or the first
+        fork_of.value = chosen if chosen in names else (names[0] if names else None)
         next_step.disabled = timeline.all_done
         fork.disabled = not timeline.running
         live.show()

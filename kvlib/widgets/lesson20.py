@@ -5,6 +5,7 @@ tree their parent keys make (hit counts on each block; the blocks the new reques
 highlighted), the request's tokens (reused or prefilled), and the pool (free, cached and
 idle, held by running requests). ``prefix_stream_explorer()`` serves a seeded stream of
 requests, many starting with one of two system prompts, one click at a time.
+``draw_reuse_bars`` draws, for a few requests, the prompt tokens reused and computed.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from matplotlib.patches import Patch
 import kvlib
 from kvlib.serving import ROOT_KEY, Admission, PrefixServer
 
-from .base import LiveFigure, safely
+from .base import OneRenderFigure, plural, safely
 
 TOLERANCE = 1e-10
 _VIRIDIS = plt.get_cmap("viridis")
 REUSED_COLOR = _VIRIDIS(0.95)       # yellow: reused by the request just admitted
-NEW_COLOR = _VIRIDIS(0.6)           # green: cached by the request that just finished
+NEW_COLOR = _VIRIDIS(0.6)           # green: cached by the request just admitted
 HELD_COLOR = _VIRIDIS(0.3)          # blue: held by a running request
 IDLE_COLOR = "#d9d9d9"              # grey: cached, held by nobody (evictable)
 FREE_COLOR = "#ffffff"
@@ -118,17 +119,40 @@ def _short(labels, width: int = 18) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _wipe(ax) -> None:
+    """Remove what an earlier draw put on ax, keeping its ticks and legend: much faster than
+    ax.clear(), which rebuilds them, so that a widget answers at once."""
+    for artist in [*ax.images, *ax.texts, *ax.collections, *ax.patches, *ax.lines]:
+        artist.remove()
+
+
+def _show_cells(ax, cells, cmap, vmin, vmax) -> None:
+    """One row of coloured cells (1, n) on ax, replacing what an earlier draw left there."""
+    _wipe(ax)
+    ax.imshow(cells, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    n = cells.shape[1]
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_ylim(0.5, -0.5)
+
+
 def draw_prefix_tree(ax, prefix_cache, labels_of, reused=(), new=(), title=None):
     """The cached blocks as a tree (notebook 20): one box per block, at its depth, linked to
     its parent; each box says its pool block, its hits and its tokens. Blocks in `reused`
     (pool block ids) are highlighted, those in `new` marked as just cached; blocks held by a
     running request are blue, idle ones grey. labels_of(ids) gives the token strings."""
-    ax.clear()
+    _wipe(ax)
     entries = prefix_cache.entries
     reused, new = set(reused), set(new)
     ax.set_title(title or f"Prefix cache: {len(entries)} blocks of {prefix_cache.block_size} "
                  "tokens (box: pool block, hits, tokens)")
     ax.set_axis_off()
+    if ax.get_legend() is None:
+        ax.legend(handles=[Patch(facecolor=color, edgecolor="#444444") for color in
+                           (REUSED_COLOR, NEW_COLOR, HELD_COLOR, IDLE_COLOR)],
+                  labels=["reused by this request", "cached by this request (held by it)",
+                          "held by a running request", "idle (can be evicted)"],
+                  loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, frameon=False,
+                  fontsize=8)
     if not entries:
         ax.text(0.5, 0.5, "the prefix cache is empty", ha="center", va="center",
                 transform=ax.transAxes)
@@ -156,36 +180,54 @@ def draw_prefix_tree(ax, prefix_cache, labels_of, reused=(), new=(), title=None)
                 bbox=dict(boxstyle="round,pad=0.25", facecolor=color, edgecolor="#444444"))
     ax.set_xlim(-0.6, depth + 0.6)
     ax.set_ylim(rows + 0.7, -0.7)
-    ax.legend(handles=[Patch(facecolor=REUSED_COLOR, edgecolor="#444444"),
-                       Patch(facecolor=NEW_COLOR, edgecolor="#444444"),
-                       Patch(facecolor=HELD_COLOR, edgecolor="#444444"),
-                       Patch(facecolor=IDLE_COLOR, edgecolor="#444444")],
-              labels=["reused by this request", "cached by a request that just finished",
-                      "held by a running request", "idle (can be evicted)"],
-              loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, frameon=False,
-              fontsize=8)
     return ax
 
 
 def draw_request(ax, labels, reused_tokens: int, block_size: int, title=None):
     """One request's tokens, reused from the cache or prefilled (notebook 20), with its
     block boundaries."""
-    ax.clear()
     n = len(labels)
     if not 0 <= reused_tokens <= n:
         raise ValueError(f"reused_tokens must be between 0 and {n}, got {reused_tokens}")
     strip = (np.arange(n) < reused_tokens).astype(float)[None, :]
-    ax.imshow(strip, cmap=ListedColormap([PRIVATE_COLOR, REUSED_COLOR]), vmin=0, vmax=1,
-              aspect="auto")
+    _show_cells(ax, strip, ListedColormap([PRIVATE_COLOR, REUSED_COLOR]), 0, 1)
     bounds = np.arange(block_size, n, block_size) - 0.5
     ax.add_collection(LineCollection([((b, -0.5), (b, 0.5)) for b in bounds], colors="white",
                                      linewidths=2.5))
     ax.set_yticks([])
     if n <= MAX_TOKEN_LABELS:
         ax.set_xticks(range(n), labels, rotation=90, fontsize=8)
+    else:
+        ax.set_xticks([])
     ax.set_xlabel("the request's tokens (white lines: block boundaries)", fontsize=9)
     ax.set_title(title or f"{reused_tokens} tokens reused (yellow), {n - reused_tokens} "
                  "prefilled (purple)", fontsize=10)
+    return ax
+
+
+def draw_reuse_bars(ax, names, lengths, reused, block_size: int, title=None):
+    """Prompt tokens of each request, reused from the prefix cache or computed (notebook 20):
+    one horizontal bar a request, the reused part first (yellow, as in draw_request), the
+    computed part after it (purple), with the block boundaries of the reused part."""
+    lengths, reused = np.asarray(lengths), np.asarray(reused)
+    if lengths.shape != reused.shape or len(names) != len(lengths):
+        raise ValueError("give one name, one length and one reused count per request")
+    if ((reused < 0) | (reused > lengths)).any():
+        raise ValueError("a request cannot reuse more tokens than it has")
+    rows = np.arange(len(lengths))[::-1]                       # the first request on top
+    ax.barh(rows, reused, color=REUSED_COLOR, edgecolor="black", lw=0.5,
+            label="reused from the prefix cache")
+    ax.barh(rows, lengths - reused, left=reused, color=PRIVATE_COLOR, edgecolor="black",
+            lw=0.5, label="computed (prefilled)")
+    for row, n in zip(rows, reused):
+        for bound in range(block_size, int(n), block_size):
+            ax.plot([bound, bound], [row - 0.4, row + 0.4], color="white", lw=1)
+    ax.set_yticks(rows, names, fontsize=8)
+    ax.set_xlabel(f"prompt tokens (white lines: blocks of {block_size})")
+    ax.set_title(title or f"{int(reused.sum())} of {int(lengths.sum())} prompt tokens reused",
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=2,
+              frameon=False)
     return ax
 
 
@@ -204,10 +246,9 @@ def pool_states(server: PrefixServer) -> np.ndarray:
 
 def draw_pool(ax, states, title=None):
     """The pool, one cell per block, coloured by its state (pool_states; notebook 20)."""
-    ax.clear()
     states = np.asarray(states)
-    ax.imshow(states[None, :], cmap=ListedColormap(POOL_COLORS), vmin=-0.5,
-              vmax=len(POOL_COLORS) - 0.5, aspect="auto")
+    _show_cells(ax, states[None, :], ListedColormap(POOL_COLORS), -0.5,
+                len(POOL_COLORS) - 0.5)
     n = len(states)
     ax.add_collection(LineCollection([((b - 0.5, -0.5), (b - 0.5, 0.5)) for b in range(1, n)],
                                      colors="#999999", linewidths=0.8))
@@ -217,25 +258,49 @@ def draw_pool(ax, states, title=None):
     counts = np.bincount(states, minlength=len(POOL_STATES))
     ax.set_title(title or f"Pool of {n} blocks: " + ", ".join(
         f"{c} {name}" for c, name in zip(counts, POOL_SHORT_NAMES)), fontsize=10)
-    ax.legend(handles=[Patch(facecolor=c, edgecolor="#999999") for c in POOL_COLORS],
-              labels=list(POOL_STATES), loc="upper center", bbox_to_anchor=(0.5, -0.8),
-              ncol=4, frameon=False, fontsize=8)
+    if ax.get_legend() is None:
+        ax.legend(handles=[Patch(facecolor=c, edgecolor="#999999") for c in POOL_COLORS],
+                  labels=list(POOL_STATES), loc="upper center", bbox_to_anchor=(0.5, -0.8),
+                  ncol=4, frameon=False, fontsize=8)
     return ax
+
+
+def _state_layout(figure) -> list[tuple[float, float, float, float]]:
+    """Where the tree, the request strip and the pool go, as figure fractions (left, bottom,
+    width, height), from fixed room in inches for the titles, tick labels and legends: the
+    figure then needs no tight bounding box, which would draw it twice."""
+    height = figure.get_size_inches()[1]
+    pool_bottom, pool_height = 0.6, 0.3           # inches; the pool's legend below
+    request_bottom = pool_bottom + pool_height + 1.15    # its title, the strip's labels
+    request_height = 0.4
+    tree_bottom = request_bottom + request_height + 0.75  # the strip's title, tree legend
+    tree_top = height - 0.35                              # the tree's title
+    return [(0.02, tree_bottom / height, 0.96, (tree_top - tree_bottom) / height),
+            (0.02, request_bottom / height, 0.96, request_height / height),
+            (0.02, pool_bottom / height, 0.96, pool_height / height)]
 
 
 def draw_prefix_state(figure, server: PrefixServer, admission: Admission | None, labels_of,
                       new=()):
-    """The whole picture (notebook 20) into `figure`, cleared first: the prefix tree, the
-    request just admitted (if any) and the pool. Returns (tree, request, pool) Axes."""
-    figure.clear()
-    grid = figure.add_gridspec(3, 1, height_ratios=[4.2, 0.55, 0.35], hspace=1.1)
-    tree_ax, request_ax, pool_ax = (figure.add_subplot(grid[i]) for i in range(3))
+    """The whole picture (notebook 20) into `figure`: the prefix tree, the request just
+    admitted (if any) and the pool. Returns (tree, request, pool) Axes.
+
+    The three Axes are made on the first call and redrawn in place after (a widget redraws
+    at every click: rebuilding Axes and their ticks would cost more than the drawing)."""
+    axes = getattr(figure, "_prefix_state_axes", None)
+    if axes is None or list(axes) != figure.axes:
+        figure.clear()
+        axes = tuple(figure.add_axes(rect) for rect in _state_layout(figure))
+        figure._prefix_state_axes = axes
+    tree_ax, request_ax, pool_ax = axes
     reused = admission.reused_blocks if admission is not None else ()
     draw_prefix_tree(tree_ax, server.prefix_cache, labels_of, reused=reused, new=new)
     if admission is None:
+        _wipe(request_ax)
         request_ax.set_axis_off()
         request_ax.set_title("no request admitted yet", fontsize=10)
     else:
+        request_ax.set_axis_on()
         draw_request(request_ax, labels_of(admission.ids), admission.reused_tokens,
                      admission.block_size,
                      title=f"Request {admission.request}: {admission.reused_tokens} tokens "
@@ -263,7 +328,8 @@ def cache_table(prefix_cache, labels_of) -> str:
 class StreamRun:
     """A stream of requests served one arrival at a time (the widget's state): each arrival
     (a tick) first finishes the requests whose time is up, then admits the next request; a
-    request that does not fit waits, and is tried again at the next tick."""
+    request that does not fit waits, and is tried again at the next tick. newly_cached: the
+    blocks the last admission cached (its prompt's full blocks that were not cached yet)."""
 
     server: PrefixServer
     stream: list
@@ -283,19 +349,17 @@ class StreamRun:
             raise ValueError(f"the stream has only {len(self.stream)} requests: press Reset")
         tick = self.tick
         self.tick += 1
-        new = []
         for request, ends in sorted(self.finish_at.items()):
             if ends <= tick:
-                new += [entry.block for entry in self.server.finish(request)]
+                self.server.finish(request)
                 del self.finish_at[request]
-        self.newly_cached = tuple(new)
         item = self.stream[self.position]
         try:
             admission = self.server.admit(item.ids)
         except MemoryError:
-            self.waited = True
+            self.waited, self.newly_cached = True, ()
             return None
-        self.waited = False
+        self.waited, self.newly_cached = False, admission.cached_blocks
         self.finish_at[admission.request] = tick + item.lifetime
         self.position += 1
         self.admissions.append(admission)
@@ -311,7 +375,8 @@ def prefix_stream_explorer(params=None, seed: int = 0, n_blocks: int = 20, block
     (notebook 20).
 
     Returns a VBox with what the tests use: ``arrive`` (Button "Next request"), ``reset``
-    (Button "Reset"), ``pool`` (IntSlider: blocks in the pool), ``block`` (Dropdown: block
+    (Button "Reset"), ``pool`` (IntSlider: blocks in the pool, from the smallest pool the
+    stream fits in: two of its longest requests), ``block`` (Dropdown: block
     size), ``seed`` (BoundedIntText), ``status`` (HTML: the request, what it reused and
     prefilled, evictions, the pool, totals so far), ``check`` (HTML: its logits against a
     full recomputation), ``message`` (HTML: bad input in words), ``figure``, ``controls``,
@@ -323,13 +388,13 @@ def prefix_stream_explorer(params=None, seed: int = 0, n_blocks: int = 20, block
 
     arrive = widgets.Button(description="Next request", button_style="primary")
     reset = widgets.Button(description="Reset")
-    pool = widgets.IntSlider(value=n_blocks, min=8, max=48, description="pool blocks",
+    pool = widgets.IntSlider(value=n_blocks, min=2, max=48, description="pool blocks",
                              continuous_update=False)
     block = widgets.Dropdown(options=[2, 4, 8], value=block_size, description="block size")
     seed_box = widgets.BoundedIntText(value=seed, min=0, max=10_000, description="seed",
                                       layout=widgets.Layout(width="12em"))
     status, check, message = widgets.HTML(), widgets.HTML(), widgets.HTML()
-    live = LiveFigure(figsize=(11, 7))
+    live = OneRenderFigure(figsize=(11, 6.6))
     state = {}
 
     def describe(admission: Admission | None) -> None:
@@ -337,11 +402,11 @@ def prefix_stream_explorer(params=None, seed: int = 0, n_blocks: int = 20, block
         states = pool_states(run.server)
         counts = np.bincount(states, minlength=len(POOL_STATES))
         pool_line = (f"Pool: {counts[0]} free, {counts[1]} cached and idle, "
-                     f"{counts[2] + counts[3]} held by {len(run.server.running)} running "
-                     "requests.")
+                     f"{counts[2] + counts[3]} held by "
+                     f"{plural(len(run.server.running), 'running request')}.")
         share = 100 * run.reused_tokens / run.prompt_tokens if run.prompt_tokens else 0.0
         totals = (f"So far: {run.reused_tokens} of {run.prompt_tokens} prompt tokens reused "
-                  f"({share:.0f}%), {run.evicted} blocks evicted.")
+                  f"({share:.0f}%), {plural(run.evicted, 'block')} evicted.")
         if admission is None and run.waited:
             item = run.stream[run.position]
             text = (f"<b>Request {run.position} waits:</b> its {len(item.ids)} tokens need "
@@ -378,10 +443,23 @@ def prefix_stream_explorer(params=None, seed: int = 0, n_blocks: int = 20, block
         arrive.disabled = run.position >= len(run.stream)
         live.show()
 
+    def smallest_pool(stream, size: int) -> int:
+        # two requests may hold blocks at once: room for two of the stream's longest
+        return 2 * max(-(-len(item.ids) // size) for item in stream)
+
     def on_reset(*_):
+        if state.get("adjusting"):         # the slider's own change below: handled here
+            return
         size = int(block.value)
-        server = PrefixServer(params, int(pool.value), size)
         stream = request_stream(n_requests, int(seed_box.value), tokenizer)
+        smallest = smallest_pool(stream, size)
+        state["adjusting"] = True
+        try:                               # offer only pools this stream fits in; a raised
+            pool.max = max(pool.max, smallest)     # minimum moves the value up with it
+            pool.min = smallest
+        finally:
+            state["adjusting"] = False
+        server = PrefixServer(params, int(pool.value), size)
         longest = max(server.blocks_needed(len(item.ids)) for item in stream)
         if 2 * longest > server.allocator.n_blocks:   # two requests may hold blocks at once
             raise ValueError(f"a pool of {server.allocator.n_blocks} blocks of {size} is too "

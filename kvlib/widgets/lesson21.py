@@ -6,11 +6,15 @@ sequence, its real positions in the last columns, the padding hidden. ``draw_bat
 what was measured. ``draw_timelines(figure, static, continuous, now)`` draws two Gantt charts of
 one workload, under static and under continuous batching, and the batch occupancy of both;
 ``timeline_explorer()`` is that figure with a slider through time and the workload's controls.
+``smollm2_batching()`` loads what benchmarks/smollm2_batching.py measured on SmolLM2, and
+``draw_skinny_products(ax, ...)`` draws the time of one weight matrix times 1 to 16 rows.
 """
 
 from __future__ import annotations
 
 import html
+import json
+from pathlib import Path
 
 import ipywidgets as widgets
 import numpy as np
@@ -31,6 +35,11 @@ CONTINUOUS_COLOR = "#21918c"   # viridis teal
 PAD_COLOR = "#f0f0f0"
 REAL_COLOR = "#21918c"
 NEW_COLOR = "#fde725"
+PRODUCTS_COLOR = "#cc79a7"     # Okabe-Ito reddish purple: the step's products alone
+
+SMOLLM2_BATCHING = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / \
+    "smollm2_batching.json"
+"""What benchmarks/smollm2_batching.py measured on this project's machine (notebook 21)."""
 
 
 # ------------------------------------------------------------------------------ plain figures
@@ -70,10 +79,12 @@ def draw_padded_caches(ax, lengths, labels=None):
 
 
 def draw_batch_roofline(ax, batch_sizes, predicted, measured=None, one_at_a_time=None,
-                        crossover=None, title=None):
+                        crossover=None, title=None, products=None):
     """Tokens per second against the batch size (notebook 21): the roofline's prediction
     (a line), what was measured (dots) and decoding the sequences one at a time (a dashed
-    line), both axes logarithmic; `crossover` marks where the roofline turns compute-bound."""
+    line), both axes logarithmic; `crossover` marks where the roofline turns compute-bound
+    (a dotted line, named in the legend); `products`, the step's matrix products alone
+    (triangles, dotted)."""
     batch_sizes = np.asarray(batch_sizes)
     ax.plot(batch_sizes, predicted, "-", color="black", lw=1.5,
             label="roofline: B / max(FLOPs / rate, bytes / bandwidth)")
@@ -83,20 +94,62 @@ def draw_batch_roofline(ax, batch_sizes, predicted, measured=None, one_at_a_time
     if one_at_a_time is not None:
         ax.plot(batch_sizes, one_at_a_time, "s--", color=STATIC_COLOR, lw=1.2, ms=4,
                 label="measured: decode_step per sequence")
+    if products is not None:
+        ax.plot(batch_sizes, products, "^:", color=PRODUCTS_COLOR, lw=1.2, ms=5,
+                label="measured: the step's matrix products alone")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(batch_sizes, [str(int(b)) for b in batch_sizes])
     ax.xaxis.set_minor_locator(NullLocator())
     if crossover is not None:
-        ax.axvline(crossover, color="#7f7f7f", lw=1, linestyle=":")
-        ax.text(crossover, ax.get_ylim()[1], f"roofline: compute-bound from B = {crossover} ",
-                rotation=90, va="top", ha="right", fontsize=8, color="#555555")
+        # named in the legend: a label written on the plot ran over the curve
+        ax.axvline(crossover, color="#7f7f7f", lw=1, linestyle=":",
+                   label=f"roofline: compute-bound from B = {crossover}")
     ax.set_xlabel("batch size B (sequences decoded in one step)")
     ax.set_ylabel("tokens per second (log scale)")
     ax.set_title(title or "Decode throughput against the batch size")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
               frameon=False)
     ax.grid(alpha=0.3, which="both")
+
+
+def smollm2_batching(path=None) -> dict:
+    """What benchmarks/smollm2_batching.py measured (notebook 21): the machine and its load,
+    the bandwidth and matrix rate it read, every repeat's seconds of a batched step, of B
+    steps one at a time and of the step's products alone at each batch size, the roofline's
+    seconds, and the skinny products (one weight matrix times 1 to 16 rows). The file lives
+    in the repository (benchmarks/data/), beside the script that remakes it."""
+    path = SMOLLM2_BATCHING if path is None else Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not there: it is committed with the repository "
+                                "(run the notebooks from a checkout), or remake it with "
+                                "python benchmarks/smollm2_batching.py")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def draw_skinny_products(ax, rows, seconds, contiguous=None, title=None):
+    """One weight matrix multiplied by 1, 2, ... rows at once (notebook 21): each time over
+    the time of one row, against two references, 1 (one read of the matrix, whatever the
+    rows: what the roofline expects while memory-bound) and rows (one product per row, as
+    decoding the rows one at a time does)."""
+    rows = np.asarray(rows)
+    seconds = np.asarray(seconds, dtype=float)
+    ax.plot(rows, rows, "--", color="#7f7f7f", lw=1,
+            label="one product per row (rows x one row)")
+    ax.plot(rows, np.ones_like(rows, dtype=float), ":", color="black", lw=1.2,
+            label="one read of the matrix (the memory-bound roofline)")
+    ax.plot(rows, seconds / seconds[0], "o-", color=CONTINUOUS_COLOR, lw=1.5, ms=4,
+            label="measured: W as kvlib holds it (column-major)")
+    if contiguous is not None:
+        contiguous = np.asarray(contiguous, dtype=float)
+        ax.plot(rows, contiguous / seconds[0], "s--", color=STATIC_COLOR, lw=1.2, ms=4,
+                label="measured: a contiguous (row-major) copy of W")
+    ax.set_xticks(rows)
+    ax.set_xlabel("rows multiplied at once (the batch size)")
+    ax.set_ylabel("time / time of one row")
+    ax.set_title(title or "X (rows, d) @ W (d, f)")
+    ax.legend(fontsize=8, loc="upper left", frameon=False)
+    ax.grid(alpha=0.3)
 
 
 # ------------------------------------------------------------------------------ the timelines

@@ -1,0 +1,730 @@
+"""Every public function of kvlib, kvlib.serving, kvlib.gpt2 and kvlib.checkpoints.safetensors
+with a valid call of each, for the fuzz in tests/test_fuzz_api.py: the fuzz swaps one argument
+of a valid call for an odd value (a string, None, a bool, nan, a huge int, an object array,
+a wrong shape) and requires a result or kvlib's own clear error, with nothing changed.
+
+A case is built fresh for each call (CASES[name]() -> Case), so that a stateful method runs
+on new objects and its state can be compared before and after a failing call.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+import kvlib
+from kvlib import bpe, gpt2, grouped, latent, positions
+from kvlib.checkpoints import safetensors
+from kvlib.flops import chunk_multiply_adds, generation_step_multiply_adds
+from kvlib.memory import ModelPreset, tokens_that_fit
+from kvlib.memory import weights_bytes as memory_weights_bytes
+from kvlib.params import layer_class
+from kvlib.roofline import (
+    arithmetic_intensity,
+    cache_bytes,
+    decode_step_bytes,
+    forward_bytes,
+    generation_step_bytes,
+    generation_step_times,
+    matmul_intensity,
+    roofline_time,
+)
+from kvlib.roofline import weights_bytes as roofline_weights_bytes
+from kvlib.serving import (
+    BlockAllocator,
+    ContiguousArena,
+    PagedKVCache,
+    PerChannel,
+    PerToken,
+    PoolTimeline,
+    PrefixCache,
+    PrefixServer,
+    QuantizedKVCache,
+    Request,
+    batch,
+    memory_plan,
+    prefix,
+    quantized,
+    scheduler,
+    speculative,
+)
+
+# ------------------------------------------------------------------------------ models
+
+TOY = kvlib.init_params()
+GPT = kvlib.init_params(kvlib.ModelConfig(positions="learned", norm="layer", bias=True))
+ROTARY = kvlib.init_params(kvlib.ModelConfig(positions="rotary", n_kv_heads=1))
+WINDOWED = kvlib.init_params(kvlib.ModelConfig(positions="rotary", window=3, sink_tokens=1))
+LATENT = kvlib.init_params(kvlib.ModelConfig(positions="rotary", latent_dim=3,
+                                             rope_head_dim=2))
+LLAMA = kvlib.init_params(kvlib.ModelConfig(positions="rotary", norm="rms", mlp="swiglu",
+                                            rope_pairing="half"))
+DRAFT = kvlib.init_params(kvlib.ModelConfig(n_layers=1), seed=7)
+CONFIG = TOY.config
+PROMPT = [0, 3, 7, 1, 9]
+X = np.linspace(-1.0, 1.0, 12).reshape(3, 4)
+HEADS = np.linspace(-1.0, 1.0, 12).reshape(2, 3, 2)          # (h, T, dh)
+TOY_TOKENIZER = kvlib.ToyTokenizer()
+GPT2_TOKENIZER = gpt2.Tokenizer.gpt2()
+
+# ------------------------------------------------------------------------------ files
+
+_FILES = Path(tempfile.mkdtemp(prefix="kvlib-fuzz-"))
+atexit.register(shutil.rmtree, _FILES, ignore_errors=True)
+CHECKPOINT = gpt2.save(GPT, _FILES / "gpt2")
+TENSORS = _FILES / "tensors.safetensors"
+safetensors.write_safetensors(TENSORS, {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
+                                        "b": np.arange(3, dtype=np.int64)}, {"k": "v"})
+
+
+def output_path(name: str) -> Path:
+    """A fresh path for a file the call writes."""
+    return Path(tempfile.mkdtemp(dir=_FILES)) / name
+
+
+# ------------------------------------------------------------------------------ state
+
+def cache_state(cache):
+    """What a cache holds: its lengths and every layer's keys and values."""
+    cache.check_consistent()
+    return (cache.lengths, [(np.array(cache.keys(i)), np.array(cache.values(i)))
+                            for i in range(cache.config.n_layers)])
+
+
+def allocator_state(allocator: BlockAllocator):
+    return allocator.ref_counts.tolist(), list(allocator._free)
+
+
+def paged_state(cache: PagedKVCache):
+    return cache_state(cache), list(cache.block_table), allocator_state(cache.allocator)
+
+
+def same(a, b) -> bool:
+    """Deep equality of states made of tuples, lists, dicts and arrays (NaN equals NaN)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(a, b, equal_nan=np.asarray(a).dtype.kind == "f")
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+# ------------------------------------------------------------------------------ cases
+
+@dataclass
+class Case:
+    """A valid call: function(*args, **kwargs); state() says what a failing call must leave
+    unchanged (None for a pure function)."""
+
+    function: Callable
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    state: Callable[[], Any] | None = None
+
+    def slots(self) -> list:
+        """The arguments the fuzz may replace: positions, then keyword names."""
+        return list(range(len(self.args))) + list(self.kwargs)
+
+    def call_with(self, slot, value):
+        args, kwargs = list(self.args), dict(self.kwargs)
+        if isinstance(slot, int):
+            args[slot] = value
+        else:
+            kwargs[slot] = value
+        return self.function(*args, **kwargs)
+
+
+CASES: dict[str, Callable[[], Case]] = {}
+
+
+def case(name: str):
+    def register(build):
+        CASES[name] = build
+        return build
+    return register
+
+
+def pure(name: str, function, *args, **kwargs) -> None:
+    CASES[name] = lambda: Case(function, args, kwargs)
+
+
+def prefilled(params=TOY, ids=PROMPT):
+    return kvlib.prefill(params, ids)[1]
+
+
+# ---- the core: model steps, inference, caches (notebooks 00-11) ----------------------------
+
+layer = TOY.layers[0]
+pure("embed", kvlib.embed, np.array([0, 3]), TOY.embedding)
+pure("project_qkv", kvlib.project_qkv, X, layer)
+pure("split_heads", kvlib.split_heads, X, 2)
+pure("merge_heads", kvlib.merge_heads, HEADS)
+pure("causal_mask", kvlib.causal_mask, 2, 3)
+pure("attention_mask", kvlib.attention_mask, [1, 2], [0, 1, 2], 2, 1)
+pure("attention_scores", kvlib.attention_scores, HEADS, HEADS)
+pure("apply_mask", kvlib.apply_mask, np.zeros((2, 3, 3)), kvlib.causal_mask(3))
+pure("softmax", kvlib.softmax, X, -1)
+pure("attention_weights", kvlib.attention_weights, HEADS, HEADS, kvlib.causal_mask(3))
+pure("weighted_sum", kvlib.weighted_sum, np.full((2, 3, 3), 1 / 3), HEADS)
+pure("attention", kvlib.attention, HEADS, HEADS, HEADS, kvlib.causal_mask(3))
+pure("output_projection", kvlib.output_projection, X, layer.Wo, np.zeros(4))
+pure("gelu", kvlib.gelu, X)
+pure("gelu_mlp", kvlib.gelu_mlp, X, layer)
+pure("silu", kvlib.silu, X)
+pure("swiglu_mlp", kvlib.swiglu_mlp, X, LLAMA.layers[0])
+pure("mlp", kvlib.mlp, X, layer)
+pure("layer_norm", kvlib.layer_norm, X, np.ones(4), np.zeros(4), 1e-5)
+pure("rms_norm", kvlib.rms_norm, X, np.ones(4), 1e-5)
+pure("normalize", kvlib.normalize, X, np.ones(4), np.zeros(4), 1e-5)
+pure("decoder_block", kvlib.decoder_block, X, layer, 2, kvlib.causal_mask(3))
+pure("unembed", kvlib.unembed, X, TOY.embedding)
+pure("check_ids", kvlib.check_ids, PROMPT, TOY, "prompt")
+pure("forward", kvlib.forward, TOY, PROMPT, last_only=False, record_attention=[])
+pure("next_token_probabilities", kvlib.next_token_probabilities, [1.0, 2.0, 0.5], 1.0, 2)
+pure("next_token_losses", kvlib.next_token_losses, np.zeros((3, 12)), [0, 3, 7])
+pure("choose_next_token", kvlib.choose_next_token, [1.0, 2.0, 0.5], 1.0, 2,
+     np.random.default_rng(0))
+pure("generate", kvlib.generate, TOY, PROMPT, 3, True, 1.0, 4, 0)
+pure("init_params", kvlib.init_params, CONFIG, 3)
+pure("ModelConfig", kvlib.ModelConfig, 12, 4, 2, 3, 8, 32)
+pure("Params", kvlib.Params, CONFIG, TOY.embedding, TOY.layers)
+pure("LayerParams", kvlib.LayerParams, **TOY.layers[0].arrays())
+pure("LatentLayerParams", kvlib.LatentLayerParams, **LATENT.layers[0].arrays())
+pure("layer_class", layer_class, CONFIG)
+pure("with_config", TOY.with_config, window=4)
+pure("kv_cache_bytes", kvlib.kv_cache_bytes, 2, 8, 10, 1, 2)
+pure("latent_cache_bytes", kvlib.latent_cache_bytes, 2, 8, 2, 10, 1, 2)
+pure("config_cache_bytes", kvlib.config_cache_bytes, CONFIG, 10, 2, 4)
+pure("memory.weights_bytes", memory_weights_bytes, 1000, 2)
+pure("tokens_that_fit", tokens_that_fit, 10**6, 10**5, 100)
+pure("ModelPreset", ModelPreset, "m", 2, 8, 2, 1, 4, 16, 100, "here")
+PRESET = ModelPreset("m", 2, 8, 2, 1, 4, 16, 100, "here", window=6)
+pure("ModelPreset.kv_cache_bytes", PRESET.kv_cache_bytes, 10, 1, 2)
+pure("ModelPreset.kv_bytes_per_token", PRESET.kv_bytes_per_token, 2)
+pure("ModelPreset.mha_bytes_per_token", PRESET.mha_bytes_per_token, 2)
+pure("ModelPreset.weights_bytes", PRESET.weights_bytes, 2)
+pure("chunk_multiply_adds", chunk_multiply_adds, CONFIG, 2, 5, 1)
+pure("forward_multiply_adds", kvlib.forward_multiply_adds, CONFIG, 5, False)
+pure("prefill_multiply_adds", kvlib.prefill_multiply_adds, CONFIG, 5, 2, False)
+pure("decode_step_multiply_adds", kvlib.decode_step_multiply_adds, CONFIG, 5)
+pure("generation_multiply_adds", kvlib.generation_multiply_adds, CONFIG, 5, 3, True)
+pure("generation_step_multiply_adds", generation_step_multiply_adds, CONFIG, 5, 3, False)
+pure("count_multiply_adds", kvlib.count_multiply_adds, kvlib.forward, TOY, PROMPT)
+pure("roofline.weights_bytes", roofline_weights_bytes, CONFIG)
+pure("cache_bytes", cache_bytes, CONFIG, 5)
+pure("decode_step_bytes", decode_step_bytes, CONFIG, 5)
+pure("forward_bytes", forward_bytes, CONFIG, 5)
+pure("generation_step_bytes", generation_step_bytes, CONFIG, 5, 3, True)
+pure("roofline_time", roofline_time, 1e6, 1e5, 1e9, 1e8)
+pure("arithmetic_intensity", arithmetic_intensity, 1e6, 1e5)
+pure("matmul_intensity", matmul_intensity, 4, 8, 16, 4)
+pure("generation_step_times", generation_step_times, CONFIG, 5, 3, True, 1e9, 1e8)
+pure("ToyTokenizer", kvlib.ToyTokenizer, kvlib.TOY_VOCABULARY)
+pure("ToyTokenizer.encode", TOY_TOKENIZER.encode, "How are you?", True)
+pure("ToyTokenizer.decode", TOY_TOKENIZER.decode, PROMPT)
+pure("ToyTokenizer.tokens", TOY_TOKENIZER.tokens, PROMPT)
+pure("Tokenizer.encode", GPT2_TOKENIZER.encode, "Hello there")
+pure("Tokenizer.encode_ordinary", GPT2_TOKENIZER.encode_ordinary, "Hello there")
+pure("Tokenizer.bpe", GPT2_TOKENIZER.bpe, "Ġthere")
+pure("Tokenizer", kvlib.Tokenizer, {"a": 0, "b": 1, "ab": 2, "Ġ": 3}, [("a", "b")],
+     pretokenize=bpe.smollm_words, special_tokens=("Ġ",), chat_template=None)
+pure("gpt2_words", bpe.gpt2_words, "Hello, I am")
+pure("smollm_words", bpe.smollm_words, "in 2024.")
+pure("merge_by_rank", bpe.merge_by_rank, ["a", "b", "c"], {("a", "b"): 0})
+pure("read_vocabulary", bpe.read_vocabulary, bpe.DATA / "encoder.json")
+pure("read_merges", bpe.read_merges, bpe.DATA / "vocab.bpe")
+pure("Tokenizer.decode", GPT2_TOKENIZER.decode, [15496, 612])
+pure("Tokenizer.tokens", GPT2_TOKENIZER.tokens, [15496, 612])
+pure("make_cache", kvlib.make_cache, CONFIG, 8)
+pure("KVCache", kvlib.KVCache, CONFIG, 8)
+pure("ConcatenatingKVCache", kvlib.ConcatenatingKVCache, CONFIG, 8)
+pure("SlidingWindowCache", kvlib.SlidingWindowCache, WINDOWED.config)
+pure("LatentKVCache", kvlib.LatentKVCache, LATENT.config, 8)
+
+
+def _cache_cases(label: str, make, width: int, params=TOY, keep: int = 2) -> None:
+    """append, keys, values, truncate, key_positions of a prefilled cache of one kind."""
+    rows = np.full((1, width), 0.5)
+
+    def method(name, *args):
+        def build():
+            cache = make()
+            kvlib.prefill(params, PROMPT, cache)
+            return Case(getattr(cache, name), args, state=lambda: cache_state(cache))
+        CASES[f"{label}.{name}"] = build
+
+    method("append", 1, rows, rows)
+    method("keys", 1)
+    method("values", 1)
+    method("truncate", keep)
+    method("key_positions", 2)
+
+
+_cache_cases("KVCache", lambda: kvlib.KVCache(CONFIG), 4)
+_cache_cases("ConcatenatingKVCache", lambda: kvlib.ConcatenatingKVCache(CONFIG), 4)
+_cache_cases("SlidingWindowCache", lambda: kvlib.SlidingWindowCache(WINDOWED.config), 4,
+             WINDOWED, keep=5)
+_cache_cases("PagedKVCache", lambda: PagedKVCache(BlockAllocator(CONFIG, 8, 2)), 4)
+_cache_cases("QuantizedKVCache", lambda: QuantizedKVCache(CONFIG, PerChannel(8, 2)), 4)
+
+
+@case("LatentKVCache.append")
+def _():
+    cache = prefilled(LATENT)
+    return Case(cache.append, (1, np.full((1, 3), 0.5), np.full((1, 2), 0.5)),
+                state=lambda: cache_state(cache))
+
+
+@case("SlidingWindowCache.slot")
+def _():
+    cache = prefilled(WINDOWED)
+    return Case(cache.slot, (6,), state=lambda: cache_state(cache))
+
+
+@case("prefill")
+def _():
+    cache = prefilled()
+    return Case(kvlib.prefill, (TOY, [2, 4], cache), dict(last_only=True, record_attention=[]),
+                state=lambda: cache_state(cache))
+
+
+@case("decode_step")
+def _():
+    cache = prefilled()
+    return Case(kvlib.decode_step, (TOY, 4, cache), dict(record_attention=[]),
+                state=lambda: cache_state(cache))
+
+
+@case("decode_step windowed")
+def _():
+    cache = prefilled(WINDOWED)
+    return Case(kvlib.decode_step, (WINDOWED, 4, cache), state=lambda: cache_state(cache))
+
+
+@case("decode_step latent")
+def _():
+    cache = prefilled(LATENT)
+    return Case(kvlib.decode_step, (LATENT, 4, cache), state=lambda: cache_state(cache))
+
+
+# ---- positions, grouped-query and latent attention (notebooks 12-17) ----------------------
+
+ANGLES = positions.rotary_angles([0, 1, 2], 2)
+pure("check_positions", positions.check_positions, [0, 1, 2], 8)
+pure("add_positions", kvlib.add_positions, X, GPT.position_table, [0, 1, 2])
+pure("rotary_angles", kvlib.rotary_angles, [0, 1, 2], 2, 10000.0)
+pure("rotate_pairs", kvlib.rotate_pairs, X, ANGLES)
+pure("rotate_halves", kvlib.rotate_halves, X, ANGLES)
+pure("RotaryPositions", kvlib.RotaryPositions, np.arange(3), 2, 10000.0, "half")
+pure("RotaryPositions.rotate", kvlib.RotaryPositions(np.arange(3), 2).rotate, X)
+pure("rotary_positions", kvlib.rotary_positions, ROTARY.config, [0, 1, 2])
+pure("group_size", grouped.group_size, 8, 2)
+pure("query_groups", grouped.query_groups, 8, 2)
+pure("repeat_kv_heads", grouped.repeat_kv_heads, HEADS[:1], 2)
+pure("repeated_attention", grouped.repeated_attention, HEADS, HEADS[:1], HEADS[:1],
+     kvlib.causal_mask(3))
+pure("duplicate_kv_heads", grouped.duplicate_kv_heads, ROTARY)
+pure("mean_pool_kv_heads", grouped.mean_pool_kv_heads, TOY, 1)
+
+LATENT_LAYER = LATENT.layers[0]
+ROTATION = kvlib.rotary_positions(LATENT.config, [0, 1, 2])
+LATENTS = np.linspace(-1, 1, 9).reshape(3, 3)
+pure("compress_kv", latent.compress_kv, X, LATENT_LAYER)
+pure("rebuild_kv", latent.rebuild_kv, LATENTS, LATENT_LAYER)
+pure("latent_queries", latent.latent_queries, X, LATENT_LAYER, ROTATION)
+pure("rope_keys", latent.rope_keys, X, LATENT_LAYER, ROTATION)
+pure("per_head", latent.per_head, LATENT_LAYER.W_up_k, 2)
+pure("absorb_queries", latent.absorb_queries, HEADS, LATENT_LAYER, 2)
+pure("latent_attention_scores", latent.latent_attention_scores, np.zeros((2, 3, 3)), LATENTS,
+     np.zeros((2, 3, 2)), np.zeros((3, 2)), 0.5)
+pure("latent_weighted_sum", latent.latent_weighted_sum, np.full((2, 3, 3), 1 / 3), LATENTS)
+pure("expand_values", latent.expand_values, np.zeros((2, 3, 3)), LATENT_LAYER, 2)
+pure("latent_attention", latent.latent_attention, X, LATENT_LAYER, 2, kvlib.causal_mask(3),
+     rotary=ROTATION)
+pure("latent_attention_rebuilt", latent.latent_attention_rebuilt, X, LATENT_LAYER, 2,
+     kvlib.causal_mask(3), rotary=ROTATION)
+pure("latent_decoder_block", kvlib.latent_decoder_block, X, LATENT_LAYER, 2,
+     kvlib.causal_mask(3), rotary=ROTATION)
+
+# ---- checkpoints (notebook 12) ----------------------------------------------------------
+
+pure("config_from_hub", gpt2.config_from_hub, {"n_embd": 4, "n_head": 2, "n_layer": 1,
+                                                "vocab_size": 12, "n_positions": 8}, "float64")
+pure("gpt2.load", gpt2.load, CHECKPOINT, "float64")
+CASES["gpt2.save"] = lambda: Case(gpt2.save, (GPT, output_path("saved")),
+                                  dict(prefix="", stored_dtype="F16"))
+pure("find_weights", gpt2.find_weights, _FILES)
+pure("read_header", safetensors.read_header, TENSORS)
+pure("read_safetensors", safetensors.read_safetensors, TENSORS, memory_map=False)
+pure("bfloat16_to_float32", safetensors.bfloat16_to_float32, np.array([16256], np.uint16))
+pure("float32_to_bfloat16", safetensors.float32_to_bfloat16, np.array([1.5], np.float32))
+CASES["write_safetensors"] = lambda: Case(
+    safetensors.write_safetensors, (output_path("w.safetensors"), {"x": np.zeros(2)},
+                                    {"a": "b"}), dict(bfloat16=()))
+
+# ---- serving: the paged cache (notebook 19) ----------------------------------------------
+
+pure("BlockAllocator", BlockAllocator, CONFIG, 4, 2)
+pure("PagedKVCache", PagedKVCache, BlockAllocator(CONFIG, 4, 2))
+pure("Request", Request, 4, 3, 1)
+pure("request_mix", memory_plan.request_mix, 4, 64, 1, 1.0, 2)
+pure("blocks_for", memory_plan.blocks_for, 10, 4)
+pure("slack", memory_plan.slack, 10, 4)
+pure("paged_memory", memory_plan.paged_memory, [5, 9], 4, 16, 2)
+pure("memory_table", memory_plan.memory_table, [5, 9], [2, 4], 16, 2)
+pure("parallel_sampling_blocks", memory_plan.parallel_sampling_blocks, 10, 4, 3, 4)
+pure("separate_sampling_blocks", memory_plan.separate_sampling_blocks, 10, 4, 3, 4)
+pure("ContiguousArena", ContiguousArena, 16)
+pure("request_name", kvlib.serving.pool_timeline.request_name, 30)
+
+
+def _allocator_with_blocks():
+    allocator = BlockAllocator(CONFIG, 4, 2)
+    allocator.allocate(), allocator.allocate()
+    return allocator
+
+
+for _name in ("share", "release", "copy", "check_in_use"):
+    def _build(name=_name):
+        allocator = _allocator_with_blocks()
+        return Case(getattr(allocator, name), (1,), state=lambda: allocator_state(allocator))
+    CASES[f"BlockAllocator.{_name}"] = _build
+
+
+@case("PagedKVCache.on_blocks")
+def _():
+    allocator = _allocator_with_blocks()
+    return Case(PagedKVCache.on_blocks, (allocator, [0, 1], 3),
+                state=lambda: allocator_state(allocator))
+
+
+@case("PagedKVCache.restore")
+def _():
+    cache = PagedKVCache(BlockAllocator(CONFIG, 8, 2))
+    kvlib.prefill(TOY, PROMPT, cache)
+    saved = cache.checkpoint()
+    kvlib.decode_step(TOY, 2, cache)
+    return Case(cache.restore, (saved,), state=lambda: paged_state(cache))
+
+
+def _arena():
+    arena = ContiguousArena(16)
+    arena.reserve(0, 4)
+    return arena
+
+
+CASES["ContiguousArena.reserve"] = lambda: (lambda arena: Case(
+    arena.reserve, (1, 5), state=lambda: arena.owners.tolist()))(_arena())
+CASES["ContiguousArena.release"] = lambda: (lambda arena: Case(
+    arena.release, (0,), state=lambda: arena.owners.tolist()))(_arena())
+
+TIMELINE_REQUESTS = [Request(3, 2, 0), Request(2, 3, 1)]
+pure("PoolTimeline", PoolTimeline, TOY, TIMELINE_REQUESTS, 6, 2, 1, 0.5)
+
+
+def _timeline():
+    timeline = PoolTimeline(TOY, TIMELINE_REQUESTS, n_blocks=6, block_size=2)
+    timeline.step()
+    return timeline
+
+
+def timeline_state(timeline: PoolTimeline):
+    return (timeline.step_number, timeline.block_tables(), allocator_state(timeline.allocator),
+            len(timeline.history), [list(s.tokens) for s in timeline.running])
+
+
+for _name, _args in (("sequence", ("A",)), ("fork", ("A",)), ("run", (3,))):
+    def _build(name=_name, args=_args):
+        timeline = _timeline()
+        return Case(getattr(timeline, name), args, state=lambda: timeline_state(timeline))
+    CASES[f"PoolTimeline.{_name}"] = _build
+
+# ---- serving: prefix caching (notebook 20) -----------------------------------------------
+
+pure("block_key", prefix.block_key, prefix.ROOT_KEY, [1, 2])
+pure("block_keys", prefix.block_keys, [1, 2, 3, 4, 5], 2)
+pure("PrefixCache", PrefixCache, BlockAllocator(CONFIG, 4, 2))
+pure("PrefixServer", PrefixServer, TOY, 8, 2)
+
+
+def _server():
+    server = PrefixServer(TOY, n_blocks=12, block_size=2)
+    server.finish(server.admit(PROMPT).request)
+    server.admit([0, 3, 7, 2])
+    return server
+
+
+def server_state(server: PrefixServer):
+    entries = [(e.key, e.block, e.hits, e.last_used, e.children)
+               for e in server.prefix_cache.entries]
+    return (allocator_state(server.allocator), entries, server.prefix_cache.clock,
+            {r: (list(run.ids), list(run.cache.block_table), run.cache.lengths)
+             for r, run in server.running.items()}, server.n_admitted)
+
+
+def _server_case(name, method, args):
+    def build():
+        server = _server()
+        target = server.prefix_cache if method.startswith("cache.") else server
+        function = getattr(target, method.removeprefix("cache."))
+        resolved = tuple(arg(server) if callable(arg) else arg for arg in args)
+        return Case(function, resolved, state=lambda: server_state(server))
+    CASES[name] = build
+
+
+_server_case("PrefixServer.admit", "admit", ([0, 3, 7, 1, 2],))
+_server_case("PrefixServer.decode", "decode", (1, 4))
+_server_case("PrefixServer.finish", "finish", (1,))
+_server_case("PrefixServer.blocks_needed", "blocks_needed", (5,))
+_server_case("PrefixCache.match", "cache.match", (PROMPT,))
+_server_case("PrefixCache.reusable", "cache.reusable", (PROMPT,))
+_server_case("PrefixCache.attach", "cache.attach",
+             (lambda server: server.prefix_cache.match(PROMPT),))
+_server_case("PrefixCache.insert", "cache.insert",
+             ([0, 3, 7, 2], lambda server: server.running[1].cache))
+_server_case("PrefixCache.make_room", "cache.make_room", (10,))
+_server_case("PrefixCache.eviction_order", "cache.eviction_order", (1,))
+_server_case("PrefixCache.entry", "cache.entry", (0,))
+_server_case("PrefixCache.record_hits", "cache.record_hits",
+             (lambda server: server.prefix_cache.match(PROMPT),))
+
+# ---- serving: batches and schedules (notebook 21) ----------------------------------------
+
+
+def _batch():
+    return [prefilled(), prefilled(TOY, [0, 3])]
+
+
+@case("batched_decode_step")
+def _():
+    caches = _batch()
+    return Case(batch.batched_decode_step, (TOY, [1, 2], caches),
+                dict(attend=batch.attend_padded),
+                state=lambda: [cache_state(c) for c in caches])
+
+
+@case("decode_each_alone")
+def _():
+    caches = _batch()
+    return Case(batch.decode_each_alone, (TOY, [1, 2], caches),
+                state=lambda: [cache_state(c) for c in caches])
+
+
+@case("check_batch")
+def _():
+    caches = _batch()
+    return Case(batch.check_batch, (TOY, [1, 2], caches))
+
+
+QUERIES = np.linspace(-1, 1, 8).reshape(2, 4)
+KEYS = [np.ones((5, 4)), np.ones((2, 4))]
+pure("batch_positions", batch.batch_positions, _batch())
+pure("embed_batch", batch.embed_batch, GPT, np.array([1, 2]), np.array([5, 2]))
+pure("sequence_masks", batch.sequence_masks, WINDOWED.config,
+     [prefilled(WINDOWED), prefilled(WINDOWED, [0, 3])], np.array([5, 2]))
+pure("attend_per_sequence", batch.attend_per_sequence, QUERIES, KEYS, KEYS, [None, None],
+     CONFIG)
+pure("attend_padded", batch.attend_padded, QUERIES, KEYS, KEYS, [None, None], CONFIG)
+pure("padding_mask", batch.padding_mask, [3, 1])
+pure("pad_left", batch.pad_left, KEYS, 5)
+pure("left_pad", batch.left_pad, [[1, 2, 3], [4]], 0)
+pure("padded_prompt_mask", batch.padded_prompt_mask, np.array([[True, True], [False, True]]))
+pure("padded_prompt_positions", batch.padded_prompt_positions,
+     np.array([[True, True], [False, True]]))
+pure("batched_step_flops", batch.batched_step_flops, CONFIG, [3, 5])
+pure("batched_step_bytes", batch.batched_step_bytes, CONFIG, [3, 5], 2)
+pure("batched_step_seconds", batch.batched_step_seconds, CONFIG, [3, 5], 1e9, 1e8, 2)
+pure("ridge_point", batch.ridge_point, 1e12, 1e9)
+pure("compute_bound_batch_size", batch.compute_bound_batch_size, CONFIG, 5, 1e12, 1e9, 2)
+
+
+@case("batched_decoder_block")
+def _():
+    caches = _batch()
+    masks = [None, None]
+    return Case(batch.batched_decoder_block, (QUERIES, TOY.layers[0], CONFIG, caches, 0, masks),
+                state=lambda: [c.lengths for c in caches])
+
+
+WORKLOAD = scheduler.make_workload(4, seed=1)
+pure("scheduler.Request", scheduler.Request, 0, 1.5, 4, 3)
+pure("arrivals_in_seconds", scheduler.arrivals_in_seconds, WORKLOAD, 0.5)
+pure("make_workload", scheduler.make_workload, 4, 1, 2.0, (2, 5), (1, 4))
+pure("first_come_first_served", scheduler.first_come_first_served, list(WORKLOAD), 2, 10)
+pure("StaticBatching", scheduler.StaticBatching, 2, 8)
+pure("ContinuousBatching", scheduler.ContinuousBatching, 2, 8)
+pure("ContinuousBatching.admit", scheduler.ContinuousBatching(2).admit, list(WORKLOAD), [])
+pure("serve", scheduler.serve, WORKLOAD, scheduler.ContinuousBatching(2))
+pure("random_prompts", scheduler.random_prompts, WORKLOAD, 12, 0)
+pure("ModelRunner", scheduler.ModelRunner, TOY, scheduler.random_prompts(WORKLOAD, 12))
+TIMELINE = scheduler.serve(WORKLOAD, scheduler.ContinuousBatching(2))
+for _name, _args in (("admitted_at", (1,)), ("time_to_first_token", (1,)),
+                     ("time_per_output_token", (1,)), ("latency", (1,)),
+                     ("state_at", (3.5,)), ("step_at", (3.5,))):
+    pure(f"Timeline.{_name}", getattr(TIMELINE, _name), *_args)
+
+
+@case("serve with a model")
+def _():
+    runner = scheduler.ModelRunner(TOY, scheduler.random_prompts(WORKLOAD, 12))
+    return Case(scheduler.serve, (WORKLOAD, scheduler.StaticBatching(2), runner.step))
+
+
+# ---- serving: quantized cache (notebook 22) ----------------------------------------------
+
+ROWS = np.linspace(-1, 1, 12).reshape(3, 4)
+SCALES = quantized.symmetric_scales(ROWS, 8, 1)
+CODES = quantized.quantize(ROWS, SCALES, 8)
+pure("max_code", quantized.max_code, 4)
+pure("symmetric_scales", quantized.symmetric_scales, ROWS, 8, 1)
+pure("quantize", quantized.quantize, ROWS, SCALES, 8)
+pure("dequantize", quantized.dequantize, CODES, SCALES, "float32")
+pure("round_trip", quantized.round_trip, ROWS, 4, 0)
+pure("packed_width", quantized.packed_width, 5, 2)
+pure("pack_codes", quantized.pack_codes, CODES, 8)
+pure("unpack_codes", quantized.unpack_codes, quantized.pack_codes(CODES, 8), 8, 4)
+pure("PerToken", PerToken, 4)
+pure("PerChannel", PerChannel, 4, 2)
+pure("PerToken.round_trip", PerToken(4).round_trip, ROWS)
+pure("PerChannel.round_trip", PerChannel(4, 2).round_trip, ROWS)
+pure("PerChannel.nbytes", PerChannel(4, 2).nbytes, 5, 4, 2)
+pure("PerToken.bytes_per_token", PerToken(4).bytes_per_token, 4)
+pure("PerChannel.quantized_positions", PerChannel(4, 2).quantized_positions, 5)
+pure("QuantizedKVCache", QuantizedKVCache, CONFIG, PerChannel(4, 2), PerToken(8), 8)
+pure("quantized_cache_bytes", quantized.quantized_cache_bytes, CONFIG, 5, PerChannel(4, 2),
+     PerToken(8), 2)
+pure("quantized.bytes_per_token", quantized.bytes_per_token, 3, 4, PerChannel(4, 2),
+     PerToken(8))
+pure("with_outlier_key_channels", quantized.with_outlier_key_channels, TOY, [1], 10.0, [0])
+pure("next_token_loss", quantized.next_token_loss, np.zeros((3, 12)), [0, 3, 7])
+pure("greedy_agreement", quantized.greedy_agreement, np.eye(3), np.eye(3))
+pure("plain_logits", quantized.plain_logits, TOY, [PROMPT])
+pure("measure_quality", quantized.measure_quality, TOY, [PROMPT], PerChannel(4, 2),
+     PerToken(8))
+pure("quantization_step", quantized.quantization_step, ROWS, 8, 0)
+
+
+@case("decoded_logits")
+def _():
+    cache = QuantizedKVCache(CONFIG, PerChannel(4, 2))
+    return Case(quantized.decoded_logits, (TOY, PROMPT, cache, 2),
+                state=lambda: cache_state(cache))
+
+
+@case("greedy_tokens")
+def _():
+    cache = QuantizedKVCache(CONFIG, PerChannel(4, 2))
+    return Case(quantized.greedy_tokens, (TOY, PROMPT, 3, cache),
+                state=lambda: cache_state(cache))
+
+
+# ---- serving: speculative decoding (notebook 23) -----------------------------------------
+
+P = np.array([0.5, 0.3, 0.2])
+Q = np.array([0.2, 0.3, 0.5])
+pure("check_speculation_length", speculative.check_speculation_length, 3)
+pure("check_pair", speculative.check_pair, TOY, DRAFT)
+pure("acceptance_probability", speculative.acceptance_probability, P, Q, 2)
+pure("residual_distribution", speculative.residual_distribution, P, Q)
+pure("GreedyAcceptance.choose", speculative.GreedyAcceptance().choose, [1.0, 3.0, 2.0])
+pure("GreedyAcceptance.verdict", speculative.GreedyAcceptance().verdict, (1, 2),
+     np.eye(3)[[1, 2]], np.eye(3))
+pure("SamplingAcceptance", speculative.SamplingAcceptance, 0.8, 2, 0)
+pure("SamplingAcceptance.choose", speculative.SamplingAcceptance(seed=0).choose, [1.0, 3.0])
+pure("SamplingAcceptance.verdict", speculative.SamplingAcceptance(seed=0).verdict, (1, 2),
+     np.full((2, 3), 1 / 3), np.zeros((3, 3)))
+pure("summarize", speculative.summarize, [])
+pure("speculative_generate", speculative.speculative_generate, TOY, DRAFT, PROMPT, 4, 2, 1.0,
+     5, 0)
+pure("expected_tokens_per_pass", speculative.expected_tokens_per_pass, 0.7, 4)
+pure("predicted_speedup", speculative.predicted_speedup, 0.7, 4, 0.1)
+pure("greedy_agreements", speculative.greedy_agreements, TOY, DRAFT, PROMPT,
+     kvlib.generate(TOY, PROMPT, 4))
+pure("replay_greedy", speculative.replay_greedy, [True, False, True, True], 2)
+pure("outcome_probabilities", speculative.outcome_probabilities, lambda s: P, lambda s: Q,
+     (1,), 2)
+pure("SpeculativeDecoder", speculative.SpeculativeDecoder, TOY, DRAFT, PROMPT, 2,
+     speculative.SamplingAcceptance(seed=0))
+
+
+def decoder_state(decoder):
+    return (list(decoder.sequence), len(decoder.steps), cache_state(decoder.target_cache),
+            cache_state(decoder.draft_cache))
+
+
+for _name, _args in (("step", (2,)), ("generate", (3,))):
+    def _build(name=_name, args=_args):
+        decoder = speculative.SpeculativeDecoder(TOY, DRAFT, PROMPT, k=2)
+        decoder.step()
+        return Case(getattr(decoder, name), args, state=lambda: decoder_state(decoder))
+    CASES[f"SpeculativeDecoder.{_name}"] = _build
+
+
+@case("propose")
+def _():
+    cache = prefilled(DRAFT, PROMPT[:-1])
+    return Case(speculative.propose, (DRAFT, cache, PROMPT[-1:], 2,
+                                      speculative.GreedyAcceptance().choose),
+                state=lambda: cache_state(cache))
+
+
+@case("verify")
+def _():
+    cache = prefilled(TOY, PROMPT[:-1])
+    return Case(speculative.verify, (TOY, cache, PROMPT[-1:], (1, 2)),
+                state=lambda: cache_state(cache))
+
+
+# ---- the engine (notebook 24) --------------------------------------------------------------
+
+from kvlib.serving import engine as engine_module  # noqa: E402
+from kvlib.serving.block_manager import BlockManager  # noqa: E402
+
+ENGINE_MODEL = kvlib.init_params(kvlib.ModelConfig(positions="rotary"), seed=24)
+
+pure("SamplingParams", engine_module.SamplingParams, 3, 0.0, None, (2,))
+pure("Engine", engine_module.Engine, ENGINE_MODEL, 4, 8, 16)
+pure("StaticBatchingEngine", engine_module.StaticBatchingEngine, ENGINE_MODEL, block_size=4,
+     n_blocks=8)
+pure("BlockManager", BlockManager, ENGINE_MODEL.config, 8, 4)
+pure("in_dtype", safetensors.in_dtype, np.ones(3, np.float32), "F32", "float64")
+
+
+def _engine():
+    engine = engine_module.Engine(ENGINE_MODEL, block_size=4, n_blocks=8,
+                                  max_num_batched_tokens=16)
+    engine.add_request([1, 2, 3, 4, 5], engine_module.SamplingParams(max_tokens=2))
+    engine.step()
+    return engine
+
+
+def engine_state(engine):
+    manager = engine.allocator
+    return ([r.request_id for r in engine.waiting], [r.request_id for r in engine.running],
+            {i: (list(r.tokens), r.num_computed_tokens, list(r.block_table), r.status)
+             for i, r in engine.requests.items()}, engine.step_count,
+            list(manager.ref_counts), list(manager.free), list(manager.idle),
+            manager.keys.copy(), manager.values.copy())
+
+
+CASES["Engine.add_request"] = lambda: (lambda engine: Case(
+    engine.add_request, ([6, 7, 8], engine_module.SamplingParams(max_tokens=2)),
+    state=lambda: engine_state(engine)))(_engine())
+CASES["Engine.generate"] = lambda: (lambda engine: Case(
+    engine.generate, ([[6, 7, 8]], engine_module.SamplingParams(max_tokens=2)),
+    state=lambda: engine_state(engine)))(_engine())
+
+
+@case("engine.summarize")
+def _():
+    engine = _engine()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return Case(engine_module.summarize, (engine, [0]))
