@@ -667,6 +667,40 @@ for _name, _args in (("step", (2,)), ("generate", (3,))):
     CASES[f"SpeculativeDecoder.{_name}"] = _build
 
 
+# drafters (notebook 23, on SmolLM2): prompt lookup, a model and its cache, an early exit
+SEQUENCE = [1, 2, 3, 1, 2]
+pure("first_layers", TOY.first_layers, 2)
+pure("certain", speculative.certain, 2, 3)
+pure("check_model", speculative.check_model, "draft", DRAFT)
+pure("prompt_lookup", speculative.prompt_lookup, SEQUENCE, 2, 3, 1)
+pure("Drafter", speculative.Drafter)
+pure("PromptLookupDrafter", speculative.PromptLookupDrafter, 3, 1)
+pure("PromptLookupDrafter.propose", speculative.PromptLookupDrafter().propose, SEQUENCE, 2)
+pure("ModelDrafter", speculative.ModelDrafter, DRAFT)
+pure("as_drafter", speculative.as_drafter, DRAFT)
+pure("SpeculativeDecoder with prompt lookup", speculative.SpeculativeDecoder, TOY,
+     speculative.PromptLookupDrafter(), SEQUENCE, 2)
+
+
+for _name, _args in (("propose", (PROMPT, 2, speculative.GreedyAcceptance().choose)),
+                     ("truncate", (3,)), ("room", (4,)), ("check", (TOY, 5))):
+    def _build(name=_name, args=_args):
+        drafter = speculative.ModelDrafter(DRAFT)
+        kvlib.prefill(DRAFT, PROMPT[:-1], drafter.cache)     # it holds the prompt but one
+        return Case(getattr(drafter, name), args, state=lambda: cache_state(drafter.cache))
+    CASES[f"ModelDrafter.{_name}"] = _build
+
+
+for _name, _args in (("step", (2,)), ("generate", (3,))):
+    def _build(name=_name, args=_args):
+        decoder = speculative.SpeculativeDecoder(TOY, speculative.PromptLookupDrafter(),
+                                                 SEQUENCE, k=2)
+        decoder.step()
+        return Case(getattr(decoder, name), args, state=lambda: (
+            list(decoder.sequence), len(decoder.steps), cache_state(decoder.target_cache)))
+    CASES[f"SpeculativeDecoder.{_name} with prompt lookup"] = _build
+
+
 @case("propose")
 def _():
     cache = prefilled(DRAFT, PROMPT[:-1])

@@ -40,7 +40,7 @@ from numbers import Integral, Real
 import numpy as np
 
 from ..cache import BaseKVCache, make_cache
-from ..checks import LARGEST_COUNT, numbers, real_number, whole_number, whole_numbers
+from ..checks import LARGEST_COUNT, count, numbers, real_number, whole_number, whole_numbers
 from ..inference import (
     _check_logits_row,
     check_ids,
@@ -158,6 +158,8 @@ def residual_distribution(p, q) -> np.ndarray:
 def certain(token: int, vocab_size: int) -> np.ndarray:
     """The distribution of a guess made without doubt (notebook 23): one-hot (V,) at token.
     Greedy drafts and prompt lookup's guesses have it."""
+    vocab_size = count("vocab_size", vocab_size, 1)
+    token = whole_number("token", token, 0, vocab_size - 1)
     distribution = np.zeros(vocab_size)
     distribution[token] = 1.0
     return distribution
@@ -449,6 +451,7 @@ class ModelDrafter(Drafter):
 
     def check(self, target: Params, prompt_length: int) -> None:
         check_pair(target, self.params)
+        prompt_length = whole_number("prompt_length", prompt_length, 1)
         if prompt_length > self.params.config.context_length:
             raise ValueError(f"the prompt has {prompt_length} tokens but the draft's context "
                              f"length is {self.params.config.context_length}")
@@ -456,16 +459,20 @@ class ModelDrafter(Drafter):
     def room(self, n_tokens: int) -> int:
         """Proposals the draft can make after a sequence of n_tokens: its context (or its
         cache's capacity) minus what it must hold; it never feeds its last proposal."""
-        return _room(self.params, self.cache) - n_tokens + 1
+        return _room(self.params, self.cache) - whole_number("n_tokens", n_tokens, 0) + 1
 
     def propose(self, sequence, k: int, choose) -> Proposal:
         """k guesses after the sequence (ids, (n,)): feed what the cache lacks, then decode
         (``propose``). choose: the acceptance rule's logits row -> (token, distribution)."""
+        sequence = whole_numbers("sequence (token ids)", sequence)
+        if len(sequence) <= len(self.cache):
+            raise ValueError(f"the draft's cache holds {len(self.cache)} positions, the sequence "
+                             f"{len(sequence)} tokens: it must hold fewer, a prefix of it")
         return propose(self.params, self.cache, sequence[len(self.cache):], k, choose)
 
     def truncate(self, n_tokens: int) -> None:
         """Keep at most the sequence's first n_tokens positions in the cache."""
-        self.cache.truncate(min(len(self.cache), n_tokens))
+        self.cache.truncate(min(len(self.cache), whole_number("n_tokens", n_tokens, 0)))
 
     @property
     def cached(self) -> int:
@@ -489,10 +496,7 @@ def prompt_lookup(sequence, k: int, max_ngram: int = 3, min_ngram: int = 1) -> t
     """
     k = check_speculation_length(k)
     max_ngram, min_ngram = _check_ngrams(max_ngram, min_ngram)
-    ids = np.asarray(sequence)
-    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-        raise TypeError(f"sequence must be a list of token ids (n,), got {ids.dtype} of "
-                        f"shape {ids.shape}")
+    ids = whole_numbers("sequence (token ids)", sequence)
     for n in range(min(max_ngram, len(ids) - 1), min_ngram - 1, -1):
         # windows[i] = ids[i : i + n] over ids[:-1]: every n-gram but the last one itself
         windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)
@@ -504,8 +508,8 @@ def prompt_lookup(sequence, k: int, max_ngram: int = 3, min_ngram: int = 1) -> t
 
 
 def _check_ngrams(max_ngram, min_ngram) -> tuple[int, int]:
-    max_ngram = whole_number("max_ngram", max_ngram, 1)
-    min_ngram = whole_number("min_ngram", min_ngram, 1)
+    max_ngram = count("max_ngram", max_ngram, 1)
+    min_ngram = count("min_ngram", min_ngram, 1)
     if min_ngram > max_ngram:
         raise ValueError(f"min_ngram ({min_ngram}) must not be above max_ngram ({max_ngram})")
     return max_ngram, min_ngram
