@@ -44,7 +44,6 @@ from .model import (
     weighted_sum,
 )
 from .params import LatentLayerParams
-from .positions import RotaryPositions
 
 
 def _latent_layer(layer) -> LatentLayerParams:
@@ -59,9 +58,10 @@ def _check_input(X, layer) -> None:
 def _check_rotary(rotary, layer) -> None:
     if rotary is None:
         return
-    if not isinstance(rotary, RotaryPositions):
-        raise TypeError(f"rotary must be a RotaryPositions (kvlib.rotary_positions) or None, "
-                        f"got {type(rotary).__name__}")
+    if not callable(getattr(rotary, "rotate", None)):
+        raise TypeError(f"rotary must be a RotaryPositions (kvlib.rotary_positions), or "
+                        f"anything with its rotate(X) method, or None; got "
+                        f"{type(rotary).__name__}")
     if layer.Wk_rope is None:
         raise ValueError("this layer has no rotary part (no Wk_rope): give rotary=None")
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .checks import contains_bool, count, numbers, real_number
 from .params import LatentLayerParams, LayerParams
-from .positions import RotaryPositions, check_positions
+from .positions import check_positions
 
 
 def _require_matrix(name: str, array: np.ndarray, columns: int | None = None) -> None:
@@ -417,9 +417,10 @@ def _check_block_options(layer, n_heads, rotary, record_attention) -> None:
             or not 1 <= n_heads <= width or width % n_heads:
         raise ValueError(f"n_heads must be a whole number that divides the {width} query "
                          f"columns, got {n_heads!r}")
-    if rotary is not None and not isinstance(rotary, RotaryPositions):
-        raise TypeError(f"rotary must be a RotaryPositions (kvlib.rotary_positions) or None, "
-                        f"got {type(rotary).__name__}")
+    if rotary is not None and not callable(getattr(rotary, "rotate", None)):
+        raise TypeError(f"rotary must be a RotaryPositions (kvlib.rotary_positions), or "
+                        f"anything with its rotate(X) method, or None; got "
+                        f"{type(rotary).__name__}")
     if record_attention is not None and not isinstance(record_attention, list):
         raise TypeError(f"record_attention must be a list or None, got "
                         f"{type(record_attention).__name__}")

@@ -113,10 +113,13 @@ def test_insert_refuses_ids_that_are_not_what_the_cache_holds():
     ids = [0, 3, 7, 1, 9, 5, 2, 4, 10]
     admission = server.admit(ids)
     cache = server.running[admission.request].cache
+    cached = len(server.prefix_cache)          # its full blocks, cached as they filled
     wrong = [0, 5, 2, 4, 9, 3, 7, 1, 10]                  # the same length, other tokens
-    with pytest.raises(ValueError, match="not the tokens"):
+    with pytest.raises(ValueError, match="cached for other tokens"):
         server.prefix_cache.insert(wrong, cache)
-    assert len(server.prefix_cache) == 0
+    with pytest.raises(ValueError, match="not the tokens"):      # only the partial block
+        server.prefix_cache.insert(ids[:8] + [6], cache)
+    assert len(server.prefix_cache) == cached
     server.finish(admission.request)
     # a later request that starts with the wrong tokens reuses nothing that is not its own
     later = server.admit(wrong + [6])

@@ -281,8 +281,11 @@ def in_dtype(array: np.ndarray, stored: str, dtype) -> np.ndarray:
     if not isinstance(stored, str) or stored not in DTYPES:
         raise ValueError(f"stored must be a safetensors dtype name ({', '.join(DTYPES)}), got "
                          f"{stored!r}")
-    if not isinstance(dtype, (str, type)) or dtype not in ("float32", "float64", np.float32,
-                                                           np.float64):
+    try:
+        wanted = np.dtype(dtype) if isinstance(dtype, (str, type, np.dtype)) else None
+    except TypeError:
+        wanted = None
+    if wanted is None or wanted.name not in ("float32", "float64"):
         raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
     if stored == "BF16":
         array = bfloat16_to_float32(array)
