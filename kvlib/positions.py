@@ -126,14 +126,20 @@ def rotate_pairs(X: np.ndarray, angles: np.ndarray) -> np.ndarray:
     transformers' Llama pairs column i with column i + dim/2 instead (rotate_halves), a fixed
     permutation of the same rotation.
     """
-    T, heads = _check_rotated(X, angles)
-    half = angles.shape[1]
-    pairs = X.reshape(T, heads, half, 2)
-    cos = np.cos(angles).astype(X.dtype)[:, None, :]
-    sin = np.sin(angles).astype(X.dtype)[:, None, :]
+    _check_rotated(X, angles)
+    return _turn_pairs(X, np.cos(angles).astype(X.dtype), np.sin(angles).astype(X.dtype))
+
+
+def _turn_pairs(X: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """rotate_pairs with cos and sin of the angles given, (T, dim / 2) each in X's dtype."""
+    T, half = cos.shape
+    pairs = X.reshape(T, -1, half, 2)
     first, second = pairs[..., 0], pairs[..., 1]
-    turned = np.stack([first * cos - second * sin, first * sin + second * cos], axis=-1)
-    return turned.reshape(T, X.shape[1])
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    turned = np.empty_like(pairs)
+    np.subtract(first * cos, second * sin, out=turned[..., 0])
+    np.add(first * sin, second * cos, out=turned[..., 1])
+    return turned.reshape(X.shape)
 
 
 def rotate_halves(X: np.ndarray, angles: np.ndarray) -> np.ndarray:
@@ -145,18 +151,25 @@ def rotate_halves(X: np.ndarray, angles: np.ndarray) -> np.ndarray:
     GGUF file is right with rotate_pairs while the same model's safetensors are right with
     this.
     """
-    T, heads = _check_rotated(X, angles)
-    half = angles.shape[1]
-    parts = X.reshape(T, heads, 2, half)
-    cos = np.cos(angles).astype(X.dtype)[:, None, :]
-    sin = np.sin(angles).astype(X.dtype)[:, None, :]
+    _check_rotated(X, angles)
+    return _turn_halves(X, np.cos(angles).astype(X.dtype), np.sin(angles).astype(X.dtype))
+
+
+def _turn_halves(X: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """rotate_halves with cos and sin of the angles given, (T, dim / 2) each in X's dtype."""
+    T, half = cos.shape
+    parts = X.reshape(T, -1, 2, half)
     first, second = parts[:, :, 0], parts[:, :, 1]
-    turned = np.stack([first * cos - second * sin, first * sin + second * cos], axis=2)
-    return turned.reshape(T, X.shape[1])
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    turned = np.empty_like(parts)
+    np.subtract(first * cos, second * sin, out=turned[:, :, 0])
+    np.add(first * sin, second * cos, out=turned[:, :, 1])
+    return turned.reshape(X.shape)
 
 
 ROTATIONS = {"interleaved": rotate_pairs, "half": rotate_halves}
 """The rotation of each pairing (kvlib.ModelConfig.rope_pairing)."""
+_TURNS = {"interleaved": _turn_pairs, "half": _turn_halves}
 
 
 @dataclass(frozen=True)
@@ -174,10 +187,19 @@ class RotaryPositions:
         if not isinstance(self.pairing, str) or self.pairing not in ROTATIONS:
             raise ValueError(f"pairing must be one of {tuple(ROTATIONS)}, got {self.pairing!r}")
         object.__setattr__(self, "angles", rotary_angles(self.positions, self.dim, self.base))
+        # every layer turns q and k by the same angles: their cos and sin once per pass
+        object.__setattr__(self, "_cos_sin", {})
 
     def rotate(self, X: np.ndarray) -> np.ndarray:
         """(T, n x dim) -> (T, n x dim): each head's pairs turned by its token's angles."""
-        return ROTATIONS[self.pairing](X, self.angles)
+        angles = self.angles
+        if not isinstance(X, np.ndarray) or X.ndim != 2 or X.dtype.kind != "f" or \
+                X.shape[0] != angles.shape[0] or X.shape[1] % (2 * angles.shape[1]):
+            _check_rotated(X, angles)           # says what is wrong; the angles were checked
+        if X.dtype not in self._cos_sin:
+            self._cos_sin[X.dtype] = (np.cos(self.angles).astype(X.dtype),
+                                      np.sin(self.angles).astype(X.dtype))
+        return _TURNS[self.pairing](X, *self._cos_sin[X.dtype])
 
 
 def rotary_positions(config, positions) -> RotaryPositions | None:
