@@ -48,10 +48,10 @@ def summary(outputs, exact: bool) -> list:
             kept.append(("error", output["ename"], output["evalue"]))
             continue
         if kind == "stream":     # one print may arrive in several pieces: join them
+            text = output["text"] if exact else None
             if kept and kept[-1][:2] == (kind, output["name"]):
-                text = kept.pop()[2] + output["text"] if exact else None
-            else:
-                text = output["text"] if exact else None
+                earlier = kept.pop()[2]
+                text = earlier + text if exact else None
             kept.append((kind, output["name"], text))
             continue
         data = output.get("data", {})
@@ -93,3 +93,13 @@ def test_every_cell_gives_the_same_output_when_run_twice(path):
                 break       # the cells after it would fail for this one's sake
     assert not differences, "cells that print something else when run again:\n" + \
         "\n".join(differences)
+
+
+def test_summary_joins_a_print_that_arrives_in_pieces():
+    pieces = [{"output_type": "stream", "name": "stdout", "text": "3.1 ms"},
+              {"output_type": "stream", "name": "stdout", "text": " a step\n"}]
+    whole = [{"output_type": "stream", "name": "stdout", "text": "3.1 ms a step\n"}]
+    assert summary(pieces, exact=False) == summary(whole, exact=False) == [("stream", "stdout", None)]
+    assert summary(pieces, exact=True) == summary(whole, exact=True)
+    both = pieces + [{"output_type": "stream", "name": "stderr", "text": "warning\n"}]
+    assert [entry[1] for entry in summary(both, exact=False)] == ["stdout", "stderr"]
