@@ -12,13 +12,17 @@ show a widget, the number and kinds of outputs).
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "tools") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tools"))
+from stepped_client import SteppedClient  # noqa: E402  (tools/stepped_client.py: why)
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -71,7 +75,7 @@ def summary(outputs, exact: bool) -> list:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_every_cell_gives_the_same_output_when_run_twice(path):
     notebook = nbformat.read(path, as_version=4)
-    client = NotebookClient(notebook, timeout=300, kernel_name="python3", allow_errors=True,
+    client = SteppedClient(notebook, timeout=300, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(path.parent)}})
     differences = []
     with client.setup_kernel():

@@ -47,10 +47,10 @@ def cell_seconds(cell) -> float | None:
 
 def run(path: Path) -> list[tuple[float, int, str]]:
     import nbformat
-    from nbclient import NotebookClient
+    from stepped_client import SteppedClient  # tools/stepped_client.py
 
     notebook = nbformat.read(path, as_version=4)
-    client = NotebookClient(notebook, timeout=600, kernel_name="python3", record_timing=True,
+    client = SteppedClient(notebook, timeout=600, kernel_name="python3", record_timing=True,
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     timings = []

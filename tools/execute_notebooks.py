@@ -1,10 +1,8 @@
 """Execute notebooks top to bottom, as `jupyter nbconvert --execute` does, and optionally save
 them in place with their outputs and widget state (`make notebooks`; tools/binder_check.sh).
 
-One change from nbconvert: the kernel's replies are polled in steps of a second. On this
-project's machines a reply sometimes sits unread in its socket after a cell that displays
-many widgets (seen with pyzmq 26 and 27, ipykernel 6 and 7): nbconvert's wait without a
-timeout then never ends. nbval, which `make test` uses, is not affected.
+One change from nbconvert: the kernel's replies are polled in steps of a second
+(tools/stepped_client.py says why).
 
     python tools/execute_notebooks.py [--inplace | --compare] notebooks/00_big_picture.ipynb ...
 
@@ -31,12 +29,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from queue import Empty
 
 import nbformat
-from nbclient import NotebookClient
+from stepped_client import SteppedClient  # tools/stepped_client.py
 
-STEP_SECONDS = 1.0
 TIMINGS_TAG = "timings"
 TIMINGS_NOTE = ("[measured on the machine that runs this cell, so not saved with the notebook: "
                 "run the cell to see the numbers]\n")
@@ -44,30 +40,6 @@ CELL_TIMEOUT_SECONDS = 300
 # the kernels inherit the environment: one BLAS thread, as `make lab` and Binder give them
 for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
-
-
-def poll_in_steps(channel) -> None:
-    get_msg = channel.get_msg
-
-    async def get_msg_in_steps(timeout=None):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = STEP_SECONDS if deadline is None else deadline - time.monotonic()
-            try:
-                return await get_msg(timeout=max(0.0, min(STEP_SECONDS, left)))
-            except Empty:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
-
-    channel.get_msg = get_msg_in_steps
-
-
-class SteppedClient(NotebookClient):
-    async def async_start_new_kernel_client(self):
-        kernel_client = await super().async_start_new_kernel_client()
-        poll_in_steps(kernel_client.shell_channel)
-        poll_in_steps(kernel_client.iopub_channel)
-        return kernel_client
 
 
 def error_outputs(notebook) -> list[str]:
