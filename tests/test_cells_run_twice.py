@@ -103,7 +103,8 @@ def test_summary_joins_a_print_that_arrives_in_pieces():
     pieces = [{"output_type": "stream", "name": "stdout", "text": "3.1 ms"},
               {"output_type": "stream", "name": "stdout", "text": " a step\n"}]
     whole = [{"output_type": "stream", "name": "stdout", "text": "3.1 ms a step\n"}]
-    assert summary(pieces, exact=False) == summary(whole, exact=False) == [("stream", "stdout", None)]
+    assert summary(pieces, exact=False) == summary(whole, exact=False) \
+        == [("stream", "stdout", None)]
     assert summary(pieces, exact=True) == summary(whole, exact=True)
     both = pieces + [{"output_type": "stream", "name": "stderr", "text": "warning\n"}]
     assert [entry[1] for entry in summary(both, exact=False)] == ["stdout", "stderr"]
