@@ -3,8 +3,8 @@ served by the engine, by one request at a time, and by static batching (throughp
 first token, time per output token, medians in seconds); and the engine's bookkeeping against
 the model step it schedules.
 
-    python benchmarks/engine.py              # about 3 minutes
-    python benchmarks/engine.py --quick      # one round, under a minute
+    python benchmarks/engine.py              # under a minute
+    python benchmarks/engine.py --quick      # one round, about 20 s
 
 1. The workload (kvlib.widgets.lesson24.workload: eight chat requests arriving over six steps,
    a shared system message, one long passage) on three engines: kvlib.serving.Engine (blocks
@@ -36,7 +36,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 3, 1 quick)")
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads (default 1)")
     args = parser.parse_args(argv)
-    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.rounds = (1 if args.quick else 3) if args.rounds is None else args.rounds
     if args.rounds < 1 or args.threads < 1:
         parser.error("--rounds and --threads must be at least 1")
     return args
@@ -117,7 +117,7 @@ def main() -> None:
     step, model = bookkeeping(params, [prompt for _, prompt, _ in requests],
                               8 if ARGS.quick else 24)
     print(f"\nbatch 8, decoding: a step {step * 1000:.1f} ms, its model step "
-          f"{model * 1000:.1f} ms; the bookkeeping around it {step - model:.4f} s, "
+          f"{model * 1000:.1f} ms; the bookkeeping around it {(step - model) * 1000:.1f} ms, "
           f"{(step - model) / step:.1%} of the step")
 
 

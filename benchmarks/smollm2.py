@@ -27,6 +27,7 @@ Binder gives 1-2 GB), and the machine.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import resource
 import sys
 import time
@@ -49,11 +50,16 @@ def parse_arguments(argv=None) -> argparse.Namespace:
                         help="also time transformers (needs torch and transformers)")
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads (default 1)")
     args = parser.parse_args(argv)
-    args.steps = args.steps or (12 if args.quick else 48)
-    args.rounds = args.rounds or (2 if args.quick else 5)
+    args.steps = (12 if args.quick else 48) if args.steps is None else args.steps
+    args.rounds = (2 if args.quick else 5) if args.rounds is None else args.rounds
     for name in ("prompt", "steps", "rounds", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if args.transformers and not all(importlib.util.find_spec(name)
+                                     for name in ("torch", "transformers")):
+        parser.error("--transformers needs torch and transformers: `make test-reference` "
+                     "installs them into .venv-reference; run .venv-reference/bin/python "
+                     "benchmarks/smollm2.py --transformers")
     return args
 
 

@@ -1,0 +1,73 @@
+"""benchmarks/smollm2.py and benchmarks/engine.py run in their quick modes (SmolLM2's decode
+against its bare products, about 7 s; notebook 24's workload on three engines, about 17 s) and
+print complete tables. No assertion on a time: only that every row is there, that the engines
+took the steps notebook 24's committed table counts, and that bad options are refused in
+words."""
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from benchmark_runs import run_script, table_rows
+
+from kvlib.checkpoints import smollm2
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+NUMBER = r"\d+(\.\d+)?"
+
+
+def refusal(script: str, *options) -> str:
+    """What the script writes to stderr when argparse refuses its options (exit 2)."""
+    result = subprocess.run([sys.executable, str(BENCHMARKS / script), *options],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    return result.stderr
+
+
+def test_smollm2_quick_prints_every_row():
+    output = run_script(BENCHMARKS / "smollm2.py", "--quick")
+    assert re.search(r"threads in effect: (1|unknown)", output)
+    assert "prompt 32 tokens, 12 decode steps a round, 2 rounds, medians" in output
+    header, rows = table_rows(output, "what")
+    assert [row[0] for row in rows] == [
+        "kvlib decode step", "bare products, kvlib's layouts", "bare products, fastest layouts",
+        "blocks: file's (out, in) / (in, out) copy", "unembedding: table (V, d) / a (d, V) copy",
+        "kvlib's peak memory"]
+    assert re.fullmatch(rf"{NUMBER} ms", rows[0][1]) and rows[0][2].endswith("tokens/s")
+    assert all(re.fullmatch(rf"{NUMBER}x", row[2]) for row in rows[1:3])
+    assert re.fullmatch(rf"{NUMBER} MiB", rows[-1][1])
+
+
+def test_engine_quick_takes_the_steps_of_notebook_24s_table():
+    output = run_script(BENCHMARKS / "engine.py", "--quick")
+    assert "notebook 24's workload: 8 chat requests" in output and "1 round(s)" in output
+    header, rows = table_rows(output, "engine")
+    names = [row[0] for row in rows]
+    assert names == ["the engine (continuous batching)", "one request at a time",
+                     "static batching, 4 at a time"]
+    assert all(re.fullmatch(NUMBER, row[1]) and row[2].endswith(" ms")
+               and row[3].endswith(" ms") for row in rows)
+    committed = smollm2.measured()["engine"]["rows"]
+    steps = {row[0]: int(row[4]) for row in rows}
+    assert steps["the engine (continuous batching)"] == committed["the engine"]["steps"]
+    assert steps["static batching, 4 at a time"] == \
+        committed["static batching, 4 at a time"]["steps"]
+    assert re.search(rf"the bookkeeping around it {NUMBER} ms, {NUMBER}% of the step", output)
+
+
+@pytest.mark.parametrize("script, options, words", [
+    ("engine.py", ["--rounds", "0"], "--rounds and --threads must be at least 1"),
+    ("smollm2.py", ["--steps", "0"], "--steps must be at least 1"),
+    ("smollm2.py", ["--rounds", "-2"], "--rounds must be at least 1"),
+])
+def test_bad_options_are_refused_in_words(script, options, words):
+    assert words in refusal(script, *options)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None,
+                    reason="torch is installed here: --transformers would run")
+def test_transformers_without_torch_says_where_to_get_it():
+    assert "make test-reference" in refusal("smollm2.py", "--quick", "--transformers")
