@@ -54,8 +54,9 @@ def summary(outputs, exact: bool) -> list:
         if kind == "stream":     # one print may arrive in several pieces: join them
             text = output["text"] if exact else None
             if kept and kept[-1][:2] == (kind, output["name"]):
-                earlier = kept.pop()[2]
-                text = earlier + text if exact else None
+                earlier = kept.pop()[2]          # popped in both modes: one entry per print
+                if exact:
+                    text = earlier + text
             kept.append((kind, output["name"], text))
             continue
         data = output.get("data", {})
@@ -76,7 +77,7 @@ def summary(outputs, exact: bool) -> list:
 def test_every_cell_gives_the_same_output_when_run_twice(path):
     notebook = nbformat.read(path, as_version=4)
     client = SteppedClient(notebook, timeout=300, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(path.parent)}})
+                           resources={"metadata": {"path": str(path.parent)}})
     differences = []
     with client.setup_kernel():
         for index, cell in enumerate(notebook.cells):

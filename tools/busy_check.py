@@ -51,7 +51,7 @@ def run(path: Path) -> list[tuple[float, int, str]]:
 
     notebook = nbformat.read(path, as_version=4)
     client = SteppedClient(notebook, timeout=600, kernel_name="python3", record_timing=True,
-                            resources={"metadata": {"path": str(path.parent)}})
+                           resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     timings = []
     for index, cell in enumerate(notebook.cells):
