@@ -135,17 +135,6 @@ def prefix_caches(params, sequence, lengths):
     return caches
 
 
-def run_once(step, params, tokens, caches) -> float:
-    """Seconds of one step(params, tokens, caches); every cache put back afterwards."""
-    saved = [cache.checkpoint() for cache in caches]
-    start = time.perf_counter()
-    step(params, tokens, caches)
-    seconds = time.perf_counter() - start
-    for cache, state in zip(caches, saved):
-        cache.restore(state)
-    return seconds
-
-
 def bare_products(params, rows: int):
     """The matrix products of a batched decode step, with nothing around them: what BLAS
     itself reaches for `rows` rows (the model code and the attention left out)."""
@@ -179,13 +168,13 @@ def time_batches(params, args, rng):
     caches = prefix_caches(params, sequence, lengths)
     tokens = rng.integers(0, config.vocab_size, largest).tolist()
     for step in VARIANTS.values():                         # warm-up, not reported
-        run_once(step, params, tokens[:2], caches[:2])
+        report.run_once(step, params, tokens[:2], caches[:2])
     best = {}
     for _ in range(args.repeats):
         for B in args.batch_sizes:
             for name, step in list(VARIANTS.items()) + [("products alone",
                                                          bare_products(params, B))]:
-                seconds = run_once(step, params, tokens[:B], caches[:B])
+                seconds = report.run_once(step, params, tokens[:B], caches[:B])
                 best[name, B] = min(best.get((name, B), np.inf), seconds)
     return best, lengths
 

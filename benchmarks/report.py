@@ -1,11 +1,13 @@
 """What the benchmarks in this folder share: the BLAS thread count, set before numpy loads,
-the machine they describe, and their tables. Each script imports it as `report` (a script's
-own folder is first on sys.path). Nothing here imports numpy at module level."""
+the machine they describe, their tables, and a step timed with its caches put back. Each
+script imports it as `report` (a script's own folder is first on sys.path). Nothing here
+imports numpy at module level."""
 
 from __future__ import annotations
 
 import os
 import platform
+import time
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -49,3 +51,15 @@ def table(headers, rows) -> str:
              for row in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
     return "\n".join(lines)
+
+
+def run_once(step, params, tokens, caches) -> float:
+    """Seconds of one step(params, tokens, caches); every cache put back afterwards, so that
+    each repeat and each batch size starts from the same caches."""
+    saved = [cache.checkpoint() for cache in caches]
+    started = time.perf_counter()
+    step(params, tokens, caches)
+    seconds = time.perf_counter() - started
+    for cache, state in zip(caches, saved):
+        cache.restore(state)
+    return seconds

@@ -130,17 +130,6 @@ def products_alone(params, rows: int):
     return step
 
 
-def run_once(step, params, tokens, caches) -> float:
-    """Seconds of one step(params, tokens, caches); every cache put back afterwards."""
-    saved = [cache.checkpoint() for cache in caches]
-    started = time.perf_counter()
-    step(params, tokens, caches)
-    seconds = time.perf_counter() - started
-    for cache, state in zip(caches, saved):
-        cache.restore(state)
-    return seconds
-
-
 def time_batches(params, prompt, args) -> dict:
     """Every repeat's seconds of each way at each batch size, measured in turns."""
     config = params.config
@@ -152,12 +141,13 @@ def time_batches(params, prompt, args) -> dict:
             "one_at_a_time": lambda B: batch.decode_each_alone,
             "products": lambda B: products_alone(params, B)}
     for way in ways.values():                                # warm-up, not kept
-        run_once(way(1), params, tokens[:1], caches[:1])
+        report.run_once(way(1), params, tokens[:1], caches[:1])
     seconds = {name: {B: [] for B in args.batch_sizes} for name in ways}
     for _ in range(args.repeats):
         for B in args.batch_sizes:
             for name, way in ways.items():
-                seconds[name][B].append(run_once(way(B), params, tokens[:B], caches[:B]))
+                seconds[name][B].append(
+                    report.run_once(way(B), params, tokens[:B], caches[:B]))
     assert all(len(c) == len(prompt) for c in caches), "a step was not undone"
     return seconds
 
