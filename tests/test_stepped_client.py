@@ -1,5 +1,5 @@
-"""tools/stepped_client.py: a kernel that leaves a request unread (ipykernel 7) is nudged, and
-a wait in steps keeps the caller's timeout."""
+"""tools/stepped_client.py: a kernel that went quiet is nudged and the reply then arrives, and a
+wait in steps keeps the caller's timeout."""
 
 import asyncio
 import sys
@@ -16,7 +16,7 @@ import stepped_client  # noqa: E402
 
 
 class StuckChannel:
-    """A shell channel whose reply comes only after the kernel has been nudged."""
+    """A shell channel whose reply comes only after the kernel has been nudged (a stall)."""
 
     def __init__(self):
         self.nudged = 0

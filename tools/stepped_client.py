@@ -1,21 +1,22 @@
-"""nbclient's NotebookClient, made robust to two stalls seen on this project's machines.
+"""nbclient's NotebookClient, made robust to stalls seen on this project's machines.
 
-1. ipykernel 7 sometimes leaves a request unread in the kernel's shell socket: it writes a
-   reply on that socket outside its ZMQStream, which can swallow the wake-up of a request
-   arriving then (ipython/ipykernel issue #1554; pull request #1529, merged in June 2026, not
-   in 7.4.0). The kernel sits idle, the client waits for a reply that never comes, until some
-   other message reaches the socket. Seen three times in two runs of the run-twice test, after
-   cells that display widgets: 5 to 10 minutes each, ended by another message to the kernel
-   (a second client's request, a debugger attaching) or, once, after about 5 minutes. So a
-   client that has heard nothing on the shell channel for NUDGE_SECONDS sends a
-   kernel_info_request: its arrival wakes the kernel's socket, the stuck request is read, and
-   the kernel_info reply, with another parent, is ignored by nbclient.
-2. nbclient's asyncio poll of a socket can miss a message that arrives while it waits
-   (jupyter/nbclient issue #312): polling in steps of STEP_SECONDS bounds that to a step.
+After cells that display widgets, a run sometimes stood still: the kernel idle, the client
+waiting for a message (three times in two runs of the run-twice test, 5 to 10 minutes each).
+Each stall ended when some other message went through the kernel (a second client's request,
+a debugger attaching) or, once, when nbclient's 300 s poll ran out. Two known bugs look like
+it: nbclient's asyncio poll missing a message that arrives while it waits (jupyter/nbclient
+issue #312), and ipykernel 7 leaving a request unread in its shell socket (ipython/ipykernel
+issue #1554); the fix for the second, pull request #1529, is already in the ipykernel 7.4.0
+used here, so which one it is was not pinned down. Two remedies, for either cause:
 
-nbval, which runs the notebooks in `make test`, waits for each reply and each idle status
-before it sends the next cell, and has not stalled here. Used by tools/execute_notebooks.py,
-tools/busy_check.py and tests/test_cells_run_twice.py.
+1. polling in steps of STEP_SECONDS, so that a missed message is seen at the next step;
+2. after NUDGE_SECONDS with nothing on the shell channel, a kernel_info_request: it reaches the
+   kernel's shell socket, and its reply and status messages come back on the client's shell
+   and IOPub sockets, which is what ended every stall. nbclient ignores them (another parent).
+
+With both, the run-twice test has not stalled since. nbval, which runs the notebooks in `make
+test`, sends each cell only after the previous one is idle and has not stalled here. Used by
+tools/execute_notebooks.py, tools/busy_check.py and tests/test_cells_run_twice.py.
 """
 
 from __future__ import annotations
