@@ -183,8 +183,8 @@ def batch_table(config, best, lengths, args, compute_rate, bandwidth):
     rows = []
     for B in args.batch_sizes:
         positions = lengths[:B]
-        predicted = batch.batched_step_seconds(config, positions, compute_rate, bandwidth)
-        flops_time = batch.batched_step_flops(config, positions) / compute_rate
+        predicted = roofline.batched_step_seconds(config, positions, compute_rate, bandwidth)
+        flops_time = roofline.batched_step_flops(config, positions) / compute_rate
         bound = "compute" if flops_time >= predicted else "memory"
         one = B / best["one at a time", B]
         rows.append([B, f"{np.mean(positions):.1f}", f"{one:.1f}",
@@ -276,11 +276,11 @@ def main(args) -> None:
           "nothing around them")
     print("- roofline: B / max(FLOPs / matmul rate, (weights + every sequence's cache) / "
           "bandwidth), from the rates above")
-    here = batch.compute_bound_batch_size(config, args.cached, compute_rate, bandwidth)
+    here = roofline.compute_bound_batch_size(config, args.cached, compute_rate, bandwidth)
     print(f"- the roofline calls a step compute-bound from B = {here} on this machine "
           f"(float32, {args.cached} tokens cached each)")
     for cached in (0, args.cached):
-        h100 = batch.compute_bound_batch_size(config, cached, **H100, bytes_per_number=2)
+        h100 = roofline.compute_bound_batch_size(config, cached, **H100, bytes_per_number=2)
         print(f"- on an H100 SXM (989 TFLOP/s dense BF16, 3.35 TB/s; BF16 weights and cache), "
               f"{cached} tokens cached each: "
               + (f"from B = {h100}" if h100 is not None else "never: each sequence's cache "

@@ -6,7 +6,7 @@ the model step it schedules.
     python benchmarks/engine.py              # under a minute
     python benchmarks/engine.py --quick      # one round, about 20 s
 
-1. The workload (kvlib.widgets.lesson24.workload: eight chat requests arriving over six steps,
+1. The workload (kvlib.widgets.the_engine.workload: eight chat requests arriving over six steps,
    a shared system message, one long passage) on three engines: kvlib.serving.Engine (blocks
    of 16, a budget of 64 tokens a step), the same with max_num_seqs=1 (one request at a time),
    and StaticBatchingEngine (four at a time). Rounds alternate the engines; each reports the
@@ -50,9 +50,13 @@ if ARGS is not None:
 import numpy as np  # noqa: E402
 
 import kvlib  # noqa: E402
-from kvlib.serving import Engine, SamplingParams, StaticBatchingEngine  # noqa: E402
+from kvlib.serving import (  # noqa: E402
+    Engine,
+    SamplingParams,
+    StaticBatchingEngine,
+    workloads,  # noqa: E402
+)
 from kvlib.serving import engine as engine_module  # noqa: E402
-from kvlib.widgets import lesson24  # noqa: E402
 
 
 def engines(params) -> dict:
@@ -97,12 +101,12 @@ def bookkeeping(params, prompts, steps: int) -> tuple[float, float]:
 
 def main() -> None:
     params = kvlib.load_smollm2()
-    requests = lesson24.workload(kvlib.smollm2_tokenizer())
+    requests = workloads.workload(kvlib.smollm2_tokenizer())
     makers = engines(params)
     results = {name: [] for name in makers}
     for _ in range(ARGS.rounds):
         for name, make in makers.items():
-            results[name].append(lesson24.run_variant(make(), requests))
+            results[name].append(workloads.run_variant(make(), requests))
     print(report.machine_lines())
     print(f"notebook 24's workload: 8 chat requests to SmolLM2-135M-Instruct (float32), "
           f"{ARGS.rounds} round(s), medians\n")

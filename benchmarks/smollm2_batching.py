@@ -21,7 +21,7 @@ notebook takes their medians.
    batch.decode_each_alone (kvlib.decode_step per sequence), "products" the step's matrix
    products alone (the 210 block matrices and the unembedding, X (B, 576) @ each, as kvlib
    holds them; no norms, rotation, attention or cache). "predicted" is the roofline's time,
-   batch.batched_step_seconds, from the read bandwidth and matrix-product rate measured before
+   roofline.batched_step_seconds, from the read bandwidth and matrix-product rate measured before
    and after the timings (the faster reading of each: the roofline is a bound).
 2. The skinny products: X (rows, 576) @ W (576, 1536), the shape of SmolLM2's gate and up
    projections, for rows 1 to 16, with W as kvlib holds it (the file's (1536, 576) matrix,
@@ -101,8 +101,7 @@ import numpy as np  # noqa: E402
 
 import kvlib  # noqa: E402
 from kvlib import roofline  # noqa: E402
-from kvlib.serving import batch  # noqa: E402
-from kvlib.widgets import lesson24  # noqa: E402
+from kvlib.serving import batch, workloads  # noqa: E402
 
 
 def copies(config, cache, n: int) -> list:
@@ -197,7 +196,7 @@ def main(args) -> None:
     load_before = load_average()
     params = kvlib.load_smollm2()
     tokenizer = kvlib.smollm2_tokenizer()
-    prompt = lesson24.chat_prompts(tokenizer)[0]
+    prompt = workloads.chat_prompts(tokenizer)[0]
     config = params.config
     print("# SmolLM2-135M-Instruct: decode throughput against the batch size")
     print()
@@ -222,10 +221,10 @@ def main(args) -> None:
     positions = len(prompt)
     rows = []
     for B in args.batch_sizes:
-        predicted = batch.batched_step_seconds(config, [positions] * B, rate, bandwidth)
+        predicted = roofline.batched_step_seconds(config, [positions] * B, rate, bandwidth)
         rows.append({"batch_size": B, "predicted_seconds": predicted,
                      **{f"{name}_seconds": seconds[name][B] for name in seconds}})
-    crossover = batch.compute_bound_batch_size(config, positions, rate, bandwidth)
+    crossover = roofline.compute_bound_batch_size(config, positions, rate, bandwidth)
 
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s, matrix products {rate / 1e9:.1f} "
           f"GFLOP/s (the faster of two readings each), ridge {rate / bandwidth:.1f} FLOPs "

@@ -14,7 +14,7 @@ from .cache import (
     make_cache,
 )
 from .checkpoints.smollm2 import SMOLLM2_135M, load_smollm2, smollm2_tokenizer
-from .config import GPT2_SMALL, ModelConfig
+from .config import GPT2_LONG, GPT2_SMALL, ModelConfig
 from .flops import (
     MultiplyAdds,
     count_multiply_adds,

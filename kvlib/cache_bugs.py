@@ -276,3 +276,62 @@ __all__ = ["BUGS", "Bug", "CacheNeverRead", "JumpingOffset", "PrefixCacheWithout
            "RolledBack", "RotaryTableForPrompt", "SharedBatchPosition", "decode_step",
            "decode_step_mask_from_the_top", "decode_step_window_one_short", "prefill",
            "prefill_without_mask", "run_blocks"]
+
+
+# ------------------------------------------------------------------ the zoo on the story model
+
+ZOO_PROMPT = ("Long ago, in a small village, there lived a funny girl named Mia. Mia had a "
+              "big bell. Mia had a friend named Tom.")
+"""The prompt every bug of the zoo runs on (the lesson's exercises 1 and 2 too)."""
+
+ZOO_TOLERANCES = {"float32": None, "float16": 1e-2, "bfloat16": 5e-2}
+"""The locator's tolerance for each format: its default in float32, about twenty rounding
+steps of the format in 16 bits (when_the_cache_is_wrong)."""
+
+ZOO_WINDOW = 24
+ZOO_OTHER_PROMPT = ("Long ago, in a small village, there lived a funny boy named Sam. Mia had a "
+                    "big bell. Mia had a friend named Tom.")
+
+
+def zoo(tokenizer, prompt: list[int]) -> dict:
+    """The bugs the widget can plant in the story model: label -> (config changes, a function
+    that makes (decode_step, prefill) afresh; stateful bugs need a new one each run)."""
+    other = tokenizer.encode(ZOO_OTHER_PROMPT)
+    right = (decode_step, prefill)
+    return {
+        "none: the right loop": ({}, lambda params: right),
+        "1 offset that jumps": ({}, lambda params: (JumpingOffset(), prefill)),
+        "2 no mask in the prefill": ({}, lambda params: (decode_step,
+                                                         prefill_without_mask)),
+        "3 mask from the top-left": ({}, lambda params: (decode_step_mask_from_the_top,
+                                                         prefill)),
+        "4 one batch position": ({}, lambda params: (SharedBatchPosition(6), prefill)),
+        "5 window one short": ({"window": ZOO_WINDOW}, lambda params: (
+            decode_step_window_one_short, prefill)),
+        "5 window, the right loop": ({"window": ZOO_WINDOW}, lambda params: right),
+        "6 prefix key without parent": ({}, lambda params: (
+            decode_step, PrefixCacheWithoutParent(params, 4, [other]))),
+        "7 rollback one too far": ({}, lambda params: (RolledBack(2), prefill)),
+        "7 rollback one too short": ({}, lambda params: (RolledBack(0), prefill)),
+        "8 cache never read": ({}, lambda params: (CacheNeverRead(prompt), prefill)),
+    }
+
+
+def run_bug(story, tokenizer, prompt, label: str, number_format: str, n_new_tokens: int = 16):
+    """One bug of the zoo in one format -> (differences (n_new_tokens,), the locator's report or
+    None, rows computed a step)."""
+    from . import debug, precision  # above this module: imported when a bug is run
+
+    changes, make = zoo(tokenizer, prompt)[label]
+    params = precision.in_format(story, number_format)
+    params = params.with_config(**changes) if changes else params
+    with precision.computed_in(number_format):
+        step, first_pass = make(params)
+        differences = debug.logit_differences(params, prompt, n_new_tokens, step,
+                                              prefill=first_pass)
+        step, first_pass = make(params)      # stateful bugs start afresh for every run
+        found = debug.first_divergence(params, prompt, n_new_tokens, step, prefill=first_pass,
+                                       tolerance=ZOO_TOLERANCES[number_format])
+        step, _ = make(params)
+        rows = debug.rows_computed(params, prompt, 4, step)
+    return differences, found, rows

@@ -223,3 +223,26 @@ GPT2_SMALL = ModelConfig(
 )
 """GPT-2 small's shapes (Radford et al. 2019) on the toy's architecture (no positions, norms
 or biases), used by notebooks 09-10 and the benchmark. GPT-2 itself is kvlib.gpt2.GPT2_124M."""
+
+
+def _gpt2_shapes(n_layers: int, d_model: int, n_heads: int) -> ModelConfig:
+    return ModelConfig(vocab_size=50257, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
+                       d_ff=4 * d_model, context_length=1024, dtype="float32")
+
+
+GPT2_LONG = dataclasses.replace(GPT2_SMALL, context_length=32768)
+"""GPT-2 small's shapes with a context stretched to 32,768 positions: a hypothetical model
+(GPT-2 has 1024) that shows where attention's cost overtakes the rest (counting_the_work)."""
+
+MODEL_SIZES = {
+    "the article's toy (3 layers, d 4)": ModelConfig(dtype="float32"),
+    "GPT-2 small (12 layers, d 768)": GPT2_SMALL,
+    "GPT-2 medium (24 layers, d 1024)": _gpt2_shapes(24, 1024, 16),
+    "GPT-2 large (36 layers, d 1280)": _gpt2_shapes(36, 1280, 20),
+    "GPT-2 XL (48 layers, d 1600)": _gpt2_shapes(48, 1600, 25),
+    "GPT-2 small's shapes, 32k context (hypothetical)": GPT2_LONG,
+}
+"""Model sizes whose cost the lessons count and time (counting_the_work, where_time_goes).
+GPT-2's layers and widths are those of Radford et al. 2019 (table 2) and its published
+config.json files; the FLOPs do not depend on the head count."""
+

@@ -130,6 +130,25 @@ def record():
 
 # ------------------------------------------------------------------------------ comparing
 
+CACHED_TOLERANCES = {"float64": 1e-10, "float32": 1e-5}
+"""How close cached decoding must come to full recomputation, relative to the logits' size
+(the largest |logit|): 1e-10 in float64 (kv_cached_decode's check: rounding leaves a few
+1e-16, a real bug moves logits by 1e-3 or more); in float32 the same check scaled by its
+spacing (1.2e-7), 1e-5."""
+
+
+def relative_difference(logits, reference) -> float:
+    """max |logits - reference| / max |reference| (kv_cached_decode): how far cached decoding
+    is from full recomputation, in units of the logits' own size."""
+    logits, reference = np.asarray(logits, dtype=float), np.asarray(reference, dtype=float)
+    return float(np.max(np.abs(logits - reference)) / np.max(np.abs(reference)))
+
+
+def cached_tolerance(params: Params) -> float:
+    """The tolerance of CACHED_TOLERANCES for the params' dtype (float64 or float32)."""
+    return CACHED_TOLERANCES[params.config.dtype]
+
+
 def _tolerance(params: Params, tolerance) -> float:
     if tolerance is None:
         return 1e-9 if params.config.dtype == "float64" else 2e-4

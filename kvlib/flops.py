@@ -264,3 +264,22 @@ def count_multiply_adds(function, params: Params, *args, **kwargs):
     )
     result = function(counted_params, *args, **kwargs)
     return _unwrap(result), MultiplyAdds(**tally)
+
+
+FLOP_UNITS = ((1e15, "PFLOPs"), (1e12, "TFLOPs"), (1e9, "GFLOPs"), (1e6, "MFLOPs"),
+              (1e3, "kFLOPs"), (1.0, "FLOPs"))
+
+
+def flop_unit(largest: float) -> tuple[float, str]:
+    """The unit to show FLOPs in, chosen by size (counting_the_work): (1e9, "GFLOPs") for 2.5e10,
+    (1e3, "kFLOPs") for 49,920, so that a toy model never reads "0.0 GFLOPs"."""
+    for scale, name in FLOP_UNITS:
+        if largest >= scale:
+            return scale, name
+    return 1.0, "FLOPs"
+
+
+def format_flops(flops: float) -> str:
+    """FLOPs in the unit that fits them, 3 significant digits: '27.0 TFLOPs', '49.9 kFLOPs'."""
+    scale, name = flop_unit(abs(flops))
+    return f"{flops / scale:,.3g} {name}"

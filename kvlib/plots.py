@@ -7,19 +7,28 @@ from viridis, which is perceptually uniform and readable with colour-blindness.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.collections import PolyCollection
+from matplotlib.collections import LineCollection, PatchCollection, PolyCollection
 from matplotlib.patches import PathPatch, Rectangle
 from matplotlib.path import Path
+
+from .checks import whole_number
+from .grouped import group_size, query_groups
 
 COLORMAP = "viridis"
 OLD_ROWS_COLOR = "#bcd4e6"   # cached rows in a cache diagram
 NEW_ROWS_COLOR = "#fde725"   # the rows appended by this step (viridis' yellow)
 BOX_COLOR = "#d9e8f2"
 MASKED_COLOR = "#d0d0d0"
+WITH_CACHE_COLOR = "#21918c"     # viridis teal: a run with the KV cache
+WITHOUT_CACHE_COLOR = "#440154"  # viridis purple: the same run recomputing everything
+MAX_HEADS = 256                  # more query heads than this cannot be told apart in a drawing
+MAX_LABELLED_HEADS = 16          # beyond this many heads of a row, only some are numbered
 
 
 @dataclass(frozen=True)
@@ -420,3 +429,65 @@ def _write_values(ax, matrix, image, digits: int = 2):
             continue
         color = "black" if normalised[r, c] > 0.55 else "white"
         ax.text(c, r, f"{value:.{digits}f}", ha="center", va="center", fontsize=8, color=color)
+
+
+def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
+    """A count with its noun in the right number: '1 position', '5 positions', '131,072
+    cached tokens' (thousands separated, as the readouts write every large number)."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {plural_noun or noun + 's'}"
+
+
+# ------------------------------------------------------------- grouped-query attention
+
+def group_colors(n_kv_heads: int) -> np.ndarray:
+    """One colour per K/V head from viridis (colour-blind safe): (kv, 4) RGBA."""
+    return mpl.colormaps["viridis"](np.linspace(0.0, 0.9, n_kv_heads))
+
+
+def _labelled(n: int) -> set[int]:
+    """Which of n heads get a number: all of a few, otherwise about 8, always the last."""
+    if n <= MAX_LABELLED_HEADS:
+        return set(range(n))
+    step = math.ceil(n / 8)
+    return set(range(0, n, step)) | {n - 1}
+
+
+def draw_query_groups(ax, n_heads: int, n_kv_heads: int, title: str | None = None) -> None:
+    """The grouping (notebook 15): query heads on top, K/V heads below, each query head
+    joined to the K/V head it reads, one colour per K/V head and its group.
+
+    Each K/V head is drawn as wide as its group, under it: query head i sits above K/V
+    head i // group. Draws into ax (cleared first).
+    """
+    n_heads = whole_number("query heads", n_heads, 1, MAX_HEADS)
+    group = group_size(n_heads, n_kv_heads)
+    colors = group_colors(n_kv_heads)
+    kv_head_of = query_groups(n_heads, n_kv_heads)
+    heads = np.arange(n_heads)
+    ax.clear()
+    # one collection a row, not one artist a head: 256 heads redraw at once
+    ax.add_collection(PatchCollection(
+        [Rectangle((head + 0.1, 2.0), 0.8, 0.8) for head in heads],
+        facecolors=colors[kv_head_of], edgecolors="black",
+        linewidths=0.5 if n_heads <= 64 else 0.0))      # past 64, edges would hide the colours
+    ax.add_collection(LineCollection(
+        [[(head + 0.5, 2.0), ((kv + 0.5) * group, 0.8)] for head, kv in zip(heads, kv_head_of)],
+        colors=colors[kv_head_of], linewidths=1.0))
+    ax.add_collection(PatchCollection(
+        [Rectangle((kv * group + 0.1, 0.0), group - 0.2, 0.8) for kv in range(n_kv_heads)],
+        facecolors=colors, edgecolors="black", linewidths=0.8))
+    for head in sorted(_labelled(n_heads)):
+        ax.text(head + 0.5, 2.95, str(head), ha="center", va="bottom", fontsize=7)
+    for kv_head in sorted(_labelled(n_kv_heads)):
+        ax.text((kv_head + 0.5) * group, -0.15, str(kv_head), ha="center", va="top",
+                fontsize=7)
+    ax.set_xlim(0, n_heads)
+    ax.set_ylim(-0.9, 3.6)
+    ax.set_yticks([0.4, 2.4], labels=[f"{plural(n_kv_heads, 'K/V head')}\n(cached)",
+                                      f"{plural(n_heads, 'query head')}\n(not cached)"])
+    ax.set_xticks([])
+    ax.set_xlabel("head number (query heads on top, K/V heads below)")
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title or f"{plural(n_heads, 'query head')}, {plural(n_kv_heads, 'K/V head')}: "
+                          f"groups of {group}")

@@ -38,7 +38,6 @@ from .cache import KVCache
 from .inference import _embed, _logits, _run_blocks, check_ids, decode_step, forward, prefill
 from .model import attention_mask
 from .params import Params
-from .serving.batch import padded_prompt_mask, padded_prompt_positions
 from .wrapping import wrapped
 
 FORMATS = ("float64", "float32", "float16", "bfloat16")
@@ -203,12 +202,14 @@ def left_padded(params: Params, ids, padding: int, pad_id: int = 0):
         raise ValueError(f"{len(ids)} tokens and {padding} pads are more than the context "
                          f"length of {params.config.context_length}")
     padded_ids = np.concatenate([check_ids([pad_id] * padding, params, what="pad_id"), ids])
-    real = np.arange(len(padded_ids))[None] >= padding                  # (1, P + T)
-    positions = padded_prompt_positions(real)[0]
+    real = np.arange(len(padded_ids)) >= padding                        # (P + T,)
+    positions = np.maximum(np.cumsum(real) - 1, 0)          # pads at 0, the tokens from 0
     X = _embed(params, padded_ids, positions)
     config = params.config
-    mask = padded_prompt_mask(real)[0] & attention_mask(positions, positions, config.window,
-                                                        config.sink_tokens)
+    # no query sees a pad; a pad's own row sees itself (its output is never read), as
+    # kvlib.serving.batch.padded_prompt_mask does for a whole batch
+    hidden_pads = np.tri(len(real), dtype=bool) & real[None, :] | np.diag(~real)
+    mask = hidden_pads & attention_mask(positions, positions, config.window, config.sink_tokens)
     X = _run_blocks(params, X, positions, mask, None, None)
     return _logits(params, X, last_only=False)[padding:], forward(params, ids)
 

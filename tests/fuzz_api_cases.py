@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 import kvlib
-from kvlib import bpe, gpt2, grouped, latent, positions
+from kvlib import bpe, gpt2, grouped, latent, positions, roofline
 from kvlib.checkpoints import safetensors
 from kvlib.flops import chunk_multiply_adds, generation_step_multiply_adds
 from kvlib.memory import ModelPreset, tokens_that_fit
@@ -538,11 +538,11 @@ pure("left_pad", batch.left_pad, [[1, 2, 3], [4]], 0)
 pure("padded_prompt_mask", batch.padded_prompt_mask, np.array([[True, True], [False, True]]))
 pure("padded_prompt_positions", batch.padded_prompt_positions,
      np.array([[True, True], [False, True]]))
-pure("batched_step_flops", batch.batched_step_flops, CONFIG, [3, 5])
-pure("batched_step_bytes", batch.batched_step_bytes, CONFIG, [3, 5], 2)
-pure("batched_step_seconds", batch.batched_step_seconds, CONFIG, [3, 5], 1e9, 1e8, 2)
-pure("ridge_point", batch.ridge_point, 1e12, 1e9)
-pure("compute_bound_batch_size", batch.compute_bound_batch_size, CONFIG, 5, 1e12, 1e9, 2)
+pure("batched_step_flops", roofline.batched_step_flops, CONFIG, [3, 5])
+pure("batched_step_bytes", roofline.batched_step_bytes, CONFIG, [3, 5], 2)
+pure("batched_step_seconds", roofline.batched_step_seconds, CONFIG, [3, 5], 1e9, 1e8, 2)
+pure("ridge_point", roofline.ridge_point, 1e12, 1e9)
+pure("compute_bound_batch_size", roofline.compute_bound_batch_size, CONFIG, 5, 1e12, 1e9, 2)
 
 
 @case("batched_decoder_block")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from benchmark_runs import run_script, table_rows
 
+from kvlib import roofline
 from kvlib.gpt2 import GPT2_124M
-from kvlib.serving import batch
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "batched_decode.py"
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--vocab", "64",
@@ -67,7 +67,7 @@ def test_the_h100_figures_are_counted_not_measured():
     config = GPT2_124M.replace(vocab_size=64, d_model=32, n_heads=2, n_layers=2, d_ff=128)
     output = run("--quick")
     for cached in (0, 6):
-        size = batch.compute_bound_batch_size(config, cached, compute_rate=989e12,
+        size = roofline.compute_bound_batch_size(config, cached, compute_rate=989e12,
                                               bandwidth=3.35e12, bytes_per_number=2)
         expected = f"from B = {size}" if size is not None else "never"
         assert f"{cached} tokens cached each: {expected}" in output

@@ -12,8 +12,8 @@ import pytest
 from benchmark_runs import run_script, table_rows
 
 import kvlib
-from kvlib.serving import batch
-from kvlib.widgets import lesson21 as w21
+from kvlib import roofline
+from kvlib.widgets import batched_decoding as w21
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "smollm2_batching.py"
 NUMBER = r"\d+(\.\d+)?"
@@ -69,11 +69,11 @@ def check_measurement(measured, sizes, repeats, rows):
         for way in ("batched", "one_at_a_time", "products"):
             seconds = row[f"{way}_seconds"]
             assert len(seconds) == repeats and all(s > 0 for s in seconds)
-        predicted = batch.batched_step_seconds(
+        predicted = roofline.batched_step_seconds(
             config, [measured["cached_tokens"]] * row["batch_size"], measured["matmul_rate"],
             measured["bandwidth"])
         assert np.isclose(row["predicted_seconds"], predicted, rtol=1e-12, atol=0)
-    assert measured["compute_bound_from"] == batch.compute_bound_batch_size(
+    assert measured["compute_bound_from"] == roofline.compute_bound_batch_size(
         config, measured["cached_tokens"], measured["matmul_rate"], measured["bandwidth"])
     skinny = measured["skinny_products"]
     assert skinny["shape"] == [576, 1536] and skinny["rows"] == rows

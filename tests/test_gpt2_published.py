@@ -3,7 +3,7 @@
 Runs only where the weights are downloaded (kvlib.gpt2.find_weights(): $KVLIB_GPT2_DIR, else
 ~/.cache/kvlib/gpt2; `make gpt2` or kvlib.gpt2.download() fetches them). CI has no network and
 skips it, saying why. The expected text is the issue's, written out here again, so that
-notebook 13's copy (kvlib.widgets.lesson13) is checked against it too.
+notebook 13's copy (kvlib.widgets.what_the_heads_read) is checked against it too.
 """
 
 import json
@@ -13,7 +13,7 @@ import pytest
 
 import kvlib
 from kvlib import gpt2
-from kvlib.widgets import lesson13
+from kvlib.widgets import what_the_heads_read as lesson13
 
 PROMPT = "Alan Turing theorized that computers would one day become"
 CONTINUATION = (" the most powerful machines on the planet.\n\nThe computer is a machine that "

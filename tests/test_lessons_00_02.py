@@ -29,9 +29,11 @@ from hypothesis import given, settings  # noqa: E402
 
 import kvlib  # noqa: E402
 from kvlib import plots  # noqa: E402
-from kvlib.exercises import lesson00, lesson01, lesson02  # noqa: E402
-from kvlib.widgets import lesson01 as widgets01  # noqa: E402
-from kvlib.widgets import lesson02 as widgets02  # noqa: E402
+from kvlib.exercises import big_picture as lesson00  # noqa: E402
+from kvlib.exercises import embedding_lookup as lesson01
+from kvlib.exercises import one_attention_head as lesson02
+from kvlib.widgets import embedding_lookup as widgets01  # noqa: E402
+from kvlib.widgets import one_attention_head as widgets02  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TOKENIZER = kvlib.ToyTokenizer()

@@ -29,12 +29,12 @@ from checker_cases import (  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 
 import kvlib  # noqa: E402
-from kvlib.exercises import lesson03 as exercises03  # noqa: E402
-from kvlib.exercises import lesson04 as exercises04  # noqa: E402
-from kvlib.exercises import lesson05 as exercises05  # noqa: E402
-from kvlib.widgets import lesson03 as widgets03  # noqa: E402
-from kvlib.widgets import lesson04 as widgets04  # noqa: E402
-from kvlib.widgets import lesson05 as widgets05  # noqa: E402
+from kvlib.exercises import causal_masking as exercises03  # noqa: E402
+from kvlib.exercises import mlp_residual_stream as exercises05  # noqa: E402
+from kvlib.exercises import multi_head_attention as exercises04  # noqa: E402
+from kvlib.widgets import causal_masking as widgets03  # noqa: E402
+from kvlib.widgets import mlp_residual_stream as widgets05  # noqa: E402
+from kvlib.widgets import multi_head_attention as widgets04  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 IDS = [0, 3, 7, 1, 9]

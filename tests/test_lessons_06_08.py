@@ -23,12 +23,12 @@ from checker_cases_06_11 import (  # noqa: E402
 
 import kvlib  # noqa: E402
 from kvlib import plots  # noqa: E402
-from kvlib.exercises import lesson06 as ex06  # noqa: E402
-from kvlib.exercises import lesson07 as ex07  # noqa: E402
-from kvlib.exercises import lesson08 as ex08  # noqa: E402
-from kvlib.widgets import lesson06 as w06  # noqa: E402
-from kvlib.widgets import lesson07 as w07  # noqa: E402
-from kvlib.widgets import lesson08 as w08  # noqa: E402
+from kvlib.exercises import kv_cached_decode as ex08  # noqa: E402
+from kvlib.exercises import logits_next_token as ex06  # noqa: E402
+from kvlib.exercises import prefill as ex07  # noqa: E402
+from kvlib.widgets import kv_cached_decode as w08  # noqa: E402
+from kvlib.widgets import logits_next_token as w06  # noqa: E402
+from kvlib.widgets import prefill as w07  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 

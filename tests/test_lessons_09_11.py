@@ -21,14 +21,18 @@ from checker_cases import case_id, in_words  # noqa: E402
 from checker_cases_06_11 import FUZZ, correct, not_yet, survives_the_fuzz  # noqa: E402
 
 import kvlib  # noqa: E402
-from kvlib import memory, roofline  # noqa: E402
-from kvlib.exercises import lesson09 as exercises09  # noqa: E402
-from kvlib.exercises import lesson10 as exercises10  # noqa: E402
-from kvlib.exercises import lesson11 as exercises11  # noqa: E402
+from kvlib import (  # noqa: E402
+    hardware,  # noqa: E402
+    memory,
+    roofline,
+)
+from kvlib.exercises import counting_the_work as exercises09  # noqa: E402
+from kvlib.exercises import kv_cache_memory as exercises11  # noqa: E402
+from kvlib.exercises import where_time_goes as exercises10  # noqa: E402
 from kvlib.memory import GiB, MiB  # noqa: E402
-from kvlib.widgets import lesson09 as widgets09  # noqa: E402
-from kvlib.widgets import lesson10 as widgets10  # noqa: E402
-from kvlib.widgets import lesson11 as widgets11  # noqa: E402
+from kvlib.widgets import counting_the_work as widgets09  # noqa: E402
+from kvlib.widgets import kv_cache_memory as widgets11  # noqa: E402
+from kvlib.widgets import where_time_goes as widgets10  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -287,7 +291,7 @@ def test_a_budget_keeps_the_weights_format_apart_from_the_caches():
 # ------------------------------------------------------------------ long contexts (09)
 
 def test_attention_overtakes_the_rest_of_a_decode_step_at_6d():
-    long = widgets09.GPT2_LONG
+    long = kvlib.GPT2_LONG
     d = long.d_model
     for position, more in ((6 * d - 2, False), (6 * d - 1, None), (6 * d, True)):
         step = kvlib.decode_step_multiply_adds(long, position)
@@ -301,7 +305,7 @@ def test_attention_overtakes_the_rest_of_a_decode_step_at_6d():
 
 
 def test_the_cached_total_is_quadratic_in_the_long_run():
-    steps = kvlib.flops.generation_step_multiply_adds(widgets09.GPT2_LONG, 32, 32737)
+    steps = kvlib.flops.generation_step_multiply_adds(kvlib.GPT2_LONG, 32, 32737)
     totals = np.cumsum([s.flops for s in steps])
     second_differences = np.diff(totals[1:], 2)     # the decode steps: a constant > 0
     assert (second_differences > 0).all() and np.ptp(second_differences) == 0
@@ -310,11 +314,11 @@ def test_the_cached_total_is_quadratic_in_the_long_run():
 # ------------------------------------------------------------------ widgets
 
 def test_flop_units_follow_the_size():
-    assert widgets09.format_flops(49_920) == "49.9 kFLOPs"
-    assert widgets09.format_flops(2.7e13) == "27 TFLOPs"
-    assert widgets09.format_flops(137.2e9) == "137 GFLOPs"
-    assert widgets09.format_flops(12) == "12 FLOPs"
-    assert widgets09.flop_unit(0.5) == (1.0, "FLOPs")
+    assert kvlib.flops.format_flops(49_920) == "49.9 kFLOPs"
+    assert kvlib.flops.format_flops(2.7e13) == "27 TFLOPs"
+    assert kvlib.flops.format_flops(137.2e9) == "137 GFLOPs"
+    assert kvlib.flops.format_flops(12) == "12 FLOPs"
+    assert kvlib.flops.flop_unit(0.5) == (1.0, "FLOPs")
 
 
 def test_cost_explorer_draws_the_counted_curves():
@@ -325,7 +329,7 @@ def test_cost_explorer_draws_the_counted_curves():
     left, right = explorer.axes
     without, with_cache = left.get_lines()
     steps = kvlib.flops.generation_step_multiply_adds(GPT2, 32, 512, use_cache=True)
-    scale, unit = widgets09.flop_unit(without.get_ydata().max() * 1e9)
+    scale, unit = kvlib.flops.flop_unit(without.get_ydata().max() * 1e9)
     assert unit == "GFLOPs" and "GFLOPs" in left.get_ylabel()
     np.testing.assert_allclose(with_cache.get_ydata(), [s.flops / 1e9 for s in steps])
     np.testing.assert_array_equal(with_cache.get_xdata(), np.arange(32, 544))
@@ -337,11 +341,11 @@ def test_cost_explorer_draws_the_counted_curves():
     explorer.new_tokens.value = 256
     assert "<b>103.5x</b>" in explorer.status.value
     assert len(explorer.axes[0].get_lines()[1].get_ydata()) == 256
-    for model in widgets09.MODELS:
+    for model in kvlib.config.MODEL_SIZES:
         explorer.model.value = model
         assert explorer.message.value == ""
         assert explorer.prompt.value + explorer.new_tokens.value - 1 <= \
-            widgets09.MODELS[model].context_length
+            kvlib.config.MODEL_SIZES[model].context_length
     assert len(plt.get_fignums()) == before
 
 
@@ -369,20 +373,20 @@ def test_cost_explorer_fits_long_requests_into_the_context():
 
 
 def test_machine_rates_say_when_the_machine_was_busy():
-    quiet = widgets10.rates_from_readings([100e9, 105e9, 98e9], [30e9, 31e9, 29e9])
+    quiet = hardware.rates_from_readings([100e9, 105e9, 98e9], [30e9, 31e9, 29e9])
     assert quiet.compute_rate == 100e9 and quiet.bandwidth == 30e9 and not quiet.busy
     assert quiet.ridge_point == pytest.approx(100 / 30)
     assert "disagree" not in quiet.describe() and "ridge point 3.3" in quiet.describe()
-    busy = widgets10.rates_from_readings([100e9, 30e9, 98e9], [30e9, 31e9, 29e9])
+    busy = hardware.rates_from_readings([100e9, 30e9, 98e9], [30e9, 31e9, 29e9])
     assert busy.busy and busy.compute_spread == pytest.approx(100 / 30)
     assert "another program was using the machine" in busy.describe()
     with pytest.raises(ValueError, match="positive reading"):
-        widgets10.rates_from_readings([], [1.0])
-    measured = widgets10.measure_machine(rounds=1, matmul_size=64, read_bytes=2**20)
+        hardware.rates_from_readings([], [1.0])
+    measured = hardware.measure_machine(rounds=1, matmul_size=64, read_bytes=2**20)
     assert measured.compute_rate > 0 and measured.bandwidth > 0
     assert measured.compute_spread >= 1 and measured.bandwidth_spread >= 1
     with pytest.raises(ValueError, match="rounds"):
-        widgets10.measure_machine(rounds=0)
+        hardware.measure_machine(rounds=0)
 
 
 def test_the_time_ratio_depends_on_the_ridge_point_only():
@@ -401,36 +405,36 @@ def test_the_time_ratio_depends_on_the_ridge_point_only():
 
 
 def test_a_batched_decode_step_shares_the_weights_not_the_caches():
-    one = widgets10.batched_decode_step(GPT2, 1, 543)
-    eight = widgets10.batched_decode_step(GPT2, 8, 543)
+    one = roofline.batched_step_cost(GPT2, 1, 543)
+    eight = roofline.batched_step_cost(GPT2, 8, 543)
     assert eight["bytes"] == roofline.weights_bytes(GPT2) + 8 * roofline.cache_bytes(GPT2, 544)
     assert eight["flops"] == 8 * kvlib.decode_step_multiply_adds(GPT2, 543).flops
     assert one["intensity"] < eight["intensity"] < one["flops"] / one["caches"]
-    bf16 = widgets10.batched_decode_step(GPT2, 8, 543, bytes_per_number=2)
+    bf16 = roofline.batched_step_cost(GPT2, 8, 543, bytes_per_number=2)
     assert bf16["bytes"] == eight["bytes"] / 2 and bf16["flops"] == eight["flops"]
     with pytest.raises(ValueError, match="batch"):
-        widgets10.batched_decode_step(GPT2, 0, 5)
+        roofline.batched_step_cost(GPT2, 0, 5)
     with pytest.raises(ValueError, match="position"):
-        widgets10.batched_decode_step(GPT2, 1, -1)
+        roofline.batched_step_cost(GPT2, 1, -1)
 
 
 def test_accelerators_have_ridge_points_of_hundreds():
     ridges = {name: rate / bandwidth for name, (rate, bandwidth) in
-              widgets10.ACCELERATORS.items()}
+              hardware.ACCELERATORS.items()}
     assert all(100 < ridge < 1000 for ridge in ridges.values())
 
 
 def test_batching_explorer():
     before = len(plt.get_fignums())
-    rates = widgets10.rates_from_readings([100e9], [30e9])
+    rates = hardware.rates_from_readings([100e9], [30e9])
     explorer = widgets10.batching_explorer(rates)
     assert explorer.hardware.value == "this CPU (measured), float32"
     step = explorer.step()
-    assert step == {**widgets10.batched_decode_step(GPT2, 8, 511), "seconds": step["seconds"]}
+    assert step == {**roofline.batched_step_cost(GPT2, 8, 511), "seconds": step["seconds"]}
     assert step["seconds"] == pytest.approx(step["bytes"] / 30e9)   # memory-bound
     assert "memory-bound" in explorer.status.value and "8 x" in explorer.status.value
     explorer.hardware.value = "NVIDIA H100 SXM, BF16"
-    assert explorer.step()["bytes"] == widgets10.batched_decode_step(GPT2, 8, 511, 2)["bytes"]
+    assert explorer.step()["bytes"] == roofline.batched_step_cost(GPT2, 8, 511, 2)["bytes"]
     assert "ridge point of 295" in explorer.status.value
     explorer.batch.value = 1024
     explorer.position.value = 0

@@ -25,7 +25,7 @@ Each comparison: positions, largest and mean absolute logit difference, greedy f
 the widest top-two gap at which one happened (kvlib.precision.Comparison).
 
 zoo: the widget of notebook 25, every bug it offers in every format on the story model
-(kvlib.widgets.lesson25.run_bug): the logit differences step by step, the locator's report
+(kvlib.cache_bugs.run_bug): the logit differences step by step, the locator's report
 and the rows a step computes.
 """
 
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 import kvlib  # noqa: E402
-from kvlib import precision  # noqa: E402
+from kvlib import cache_bugs, precision, stories  # noqa: E402
 
 PROMPT = 16
 PADDING = 5
@@ -132,21 +132,18 @@ def measure(name: str) -> dict:
 
 
 def measure_zoo() -> dict:
-    from kvlib.exercises import lesson25
-    from kvlib.widgets import lesson25 as widgets25
-
-    story, tokenizer = lesson25.story_model()
-    prompt = lesson25.exercise_prompt()
+    story, tokenizer = stories.load_model(dtype="float32"), stories.load_tokenizer()
+    prompt = tokenizer.encode(cache_bugs.ZOO_PROMPT)
     runs = {}
-    for label in widgets25.zoo(tokenizer, prompt):
+    for label in cache_bugs.zoo(tokenizer, prompt):
         runs[label] = {}
-        for number_format in widgets25.TOLERANCES:
-            differences, found, rows = widgets25.run_bug(story, tokenizer, prompt, label,
-                                                         number_format)
+        for number_format in cache_bugs.ZOO_TOLERANCES:
+            differences, found, rows = cache_bugs.run_bug(story, tokenizer, prompt, label,
+                                                          number_format)
             runs[label][number_format] = {
                 "differences": [None if np.isnan(d) else float(d) for d in differences],
                 "report": None if found is None else str(found), "rows": rows}
-    return {"prompt": lesson25.PROMPT_TEXT, "runs": runs}
+    return {"prompt": cache_bugs.ZOO_PROMPT, "runs": runs}
 
 
 MEASURES = {"stories": lambda: measure("stories"), "smollm2": lambda: measure("smollm2"),

@@ -26,7 +26,7 @@ Parts:
   text, the largest channel over the median, per layer and K/V head;
 - kivi (notebook 22): the loss with quantized caches (kvlib.serving.quantized, teacher-forced
   decode steps: 1024 steps a configuration, the slow part);
-- engine (notebook 24): the lesson's chat workload (kvlib.widgets.lesson24.workload) served by
+- engine (notebook 24): the lesson's chat workload (kvlib.widgets.the_engine.workload) served by
   the engine and its variants, counted in steps (no seconds: those go to
   benchmarks/engine.py), with every variant's outputs checked equal;
 - kivi_free (notebook 22): free-running greedy decoding of FREE_TOKENS tokens after each of
@@ -59,7 +59,11 @@ import numpy as np  # noqa: E402
 import kvlib  # noqa: E402
 from kvlib import model as steps  # noqa: E402
 from kvlib.checkpoints import smollm2  # noqa: E402
-from kvlib.serving import quantized, speculative  # noqa: E402
+from kvlib.serving import (  # noqa: E402
+    quantized,
+    speculative,
+    workloads,  # noqa: E402
+)
 
 N_TOKENS = 1024
 FIRST_QUERY = 64          # sinks: query positions from here on
@@ -195,13 +199,12 @@ def run_kivi(params, ids) -> dict:
 
 
 def run_engine(params, ids) -> dict:
-    from kvlib.widgets import lesson24
 
-    requests = lesson24.workload(kvlib.smollm2_tokenizer())
+    requests = workloads.workload(kvlib.smollm2_tokenizer())
     rows = {}
-    for name, make in lesson24.variants(params).items():
-        result = lesson24.run_variant(make(), requests)
-        rows[name] = {key: result[key] for key in lesson24.STEP_COLUMNS}
+    for name, make in workloads.variants(params).items():
+        result = workloads.run_variant(make(), requests)
+        rows[name] = {key: result[key] for key in workloads.STEP_COLUMNS}
         rows[name]["outputs"] = result["outputs"]
     outputs = [row.pop("outputs") for row in rows.values()]
     if any(output != outputs[0] for output in outputs):

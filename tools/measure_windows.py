@@ -16,7 +16,8 @@ probability than the uniform guess (a loss above log V), and the mean loss over 
 predictions of a word the story forces to repeat from earlier (a name, a thing or a song's
 sound: kvlib.stories.forced_repeats) with their count. For three rows, the mean loss at every
 position (the notebook's plot). Everything is float64 and deterministic (no
-timings); notebook 17 recomputes one row and the bigram, and tests/test_lesson17.py more.
+timings); notebook 17 recomputes one row and the bigram, and its tests more
+(tests/test_sliding_windows_and_sinks.py).
 
     python tools/measure_windows.py            # about two minutes on one core
     python tools/measure_windows.py --check    # recompute and compare with the file

@@ -29,15 +29,13 @@ S_b positions in sequence b's cache after the new token, S_max the longest.
 
 from __future__ import annotations
 
-import math
-from numbers import Integral, Real
+from numbers import Integral
 
 import numpy as np
 
 from ..cache import BaseKVCache
-from ..checks import count, numbers, real_number, whole_numbers
+from ..checks import count, numbers, whole_numbers
 from ..config import ModelConfig
-from ..flops import decode_step_multiply_adds
 from ..inference import check_ids
 from ..model import (
     _require_layer,
@@ -57,7 +55,6 @@ from ..model import (
 )
 from ..params import LayerParams, Params
 from ..positions import add_positions, rotary_positions
-from ..roofline import cache_bytes, roofline_time, weights_bytes
 
 # ------------------------------------------------------------------------------ checks
 
@@ -440,104 +437,3 @@ def _check_real(real) -> np.ndarray:
         raise ValueError(f"real must be a (B, T) array of True/False (left_pad gives it), got "
                          f"{array.dtype} of shape {array.shape}")
     return array
-
-
-# ------------------------------------------------------------------------ the roofline of a batch
-
-
-def _positions(positions) -> list[int]:
-    values = whole_numbers("positions", positions)
-    if values.size == 0:
-        raise ValueError(f"positions must be a non-empty list of whole numbers >= 0 (the "
-                         f"position of each sequence's new token), got {positions!r}")
-    return [count("a position", int(p)) for p in values]
-
-
-def _check_number_size(bytes_per_number) -> None:
-    if bytes_per_number is not None and (isinstance(bytes_per_number, bool) or not isinstance(
-            bytes_per_number, Integral) or not 1 <= bytes_per_number <= 64):
-        raise ValueError(f"bytes_per_number must be a whole number >= 1 (2 for BF16) or None "
-                         f"for the model's own dtype, got {bytes_per_number!r}")
-
-
-def batched_step_flops(config: ModelConfig, positions) -> int:
-    """FLOPs of one batched decode step (notebook 21): each sequence's decode step at its
-    position, summed. Batching changes how the work is done, not how much there is."""
-    return sum(decode_step_multiply_adds(config, p).flops for p in _positions(positions))
-
-
-def batched_step_bytes(config: ModelConfig, positions, bytes_per_number: int | None = None
-                       ) -> int:
-    """Bytes one batched decode step must read (notebook 21): every weight once for the
-    whole batch, and each sequence's own keys and values (position + 1 positions each).
-
-    bytes_per_number gives the bytes of a stored number (2 for BF16 on an accelerator);
-    by default the config's dtype (4 for float32).
-    """
-    _check_number_size(bytes_per_number)
-    cached = sum(cache_bytes(config, p + 1) for p in _positions(positions))
-    return _in_bytes_of(config, weights_bytes(config) + cached, bytes_per_number)
-
-
-def batched_step_seconds(config: ModelConfig, positions, compute_rate: float,
-                         bandwidth: float, bytes_per_number: int | None = None) -> float:
-    """The roofline's time of one batched decode step (notebook 21):
-    max(FLOPs / compute_rate, bytes / bandwidth), in seconds."""
-    return roofline_time(batched_step_flops(config, positions),
-                         batched_step_bytes(config, positions, bytes_per_number),
-                         compute_rate, bandwidth)
-
-
-def _check_rate(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return real_number(name, value, positive=True)
-
-
-def ridge_point(compute_rate: float, bandwidth: float) -> float:
-    """FLOPs per byte at which a machine turns from memory-bound to compute-bound (notebook
-    19): compute_rate / bandwidth. An H100 SXM: 989e12 / 3.35e12, about 295."""
-    return _check_rate("compute_rate", compute_rate) / _check_rate("bandwidth", bandwidth)
-
-
-def compute_bound_batch_size(config: ModelConfig, position: int, compute_rate: float,
-                             bandwidth: float, bytes_per_number: int | None = None
-                             ) -> int | None:
-    """The smallest batch of sequences, each decoding at `position`, whose step the roofline
-    calls compute-bound (notebook 21): FLOPs / compute_rate >= bytes / bandwidth. None when
-    no batch ever is: when one sequence's cache takes longer to read than its FLOPs take
-    to compute, every sequence added brings more reading than arithmetic.
-
-    With B sequences, FLOPs = B f and bytes = W + B c (f, c: one sequence's FLOPs and cache
-    bytes, W: the weights), so B >= (W / bandwidth) / (f / compute_rate - c / bandwidth).
-    """
-    compute_rate = _check_rate("compute_rate", compute_rate)
-    bandwidth = _check_rate("bandwidth", bandwidth)
-    _check_number_size(bytes_per_number)
-    [position] = _positions([position])
-    flops_each = batched_step_flops(config, [position])
-    weights = _weights_bytes(config, bytes_per_number)
-    cache_each = batched_step_bytes(config, [position], bytes_per_number) - weights
-    spare = flops_each * bandwidth - cache_each * compute_rate     # per sequence, x rates
-    if spare <= 0:
-        return None
-    size = max(1, math.ceil(weights * compute_rate / spare))
-    # the division is in floats; settle the boundary with the comparison itself
-    def bound(b):
-        return b * flops_each * bandwidth >= (weights + b * cache_each) * compute_rate
-    while size > 1 and bound(size - 1):
-        size -= 1
-    while not bound(size):
-        size += 1
-    return size
-
-
-def _in_bytes_of(config: ModelConfig, n_bytes: int, bytes_per_number: int | None) -> int:
-    """n_bytes of the config's dtype, counted with bytes_per_number bytes a number."""
-    if bytes_per_number is None:
-        return n_bytes
-    return n_bytes // config.numpy_dtype.itemsize * bytes_per_number
-
-
-def _weights_bytes(config: ModelConfig, bytes_per_number: int | None) -> int:
-    return _in_bytes_of(config, weights_bytes(config), bytes_per_number)

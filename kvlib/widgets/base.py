@@ -9,6 +9,8 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import Image, display
 
+from kvlib.plots import plural as plural  # the widgets take it from here
+
 
 class LiveFigure:
     """A matplotlib figure shown inside an ipywidgets Output and redrawn on every change.
@@ -104,14 +106,3 @@ def safely(callback, message_widget: widgets.HTML | None = None):
             message_widget.value = f"<b>Cannot show this:</b> {as_html(str(error))}"
 
     return run
-
-
-# ================================================================================================
-# Shared by the widgets of lessons 06-11 (added by their review, as one separate block).
-# ================================================================================================
-
-
-def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
-    """A count with its noun in the right number: '1 position', '5 positions', '131,072
-    cached tokens' (thousands separated, as the readouts write every large number)."""
-    return f"{count:,} {noun}" if count == 1 else f"{count:,} {plural_noun or noun + 's'}"

@@ -1,0 +1,103 @@
+"""Workloads for the serving lessons and their benchmarks: the engine lesson's chat requests
+to SmolLM2 (a shared system message, questions arriving over six steps, one long passage), how
+they arrive at an engine, the engine variants the lesson compares, and what a run measures.
+
+The lesson (the_engine), the batching lesson, benchmarks/engine.py, benchmarks/
+smollm2_batching.py and tools/measure_smollm2.py all serve this one workload.
+"""
+
+from __future__ import annotations
+
+from .engine import Engine, SamplingParams, StaticBatchingEngine, summarize
+
+SYSTEM_PROMPT = ("You are a patient tutor. Answer in one short sentence, with a number when "
+                 "the question asks for one.")
+PASSAGE = ("Read this and answer. The printing press with movable metal type was built by "
+           "Johannes Gutenberg in Mainz around 1450. Before it, books were copied by hand, and "
+           "a single Bible could take a scribe three years. Gutenberg's press could print "
+           "hundreds of pages a day. Within fifty years, printing shops had spread to more than "
+           "two hundred cities in Europe, and millions of books had been printed. Cheaper books "
+           "helped more people learn to read, and ideas travelled faster than ever before. "
+           "Question: who built the press, and where?")
+QUESTIONS = ["What is 7 times 8?", "Name a planet.", "What is the capital of Japan?",
+             "How many legs has a spider?", "What colour is the sky?", "Say hello in French.",
+             PASSAGE, "Who wrote Hamlet?"]
+ARRIVALS = [0, 0, 0, 0, 3, 4, 5, 6]
+"""The step at which each question arrives: four at once, then one a step; the sixth (the
+passage, a long prompt) arrives while the others decode."""
+MAX_TOKENS = [6, 14, 8, 12, 6, 10, 8, 12]
+"""Each request's max_tokens: replies of different lengths, as in real traffic."""
+END_OF_TURN = 2
+"""SmolLM2's <|im_end|>: a reply stops there."""
+def chat_prompts(tokenizer, questions=QUESTIONS, system: str = SYSTEM_PROMPT) -> list[list[int]]:
+    """Each question as a chat request with the same system message: token ids."""
+    return [tokenizer.apply_chat_template([{"role": "system", "content": system},
+                                           {"role": "user", "content": question}])
+            for question in questions]
+
+
+def workload(tokenizer) -> list[tuple[int, list[int], SamplingParams]]:
+    """The lesson's workload: (arrival step, prompt ids, SamplingParams) for each question."""
+    return [(arrival, prompt, SamplingParams(max_tokens=n, stop_token_ids=(END_OF_TURN,)))
+            for arrival, prompt, n in zip(ARRIVALS, chat_prompts(tokenizer), MAX_TOKENS)]
+
+
+def add_arrivals(engine: Engine, requests, ids: list[int]) -> None:
+    """Add every request whose arrival step has come (ids grows with their ids)."""
+    while len(ids) < len(requests) and requests[len(ids)][0] <= engine.step_count:
+        _, prompt, sampling = requests[len(ids)]
+        ids.append(engine.add_request(prompt, sampling))
+
+
+STEP_COLUMNS = ("steps", "ttft_steps", "tpot_steps", "tokens_per_step", "largest_step",
+                "preemptions", "computed_prompt_tokens")
+"""What run_variant measures in steps and tokens: the same on every machine."""
+
+
+def variants(params) -> dict:
+    """The engine and the variants the lesson compares, each a function that makes a fresh
+    engine: blocks of 16, a budget of 64 tokens a step, 48 blocks in the pool."""
+    common = {"block_size": 16, "n_blocks": 48}
+    return {
+        "the engine": lambda: Engine(params, max_num_batched_tokens=64, **common),
+        "without prefix caching": lambda: Engine(params, max_num_batched_tokens=64,
+                                                 enable_prefix_caching=False, **common),
+        "without chunked prefill": lambda: Engine(params, max_num_batched_tokens=192,
+                                                  enable_chunked_prefill=False, **common),
+        "static batching, 4 at a time": lambda: StaticBatchingEngine(
+            params, max_num_batched_tokens=256, max_num_seqs=4, **common),
+        "a pool too small (14 blocks)": lambda: Engine(params, block_size=16, n_blocks=14,
+                                                       max_num_batched_tokens=64),
+    }
+
+
+def workload_table(results: dict[str, dict]) -> str:
+    """The variants side by side: one row each, the service numbers in steps."""
+    lines = [f"{'':30s} {'steps':>5s} {'TTFT':>5s} {'TPOT':>5s} {'tokens/step':>11s} "
+             f"{'largest step':>12s} {'preempted':>9s} {'prompt tokens run':>17s}"]
+    for name, row in results.items():
+        lines.append(f"{name:30s} {row['steps']:5d} {row['ttft_steps']:5.1f} "
+                     f"{row['tpot_steps']:5.2f} {row['tokens_per_step']:11.2f} "
+                     f"{row['largest_step']:12d} {row['preemptions']:9d} "
+                     f"{row['computed_prompt_tokens']:17d}")
+    return "\n".join(lines)
+
+
+def run_variant(engine: Engine, requests) -> dict:
+    """Run the workload [(arrival step, prompt, SamplingParams)] on one engine to the end ->
+    summarize's numbers, with the preemptions and the prompt tokens that had to be computed
+    (not taken from the prefix cache), and each request's output."""
+    ids: list[int] = []
+    largest = 0
+    add_arrivals(engine, requests, ids)
+    while engine.has_unfinished_requests() or len(ids) < len(requests):
+        engine.step()
+        largest = max(largest, sum(engine.last_step.scheduled_tokens.values()))
+        add_arrivals(engine, requests, ids)
+    numbers = summarize(engine, ids)
+    numbers["preemptions"] = engine.stats["preemptions"]
+    numbers["computed_prompt_tokens"] = engine.stats["prompt_tokens"] - \
+        engine.stats["prefix_hit_tokens"]
+    numbers["largest_step"] = largest
+    numbers["outputs"] = [engine.requests[i].output for i in ids]
+    return numbers

@@ -1,0 +1,160 @@
+"""Notebook 24 (the engine): its workload and variants, the widget and figures, and the
+exercise checkers with their tables of typical wrong answers and valid answers in other
+forms."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+from checker_cases import (  # noqa: E402
+    assert_answers_in_words,
+    case_id,
+    correct,
+    not_yet,
+    odd_answers,
+)
+
+import kvlib  # noqa: E402
+from kvlib.checkpoints import smollm2  # noqa: E402
+from kvlib.exercises import the_engine as ex24  # noqa: E402
+from kvlib.serving import Engine, workloads  # noqa: E402
+from kvlib.widgets import the_engine as w24  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def params():
+    return kvlib.load_smollm2()
+
+
+@pytest.fixture(scope="module")
+def requests():
+    return workloads.workload(kvlib.smollm2_tokenizer())
+
+
+def test_the_workload_shares_a_system_message_and_arrives_over_six_steps(requests):
+    prompts = [prompt for _, prompt, _ in requests]
+    assert [arrival for arrival, _, _ in requests] == workloads.ARRIVALS
+    assert all(p[:16] == prompts[0][:16] for p in prompts), "one full block in common"
+    assert max(len(p) for p in prompts) == 148
+    assert all(s.stop_token_ids == (2,) for _, _, s in requests)
+
+
+def test_the_committed_table_is_what_the_variants_give(params, requests):
+    """The first row again (the notebook reruns it too); every row's outputs equal."""
+    measured = smollm2.measured()["engine"]
+    again = workloads.run_variant(workloads.variants(params)["the engine"](), requests)
+    assert {k: again[k] for k in workloads.STEP_COLUMNS} == measured["rows"]["the engine"]
+    assert again["outputs"] == measured["outputs"]
+    assert set(measured["rows"]) == set(workloads.variants(params))
+
+
+def test_the_widget_steps_runs_and_resets_without_leaking_figures(params, requests):
+    figures = set(plt.get_fignums())
+    widget = w24.engine_widget(lambda: Engine(params, block_size=16, n_blocks=14,
+                                              max_num_batched_tokens=64), requests)
+    engine = widget.state["engine"]
+    assert len(engine.waiting) == 4 and "waiting: 0, 1, 2, 3" in widget.queue.value
+    widget.controls["step"].click()
+    assert engine.step_count == 1 and "running: 0, 1" in widget.queue.value
+    assert "No request has finished yet" in widget.service.value
+    widget.controls["run"].click()
+    assert not engine.has_unfinished_requests() and len(engine.requests) == 8
+    assert "preemption" in widget.queue.value and "time to first token" in widget.service.value
+    widget.controls["reset"].click()
+    assert widget.state["engine"] is not engine and widget.state["engine"].step_count == 0
+    assert set(plt.get_fignums()) == figures
+
+
+def test_the_pool_figure_colours_every_block_by_its_state(params, requests):
+    engine = Engine(params, block_size=16, n_blocks=20, max_num_batched_tokens=64)
+    ids = []
+    workloads.add_arrivals(engine, requests, ids)
+    for _ in range(3):
+        engine.step()
+    states = w24.block_states(engine)
+    assert states.count("shared") >= 1 and states.count("free") >= 1
+    fig, axes = plt.subplots(2, 1)
+    w24.draw_pool(axes[0], engine)
+    w24.draw_batch(axes[1], engine)
+    assert len(axes[0].patches) == 20 and "step 3" in axes[0].get_title()
+    assert axes[1].get_xlabel() and "Step 3" in axes[1].get_title()
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- exercise 1
+
+@pytest.mark.parametrize("answer, words", [
+    ({0: 1, 1: 1, 2: 6}, "prefix cache"), ({0: 1, 1: 1, 2: 2, 3: 5}, "does not fit"),
+    ({0: 1, 1: 1}, "request 2 fits"), ({0: 10, 1: 1, 2: 2}, "exactly 1 token"),
+    ({0: 1, 2: 2}, "exactly 1 token"), ({0: 1, 1: 1, 2: 3}, "not {0: 1, 1: 1, 2: 3}"),
+    ([1, 1, 2], "a dict"), ({"0": 1}, "a dict"),
+])
+def test_exercise_1_diagnoses_typical_mistakes(answer, words):
+    not_yet(ex24.check_schedule(answer), words)
+
+
+@pytest.mark.parametrize("answer", [{0: 1, 1: 1, 2: 2}, {2: 2, 0: 1, 1: 1},
+                                    {0: 1.0, 1: 1, 2: 2.0}])
+def test_exercise_1_accepts_the_answer_in_any_form(answer):
+    correct(ex24.check_schedule(answer), "request 3 would need 2 blocks")
+
+
+@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
+def test_exercise_1_answers_anything_in_words(label, answer):
+    assert_answers_in_words(ex24.check_schedule, answer)
+
+
+# --------------------------------------------------------------------------- exercise 2
+
+def test_exercise_2_diagnoses_typical_mistakes():
+    not_yet(ex24.check_tokens_to_look_up(ex24.buggy_tokens_to_look_up),
+            "nothing is left to run")
+    not_yet(ex24.check_tokens_to_look_up(lambda p: p[1:]), "without its last token")
+    not_yet(ex24.check_tokens_to_look_up(lambda p: p[:-2]), "without its last token")
+    not_yet(ex24.check_tokens_to_look_up(lambda p: None), "not filled in")
+    not_yet(ex24.check_tokens_to_look_up(lambda p: p[-1]), "a list of token ids")
+    not_yet(ex24.check_tokens_to_look_up(lambda p: 1 / 0), "ZeroDivisionError")
+    not_yet(ex24.check_tokens_to_look_up("p[:-1]"), "a function")
+
+
+def test_exercise_2_accepts_other_correct_forms():
+    namespace = {}
+    exec(ex24.SOLUTIONS[2], namespace)
+    for function in (namespace["tokens_to_look_up"], lambda p: tuple(p[:len(p) - 1]),
+                     lambda p: [t for t in p[:-1]]):
+        correct(ex24.check_tokens_to_look_up(function), "last token always runs")
+
+
+@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
+def test_exercise_2_answers_anything_in_words(label, answer):
+    assert_answers_in_words(ex24.check_tokens_to_look_up, answer)
+
+
+# --------------------------------------------------------------------------- exercise 3
+
+@pytest.mark.parametrize("answer, words", [("b", "counted in steps"), ("c", "0 preemptions"),
+                                           ("d", "keeps the prefix cache"), ("e", "one of")])
+def test_exercise_3_diagnoses_each_wrong_reason(answer, words):
+    not_yet(ex24.check_static_ttft(answer), words)
+
+
+@pytest.mark.parametrize("answer", ["a", "A", " a ", "(a)"])
+def test_exercise_3_accepts_the_letter_in_any_form(answer):
+    correct(ex24.check_static_ttft(answer), "continuous batching")
+
+
+@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
+def test_exercise_3_answers_anything_in_words(label, answer):
+    assert_answers_in_words(ex24.check_static_ttft, answer)
+
+
+def test_the_solutions_pass():
+    namespace = {"lesson24": ex24}
+    exec(ex24.SOLUTIONS[1], namespace)
+    correct(ex24.check_schedule(namespace["answer"]))
+    exec(ex24.SOLUTIONS[3], namespace)
+    correct(ex24.check_static_ttft(namespace["answer"]))
+    with pytest.raises(ValueError, match="no exercise 4"):
+        ex24.solution(4)

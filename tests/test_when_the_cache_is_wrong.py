@@ -1,0 +1,215 @@
+"""Notebook 25 (when the cache is wrong): the table and figure of the precision measurements,
+and the exercise checkers with their tables of typical wrong answers and valid answers in
+other forms."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from checker_cases import (  # noqa: E402
+    assert_answers_in_words,
+    case_id,
+    correct,
+    not_yet,
+    odd_answers,
+)
+
+import kvlib  # noqa: E402
+from kvlib import cache_bugs as bugs  # noqa: E402
+from kvlib.exercises import when_the_cache_is_wrong as ex25  # noqa: E402
+from kvlib.widgets import when_the_cache_is_wrong as w25  # noqa: E402
+
+P = len(ex25.exercise_prompt())
+
+
+def test_the_table_shows_every_row_and_comparison():
+    text = w25.table("smollm2")
+    assert text.count("\n") == 1 + len(w25.rows("smollm2"))
+    assert "bfloat16  the cache" in text and "padded vs alone" in text
+    with pytest.raises(ValueError, match="no precision measurements for 'gpt3'"):
+        w25.rows("gpt3")
+
+
+def test_the_figure_labels_its_axes_and_leaks_nothing():
+    figures = set(plt.get_fignums())
+    fig, ax = plt.subplots()
+    w25.draw_precision(ax, "stories", "the story model")
+    assert ax.get_yscale() == "log" and ax.get_ylabel() and ax.get_title() == "the story model"
+    assert len(ax.patches) == 2 * len(w25.rows("stories"))
+    plt.close(fig)
+    assert set(plt.get_fignums()) == figures
+
+
+def test_the_zoo_widget_draws_every_run_and_leaks_nothing():
+    figures = set(plt.get_fignums())
+    widget = w25.zoo_widget()
+    assert "given the learned position 60" in widget.status.value
+    for label in w25.zoo_runs():
+        for number_format in w25.TOLERANCES:
+            widget.controls["format"].value = number_format
+            widget.controls["bug"].value = label
+            assert widget.message.value == "", widget.message.value
+            assert "rows a decode step computes" in widget.status.value
+    widget.controls["bug"].value = "8 cache never read"
+    assert "nothing parts" in widget.status.value and "[32, 33, 34]" in widget.status.value
+    ax = widget.figure.axes[0]
+    assert ax.get_yscale() == "log" and ax.get_xlabel() and ax.get_ylabel()
+    assert set(plt.get_fignums()) == figures
+
+
+@pytest.mark.parametrize("label, number_format", [
+    ("1 offset that jumps", "float32"), ("none: the right loop", "bfloat16"),
+    ("6 prefix key without parent", "float16"), ("8 cache never read", "float32"),
+])
+def test_the_committed_zoo_runs_are_what_run_bug_gives(label, number_format):
+    story, tokenizer = ex25.story_model()
+    differences, found, rows = kvlib.cache_bugs.run_bug(story, tokenizer, ex25.exercise_prompt(),
+                                                        label, number_format)
+    committed = w25.zoo_runs()[label][number_format]
+    assert (None if found is None else str(found)) == committed["report"]
+    assert rows == committed["rows"]
+    np.testing.assert_allclose(differences, np.array(committed["differences"], dtype=float),
+                               rtol=0.05, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- exercise 1
+
+def test_the_mystery_step_is_found_where_exercise_1_says():
+    params, _ = ex25.story_model()
+    found = kvlib.debug.first_divergence(params, ex25.exercise_prompt(), 6,
+                                         ex25.mystery_decode_step)
+    assert (found.step, found.layer, found.quantity) == (0, 0, "cached k")
+    assert f"given the learned position {P - 1}" in found.reading
+
+
+@pytest.mark.parametrize("answer, phrases", [
+    ((1, P - 1), ["steps count from 0"]),
+    ((0, P), [f"{P} is where the new token should sit"]),
+    ((P - 1, 0), ["swapped"]),
+    ((2, P - 1), ["step 2 is not where the report points"]),
+    ((0, 12), ["position 12 is not the one in the report"]),
+    ((-1, P - 1), ["no negative step"]),
+    ((0,), ["should have 2 numbers"]),
+    ((0, P - 1.5), ["not a whole number"]),
+    ("0, 29", ["tuple of 2 whole numbers"]),
+    (..., ["not filled in"]),
+], ids=case_id)
+def test_exercise_1_diagnoses_each_wrong_answer(answer, phrases):
+    not_yet(ex25.check_where(answer), *phrases)
+
+
+@pytest.mark.parametrize("answer", [(0, P - 1), [0, P - 1], np.array([0, P - 1]),
+                                    (0.0, float(P - 1)), (np.int64(0), np.int64(P - 1))],
+                         ids=case_id)
+def test_exercise_1_accepts_the_answer_in_every_form(answer):
+    correct(ex25.check_where(answer), "decode step 0", "one too early")
+
+
+def test_exercise_1_solution_runs():
+    scope = {"debug": kvlib.debug, "story": ex25.story_model()[0], "lesson25": ex25,
+             "exercise_prompt": ex25.exercise_prompt()}
+    exec(ex25.SOLUTIONS[1], scope)
+    correct(ex25.check_where(scope["answer"]))
+
+
+# --------------------------------------------------------------------------- exercise 2
+
+def _recompute_everything():
+    seen = []
+
+    def step(params, token_id, cache):
+        if not seen:
+            seen.extend(ex25.exercise_prompt())
+        seen.append(int(token_id))
+        kvlib.decode_step(params, token_id, cache)
+        return kvlib.forward(params, seen, last_only=True)
+    return step
+
+
+def _never_appends(params, token_id, cache):
+    return kvlib.forward(params, list(ex25.exercise_prompt()) + [int(token_id)],
+                         last_only=True)
+
+
+def _one_too_far(params, token_id, cache):
+    return bugs.run_blocks(params, [token_id], np.array([len(cache) + 1]), cache, None, None)
+
+
+def _placeholder(params, token_id, cache):
+    ...
+
+
+STEP_MISTAKES = [
+    (ex25.mystery_decode_step, ["still finds", "learned position"]),
+    (_one_too_far, ["still finds", "learned position"]),
+    (_recompute_everything(), ["the cache is not read"]),
+    (_never_appends, ["still finds", "cache length"]),
+    (lambda params, token_id, cache: 1 / 0, ["ZeroDivisionError"]),
+    (lambda params, token_id: None, ["TypeError"]),
+    (lambda params, token_id, cache: np.zeros((1, 3)), ["still finds", "cache length"]),
+    (_placeholder, ["not filled in"]),
+    (ex25.mystery_decode_step(ex25.story_model()[0], 1, kvlib.prefill(
+        ex25.story_model()[0], [1, 2])[1]), ["function", "array"]),
+    ("fixed_decode_step", ["function", "text"]),
+    (..., ["not filled in"]),
+]
+
+
+@pytest.mark.parametrize("answer, phrases", STEP_MISTAKES, ids=case_id)
+def test_exercise_2_diagnoses_each_wrong_answer(answer, phrases):
+    not_yet(ex25.check_fixed_step(answer), *phrases)
+
+
+def test_exercise_2_accepts_the_solution_and_kvlibs_own_step():
+    scope = {"kvlib": kvlib, "np": np}
+    exec(ex25.SOLUTIONS[2], scope)
+    correct(ex25.check_fixed_step(scope["answer"]), "one row")
+    correct(ex25.check_fixed_step(kvlib.decode_step), "one row")
+    correct(ex25.check_fixed_step(bugs.decode_step), "one row")
+
+
+# --------------------------------------------------------------------------- exercise 3
+
+RIGHT = {"A": "rounding", "B": "bug", "C": "rounding", "D": "bug"}
+
+
+@pytest.mark.parametrize("answer, phrases", [
+    ({"A": "bug", "B": "bug", "C": "bug", "D": "bug"}, ["not A, C", "2 to 3 significant digits"]),
+    (["rounding"] * 4, ["not B, D", "tiny-llm PR #46", "mlx-lm PR #390"]),
+    (["bug", "rounding", "bug", "rounding"], ["not A, B, C, D"]),
+    ({"A": "rounding", "B": "bug", "C": "bug", "D": "bug"}, ["not C", "order of the sums"]),
+    ({"A": "rounding", "B": "bug", "C": "rounding"}, ["each of A, B, C and D"]),
+    (["rounding", "bug", "rounding"], ["four verdicts", "got 3"]),
+    ({"A": "maybe", "B": "bug", "C": "rounding", "D": "bug"}, ["could not read", "A"]),
+    ({"A": ..., "B": ..., "C": ..., "D": ...}, ["not filled in"]),
+    (3, ["four words"]),
+    (..., ["not filled in"]),
+], ids=case_id)
+def test_exercise_3_diagnoses_each_wrong_answer(answer, phrases):
+    not_yet(ex25.check_bug_or_rounding(answer), *phrases)
+
+
+@pytest.mark.parametrize("answer", [
+    RIGHT, {"a": "Rounding", "b": "BUG", "c": "round", "d": "b"},
+    ["rounding", "bug", "rounding", "bug"], ("r", "b", "r", "b"),
+    "rounding, bug, rounding, bug", "r b r b", np.array(["rounding", "bug", "rounding", "bug"]),
+], ids=case_id)
+def test_exercise_3_accepts_the_verdicts_in_every_form(answer):
+    correct(ex25.check_bug_or_rounding(answer), "A and C are rounding")
+
+
+def test_exercise_3_reports_carry_the_committed_numbers():
+    reports = ex25.reports()
+    assert set(reports) == set(RIGHT)
+    assert "bfloat16" in reports["A"] and "float32" in reports["C"]
+
+
+@pytest.mark.parametrize("checker", [ex25.check_where, ex25.check_fixed_step,
+                                     ex25.check_bug_or_rounding], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
+def test_every_checker_answers_odd_input_in_words(checker, label, answer):
+    feedback = assert_answers_in_words(checker, answer)
+    assert not feedback.passed, label
