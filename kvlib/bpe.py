@@ -1,5 +1,5 @@
-"""Byte-level BPE, the tokenizer of GPT-2 and of SmolLM2 (notebooks 13 and 18), written to be
-read.
+"""Byte-level BPE, the tokenizer of GPT-2 and of SmolLM2 (what_the_heads_read and model_of_today),
+written to be read.
 
 Text becomes ids in four steps:
 1. the pre-tokenizer cuts the text into words, each with the space before it
@@ -55,13 +55,13 @@ END_OF_TEXT = "<|endoftext|>"
 
 
 def gpt2_words(text: str) -> list[str]:
-    """GPT-2's pre-tokenizer (notebook 13): text -> words, by PRETOKENIZER_PATTERN."""
+    """GPT-2's pre-tokenizer (what_the_heads_read): text -> words, by PRETOKENIZER_PATTERN."""
     _check_text(text)
     return PRETOKENIZER_PATTERN.findall(text)
 
 
 def smollm_words(text: str) -> list[str]:
-    """SmolLM2's pre-tokenizer (notebook 18; llama.cpp calls it "smollm"): every numeral
+    """SmolLM2's pre-tokenizer (model_of_today; llama.cpp calls it "smollm"): every numeral
     (\\p{N}) is a word of its own, then GPT-2's pattern cuts the rest. "in 2024." ->
     ["in", " ", "2", "0", "2", "4", "."]: a number is always read digit by digit."""
     _check_text(text)
@@ -73,7 +73,7 @@ def smollm_words(text: str) -> list[str]:
 
 
 def bytes_to_unicode() -> dict[int, str]:
-    """Byte value (0-255) -> the printable character GPT-2 writes it as (notebook 13).
+    """Byte value (0-255) -> the printable character GPT-2 writes it as (what_the_heads_read).
 
     The vocabulary files are text, and a byte such as the space or a newline would be hard to
     see in them, so each byte gets a visible stand-in. The 188 bytes that are printable
@@ -127,7 +127,7 @@ def read_merges(path) -> list[tuple[str, str]]:
 
 
 class Tokenizer:
-    """A byte-level BPE tokenizer: GPT-2's (notebook 13) or SmolLM2's (notebook 18).
+    """A byte-level BPE tokenizer: GPT-2's (what_the_heads_read) or SmolLM2's (model_of_today).
 
     >>> tokenizer = Tokenizer.gpt2()
     >>> tokenizer.encode("Hello, I am")
@@ -268,7 +268,7 @@ class Tokenizer:
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True,
                             tokenize: bool = True):
-        """A conversation as the model reads it (notebook 18), as transformers' method of the
+        """A conversation as the model reads it (model_of_today), as transformers' method of the
         same name: messages [{"role": "user", "content": "..."}] -> ids (or the text, with
         tokenize=False). add_generation_prompt opens the assistant's turn."""
         if self.chat_template is None:

@@ -1,4 +1,5 @@
-"""The KV cache (notebooks 07-08): per layer, what later tokens need of every past position.
+"""The KV cache (prefill and kv_cached_decode): per layer, what later tokens need of every past
+position.
 
 Every kind of cache has the same interface, so that kvlib.prefill and kvlib.decode_step run
 on any of them:
@@ -15,9 +16,10 @@ on any of them:
   a call that fails half-way (an error, a KeyboardInterrupt) leaves the cache as it was.
 
 The kinds: KVCache (contiguous, preallocated; K and V of every K/V head), ConcatenatingKVCache
-(the naive one that copies on every append, notebook 10), SlidingWindowCache (a ring buffer
-of the last W positions plus attention sinks, notebook 17) and LatentKVCache (one latent per
-token instead of K and V, notebook 16). The serving layer adds paged and quantized caches.
+(the naive one that copies on every append, the where_time_goes lesson), SlidingWindowCache
+(a ring buffer of the last W positions plus attention sinks, the sliding_windows_and_sinks lesson)
+and LatentKVCache (one latent per token instead of K and V, the latent_attention lesson). The
+serving layer adds paged and quantized caches.
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ class KVCache(BaseKVCache):
     length), so appending a token writes one row in place and never copies what is cached.
     ``keys(layer)`` and ``values(layer)`` are views of the filled rows, shape (T, kv_width),
     where kv_width = n_kv_heads x head_dim: d_model for multi-head attention (notebooks
-    07-08), less with grouped-query attention (notebook 15).
+    07-08), less with grouped-query attention (grouped_query_attention).
     """
 
     def __init__(self, config: ModelConfig, capacity: int | None = None):
@@ -204,7 +206,7 @@ class KVCache(BaseKVCache):
         return self.keys(layer), self.values(layer)
 
     def truncate(self, n: int) -> None:
-        """Keep positions 0 .. n-1 and forget the rest (notebook 23): the rows stay in the
+        """Keep positions 0 .. n-1 and forget the rest (speculative_decoding): the rows stay in the
         buffer and are overwritten by the next appends."""
         n = self._check_truncate(n)
         self._lengths = [n] * self.config.n_layers
@@ -218,8 +220,8 @@ class KVCache(BaseKVCache):
 class ConcatenatingKVCache(BaseKVCache):
     """The naive cache that grows with np.concatenate, copying everything on every append.
 
-    Same interface and same results as KVCache; notebook 10 and benchmarks/decode.py measure
-    what the copy costs.
+    Same interface and same results as KVCache; the where_time_goes lesson and benchmarks/decode.py
+    measure what the copy costs.
     """
 
     def __init__(self, config: ModelConfig, capacity: int | None = None):
@@ -265,7 +267,7 @@ class ConcatenatingKVCache(BaseKVCache):
 
 
 class SlidingWindowCache(BaseKVCache):
-    """The cache of a sliding-window model (notebook 17): a ring buffer of the last W
+    """The cache of a sliding-window model (sliding_windows_and_sinks): a ring buffer of the last W
     positions, plus the first sink_tokens positions kept for good (StreamingLLM).
 
     Its memory never grows past (sink_tokens + W) rows a layer, however long the generation:
@@ -300,8 +302,8 @@ class SlidingWindowCache(BaseKVCache):
         return np.concatenate([sinks, recent])
 
     def slot(self, position: int) -> int:
-        """The buffer row that holds a position (notebook 17): the position itself for a
-        sink, sinks + (position - sinks) % W after them."""
+        """The buffer row that holds a position (sliding_windows_and_sinks): the position itself for
+        a sink, sinks + (position - sinks) % W after them."""
         return int(self._slots(np.array([whole_number("position", position, 0)]))[0])
 
     def _slots(self, positions: np.ndarray) -> np.ndarray:
@@ -367,7 +369,7 @@ class SlidingWindowCache(BaseKVCache):
 
 
 class LatentKVCache(BaseKVCache):
-    """The cache of multi-head latent attention (notebook 16): per token and layer one
+    """The cache of multi-head latent attention (latent_attention): per token and layer one
     latent of latent_dim numbers and one shared rotary key of rope_head_dim, instead of K
     and V for every head.
 

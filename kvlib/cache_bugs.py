@@ -1,9 +1,9 @@
-"""A zoo of real KV-cache bugs, each planted in a small decode loop (notebook 25).
+"""A zoo of real KV-cache bugs, each planted in a small decode loop (when_the_cache_is_wrong).
 
 Every bug here was reported in a public repository (BUGS names the thread). Each is planted in
-`decode_step` or `prefill` below, the loop of notebook 08 written out with kvlib's building
-blocks, so that kvlib.debug.first_divergence can watch it; the lesson runs the locator on each
-and reads what it says.
+`decode_step` or `prefill` below, the loop of the kv_cached_decode lesson written out with kvlib's
+building blocks, so that kvlib.debug.first_divergence can watch it; the lesson runs the locator on
+each and reads what it says.
 
     decode_step(params, token_id, cache) -> logits (1, V)      the right loop
     prefill(params, ids, cache) -> (logits, cache)               the right prompt pass
@@ -45,14 +45,14 @@ def _mask(params: Params, positions, cache) -> np.ndarray | None:
 
 
 def decode_step(params: Params, token_id: int, cache) -> np.ndarray:
-    """The right decode step (notebook 08): the token at position len(cache)."""
+    """The right decode step (kv_cached_decode): the token at position len(cache)."""
     positions = np.array([len(cache)])
     return run_blocks(params, [token_id], positions, cache, _mask(params, positions, cache),
                       rotary_positions(params.config, positions))
 
 
 def prefill(params: Params, ids, cache):
-    """The right prompt pass (notebook 07): positions 0 .. T-1, the causal mask."""
+    """The right prompt pass (prefill): positions 0 .. T-1, the causal mask."""
     positions = np.arange(len(cache), len(cache) + len(ids))
     logits = run_blocks(params, ids, positions, cache, _mask(params, positions, cache),
                         rotary_positions(params.config, positions))

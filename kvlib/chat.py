@@ -1,4 +1,4 @@
-"""Chat templates (notebook 18): how a conversation becomes the one text a model continues.
+"""Chat templates (model_of_today): how a conversation becomes the one text a model continues.
 
 A chat model never sees "messages". It sees one text, in which each message is wrapped in
 control tokens the model was fine-tuned on. SmolLM2 uses ChatML:
@@ -43,7 +43,7 @@ def check_messages(messages) -> list[dict[str, str]]:
 
 
 class ChatTemplate:
-    """A model's chat template (notebook 18): render(messages) -> the text the model reads.
+    """A model's chat template (model_of_today): render(messages) -> the text the model reads.
 
     template: the Jinja source as the model ships it. Rendered like transformers'
     apply_chat_template: in jinja2's immutable sandbox, with trim_blocks and lstrip_blocks,
@@ -94,7 +94,7 @@ END_OF_TURN = "<|im_end|>"
 
 
 class Conversation:
-    """A chat with a model whose KV cache lives across turns (notebook 18).
+    """A chat with a model whose KV cache lives across turns (model_of_today).
 
     The cache holds exactly the ids fed so far (`ids`): the first turn's rendered template,
     then the reply's tokens as they are decoded, then each later turn's new text only. No turn
@@ -187,14 +187,14 @@ class Conversation:
 
     def rendered_ids(self) -> list[int]:
         """The conversation so far as an app that keeps only the messages would send it: the
-        template rendered again and tokenized again (notebook 18)."""
+        template rendered again and tokenized again (model_of_today)."""
         return self.tokenizer.apply_chat_template(self.messages, add_generation_prompt=False)
 
 
 def reusable_prefix(cached_ids, new_ids) -> int:
     """How many positions of a cache that holds cached_ids a request for new_ids can keep
-    (notebooks 18, 20): the length of their common prefix. K and V of position p depend on
-    the ids 0..p, so the first id that differs ends what can be reused."""
+    (model_of_today and prefix_caching): the length of their common prefix. K and V of position p
+    depend on the ids 0..p, so the first id that differs ends what can be reused."""
     length = 0
     for old, new in zip(cached_ids, new_ids):
         if old != new:

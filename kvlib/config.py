@@ -1,12 +1,12 @@
-"""The model's sizes and architecture (notebook 00): one frozen object that every other part
+"""The model's sizes and architecture (big_picture): one frozen object that every other part
 reads.
 
 The defaults are the article's toy. The other options add, one at a time, what real models
-have: what GPT-2 adds (notebook 12: learned positions, layer norms, biases), rotary positions
-(notebook 14), fewer K/V heads (notebook 15), a latent K/V (notebook 16), a sliding window
-with attention sinks (notebook 17) and what Llama changes from GPT-2 (notebook 18: RMSNorm,
-the SwiGLU MLP, and which columns the rotation pairs). Impossible combinations are refused
-with the rule they break.
+have: what GPT-2 adds (real_model: learned positions, layer norms, biases), rotary positions
+(positions_and_rope), fewer K/V heads (grouped_query_attention), a latent K/V (latent_attention), a
+sliding window with attention sinks (sliding_windows_and_sinks) and what Llama changes from GPT-2
+(model_of_today: RMSNorm, the SwiGLU MLP, and which columns the rotation pairs). Impossible
+combinations are refused with the rule they break.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class ModelConfig:
         (x[2i], x[2i+1]: RoPE's paper, GPT-J, llama.cpp and GGUF files) or "half" (x[i],
         x[i + dh/2]: transformers' rotate_half and the hub's safetensors). The same rotation
         with the columns in another order; weights written for one give another model under
-        the other (notebook 18).
+        the other (model_of_today).
     latent_dim: None, or the width of the latent that multi-head latent attention caches
         instead of K and V (DeepSeek-V2's d_c). rope_head_dim is then the width of its
         decoupled rotary key (needs positions="rotary"; 0 for none).
@@ -201,7 +201,7 @@ class ModelConfig:
         return "MQA" if self.kv_heads == 1 else "GQA"
 
     def held_positions(self, n_positions: int) -> int:
-        """How many of n_positions the cache of this model holds (notebook 17): all of
+        """How many of n_positions the cache of this model holds (sliding_windows_and_sinks): all of
         them, or with a sliding window the first sink_tokens and the last W."""
         if self.window is None:
             return n_positions
@@ -222,7 +222,8 @@ GPT2_SMALL = ModelConfig(
     context_length=1024, dtype="float32",
 )
 """GPT-2 small's shapes (Radford et al. 2019) on the toy's architecture (no positions, norms
-or biases), used by notebooks 09-10 and the benchmark. GPT-2 itself is kvlib.gpt2.GPT2_124M."""
+or biases), used by the counting_the_work and where_time_goes lessons and the benchmark. GPT-2
+itself is kvlib.gpt2.GPT2_124M."""
 
 
 def _gpt2_shapes(n_layers: int, d_model: int, n_heads: int) -> ModelConfig:

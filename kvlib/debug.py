@@ -1,4 +1,4 @@
-"""When the cache is wrong (notebook 25): find where a cached run first parts from full
+"""When the cache is wrong (when_the_cache_is_wrong): find where a cached run first parts from full
 recomputation, and say what that usually means.
 
     report = kvlib.debug.first_divergence(params, prompt_ids, n_new_tokens,
@@ -47,7 +47,7 @@ WATCHED = ("project_qkv", "attention_weights", "weighted_sum", "decoder_block")
 
 @dataclass(frozen=True)
 class Divergence:
-    """Where a cached run first parts from recomputation (notebook 25).
+    """Where a cached run first parts from recomputation (when_the_cache_is_wrong).
 
     step: the decode step (0 is the first after the prefill), None for the prefill itself;
     layer (from 0), head and position: where, as far as they apply (None otherwise);
@@ -396,8 +396,8 @@ def first_divergence(params: Params, prompt_ids, n_new_tokens: int,
                      decode_step=inference.decode_step, *, prefill=inference.prefill,
                      cache: BaseKVCache | None = None, tolerance: float | None = None
                      ) -> Divergence | None:
-    """The first place where a cached generation parts from full recomputation (notebook 25),
-    or None when nothing parts.
+    """The first place where a cached generation parts from full recomputation
+    (when_the_cache_is_wrong), or None when nothing parts.
 
     decode_step(params, token_id, cache) -> logits (1, V): kvlib.decode_step or a learner's
     own; prefill(params, ids, cache) -> (logits, cache): kvlib.prefill or a learner's own.
@@ -463,7 +463,7 @@ def first_divergence(params: Params, prompt_ids, n_new_tokens: int,
 
 def rows_computed(params: Params, prompt_ids, n_new_tokens: int,
                   decode_step=inference.decode_step) -> list[int]:
-    """How many rows each decode step pushed through the model (notebook 25): the rows
+    """How many rows each decode step pushed through the model (when_the_cache_is_wrong): the rows
     kvlib.project_qkv saw in a step, over the layers: 1 for a step that uses its cache, the
     whole sequence so far for one that recomputes it (a cache filled but never read gives the
     right answers and no speed-up)."""
@@ -481,7 +481,7 @@ def rows_computed(params: Params, prompt_ids, n_new_tokens: int,
 def logit_differences(params: Params, prompt_ids, n_new_tokens: int,
                       decode_step=inference.decode_step, *, prefill=inference.prefill
                       ) -> np.ndarray:
-    """How far a cached run's logits are from recomputation, step by step (notebook 25):
+    """How far a cached run's logits are from recomputation, step by step (when_the_cache_is_wrong):
     (n_new_tokens,) largest |difference| of the logits that choose each new token, the
     prefill's last row first, then one per decode step; fed the reference's greedy tokens
     (teacher forcing). A step that raises gives nan from there on. A bug shows as a jump

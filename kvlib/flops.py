@@ -1,4 +1,4 @@
-"""Counting the work (notebook 09): multiply-adds of each part of the model, by formula and
+"""Counting the work (counting_the_work): multiply-adds of each part of the model, by formula and
 by counting the matrix products that really run.
 
 One multiply-add (MAC) is one multiplication and one addition, 2 FLOPs. For a chunk of T
@@ -12,10 +12,10 @@ new tokens attending over S positions, each layer does:
 and the unembedding does R d V for the R rows it turns into logits. Without a cache, S = T
 grows with every new token and the attention terms grow with its square; with a cache T = 1.
 
-The variants of part 2 change the terms: fewer K/V heads (notebook 15) shrink the K and V
-projections to 2 T d kv_width but leave the attention terms (the queries are unchanged);
-latent attention (notebook 16) has its own projections and scores against the latents; a
-sliding window (notebook 17) caps S at the positions the cache holds.
+The variants of part 2 change the terms: fewer K/V heads (grouped_query_attention) shrink the K and
+V projections to 2 T d kv_width but leave the attention terms (the queries are unchanged);
+latent attention (latent_attention) has its own projections and scores against the latents; a
+sliding window (sliding_windows_and_sinks) caps S at the positions the cache holds.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def chunk_multiply_adds(config: ModelConfig, new_tokens: int, attended_positions
         projections=L * T * projections,
         attention_scores=L * T * scores,
         attention_sums=L * T * sums,
-        # GPT-2's MLP has two (d, f) matrices, SwiGLU three (notebook 18)
+        # GPT-2's MLP has two (d, f) matrices, SwiGLU three (model_of_today)
         mlp=L * (3 if config.mlp == "swiglu" else 2) * T * d * config.d_ff,
         unembedding=rows * d * config.vocab_size,
     )
@@ -144,7 +144,7 @@ def generation_multiply_adds(config: ModelConfig, prompt_length: int, new_tokens
 
 def generation_step_multiply_adds(config: ModelConfig, prompt_length: int, new_tokens: int,
                                   use_cache: bool = True) -> list[MultiplyAdds]:
-    """The work of each pass that produces a new token (notebook 09): a list of new_tokens
+    """The work of each pass that produces a new token (counting_the_work): a list of new_tokens
     MultiplyAdds, whose sum is generation_multiply_adds.
 
     Pass i produces new token i. With the cache, pass 0 is the prefill of the prompt and pass
@@ -180,7 +180,7 @@ _PART_OF_FUNCTION = {
     "gelu_mlp": "mlp",
     "swiglu_mlp": "mlp",
     "unembed": "unembedding",
-    # latent attention (kvlib.latent, notebook 16)
+    # latent attention (kvlib.latent, the latent_attention lesson)
     "latent_queries": "projections",
     "compress_kv": "projections",
     "rope_keys": "projections",

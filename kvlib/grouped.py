@@ -1,4 +1,5 @@
-"""Fewer K/V heads than query heads (notebook 15): multi-query and grouped-query attention.
+"""Fewer K/V heads than query heads (grouped_query_attention): multi-query and grouped-query
+attention.
 
 With n_heads query heads and kv K/V heads, query head i reads K/V head i // (n_heads / kv):
 the query heads form kv groups of consecutive heads, one group for each K/V head. kvlib's
@@ -44,7 +45,7 @@ def _heads(name: str, value, minimum: int = 1) -> int:
 
 
 def group_size(n_heads: int, n_kv_heads: int) -> int:
-    """Query heads that share one K/V head (notebook 15): n_heads / n_kv_heads.
+    """Query heads that share one K/V head (grouped_query_attention): n_heads / n_kv_heads.
 
     Raises a ValueError that names the rule when n_kv_heads does not divide n_heads.
     """
@@ -56,7 +57,8 @@ def group_size(n_heads: int, n_kv_heads: int) -> int:
 
 
 def query_groups(n_heads: int, n_kv_heads: int) -> np.ndarray:
-    """The K/V head each query head reads (notebook 15): int array (h,), entry i = i // group.
+    """The K/V head each query head reads (grouped_query_attention): int array (h,), entry i = i //
+    group.
 
     query_groups(8, 2) is [0 0 0 0 1 1 1 1]: heads 0-3 share K/V head 0, heads 4-7 K/V head 1.
     """
@@ -65,7 +67,8 @@ def query_groups(n_heads: int, n_kv_heads: int) -> np.ndarray:
 
 
 def repeat_kv_heads(K: np.ndarray, n_heads: int) -> np.ndarray:
-    """Lend each K/V head to its group (notebook 15): K (kv, S, dh) -> (h, S, dh), a copy.
+    """Lend each K/V head to its group (grouped_query_attention): K (kv, S, dh) -> (h, S, dh), a
+    copy.
 
     Head i of the result is K/V head i // group: np.repeat along the head axis, the order of
     transformers' repeat_kv (np.tile would give the order 0, 1, 0, 1, ...: the wrong pairs).
@@ -81,8 +84,8 @@ def repeat_kv_heads(K: np.ndarray, n_heads: int) -> np.ndarray:
 
 def repeated_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
                        mask: np.ndarray | None = None) -> np.ndarray:
-    """Grouped attention written the plain way (notebook 15), the reference kvlib.attention
-    is checked against: Q (h, T, dh), K and V (kv, S, dh) -> (h, T, dh).
+    """Grouped attention written the plain way (grouped_query_attention), the reference
+    kvlib.attention is checked against: Q (h, T, dh), K and V (kv, S, dh) -> (h, T, dh).
 
     The K/V heads are repeated to h heads, then every query head does ordinary attention.
     """
@@ -133,7 +136,7 @@ def _with_kv_projections(params: Params, config: ModelConfig, change) -> Params:
 
 
 def duplicate_kv_heads(params: Params) -> Params:
-    """The multi-head model that computes what a grouped one does (notebook 15).
+    """The multi-head model that computes what a grouped one does (grouped_query_attention).
 
     Each K/V head's columns of Wk and Wv (and of bk, bv) are copied to every query head of
     its group, so Wk and Wv grow from (d, kv x dh) to (d, d). Its logits equal the grouped
@@ -150,8 +153,8 @@ def duplicate_kv_heads(params: Params) -> Params:
 
 
 def mean_pool_kv_heads(params: Params, n_kv_heads: int) -> Params:
-    """A model with n_kv_heads K/V heads made from one with more (notebook 15): the K and V
-    projections (and biases) of the heads that will share a K/V head are averaged.
+    """A model with n_kv_heads K/V heads made from one with more (grouped_query_attention): the K
+    and V projections (and biases) of the heads that will share a K/V head are averaged.
 
     This is how Ainslie et al. (2023) start turning a trained multi-head checkpoint into a
     grouped-query one; they then train it further ("uptraining", about 5% of the original

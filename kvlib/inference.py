@@ -1,11 +1,13 @@
-"""Running the model (notebooks 00, 06-08): full recomputation, prefill, cached decode, generate.
+"""Running the model (big_picture, logits_next_token to kv_cached_decode): full recomputation,
+prefill, cached decode, generate.
 
-One loop serves every architecture kvlib has: the toy, GPT-2 (notebook 12), rotary
-positions, fewer K/V heads, latent attention and sliding windows (notebooks 14-17), and
-Llama's (SmolLM2, notebook 18). What differs is chosen from the config: the position
-scheme, the block (decoder_block or latent_decoder_block), the mask (causal, or banded with
-sinks), and the cache kind (kvlib.make_cache); the norm and the MLP follow from the weights
-each layer has (kvlib.model.normalize and mlp).
+One loop serves every architecture kvlib has: the toy, GPT-2 (real_model), rotary
+positions, fewer K/V heads, latent attention and sliding windows
+(positions_and_rope to sliding_windows_and_sinks), and Llama's (SmolLM2, the model_of_today lesson).
+What differs is chosen from the config: the position scheme, the block
+(decoder_block or latent_decoder_block), the mask (causal, or banded with sinks), and the cache kind
+(kvlib.make_cache); the norm and the MLP follow from the weights each layer has
+(kvlib.model.normalize and mlp).
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def _run_chunk(params: Params, ids, cache, last_only, record_attention):
 
 
 def forward(params: Params, ids, *, last_only: bool = False, record_attention: list | None = None):
-    """Full recomputation, no cache (notebook 00): ids (T,) -> logits (T, V).
+    """Full recomputation, no cache (big_picture): ids (T,) -> logits (T, V).
 
     With last_only=True only the last row is unembedded: (1, V), all that choosing the next
     token needs. A list given as record_attention receives each layer's weights (h, T, T).
@@ -154,15 +156,15 @@ def forward(params: Params, ids, *, last_only: bool = False, record_attention: l
 
 def prefill(params: Params, ids, cache: BaseKVCache | None = None, *, last_only: bool = False,
             record_attention: list | None = None):
-    """The prompt in one parallel pass, filling the cache (notebook 07): ids (T,) ->
+    """The prompt in one parallel pass, filling the cache (prefill): ids (T,) ->
     (logits (T, V), cache holding T more positions).
 
-    Given a cache that already holds P positions, it continues it (notebook 08: a second
+    Given a cache that already holds P positions, it continues it (kv_cached_decode: a second
     chunk of a long prompt, or the next turn of a chat): the T new queries see all P cached
     positions and, among the new ones, only the earlier ones: the causal mask is (T, P + T),
     aligned to the end. Prefilling in chunks gives the same logits as prefilling at once.
-    With positions (notebooks 12 and 14) the chunk's tokens sit at P .. P+T-1. Without a cache,
-    one of the kind the model needs is made (kvlib.make_cache). If the call fails, the
+    With positions (real_model and positions_and_rope) the chunk's tokens sit at P .. P+T-1. Without
+    a cache, one of the kind the model needs is made (kvlib.make_cache). If the call fails, the
     cache is left as it was.
     """
     ids = check_ids(ids, params)
@@ -180,12 +182,12 @@ def prefill(params: Params, ids, cache: BaseKVCache | None = None, *, last_only:
 
 def decode_step(params: Params, token_id, cache: BaseKVCache, *,
                 record_attention: list | None = None):
-    """One new token against the cache (notebook 08): token id -> logits (1, V).
+    """One new token against the cache (kv_cached_decode): token id -> logits (1, V).
 
     Only the new token's q, k, v (1, d) are computed; its k and v are appended, so every
     layer's cache grows by one row. No mask: every cached position is in the past (a
-    sliding window, notebook 17, is the exception). The token sits at position len(cache).
-    If the call fails, the cache is left as it was.
+    sliding window, the sliding_windows_and_sinks lesson, is the exception). The token sits at
+    position len(cache). If the call fails, the cache is left as it was.
     """
     ids = check_ids(token_id, params, what="token")
     if len(ids) != 1:
@@ -239,7 +241,8 @@ def _check_logits_row(logits_row) -> np.ndarray:
 
 
 def next_token_probabilities(logits_row, temperature: float = 1.0, top_k: int | None = None):
-    """Sampling distribution over the vocabulary (notebook 06): logits (V,) -> probabilities (V,).
+    """Sampling distribution over the vocabulary (logits_next_token): logits (V,) -> probabilities
+    (V,).
 
     Logits are divided by the temperature (below 1 sharpens, above 1 flattens); with top_k,
     all but the k largest logits get probability 0. Temperature 0 is greedy decoding: all
@@ -266,7 +269,7 @@ def next_token_probabilities(logits_row, temperature: float = 1.0, top_k: int | 
 
 
 def next_token_losses(logits, ids) -> np.ndarray:
-    """The loss of each next-token prediction, in nats (notebook 13): logits (T, V) of a
+    """The loss of each next-token prediction, in nats (what_the_heads_read): logits (T, V) of a
     sequence of ids (T,) -> (T - 1,), -log p(ids[t + 1]) under row t (the last row predicts
     nothing). Its mean is the loss a model is trained and measured on."""
     logits = numbers("logits", logits).astype(np.float64, copy=False)
@@ -300,7 +303,7 @@ def choose_next_token(logits_row, temperature: float = 0.0, top_k: int | None = 
 
 def generate(params: Params, ids, max_new_tokens: int, use_cache: bool = True,
              temperature: float = 0.0, top_k: int | None = None, seed: int | None = None):
-    """Generate new tokens (notebook 08): prompt ids (P,) -> list of max_new_tokens new ids.
+    """Generate new tokens (kv_cached_decode): prompt ids (P,) -> list of max_new_tokens new ids.
 
     With the cache: one prefill, then one decode_step per new token. Without: a full
     forward over the whole, growing sequence for every token (unembedding only its last row).

@@ -1,4 +1,4 @@
-"""Multi-head latent attention (notebook 16; DeepSeek-V2, 2024, and V3).
+"""Multi-head latent attention (latent_attention; DeepSeek-V2, 2024, and V3).
 
 Instead of K and V (2 x d numbers a token and layer), each token's input is compressed into
 one latent of dc numbers, and that latent is what is cached. Every head's keys and values
@@ -90,13 +90,13 @@ def _per_head_array(name: str, array, last: int) -> np.ndarray:
 
 
 def compress_kv(X: np.ndarray, layer) -> np.ndarray:
-    """The latent that is cached (notebook 16): X (T, d) @ W_down_kv (d, dc) -> (T, dc)."""
+    """The latent that is cached (latent_attention): X (T, d) @ W_down_kv (d, dc) -> (T, dc)."""
     _check_input(X, layer)
     return X @ layer.W_down_kv
 
 
 def rebuild_kv(latent: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray]:
-    """Every head's keys and values from the latents (notebook 16): (S, dc) -> K, V (S, d).
+    """Every head's keys and values from the latents (latent_attention): (S, dc) -> K, V (S, d).
 
     What the absorbed form never does: it costs 2 x S x dc x d multiply-adds a step."""
     _require_matrix("latent", latent, _latent_layer(layer).W_up_k.shape[0])
@@ -104,7 +104,7 @@ def rebuild_kv(latent: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray]:
 
 
 def latent_queries(X: np.ndarray, layer, rotary=None):
-    """Queries (notebook 16): X (T, d) -> the content part (T, d) and, with rotary
+    """Queries (latent_attention): X (T, d) -> the content part (T, d) and, with rotary
     positions, the rotated rotary part (T, h x dr); None without."""
     _check_input(X, layer)
     _check_rotary(rotary, layer)
@@ -115,7 +115,7 @@ def latent_queries(X: np.ndarray, layer, rotary=None):
 
 
 def rope_keys(X: np.ndarray, layer, rotary=None):
-    """The decoupled rotary key (notebook 16): X (T, d) @ Wk_rope (d, dr), rotated ->
+    """The decoupled rotary key (latent_attention): X (T, d) @ Wk_rope (d, dr), rotated ->
     (T, dr), one for all heads; None without rotary positions."""
     _check_input(X, layer)
     _check_rotary(rotary, layer)
@@ -125,7 +125,7 @@ def rope_keys(X: np.ndarray, layer, rotary=None):
 
 
 def per_head(matrix: np.ndarray, n_heads: int) -> np.ndarray:
-    """An up-projection (dc, h x dh) seen as one (dc, dh) matrix per head (notebook 16):
+    """An up-projection (dc, h x dh) seen as one (dc, dh) matrix per head (latent_attention):
     (h, dc, dh)."""
     matrix = numbers("matrix", matrix, 2)
     dc, width = matrix.shape
@@ -137,7 +137,7 @@ def per_head(matrix: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def absorb_queries(queries: np.ndarray, layer, n_heads: int) -> np.ndarray:
-    """Move each head's content query into the latent's space (notebook 16):
+    """Move each head's content query into the latent's space (latent_attention):
     (h, T, dh) @ W_up_k_h^T (h, dh, dc) -> (h, T, dc). Then q . k_h = q_absorbed . latent."""
     n_heads = _check_heads(n_heads, _latent_layer(layer))
     _per_head_array("queries", queries, layer.W_up_k.shape[1] // n_heads)
@@ -145,7 +145,7 @@ def absorb_queries(queries: np.ndarray, layer, n_heads: int) -> np.ndarray:
 
 
 def latent_attention_scores(absorbed, latent, query_rope=None, key_rope=None, scale=1.0):
-    """Scores against the cached latents (notebook 16): absorbed (h, T, dc) @ latent^T
+    """Scores against the cached latents (latent_attention): absorbed (h, T, dc) @ latent^T
     (dc, S), plus the rotary parts (h, T, dr) @ (dr, S), times scale -> (h, T, S)."""
     absorbed = numbers("absorbed", absorbed, (2, 3))
     _require_matrix("latent", latent, absorbed.shape[-1])
@@ -165,7 +165,8 @@ def latent_attention_scores(absorbed, latent, query_rope=None, key_rope=None, sc
 
 
 def latent_weighted_sum(weights: np.ndarray, latent: np.ndarray) -> np.ndarray:
-    """Mix the cached latents (notebook 16): weights (h, T, S) @ latent (S, dc) -> (h, T, dc)."""
+    """Mix the cached latents (latent_attention): weights (h, T, S) @ latent (S, dc) ->
+    (h, T, dc)."""
     weights = numbers("weights", weights, (2, 3))
     _require_matrix("latent", latent)
     if weights.shape[-1] != latent.shape[0]:
@@ -175,7 +176,7 @@ def latent_weighted_sum(weights: np.ndarray, latent: np.ndarray) -> np.ndarray:
 
 
 def expand_values(mixed: np.ndarray, layer, n_heads: int) -> np.ndarray:
-    """The values' up-projection after the sum (notebook 16): (h, T, dc) @ W_up_v_h
+    """The values' up-projection after the sum (latent_attention): (h, T, dc) @ W_up_v_h
     (h, dc, dh) -> (h, T, dh), equal to the weighted sum of the rebuilt values."""
     n_heads = _check_heads(n_heads, _latent_layer(layer))
     if _per_head_array("mixed", mixed, layer.W_up_v.shape[0]).shape[0] != n_heads \
@@ -197,7 +198,7 @@ def _rope_heads(query_rope, n_heads: int):
 
 def latent_attention(X, layer, n_heads: int, mask=None, cache=None, layer_index: int = 0,
                      record_attention: list | None = None, *, rotary=None) -> np.ndarray:
-    """The absorbed form, as a decode step runs it (notebook 16): X (T, d) -> (T, d),
+    """The absorbed form, as a decode step runs it (latent_attention): X (T, d) -> (T, d),
     before the output projection. Only the latents and rotary keys are cached."""
     _check_heads(n_heads, _latent_layer(layer))
     _check_block_options(layer, n_heads, rotary, record_attention)
@@ -216,7 +217,7 @@ def latent_attention(X, layer, n_heads: int, mask=None, cache=None, layer_index:
 
 def latent_attention_rebuilt(X, layer, n_heads: int, mask=None, *, rotary=None,
                              past_latent=None, past_key_rope=None) -> np.ndarray:
-    """The same attention with K and V rebuilt for every position (notebook 16, and the
+    """The same attention with K and V rebuilt for every position (latent_attention, and the
     tests' reference): X (T, d) -> (T, d), before the output projection. past_latent
     (P, dc) and past_key_rope (P, dr) continue earlier positions.
 
@@ -251,7 +252,7 @@ def latent_attention_rebuilt(X, layer, n_heads: int, mask=None, *, rotary=None,
 def latent_decoder_block(X, layer, n_heads: int, mask=None, cache=None, layer_index: int = 0,
                          record_attention: list | None = None, *, rotary=None,
                          norm_epsilon: float = 1e-5) -> np.ndarray:
-    """A decoder block with latent attention (notebook 16): X (T, d) -> (T, d).
+    """A decoder block with latent attention (latent_attention): X (T, d) -> (T, d).
 
     The same residual stream and MLP as kvlib.decoder_block; only the attention differs.
     """

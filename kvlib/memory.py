@@ -1,4 +1,4 @@
-"""How much memory the KV cache takes (notebook 11): the formula, the weights beside it, and
+"""How much memory the KV cache takes (kv_cache_memory): the formula, the weights beside it, and
 the published shapes of a few real models."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def kv_cache_bytes(n_layers: int, d_model: int | None, seq_len: int, batch_size:
 
 def latent_cache_bytes(n_layers: int, latent_dim: int, rope_head_dim: int, seq_len: int,
                        batch_size: int = 1, dtype_bytes: int = 2) -> int:
-    """Bytes of a multi-head latent attention cache (notebook 16): batch x seq_len x
+    """Bytes of a multi-head latent attention cache (latent_attention): batch x seq_len x
     (latent_dim + rope_head_dim) x dtype_bytes x n_layers. No factor 2: the one latent
     serves as keys and as values.
 
@@ -60,10 +60,11 @@ def latent_cache_bytes(n_layers: int, latent_dim: int, rope_head_dim: int, seq_l
 
 def config_cache_bytes(config, seq_len: int, batch_size: int = 1,
                        dtype_bytes: int | None = None) -> int:
-    """Bytes of the cache a kvlib model holds after seq_len positions (notebooks 11-17):
-    kv_cache_bytes or latent_cache_bytes for its shapes, over the positions it holds (with
-    a sliding window, the sinks and the last W). dtype_bytes defaults to the model's own.
-    Equal to ``cache.nbytes`` of a live cache of that config."""
+    """Bytes of the cache a kvlib model holds after seq_len positions
+    (kv_cache_memory to sliding_windows_and_sinks): kv_cache_bytes or latent_cache_bytes for its
+    shapes, over the positions it holds (with a sliding window, the sinks and the last W).
+    dtype_bytes defaults to the model's own. Equal to ``cache.nbytes`` of a live cache of that
+    config."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a kvlib ModelConfig, got {type(config).__name__}")
     dtype_bytes = config.numpy_dtype.itemsize if dtype_bytes is None else dtype_bytes
@@ -76,12 +77,12 @@ def config_cache_bytes(config, seq_len: int, batch_size: int = 1,
 
 
 def weights_bytes(n_parameters: int, dtype_bytes: int = 2) -> int:
-    """Bytes of a model's weights (notebook 11): n_parameters x dtype_bytes."""
+    """Bytes of a model's weights (kv_cache_memory): n_parameters x dtype_bytes."""
     return _whole("n_parameters", n_parameters) * _whole("dtype_bytes", dtype_bytes)
 
 
 def tokens_that_fit(memory_bytes: int, weights: int, bytes_per_token: int) -> int:
-    """How many cached tokens fit beside the weights in an accelerator's memory (notebook 11).
+    """How many cached tokens fit beside the weights in an accelerator's memory (kv_cache_memory).
 
     (memory_bytes - weights) // bytes_per_token, summed over every sequence of a batch; 0 when
     the weights alone do not fit. bytes_per_token is a whole sequence position: K and V of
@@ -94,7 +95,7 @@ def tokens_that_fit(memory_bytes: int, weights: int, bytes_per_token: int) -> in
 
 @dataclass(frozen=True)
 class ModelPreset:
-    """The published shapes of a real model that set the size of its KV cache (notebook 11).
+    """The published shapes of a real model that set the size of its KV cache (kv_cache_memory).
 
     n_heads query heads of head_dim columns; n_kv_heads key/value heads, the ones that are
     cached: n_kv_heads == n_heads is multi-head attention (MHA), 1 is multi-query attention
@@ -102,10 +103,11 @@ class ModelPreset:
     weight, so that the weights can be set beside the cache. `source` names where the
     numbers come from.
 
-    Two more kinds of cache (notebooks 16-17): latent_dim (with rope_head_dim) for
-    multi-head latent attention, which caches latent_dim + rope_head_dim numbers a token and
-    layer (n_kv_heads x head_dim then describe the heads it rebuilds, for comparison); and
-    window for a sliding window, whose cache never holds more than window positions.
+    Two more kinds of cache (latent_attention and sliding_windows_and_sinks): latent_dim
+    (with rope_head_dim) for multi-head latent attention, which caches latent_dim + rope_head_dim
+    numbers a token and layer
+    (n_kv_heads x head_dim then describe the heads it rebuilds, for comparison); and window for a
+    sliding window, whose cache never holds more than window positions.
     """
 
     name: str
@@ -232,4 +234,4 @@ PRESETS: dict[str, ModelPreset] = {preset.name: preset for preset in (
                "context); config.json of deepseek-ai/DeepSeek-V3 (61 layers, hidden 7168, "
                "128 heads, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128)"),
 )}
-"""Published configurations, by name, for notebook 11's calculator."""
+"""Published configurations, by name, for the kv_cache_memory lesson's calculator."""

@@ -3,7 +3,7 @@
 Shapes use T for the number of tokens in the chunk being processed, S for the number of
 positions attended over (S = T without a cache), d for d_model, h for n_heads,
 dh = d / h for the head size, f for d_ff and V for the vocabulary size. Models with fewer K/V
-heads (notebook 15) have kv of them: K and V are (T, kv x dh), split into (kv, T, dh).
+heads (grouped_query_attention) have kv of them: K and V are (T, kv x dh), split into (kv, T, dh).
 
 Every function keeps its input's dtype: constants are Python floats, because under numpy 2
 a numpy float64 scalar would silently turn float32 activations into float64.
@@ -33,7 +33,7 @@ def _require_matrix(name: str, array: np.ndarray, columns: int | None = None) ->
 
 def _require_layer(layer, kinds=(LayerParams, LatentLayerParams)):
     """A block's weights: one of params.layers (LayerParams, or LatentLayerParams for latent
-    attention, notebook 16), not something else with a similar name."""
+    attention, the latent_attention lesson), not something else with a similar name."""
     kinds = kinds if isinstance(kinds, tuple) else (kinds,)
     if not isinstance(layer, kinds):
         names = " or ".join(kind.__name__ for kind in kinds)
@@ -65,12 +65,12 @@ def _require_heads(name: str, array) -> np.ndarray:
 
 
 def _plus_bias(Y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    """Y + bias when the model has biases (GPT-2, notebook 12); Y itself for the toy."""
+    """Y + bias when the model has biases (GPT-2, the real_model lesson); Y itself for the toy."""
     return Y if bias is None else Y + bias
 
 
 def embed(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Embedding lookup (notebook 01): ids (T,) pick rows of the table (V, d) -> X (T, d)."""
+    """Embedding lookup (embedding_lookup): ids (T,) pick rows of the table (V, d) -> X (T, d)."""
     table = numbers("table", table, 2)
     if isinstance(ids, (str, bytes)) or ids is None or contains_bool(ids):
         raise TypeError(f"ids must be token ids (whole numbers), got {ids!r}")
@@ -90,11 +90,11 @@ def embed(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
 
 
 def project_qkv(X: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q, K, V projections (notebook 02): X (T, d) @ Wq, Wk, Wv (d, d) -> three (T, d).
+    """Q, K, V projections (one_attention_head): X (T, d) @ Wq, Wk, Wv (d, d) -> three (T, d).
 
-    GPT-2 adds a bias to each (notebook 12) and stores the three matrices side by side as
+    GPT-2 adds a bias to each (real_model) and stores the three matrices side by side as
     one (d, 3d) matrix, c_attn: X @ c_attn is the three products next to each other. With
-    fewer K/V heads (notebook 15) Wk and Wv are (d, kv x dh), and so are K and V.
+    fewer K/V heads (grouped_query_attention) Wk and Wv are (d, kv x dh), and so are K and V.
     """
     _require_layer(layer, LayerParams)
     _require_matrix("X", X, layer.Wq.shape[0])
@@ -103,7 +103,7 @@ def project_qkv(X: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def split_heads(X: np.ndarray, n_heads: int) -> np.ndarray:
-    """Split columns into heads (notebook 04): (T, d) -> (h, T, d / h).
+    """Split columns into heads (multi_head_attention): (T, d) -> (h, T, d / h).
 
     Head i gets columns i*dh to (i+1)*dh - 1: a reshape, then a swap of the first two axes.
     """
@@ -117,7 +117,7 @@ def split_heads(X: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def merge_heads(heads: np.ndarray) -> np.ndarray:
-    """Concatenate the heads back (notebook 04): (h, T, dh) -> (T, h * dh)."""
+    """Concatenate the heads back (multi_head_attention): (h, T, dh) -> (T, h * dh)."""
     heads = numbers("heads", heads)
     if heads.ndim != 3:
         raise ValueError(f"heads must be a 3-D array (heads, tokens, head_dim), got {heads.shape}")
@@ -126,12 +126,12 @@ def merge_heads(heads: np.ndarray) -> np.ndarray:
 
 
 def causal_mask(n_queries: int, n_keys: int | None = None) -> np.ndarray:
-    """Which key each query may see (notebook 03): bool (Tq, S), True = allowed.
+    """Which key each query may see (causal_masking): bool (Tq, S), True = allowed.
 
     The mask is aligned to the end: the queries are the last n_queries of n_keys positions,
     so query i (at position n_keys - n_queries + i) sees keys 0 .. that position. Without a
     cache n_keys = n_queries and this is the usual lower triangle; when new tokens continue a
-    cache (notebook 08), every cached position is visible to every new query.
+    cache (kv_cached_decode), every cached position is visible to every new query.
     """
     n_keys = n_queries if n_keys is None else n_keys
     for name, value in (("n_queries", n_queries), ("n_keys", n_keys)):
@@ -150,7 +150,8 @@ def causal_mask(n_queries: int, n_keys: int | None = None) -> np.ndarray:
 
 def attention_mask(query_positions, key_positions, window: int | None = None,
                    sink_tokens: int = 0) -> np.ndarray:
-    """Which key each query may see, by their positions (notebooks 03, 17): bool (T, S).
+    """Which key each query may see, by their positions
+    (causal_masking and sliding_windows_and_sinks): bool (T, S).
 
     Causal: a query sees the keys at its own position and before. With a sliding window of
     W (Mistral), only the last W of those, itself included, unless the key is one of the
@@ -167,7 +168,7 @@ def attention_mask(query_positions, key_positions, window: int | None = None,
 
 
 def _is_grouped(queries: np.ndarray, keys: np.ndarray) -> bool:
-    """True when several query heads share each K/V head (notebook 15)."""
+    """True when several query heads share each K/V head (grouped_query_attention)."""
     if queries.ndim != 3 or keys.ndim != 3 or queries.shape[0] == keys.shape[0]:
         return False
     if queries.shape[0] % keys.shape[0]:
@@ -177,11 +178,12 @@ def _is_grouped(queries: np.ndarray, keys: np.ndarray) -> bool:
 
 
 def attention_scores(Q: np.ndarray, K: np.ndarray) -> np.ndarray:
-    """Scaled dot products (notebook 02): Q (h, T, dh) @ K^T (h, dh, S) / sqrt(dh) -> (h, T, S).
+    """Scaled dot products (one_attention_head): Q (h, T, dh) @ K^T (h, dh, S) / sqrt(dh) ->
+    (h, T, S).
 
     Dividing by sqrt(dh) keeps the scores' spread near 1 whatever the head size, so the
-    softmax does not saturate into a one-hot row. With fewer K/V heads (notebook 15), K is
-    (kv, S, dh) and query head i is scored against K/V head i // (h / kv): the queries are
+    softmax does not saturate into a one-hot row. With fewer K/V heads (grouped_query_attention), K
+    is (kv, S, dh) and query head i is scored against K/V head i // (h / kv): the queries are
     viewed as kv groups of h / kv heads, and each group meets its one K/V head by
     broadcasting, without copying K.
     """
@@ -197,7 +199,8 @@ def attention_scores(Q: np.ndarray, K: np.ndarray) -> np.ndarray:
 
 
 def apply_mask(scores: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Set forbidden scores to -inf (notebook 03): scores (..., T, S), mask (T, S) -> (..., T, S).
+    """Set forbidden scores to -inf (causal_masking): scores (..., T, S), mask (T, S) ->
+    (..., T, S).
 
     -inf becomes exactly 0 after the softmax, so a forbidden position gets no weight.
     """
@@ -211,7 +214,7 @@ def apply_mask(scores: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Softmax along an axis (notebook 02): any shape -> same shape, each row sums to 1.
+    """Softmax along an axis (one_attention_head): any shape -> same shape, each row sums to 1.
 
     Subtracting the row maximum first changes nothing mathematically and avoids overflow.
     """
@@ -228,7 +231,8 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def attention_weights(Q: np.ndarray, K: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-    """Scores, mask, softmax (notebooks 02-03): (h, T, dh), (h, S, dh) -> weights (h, T, S)."""
+    """Scores, mask, softmax (one_attention_head and causal_masking): (h, T, dh), (h, S, dh) ->
+    weights (h, T, S)."""
     scores = attention_scores(Q, K)
     if mask is not None:
         scores = apply_mask(scores, mask)
@@ -236,9 +240,10 @@ def attention_weights(Q: np.ndarray, K: np.ndarray, mask: np.ndarray | None = No
 
 
 def weighted_sum(weights: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """Mix the values (notebook 02): weights (h, T, S) @ V (h, S, dh) -> (h, T, dh).
+    """Mix the values (one_attention_head): weights (h, T, S) @ V (h, S, dh) -> (h, T, dh).
 
-    With fewer K/V heads (notebook 15), V is (kv, S, dh), shared by groups of h / kv heads.
+    With fewer K/V heads (grouped_query_attention), V is (kv, S, dh), shared by groups of h / kv
+    heads.
     """
     weights, V = _require_heads("weights", weights), _require_heads("V", V)
     if weights.shape[-1] != V.shape[-2]:
@@ -252,12 +257,13 @@ def weighted_sum(weights: np.ndarray, V: np.ndarray) -> np.ndarray:
 
 
 def attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, mask: np.ndarray | None = None):
-    """Scaled dot-product attention (notebook 02): (h, T, dh), (h, S, dh) x2 -> (h, T, dh)."""
+    """Scaled dot-product attention (one_attention_head): (h, T, dh), (h, S, dh) x2 ->
+    (h, T, dh)."""
     return weighted_sum(attention_weights(Q, K, mask), V)
 
 
 def output_projection(X: np.ndarray, Wo: np.ndarray, bo: np.ndarray | None = None):
-    """Mix the concatenated heads (notebook 04): (T, d) @ Wo (d, d) (+ bo) -> (T, d)."""
+    """Mix the concatenated heads (multi_head_attention): (T, d) @ Wo (d, d) (+ bo) -> (T, d)."""
     Wo = numbers("Wo", Wo, 2)
     _require_matrix("X", X, Wo.shape[0])
     if bo is not None and numbers("bo", bo, 1).shape != (Wo.shape[1],):
@@ -266,7 +272,7 @@ def output_projection(X: np.ndarray, Wo: np.ndarray, bo: np.ndarray | None = Non
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
-    """GeLU, the tanh form used by GPT-2 (notebook 05): any shape -> same shape.
+    """GeLU, the tanh form used by GPT-2 (mlp_residual_stream): any shape -> same shape.
 
     The cube is written x * x * x: numpy's x**3 on a float32 array goes through a general
     power function, about 100 times slower, which made this the slowest step of a decode.
@@ -276,9 +282,10 @@ def gelu(x: np.ndarray) -> np.ndarray:
 
 
 def gelu_mlp(X: np.ndarray, layer) -> np.ndarray:
-    """GPT-2's MLP (notebook 05): X (T, d) @ W_up (d, f) -> GeLU -> @ W_down (f, d) -> (T, d).
+    """GPT-2's MLP (mlp_residual_stream): X (T, d) @ W_up (d, f) -> GeLU -> @ W_down (f, d) ->
+    (T, d).
 
-    GPT-2 adds a bias after each product (notebook 12).
+    GPT-2 adds a bias after each product (real_model).
     """
     _require_matrix("X", X, _require_layer(layer).W_up.shape[0])
     hidden = gelu(_plus_bias(X @ layer.W_up, getattr(layer, "b_up", None)))
@@ -286,7 +293,7 @@ def gelu_mlp(X: np.ndarray, layer) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """SiLU, x * sigmoid(x) (notebook 18): any shape -> same shape.
+    """SiLU, x * sigmoid(x) (model_of_today): any shape -> same shape.
 
     sigmoid(x) = 1 / (1 + exp(-x)) overflows exp for x below about -88 in float32, so it is
     computed from z = exp(-|x|), which never does: 1 / (1 + z) for x >= 0, z / (1 + z) below.
@@ -297,7 +304,7 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def swiglu_mlp(X: np.ndarray, layer) -> np.ndarray:
-    """Llama's MLP (notebook 18): silu(X @ W_gate) * (X @ W_up) -> @ W_down: (T, d) -> (T, d).
+    """Llama's MLP (model_of_today): silu(X @ W_gate) * (X @ W_up) -> @ W_down: (T, d) -> (T, d).
 
     Two projections up to f columns instead of one: the gate's silu decides, column by
     column, how much of the up projection passes. Three (d, f) matrices instead of two, so
@@ -311,15 +318,15 @@ def swiglu_mlp(X: np.ndarray, layer) -> np.ndarray:
 
 
 def mlp(X: np.ndarray, layer) -> np.ndarray:
-    """The block's MLP (notebook 05): X (T, d) -> (T, d). GPT-2's (gelu_mlp), or Llama's
-    SwiGLU (swiglu_mlp, notebook 18) when the layer has a gate, W_gate."""
+    """The block's MLP (mlp_residual_stream): X (T, d) -> (T, d). GPT-2's (gelu_mlp), or Llama's
+    SwiGLU (swiglu_mlp, the model_of_today lesson) when the layer has a gate, W_gate."""
     if _require_layer(layer).W_gate is not None:
         return swiglu_mlp(X, layer)
     return gelu_mlp(X, layer)
 
 
 def layer_norm(X: np.ndarray, gain: np.ndarray, bias: np.ndarray, epsilon: float = 1e-5):
-    """LayerNorm (notebook 12): each row (T, d) to mean 0 and variance 1, then * gain + bias.
+    """LayerNorm (real_model): each row (T, d) to mean 0 and variance 1, then * gain + bias.
 
     GPT-2 applies one before attention, one before the MLP (pre-LN) and one before the
     unembedding, so that the size of the residual stream, which grows block by block, does
@@ -334,7 +341,7 @@ def layer_norm(X: np.ndarray, gain: np.ndarray, bias: np.ndarray, epsilon: float
 
 
 def rms_norm(X: np.ndarray, gain: np.ndarray, epsilon: float = 1e-5) -> np.ndarray:
-    """RMSNorm (notebook 18; Llama): each row (T, d) divided by its root mean square, then *
+    """RMSNorm (model_of_today; Llama): each row (T, d) divided by its root mean square, then *
     gain. No mean is subtracted and no bias added: LayerNorm without its centring, one
     reduction per row instead of two."""
     X, epsilon = _norm_input(X, gain, None, epsilon)
@@ -360,7 +367,7 @@ def _norm_input(X, gain, bias, epsilon) -> tuple[np.ndarray, float]:
 def normalize(X: np.ndarray, gain: np.ndarray | None, bias: np.ndarray | None,
               epsilon: float = 1e-5) -> np.ndarray:
     """The model's norm: X itself for the toy (no gain), layer_norm for GPT-2 (a gain and a
-    bias, notebook 12), rms_norm for Llama (a gain alone, notebook 18)."""
+    bias, the real_model lesson), rms_norm for Llama (a gain alone, the model_of_today lesson)."""
     if gain is None:
         return X
     if bias is None:
@@ -380,19 +387,19 @@ def decoder_block(
     rotary=None,
     norm_epsilon: float = 1e-5,
 ) -> np.ndarray:
-    """One decoder block (notebook 05): X (T, d) -> X1 (T, d), with X1 = X + block(X).
+    """One decoder block (mlp_residual_stream): X (T, d) -> X1 (T, d), with X1 = X + block(X).
 
     Attention, then the MLP, each adding its result to the residual stream. With a cache
-    (notebooks 07-08) this chunk's K and V are appended first and the T queries attend over
-    all S cached positions. When a list is given as record_attention, the attention weights
+    (prefill and kv_cached_decode) this chunk's K and V are appended first and the T queries attend
+    over all S cached positions. When a list is given as record_attention, the attention weights
     (h, T, S) are appended to it.
 
     What real models add changes a line each: GPT-2 normalizes the block's input before
-    attention and before the MLP (notebook 12; the toy has no norms and skips it; Llama's
-    norm is RMSNorm, notebook 18); with rotary positions (notebook 14, a
+    attention and before the MLP (real_model; the toy has no norms and skips it; Llama's
+    norm is RMSNorm, the model_of_today lesson); with rotary positions (positions_and_rope, a
     kvlib.positions.RotaryPositions) q and k are turned before K is cached; with fewer K/V
-    heads (notebook 15) K and V are narrower and split into fewer heads than Q; Llama's MLP
-    is SwiGLU (notebook 18).
+    heads (grouped_query_attention) K and V are narrower and split into fewer heads than Q; Llama's
+    MLP is SwiGLU (model_of_today).
     """
     _check_block_options(_require_layer(layer, LayerParams), n_heads, rotary, record_attention)
     Q, K, V = project_qkv(normalize(X, layer.ln_1_gain, layer.ln_1_bias, norm_epsilon), layer)
@@ -427,7 +434,7 @@ def _check_block_options(layer, n_heads, rotary, record_attention) -> None:
 
 
 def unembed(X: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Logits with the tied unembedding (notebook 06): X (T, d) @ table^T (d, V) -> (T, V)."""
+    """Logits with the tied unembedding (logits_next_token): X (T, d) @ table^T (d, V) -> (T, V)."""
     table = numbers("table", table, 2)
     _require_matrix("X", X, table.shape[1])
     return X @ table.T

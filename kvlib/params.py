@@ -1,10 +1,10 @@
-"""The model's weights (notebook 00): seeded, shape-checked, and carrying their config.
+"""The model's weights (big_picture): seeded, shape-checked, and carrying their config.
 
 The toy has six matrices a block (Wq, Wk, Wv, Wo, W_up, W_down) and the lookup table. What a
-config adds brings its own arrays (notebook 12 for GPT-2's): biases (bq ... b_down), layer
+config adds brings its own arrays (real_model for GPT-2's): biases (bq ... b_down), layer
 norms (ln_1 before attention, ln_2 before the MLP, ln_f before the unembedding; a gain and a
 bias each) and a learned position table. Grouped-query attention narrows Wk and Wv (notebook
-14); latent attention has blocks of another kind, LatentLayerParams (notebook 16).
+14); latent attention has blocks of another kind, LatentLayerParams (latent_attention).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class LayerParams:
 
 @dataclass(frozen=True)
 class LatentLayerParams:
-    """One block of multi-head latent attention (notebook 16; DeepSeek-V2's MLA).
+    """One block of multi-head latent attention (latent_attention; DeepSeek-V2's MLA).
 
     Queries: Wq (d, d), and with rotary positions Wq_rope (d, h x dr). Keys and values are
     compressed into one latent per token, W_down_kv (d, dc), and rebuilt per head from it,
@@ -131,14 +131,15 @@ class LatentLayerParams:
 
 
 def _mlp_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
-    """GPT-2's MLP: W_up and W_down; SwiGLU adds the gate W_gate (Llama, notebook 18)."""
+    """GPT-2's MLP: W_up and W_down; SwiGLU adds the gate W_gate
+    (Llama, the model_of_today lesson)."""
     d, f = config.d_model, config.d_ff
     shapes = {"W_up": (d, f), "W_down": (f, d)}
     return shapes | {"W_gate": (d, f)} if config.mlp == "swiglu" else shapes
 
 
 def _norm_shapes(config: ModelConfig, *names: str) -> dict[str, tuple[int]]:
-    """LayerNorm has a gain and a bias, RMSNorm a gain only (notebook 18)."""
+    """LayerNorm has a gain and a bias, RMSNorm a gain only (model_of_today)."""
     parts = {"none": (), "layer": ("gain", "bias"), "rms": ("gain",)}[config.norm]
     return {f"{name}_{part}": (config.d_model,) for name in names for part in parts}
 
@@ -203,14 +204,14 @@ class Params:
 
     def with_config(self, **changes) -> Params:
         """The same weights under a config with some fields changed, for example a sliding
-        window on a model trained without one (notebook 17). Changes that would need other
-        weights (sizes, heads, positions) are refused by the shape checks."""
+        window on a model trained without one (sliding_windows_and_sinks). Changes that would need
+        other weights (sizes, heads, positions) are refused by the shape checks."""
         return Params(self.config.replace(**changes), self.embedding, self.layers,
                       self.position_table, self.ln_f_gain, self.ln_f_bias)
 
     def first_layers(self, n_layers: int) -> Params:
-        """The model cut after its first n_layers blocks (notebooks 22 and 23): the same
-        embedding, blocks 0 .. n_layers - 1, the final norm and the (tied) unembedding. An
+        """The model cut after its first n_layers blocks (quantized_cache and speculative_decoding):
+        the same embedding, blocks 0 .. n_layers - 1, the final norm and the (tied) unembedding. An
         early exit: its cache holds exactly the first n_layers layers of the whole model's,
         and its logits are what the unembedding reads from the stream at that depth (a
         self-speculative draft). The arrays are shared, not copied."""

@@ -37,8 +37,8 @@ class Box:
     (drawn as coloured cells) and how many of its last rows are new (drawn highlighted).
 
     text writes a string in each cell instead of colouring it (token ids are labels, not
-    sizes: notebook 00); row_labels are written left of the rows; caption replaces the shape
-    written under the box.
+    sizes: the big_picture lesson); row_labels are written left of the rows; caption replaces the
+    shape written under the box.
     """
 
     name: str
@@ -89,7 +89,7 @@ class Box:
 
 @dataclass(frozen=True)
 class Arrow:
-    """A step between two matrices in a shape diagram (notebook 00): an arrow with a label
+    """A step between two matrices in a shape diagram (big_picture): an arrow with a label
     above it ("lookup", "block 1", ...)."""
 
     label: str = ""
@@ -246,9 +246,10 @@ ROW_MAX_COLOR = "white"
 
 
 def masked_cells_hatch(mask) -> PathPatch:
-    """The grey "///" hatching of the cells where mask is False (notebooks 03-04), as ONE patch
-    whose path is one rectangle per run of masked cells in a row. One artist for any number of
-    masked cells: a hatched patch per cell made 8 heads x 32 tokens take seconds to draw."""
+    """The grey "///" hatching of the cells where mask is False
+    (causal_masking and multi_head_attention), as ONE patch whose path is one rectangle per run of
+    masked cells in a row. One artist for any number of masked cells: a hatched patch per cell made
+    8 heads x 32 tokens take seconds to draw."""
     hidden = ~np.asarray(mask, dtype=bool)
     vertices, codes = [], []
     for row, line in enumerate(hidden):
@@ -290,7 +291,7 @@ def attention_heatmap(weights, query_labels, key_labels, mask=None, ax=None, tit
 
     Cells where mask is False are drawn grey and hatched, with no value: masked, not zero.
     The colours span 0 to 1 by default; vmin=None and vmax=None make them span the visible
-    weights instead (notebook 02: untrained weights all lie between 0.12 and 0.34, which a
+    weights instead (one_attention_head: untrained weights all lie between 0.12 and 0.34, which a
     0-1 scale shows as one colour). mark_row_max frames each row's largest weight;
     max_labels labels only every k-th token when there are more (small panels of many heads).
     """
@@ -359,7 +360,7 @@ def attention_heatmaps(weights, query_labels, key_labels, mask=None, fig=None, t
 
 def whole_path(tokens, ids, d_model: int, vocab_size: int, n_blocks: int, next_id: int,
                next_token: str, values=None, ax=None, title=None):
-    """The whole path of a prediction as one shape diagram (notebook 00).
+    """The whole path of a prediction as one shape diagram (big_picture).
 
     tokens (T,) and their ids as text (an id is a label, not a size), then "lookup" -> X
     (T, d_model), one labelled arrow per decoder block -> X1 .. Xn, "unembed" -> logits
@@ -453,7 +454,7 @@ def _labelled(n: int) -> set[int]:
 
 
 def draw_query_groups(ax, n_heads: int, n_kv_heads: int, title: str | None = None) -> None:
-    """The grouping (notebook 15): query heads on top, K/V heads below, each query head
+    """The grouping (grouped_query_attention): query heads on top, K/V heads below, each query head
     joined to the K/V head it reads, one colour per K/V head and its group.
 
     Each K/V head is drawn as wide as its group, under it: query head i sits above K/V

@@ -1,5 +1,5 @@
-"""Where a token sits (notebooks 12 and 14): learned absolute positions (GPT-2) and rotary
-positions (RoPE: Su et al. 2021, used by Llama, Mistral, Qwen, DeepSeek).
+"""Where a token sits (real_model and positions_and_rope): learned absolute positions (GPT-2) and
+rotary positions (RoPE: Su et al. 2021, used by Llama, Mistral, Qwen, DeepSeek).
 
 Attention by itself does not know the order of its keys: permute the cached rows and every
 weight follows them. A position scheme gives each token its place:
@@ -52,7 +52,7 @@ def check_positions(positions, limit: int | None = None) -> np.ndarray:
 
 
 def add_positions(X: np.ndarray, table: np.ndarray, positions) -> np.ndarray:
-    """Learned positions (notebook 12, GPT-2's wpe): X (T, d) + table[positions] -> (T, d).
+    """Learned positions (real_model, GPT-2's wpe): X (T, d) + table[positions] -> (T, d).
 
     table is (context_length, d); a position at or past context_length raises, because the
     model never learned a row for it.
@@ -91,7 +91,7 @@ def _check_base(base) -> float:
 
 
 def rotary_angles(positions, dim: int, base: float = 10000.0) -> np.ndarray:
-    """The angle of every pair of columns at every position (notebook 14): (T, dim / 2).
+    """The angle of every pair of columns at every position (positions_and_rope): (T, dim / 2).
 
     Pair i turns at the frequency base^(-2i / dim): pair 0 once per position (radian), the
     last pair slowest, so that near and far distances both leave a mark on the scores.
@@ -119,7 +119,7 @@ def _check_rotated(X, angles) -> tuple[int, int]:
 
 def rotate_pairs(X: np.ndarray, angles: np.ndarray) -> np.ndarray:
     """Turn each pair of neighbouring columns (2i, 2i+1) of each head by its angle (notebook
-    14): the "interleaved" pairing of RoPE's paper, GPT-J and llama.cpp (notebook 18).
+    14): the "interleaved" pairing of RoPE's paper, GPT-J and llama.cpp (model_of_today).
 
     X (T, n x dim) for n heads of dim columns, angles (T, dim / 2) -> (T, n x dim), the same
     dtype. Every head turns by the same angles: the position, not the head, sets them.
@@ -143,7 +143,7 @@ def _turn_pairs(X: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 def rotate_halves(X: np.ndarray, angles: np.ndarray) -> np.ndarray:
-    """Turn column i of each head with column i + dim/2 by angle i (notebook 18): the "half"
+    """Turn column i of each head with column i + dim/2 by angle i (model_of_today): the "half"
     pairing of transformers' rotate_half and of the hub's Llama checkpoints.
 
     Shapes as rotate_pairs. It equals rotate_pairs on the columns reordered as 0, dim/2, 1,
@@ -174,9 +174,9 @@ _TURNS = {"interleaved": _turn_pairs, "half": _turn_halves}
 
 @dataclass(frozen=True)
 class RotaryPositions:
-    """The rotation of one chunk of tokens (notebook 14): made once per pass, used by every
+    """The rotation of one chunk of tokens (positions_and_rope): made once per pass, used by every
     layer on q and k. positions (T,), dim = the rotated columns per head, pairing =
-    "interleaved" (rotate_pairs) or "half" (rotate_halves, notebook 18)."""
+    "interleaved" (rotate_pairs) or "half" (rotate_halves, the model_of_today lesson)."""
 
     positions: np.ndarray
     dim: int
@@ -203,8 +203,8 @@ class RotaryPositions:
 
 
 def rotary_positions(config, positions) -> RotaryPositions | None:
-    """The rotation a model applies at these positions (notebooks 14, 18), or None when it
-    has no rotary positions: the head size (the decoupled rotary part's with latent
+    """The rotation a model applies at these positions (positions_and_rope and model_of_today), or
+    None when it has no rotary positions: the head size (the decoupled rotary part's with latent
     attention), the config's base and its pairing."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a kvlib ModelConfig, got {type(config).__name__}")

@@ -1,4 +1,4 @@
-"""Cached against recomputed, in lower precision (notebook 25).
+"""Cached against recomputed, in lower precision (when_the_cache_is_wrong).
 
 In exact arithmetic a cached run and a full recomputation give the same logits; in floating
 point they do not quite, because they add the same numbers in another order: a decode step
@@ -191,10 +191,10 @@ def teacher_forced(params: Params, ids, prompt_length: int, cache=None):
 
 def left_padded(params: Params, ids, padding: int, pad_id: int = 0):
     """The logits of ids (T,) with `padding` pad tokens in front, hidden by the mask, the real
-    tokens at positions 0 .. T-1 (as a left-padded batch row is run, notebook 21; a window
-    counts positions, not columns), against
-    the ids alone -> (padded, alone), each (T, V). Equal in exact arithmetic: the pads' weights
-    are exactly 0; only the order of the sums changes."""
+    tokens at positions 0 .. T-1
+    (as a left-padded batch row is run, the batched_decoding lesson; a window counts positions, not
+    columns), against the ids alone -> (padded, alone), each (T, V). Equal in exact arithmetic: the
+    pads' weights are exactly 0; only the order of the sums changes."""
     ids = check_ids(ids, params)
     if isinstance(padding, bool) or not isinstance(padding, Integral) or padding < 1:
         raise ValueError(f"padding must be a whole number of pad tokens >= 1, got {padding!r}")
@@ -251,5 +251,5 @@ def compare(a, b) -> Comparison:
 
 
 def measured() -> dict:
-    """What tools/measure_precision.py measured (notebook 25), by model."""
+    """What tools/measure_precision.py measured (when_the_cache_is_wrong), by model."""
     return json.loads(MEASURED.read_text())

@@ -1,4 +1,4 @@
-"""From counts to time (notebook 10 and benchmarks/decode.py): how fast this machine reads
+"""From counts to time (where_time_goes and benchmarks/decode.py): how fast this machine reads
 memory and multiplies matrices, and the roofline model built on those two rates.
 
 A pass through the model needs a number of FLOPs (kvlib.flops) and has to read a number of
@@ -52,7 +52,7 @@ def _check_count(name: str, value, minimum: int = 0) -> int:
 
 
 def weights_bytes(config: ModelConfig) -> int:
-    """Bytes of all the weights (notebooks 09-10): for the toy's architecture
+    """Bytes of all the weights (counting_the_work and where_time_goes): for the toy's architecture
     (V d + L (4 d^2 + 2 d f)) x bytes a number; in general the sizes of every array the
     config needs (biases, norms, positions, narrower K/V, latent projections).
 
@@ -66,15 +66,17 @@ def weights_bytes(config: ModelConfig) -> int:
 
 
 def cache_bytes(config: ModelConfig, n_positions: int) -> int:
-    """Bytes of the keys and values of n_positions, in every layer (notebooks 09-10):
-    2 x L x n_positions x d x bytes a number, the kv_cache_bytes formula at batch 1 (with
-    fewer K/V heads, a latent or a window, what that cache holds: kvlib.config_cache_bytes)."""
+    """Bytes of the keys and values of n_positions, in every layer
+    (counting_the_work and where_time_goes): 2 x L x n_positions x d x bytes a number, the
+    kv_cache_bytes formula at batch 1
+    (with fewer K/V heads, a latent or a window, what that cache holds:
+    kvlib.config_cache_bytes)."""
     _check_config(config)
     return config_cache_bytes(config, _check_count("n_positions", n_positions))
 
 
 def decode_step_bytes(config: ModelConfig, position: int) -> int:
-    """Bytes a cached decode step must read (notebook 10) for the token at 0-based `position`:
+    """Bytes a cached decode step must read (where_time_goes) for the token at 0-based `position`:
     every weight once (each matrix meets the new row once; the unembedding reads the whole
     table), and the keys and values of the position + 1 positions it attends over."""
     position = _check_count("position", position)
@@ -82,7 +84,7 @@ def decode_step_bytes(config: ModelConfig, position: int) -> int:
 
 
 def forward_bytes(config: ModelConfig, n_tokens: int) -> int:
-    """Bytes a full recomputation over n_tokens must read at least once (notebook 10): the
+    """Bytes a full recomputation over n_tokens must read at least once (where_time_goes): the
     weights, and the keys and values it computes and attends over. (The other activations
     are left out: they are small beside the weights and often stay in the CPU's caches.)"""
     _check_count("n_tokens", n_tokens, minimum=1)
@@ -116,7 +118,7 @@ def generation_step_bytes(config: ModelConfig, prompt_length: int, new_tokens: i
 
 
 def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
-    """Predicted seconds (notebook 10): max(flops / compute_rate, n_bytes / bandwidth).
+    """Predicted seconds (where_time_goes): max(flops / compute_rate, n_bytes / bandwidth).
 
     flops and n_bytes may be numbers or arrays of the same shape; rates in FLOP/s and bytes/s.
     """
@@ -141,7 +143,7 @@ def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
 
 
 def arithmetic_intensity(flops, n_bytes):
-    """FLOPs per byte read (notebook 10): above compute_rate / bandwidth, arithmetic sets the
+    """FLOPs per byte read (where_time_goes): above compute_rate / bandwidth, arithmetic sets the
     time; below it, memory does."""
     flops = numbers("flops", flops).astype(np.float64)
     n_bytes = numbers("n_bytes", n_bytes).astype(np.float64)
@@ -155,7 +157,7 @@ def arithmetic_intensity(flops, n_bytes):
 
 
 def matmul_intensity(rows: int, inner: int, columns: int, itemsize: int = 4) -> float:
-    """FLOPs per byte of X (rows, inner) @ W (inner, columns) (notebook 10): 2 rows inner
+    """FLOPs per byte of X (rows, inner) @ W (inner, columns) (where_time_goes): 2 rows inner
     columns FLOPs over the bytes of X, W and the result. About rows / 2 for one float32 row
     against a large matrix: decode (rows = 1) does 0.5 FLOP per byte."""
     rows, inner, columns, itemsize = (
@@ -169,7 +171,7 @@ def matmul_intensity(rows: int, inner: int, columns: int, itemsize: int = 4) -> 
 
 def generation_step_times(config: ModelConfig, prompt_length: int, new_tokens: int,
                           use_cache: bool, compute_rate: float, bandwidth: float) -> np.ndarray:
-    """Roofline prediction of each pass's seconds (notebook 10): an array (new_tokens,)."""
+    """Roofline prediction of each pass's seconds (where_time_goes): an array (new_tokens,)."""
     flops = [step.flops for step in
              generation_step_multiply_adds(config, prompt_length, new_tokens, use_cache)]
     n_bytes = generation_step_bytes(config, prompt_length, new_tokens, use_cache)
@@ -318,7 +320,7 @@ def _median_rate(amount: float, seconds: np.ndarray, record: list | None) -> flo
 
 def measure_read_bandwidth(n_bytes: int = 256 * MiB, repeats: int = 5,
                            record: list | None = None) -> float:
-    """How fast numpy reads a large float32 array from memory, in bytes/s (notebook 10).
+    """How fast numpy reads a large float32 array from memory, in bytes/s (where_time_goes).
 
     The array is dotted with itself: every byte is read once, with one multiply-add per
     4 bytes, far too little arithmetic to matter. The median of `repeats` readings, so that
@@ -335,7 +337,7 @@ def measure_read_bandwidth(n_bytes: int = 256 * MiB, repeats: int = 5,
 
 def measure_matmul_rate(size: int = 1024, dtype: str = "float32", repeats: int = 5,
                         record: list | None = None) -> float:
-    """How fast numpy multiplies two square matrices (size, size), in FLOP/s (notebook 10):
+    """How fast numpy multiplies two square matrices (size, size), in FLOP/s (where_time_goes):
     2 size^3 FLOPs, the median of `repeats` products (each one's rate goes to `record`, a
     list, when given). This is the compute rate of the roofline."""
     _check_count("size", size, minimum=1)
@@ -347,7 +349,7 @@ def measure_matmul_rate(size: int = 1024, dtype: str = "float32", repeats: int =
 
 def measure_matmul_rows(weight: np.ndarray, rows: int, repeats: int = 5,
                         record: list | None = None) -> float:
-    """FLOP/s of X (rows, inner) @ weight (inner, columns) (notebook 10): how the rate grows
+    """FLOP/s of X (rows, inner) @ weight (inner, columns) (where_time_goes): how the rate grows
     with the number of rows multiplied at once (1 for decode, the prompt length for prefill).
     The median of `repeats`; each one's rate goes to `record` (a list) when given."""
     if not isinstance(weight, np.ndarray) or weight.ndim != 2:
@@ -359,7 +361,7 @@ def measure_matmul_rows(weight: np.ndarray, rows: int, repeats: int = 5,
 
 
 def time_cached_generation(params, prompt, new_tokens: int, cache=None, repeats: int = 1):
-    """Greedy generation with the cache, timing each pass (notebook 10, the benchmark).
+    """Greedy generation with the cache, timing each pass (where_time_goes, the benchmark).
 
     Pass 0 is kvlib.prefill of the prompt (it gives the first new token), pass i >= 1 a
     kvlib.decode_step. Returns (the new_tokens new ids, seconds of each pass: array
@@ -398,7 +400,7 @@ def time_cached_generation(params, prompt, new_tokens: int, cache=None, repeats:
 
 def time_recomputation(params, sequence, lengths, repeats: int = 1,
                        return_tokens: bool = False):
-    """Seconds of a full recomputation, no cache, at each given length (notebook 10, the
+    """Seconds of a full recomputation, no cache, at each given length (where_time_goes, the
     benchmark): kvlib.forward over sequence[:n], unembedding only the last row, as
     kvlib.generate does without the cache. Returns an array (len(lengths),), the fastest of
     `repeats`; with return_tokens=True also the greedy token each forward chose."""
@@ -424,7 +426,7 @@ def time_recomputation(params, sequence, lengths, repeats: int = 1,
 
 def time_appends(config: ModelConfig, cache_class, cached: int, repeats: int = 5) -> float:
     """Seconds to append one token's K and V to every layer of a cache that already holds
-    `cached` positions (notebook 10, the benchmark), the median of `repeats` appends.
+    `cached` positions (where_time_goes, the benchmark), the median of `repeats` appends.
     cache_class is kvlib.KVCache (in place) or kvlib.ConcatenatingKVCache (a copy)."""
     _check_config(config)
     _check_count("cached", cached, minimum=1)
@@ -478,8 +480,9 @@ def _openblas_library():
 
 
 def blas_threads() -> int | None:
-    """How many threads numpy's BLAS uses now (benchmarks/decode.py, notebook 10), asked of
-    OpenBLAS itself; None when numpy is linked to another BLAS or the library is not found."""
+    """How many threads numpy's BLAS uses now (benchmarks/decode.py, the where_time_goes lesson),
+    asked of OpenBLAS itself; None when numpy is linked to another BLAS or the library is not
+    found."""
     found = _openblas_library()
     if found is None:
         return None
@@ -490,7 +493,7 @@ def blas_threads() -> int | None:
 
 
 def set_blas_threads(n_threads: int) -> int | None:
-    """Ask OpenBLAS to use n_threads from now on (notebook 10); returns the count now in
+    """Ask OpenBLAS to use n_threads from now on (where_time_goes); returns the count now in
     effect, or None (nothing changed) when numpy is not linked to OpenBLAS."""
     _check_count("n_threads", n_threads, minimum=1)
     found = _openblas_library()

@@ -1,4 +1,4 @@
-"""A toy word-level tokenizer (notebook 01): 12 tokens, ids chosen to match the article."""
+"""A toy word-level tokenizer (embedding_lookup): 12 tokens, ids chosen to match the article."""
 
 from __future__ import annotations
 

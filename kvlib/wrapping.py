@@ -1,4 +1,5 @@
-"""Swap kvlib's building blocks for wrapped ones while a block of code runs (notebook 25).
+"""Swap kvlib's building blocks for wrapped ones while a block of code runs
+(when_the_cache_is_wrong).
 
 The decode loops call kvlib.model's functions (project_qkv, attention_weights, ...) by their
 module-level names, so replacing those names is enough to watch them (kvlib.debug records what

@@ -1,4 +1,5 @@
-"""Checkpoint formats and loaders, in one place (notebooks 12, 13 and 18).
+"""Checkpoint formats and loaders, in one place
+(real_model, what_the_heads_read and model_of_today).
 
 - safetensors: the model hub's tensor file, read and written with numpy alone;
 - gpt2: GPT-2 in the hub's layout (config.json + model.safetensors);

@@ -1,4 +1,4 @@
-"""Getting GPT-2 124M's published weights (notebook 13), where a network exists.
+"""Getting GPT-2 124M's published weights (what_the_heads_read), where a network exists.
 
 `download()` fetches openai-community/gpt2 from the Hugging Face model hub with
 huggingface_hub (imported only here): config.json, model.safetensors (548 MB) and the
@@ -38,7 +38,7 @@ def default_directory() -> Path:
 
 def find_weights(directory=None) -> Path | None:
     """The folder holding GPT-2 124M's config.json and model.safetensors, or None when they
-    have not been downloaded (notebook 13 then says how to get them)."""
+    have not been downloaded (what_the_heads_read then says how to get them)."""
     directory = _directory(directory)
     complete = all((directory / name).is_file() for name in ("config.json", "model.safetensors"))
     return directory if complete else None

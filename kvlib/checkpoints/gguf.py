@@ -1,4 +1,4 @@
-"""GGUF files (notebook 18): llama.cpp's format, read with llama.cpp's own `gguf` package.
+"""GGUF files (model_of_today): llama.cpp's format, read with llama.cpp's own `gguf` package.
 
 A GGUF file is one self-contained model: a header of metadata (the architecture and its
 sizes, the tokenizer's vocabulary and merges, the chat template) followed by every tensor,
@@ -14,8 +14,8 @@ most of them quantized. SmolLM2-135M-Instruct's file (kvlib.checkpoints.smollm2)
 kvlib computes in float32 or float64, so `dequantize_tensors` turns every tensor into float32
 once (the numbers the quantization left, nothing lost twice), and `convert` keeps them in a
 folder beside the file, as a safetensors file that later loads memory-mapped in about a
-second. Notebook 22 rebuilds Q4_1 and Q8_0 in a few lines of numpy and checks them against
-the `gguf` package's dequantization.
+second. The quantized_cache lesson rebuilds Q4_1 and Q8_0 in a few lines of numpy and checks them
+against the `gguf` package's dequantization.
 
 Names: llama.cpp calls the tensors `token_embd.weight`, `blk.{i}.attn_q.weight`, ...
 (GGUF_NAMES maps them to kvlib's), and stores every matrix as (out, in) like PyTorch, so
@@ -66,7 +66,7 @@ CONTROL_TOKEN = 3
 # ------------------------------------------------------------------------------ reading
 
 def read_gguf(path) -> tuple[dict, dict[str, tuple[np.ndarray, str]]]:
-    """(metadata, tensors) of a GGUF file, with the gguf package (notebook 18).
+    """(metadata, tensors) of a GGUF file, with the gguf package (model_of_today).
 
     metadata: every key -> its value (lists for arrays: the tokenizer's tokens and merges);
     tensors: name -> (raw data as the file stores it, a view of the memory-mapped file; the
@@ -108,7 +108,7 @@ def _float32_as_written(value: float) -> float:
 
 
 def dequantize_tensors(tensors: dict[str, tuple[np.ndarray, str]]) -> dict[str, np.ndarray]:
-    """Every tensor as float32 numbers (notebook 18): name -> array in numpy order ((out, in)
+    """Every tensor as float32 numbers (model_of_today): name -> array in numpy order ((out, in)
     for a matrix), with the gguf package's dequantization (Q4_1: d * code + m per group of
     32; Q8_0: d * code)."""
     from gguf import GGMLQuantizationType
@@ -121,7 +121,7 @@ def dequantize_tensors(tensors: dict[str, tuple[np.ndarray, str]]) -> dict[str, 
 # ------------------------------------------------------------------------------ the config
 
 def config_from_gguf(metadata: dict, dtype: str = "float32") -> ModelConfig:
-    """kvlib's ModelConfig of a Llama-architecture GGUF file, from its metadata (notebook 18).
+    """kvlib's ModelConfig of a Llama-architecture GGUF file, from its metadata (model_of_today).
 
     RMSNorm, SwiGLU, rotary positions with the interleaved pairing (what llama.cpp's
     reordered rows expect) and grouped-query attention when head_count_kv < head_count.
@@ -164,7 +164,7 @@ def config_from_gguf(metadata: dict, dtype: str = "float32") -> ModelConfig:
 
 def params_from_gguf_tensors(config: ModelConfig, tensors: dict[str, np.ndarray],
                              where: str = "the file") -> Params:
-    """kvlib Params from float tensors under their GGUF names (notebook 18): each (out, in)
+    """kvlib Params from float tensors under their GGUF names (model_of_today): each (out, in)
     matrix becomes kvlib's (in, out) as a transposed view, no copy; other dtypes than the
     config's are converted. Missing, misshapen, unknown or non-finite tensors are named."""
     if "output.weight" in tensors:
@@ -242,7 +242,7 @@ def is_converted(path) -> bool:
 
 
 def convert(path) -> Path:
-    """Dequantize a GGUF file once into a folder beside it (notebook 18) -> the folder.
+    """Dequantize a GGUF file once into a folder beside it (model_of_today) -> the folder.
 
     The folder holds model.safetensors (every tensor in float32 under its GGUF name),
     metadata.json, vocab.json and merges.txt (the tokenizer, in the model hub's layout) and
@@ -295,7 +295,7 @@ def read_converted_metadata(folder) -> dict:
 
 
 def load_converted(folder, dtype: str = "float32") -> Params:
-    """Params from a converted folder (notebook 18): memory-mapped float32, about a second."""
+    """Params from a converted folder (model_of_today): memory-mapped float32, about a second."""
     folder = Path(folder)
     config = config_from_gguf(read_converted_metadata(folder), dtype)
     tensors = read_safetensors(folder / "model.safetensors")
@@ -303,7 +303,7 @@ def load_converted(folder, dtype: str = "float32") -> Params:
 
 
 def load_gguf(path, dtype: str = "float32") -> Params:
-    """kvlib Params of a Llama-architecture GGUF file (notebook 18): converted once into
+    """kvlib Params of a Llama-architecture GGUF file (model_of_today): converted once into
     <name>.float32/ beside it (about 5 s for SmolLM2), then memory-mapped from there."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a path to a .gguf file, got {path!r}")
@@ -313,7 +313,7 @@ def load_gguf(path, dtype: str = "float32") -> Params:
 
 
 def bits_per_number(kind: str) -> float:
-    """Bits a stored number takes in a GGUF quantization type (notebook 18): Q4_1 5 (4 of code
+    """Bits a stored number takes in a GGUF quantization type (model_of_today): Q4_1 5 (4 of code
     and 2 x 16 of scale and minimum shared by 32), Q8_0 8.5, F16 16, F32 32."""
     per_block = {"Q4_0": (32, 2 + 16), "Q4_1": (32, 2 + 2 + 16), "Q5_0": (32, 2 + 4 + 16),
                  "Q5_1": (32, 2 + 2 + 4 + 16), "Q8_0": (32, 2 + 32), "F16": (1, 2),

@@ -1,4 +1,4 @@
-"""GPT-2's published weights as kvlib params (notebook 12), with numpy alone.
+"""GPT-2's published weights as kvlib params (real_model), with numpy alone.
 
 A GPT-2 checkpoint in the model hub's layout is a folder with `config.json` (the sizes) and
 `model.safetensors` (the tensors). Its tensors map onto kvlib's names one to one, except
@@ -55,7 +55,7 @@ _SKIPPED = (".attn.bias", ".attn.masked_bias")
 
 
 def config_from_hub(hub_config: dict, dtype: str = "float32") -> ModelConfig:
-    """A kvlib ModelConfig from the dict of a GPT-2 config.json (notebook 12).
+    """A kvlib ModelConfig from the dict of a GPT-2 config.json (real_model).
 
     Refuses, naming the setting, what kvlib's GPT-2 does not compute: another activation
     than the tanh GeLU, unscaled or per-layer-scaled attention, untied embeddings.
@@ -141,7 +141,7 @@ def _as_dtype(array: np.ndarray, stored: str, dtype: np.dtype) -> np.ndarray:
 
 
 def load(directory, dtype: str = "float32") -> Params:
-    """kvlib params from a GPT-2 checkpoint folder (config.json + model.safetensors) (notebook 12).
+    """kvlib params from a GPT-2 checkpoint folder (config.json + model.safetensors) (real_model).
 
     Tensors stored as F32 and loaded as float32 stay memory-mapped: nothing is copied, and
     the file's pages stay file-backed (GPT-2 124M is 500 MB; the kernel can drop them and
@@ -223,7 +223,7 @@ def _params(config: ModelConfig, arrays: dict[str, np.ndarray]) -> Params:
 
 def save(params: Params, directory, *, prefix: str = "", stored_dtype: str = "F32") -> Path:
     """Write kvlib params of a GPT-2 model as a checkpoint folder that `load` and transformers
-    read (config.json + model.safetensors), for tests and tools (notebook 12).
+    read (config.json + model.safetensors), for tests and tools (real_model).
 
     prefix "" names tensors as the hub's GPT-2 file does, "transformer." as save_pretrained
     does. stored_dtype "F32", "F16" or "BF16".

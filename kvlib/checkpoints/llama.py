@@ -1,4 +1,4 @@
-"""Llama-architecture checkpoints in the model hub's layout (notebook 18): config.json +
+"""Llama-architecture checkpoints in the model hub's layout (model_of_today): config.json +
 model.safetensors, as transformers' LlamaForCausalLM.save_pretrained writes them and as
 HuggingFaceTB/SmolLM2-135M-Instruct is published.
 
@@ -67,7 +67,7 @@ def _rope_base(hub_config: dict) -> float:
 
 
 def config_from_hub(hub_config: dict, dtype: str = "float32") -> ModelConfig:
-    """kvlib's ModelConfig from a Llama config.json (notebook 18), with the half pairing.
+    """kvlib's ModelConfig from a Llama config.json (model_of_today), with the half pairing.
 
     Refuses, naming the setting, what kvlib's Llama does not compute: another model type or
     activation, biases, untied embeddings, RoPE scaling, a head size other than d / heads.
@@ -117,7 +117,7 @@ def _read_config(path: Path) -> dict:
 
 
 def load(directory, dtype: str = "float32") -> Params:
-    """kvlib Params from a Llama checkpoint folder in the hub's layout (notebook 18).
+    """kvlib Params from a Llama checkpoint folder in the hub's layout (model_of_today).
 
     F32 tensors loaded as float32 stay memory-mapped (transposed views); F16 and BF16 (the
     hub's SmolLM2 is BF16) are converted. Missing, misshapen, unknown or non-finite tensors are
@@ -177,7 +177,7 @@ def _params(config: ModelConfig, arrays: dict[str, np.ndarray]) -> Params:
 
 def save(params: Params, directory, *, stored_dtype: str = "F32") -> Path:
     """Write Params of a Llama architecture (rope_pairing "half") as a hub-layout folder that
-    `load` and transformers' LlamaForCausalLM.from_pretrained read (notebook 18; tests).
+    `load` and transformers' LlamaForCausalLM.from_pretrained read (model_of_today; tests).
     stored_dtype "F32", "F16" or "BF16". A GGUF model (interleaved) is turned first with
     with_rope_pairing(params, "half")."""
     config = params.config
@@ -226,7 +226,7 @@ def save(params: Params, directory, *, stored_dtype: str = "F32") -> Path:
 # ------------------------------------------------------------------------------ the two pairings
 
 def to_interleaved_columns(W: np.ndarray, n_heads: int) -> np.ndarray:
-    """llama.cpp's reordering of q or k (notebook 18), on kvlib's W (d, heads x dh) or a bias
+    """llama.cpp's reordering of q or k (model_of_today), on kvlib's W (d, heads x dh) or a bias
     (heads x dh,): within each head, output column 2i takes column i and 2i + 1 takes column
     i + dh/2. After it, turning neighbouring pairs (rotate_pairs) does what turning halves
     (rotate_halves) did before. (llama.cpp's `permute` in convert_hf_to_gguf.py does this to the
@@ -244,7 +244,7 @@ def to_half_columns(W: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def with_rope_pairing(params: Params, pairing: str) -> Params:
-    """The same model for the other rotary pairing (notebook 18): Wq's and Wk's columns (and
+    """The same model for the other rotary pairing (model_of_today): Wq's and Wk's columns (and
     their biases, if any) reordered within each head, the config's rope_pairing changed. Its
     logits equal the original's (up to rounding); only the order of the columns q and k hold
     differs, in the cache too."""

@@ -1,4 +1,4 @@
-"""The safetensors file format, read and written with numpy alone (notebook 12).
+"""The safetensors file format, read and written with numpy alone (real_model).
 
 Published checkpoints, GPT-2's among them, come as `model.safetensors`. The format is short
 enough to read in full:
@@ -78,7 +78,7 @@ def _as_path(path, what: str = "path") -> Path:
 
 
 def read_header(path) -> tuple[dict, int]:
-    """The header of a safetensors file, checked, and where its tensor bytes start (notebook 12).
+    """The header of a safetensors file, checked, and where its tensor bytes start (real_model).
 
     Returns (header, data_offset): the header as the file has it, {name: {"dtype", "shape",
     "data_offsets"}} plus "__metadata__" if present; data_offset = 8 + N, the file position of
@@ -195,7 +195,7 @@ def _check_layout(path, header: dict, buffer_size: int) -> None:
 
 
 def read_safetensors(path, *, memory_map: bool = True) -> dict[str, np.ndarray]:
-    """Every tensor of a safetensors file, by name, in the header's order (notebook 12).
+    """Every tensor of a safetensors file, by name, in the header's order (real_model).
 
     memory_map=True (the default): read-only np.memmap views into the file, no copy.
     memory_map=False: the file is read into memory once; the arrays are writable views of that.
@@ -233,7 +233,7 @@ def _read_bytes(path, offset: int, size: int) -> bytearray:
 
 
 def bfloat16_to_float32(bits) -> np.ndarray:
-    """bfloat16 bits (uint16, as read_safetensors returns BF16) -> float32 values (notebook 12).
+    """bfloat16 bits (uint16, as read_safetensors returns BF16) -> float32 values (real_model).
 
     A bfloat16 is the top half of a float32: the same sign, the same 8 exponent bits, 7 of the
     23 mantissa bits. Shifting its 16 bits up and filling the rest with zeros gives that
@@ -254,7 +254,7 @@ def _array(value, name: str) -> np.ndarray:
 
 
 def float32_to_bfloat16(values) -> np.ndarray:
-    """float32 values -> the nearest bfloat16, as uint16 bits (notebook 12).
+    """float32 values -> the nearest bfloat16, as uint16 bits (real_model).
 
     Rounds to nearest, ties to even (as PyTorch's `.to(torch.bfloat16)` does); NaN stays a
     (quiet) NaN of the same sign. Same shape in and out. write_safetensors stores the result
@@ -272,8 +272,8 @@ def float32_to_bfloat16(values) -> np.ndarray:
 
 
 def in_dtype(array: np.ndarray, stored: str, dtype) -> np.ndarray:
-    """A tensor read by read_safetensors, as numbers of dtype (notebooks 12, 18): BF16 bits
-    become float32 first; a view of the mapped file when nothing needs converting, a copy
+    """A tensor read by read_safetensors, as numbers of dtype (real_model and model_of_today): BF16
+    bits become float32 first; a view of the mapped file when nothing needs converting, a copy
     otherwise. stored is the header's dtype name ("F32", "F16", "BF16", ...)."""
     if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
         raise TypeError(f"array must be a numpy array of numbers read from a file, got "
@@ -296,7 +296,7 @@ def in_dtype(array: np.ndarray, stored: str, dtype) -> np.ndarray:
 
 def write_safetensors(path, tensors: Mapping[str, np.ndarray], metadata=None, *,
                       bfloat16: Iterable[str] = ()) -> None:
-    """Write tensors to a safetensors file the reference implementation reads (notebook 12).
+    """Write tensors to a safetensors file the reference implementation reads (real_model).
 
     tensors: name -> array of a dtype in DTYPES (bool, (u)int8-64, float16/32/64).
     metadata: optional {str: str}, stored as "__metadata__".

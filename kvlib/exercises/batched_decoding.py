@@ -1,4 +1,5 @@
-"""Exercises of notebook 21 (batched decoding and continuous batching): checkers and solutions.
+"""Exercises of the batched_decoding lesson (batched decoding and continuous batching): checkers and
+solutions.
 
 Exercise 1 asks for the attention mask of a batch of prompts padded on the left: causal, and
 no query may see a padded key. The usual mistakes (padding on the right, hiding the padded

@@ -1,4 +1,4 @@
-"""Exercises of notebook 00 (the big picture): the logits' shape, and the next token."""
+"""Exercises of the big_picture lesson (the big picture): the logits' shape, and the next token."""
 
 from __future__ import annotations
 
@@ -140,5 +140,5 @@ print(answer, tokenizer.tokens([answer]))
 
 
 def solution(number: int):
-    """Show exercise `number`'s solution (notebook 00; for the instructor)."""
+    """Show exercise `number`'s solution (big_picture; for the instructor)."""
     return show_solution(SOLUTIONS, number)

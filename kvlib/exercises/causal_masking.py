@@ -1,5 +1,6 @@
-"""Exercises of notebook 03 (causal masking), on a prompt the notebook does not use: build the
-mask for "I am fine and you?", mask its scores, and predict which rows a change reaches."""
+"""Exercises of the causal_masking lesson (causal masking), on a prompt the notebook does not use:
+build the mask for "I am fine and you?", mask its scores, and predict which rows a change
+reaches."""
 
 from __future__ import annotations
 

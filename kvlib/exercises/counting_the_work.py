@@ -1,4 +1,4 @@
-"""Exercises of notebook 09 (counting the work): checkers and solutions.
+"""Exercises of the counting_the_work lesson (counting the work): checkers and solutions.
 
 1. The multiply-adds of one full recomputation of GPT-2 medium, part by part (a transfer
    task: another size than the notebook's GPT-2 small, with 24 layers and 16 heads).

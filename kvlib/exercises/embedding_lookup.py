@@ -1,4 +1,4 @@
-"""Exercises of notebook 01 (tokens and the embedding lookup)."""
+"""Exercises of the embedding_lookup lesson (tokens and the embedding lookup)."""
 
 from __future__ import annotations
 
@@ -189,5 +189,5 @@ answer = kvlib.GPT2_SMALL.vocab_size * kvlib.GPT2_SMALL.d_model   # 50257 x 768
 
 
 def solution(number: int):
-    """Show exercise `number`'s solution (notebook 01; for the instructor)."""
+    """Show exercise `number`'s solution (embedding_lookup; for the instructor)."""
     return show_solution(SOLUTIONS, number)

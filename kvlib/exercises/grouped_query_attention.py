@@ -1,4 +1,5 @@
-"""Exercises of notebook 15 (grouped-query attention): checkers and solutions.
+"""Exercises of the grouped_query_attention lesson (grouped-query attention): checkers and
+solutions.
 
 1. The cache of a published model from its config.json (a transfer: Qwen2-7B, whose config
    gives no head size and names its K/V heads num_key_value_heads).

@@ -1,4 +1,4 @@
-"""Exercises of notebook 11 (KV cache memory): checkers and solutions.
+"""Exercises of the kv_cache_memory lesson (KV cache memory): checkers and solutions.
 
 1. Bytes per token of a grouped-query model described in words.
 2. The batch size at which the source example's cache weighs as much as its weights.

@@ -1,4 +1,4 @@
-"""Exercises of notebook 08 (KV-cached decode): checkers and solutions.
+"""Exercises of the kv_cached_decode lesson (KV-cached decode): checkers and solutions.
 
 Exercise 2 is a classic cache bug: a chunked prefill whose causal mask is aligned to the
 start instead of the end, so the new tokens cannot see all the cached positions.

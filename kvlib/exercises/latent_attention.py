@@ -1,4 +1,4 @@
-"""Exercises of notebook 16 (multi-head latent attention): checkers and solutions.
+"""Exercises of the latent_attention lesson (multi-head latent attention): checkers and solutions.
 
 1. Bytes per token of a latent-attention model described in words (a transfer of the
    DeepSeek numbers to other shapes).
@@ -35,7 +35,7 @@ from .base import (
 EXERCISE1 = {"n_layers": 40, "n_heads": 32, "head_dim": 128, "latent_dim": 512,
              "rope_head_dim": 64, "dtype_bytes": 2}
 
-# Exercise 2: the lesson's model (notebook 16), and one whose latent is exactly one head wide
+# Exercise 2: the lesson's model (latent_attention), and one whose latent is exactly one head wide
 LESSON_CONFIG = kvlib.ModelConfig(d_model=32, n_heads=8, d_ff=64, latent_dim=8,
                                   rope_head_dim=2, positions="rotary")
 SQUARE_CONFIG = kvlib.ModelConfig(d_model=8, n_heads=2, d_ff=16, latent_dim=4,

@@ -1,4 +1,4 @@
-"""Exercises of notebook 06 (logits and the next token): checkers and solutions.
+"""Exercises of the logits_next_token lesson (logits and the next token): checkers and solutions.
 
 1. The greedy guess of every row, for another prompt (a transfer task).
 2. A temperature that gives "I" probability 0.5, after the article's prompt.

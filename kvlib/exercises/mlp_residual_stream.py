@@ -1,6 +1,6 @@
-"""Exercises of notebook 05 (MLP, residual stream): the hidden layer's shape in GPT-2 small,
-the second block by hand on a prompt the notebook does not use, and GeLU at points it does
-not print."""
+"""Exercises of the mlp_residual_stream lesson (MLP, residual stream): the hidden layer's shape in
+GPT-2 small, the second block by hand on a prompt the notebook does not use, and GeLU at points it
+does not print."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exercises of notebook 18 (a model of today, SmolLM2): checkers and solutions.
+"""Exercises of the model_of_today lesson (a model of today, SmolLM2): checkers and solutions.
 
 1. The cache of another model of today from its config.json (a transfer: Llama-3.2-1B, which
    gives head_dim and num_key_value_heads).

@@ -1,6 +1,6 @@
-"""Exercises of notebook 04 (multi-head attention), in sizes and on a prompt the notebook does
-not use: one head's columns of a wider Q, a three-way split, and from the heads of another
-prompt back to the attention output."""
+"""Exercises of the multi_head_attention lesson (multi-head attention), in sizes and on a prompt the
+notebook does not use: one head's columns of a wider Q, a three-way split, and from the heads of
+another prompt back to the attention output."""
 
 from __future__ import annotations
 

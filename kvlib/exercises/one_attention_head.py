@@ -1,5 +1,5 @@
-"""Exercises of notebook 02 (one attention head, no mask yet): layer 0 of the article's model
-on "How are you?"."""
+"""Exercises of the one_attention_head lesson (one attention head, no mask yet): layer 0 of the
+article's model on "How are you?"."""
 
 from __future__ import annotations
 
@@ -222,5 +222,5 @@ print(answer, tokenizer.tokens(other_ids)[answer])
 
 
 def solution(number: int):
-    """Show exercise `number`'s solution (notebook 02; for the instructor)."""
+    """Show exercise `number`'s solution (one_attention_head; for the instructor)."""
     return show_solution(SOLUTIONS, number)

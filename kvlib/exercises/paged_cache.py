@@ -1,4 +1,4 @@
-"""Exercises of notebook 19 (the paged KV cache): checkers and solutions.
+"""Exercises of the paged_cache lesson (the paged KV cache): checkers and solutions.
 
 1. Blocks and empty positions of a 1,234-token request at vLLM's block size 16 (transfer:
    the lesson counts the toy's blocks of 4).

@@ -1,4 +1,4 @@
-"""Exercises of notebook 14 (positions and the cache): checkers and solutions.
+"""Exercises of the positions_and_rope lesson (positions and the cache): checkers and solutions.
 
 Exercise 1 is the classic offset bug of rotary models: a hand-written continuation whose
 chunk positions restart at 0, so that every decode step turns its query and key as if the

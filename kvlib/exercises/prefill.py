@@ -1,4 +1,4 @@
-"""Exercises of notebook 07 (prefill): checkers and solutions.
+"""Exercises of the prefill lesson (prefill): checkers and solutions.
 
 1. The keys layer 2 caches for another prompt, from the weights only (a transfer task).
 2. The bytes of a float32 cache of 20 tokens.

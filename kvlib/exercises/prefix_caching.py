@@ -1,4 +1,4 @@
-"""Exercises of notebook 20 (prefix caching across requests): checkers and solutions.
+"""Exercises of the prefix_caching lesson (prefix caching across requests): checkers and solutions.
 
 1. How many tokens a request can reuse, in full blocks, at several block sizes (a transfer
    to block sizes other than the notebook's), and when it repeats a cached prompt exactly.
@@ -40,7 +40,7 @@ BLOCK_SIZES = (16, 8, 64)
 
 def reusable_tokens(shared: int, cached_length: int, request_length: int,
                     block_size: int) -> int:
-    """Tokens a request reuses from a cached sequence (notebook 20): the full blocks of the
+    """Tokens a request reuses from a cached sequence (prefix_caching): the full blocks of the
     part it shares with the cached one (at most the cached sequence's full blocks), and
     never its own last token, which must run to give the logits."""
     usable = min(shared, cached_length, request_length - 1)
@@ -130,7 +130,7 @@ REORDERED_EXAMPLES = (     # the third: block 2 holds the same tokens in another
 
 
 def example_model() -> kvlib.Params:
-    """The toy with rotary positions (notebook 14) and 64 positions, as in the notebook."""
+    """The toy with rotary positions (positions_and_rope) and 64 positions, as in the notebook."""
     return kvlib.init_params(kvlib.ModelConfig(positions="rotary", context_length=64))
 
 
@@ -166,7 +166,7 @@ def _key(block_key, parent, tokens):
 
 def serve_with_block_key(block_key, requests, params=None, block_size: int = BLOCK_SIZE):
     """Serve requests one after the other through a dict-based prefix cache whose keys come
-    from block_key(parent_key, tokens) (notebook 20). The first block's parent is ROOT; the
+    from block_key(parent_key, tokens) (prefix_caching). The first block's parent is ROOT; the
     last token is never reused. Returns, per request, (tokens reused, its last token's
     logits (V,)). Raises KeyFunctionError if block_key fails or returns no usable key."""
     params = example_model() if params is None else params

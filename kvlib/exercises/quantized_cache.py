@@ -1,4 +1,4 @@
-"""Exercises of notebook 22 (the quantized KV cache): checkers and solutions.
+"""Exercises of the quantized_cache lesson (the quantized KV cache): checkers and solutions.
 
 1. Quantize a row by hand to int8, symmetric: scale = max|x| / 127, codes = round(x / scale)
    (a), then a second row with the same, fixed scale, where clipping matters (b). The

@@ -1,11 +1,11 @@
-"""Exercises of notebook 12 (a real model): checkers and solutions.
+"""Exercises of the real_model lesson (a real model): checkers and solutions.
 
 Exercise 1 is the offset bug of learned positions: a hand-written decode step that adds row
 0 of the position table (wpe[0]) to every new token, so that each one looks like the first
 token of a text. Nothing crashes; only the comparison with a full recomputation catches it.
 Exercise 2 sizes the cache of another GPT-2 (XL) from its config, a transfer of the
 notebook's formula. (Finding the head that decides a name, exercise 3 until the lesson was
-split, is exercise 1 of notebook 13, kvlib.exercises.what_the_heads_read.)
+split, is exercise 1 of the what_the_heads_read lesson, kvlib.exercises.what_the_heads_read.)
 """
 
 from __future__ import annotations

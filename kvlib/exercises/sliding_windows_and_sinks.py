@@ -1,4 +1,5 @@
-"""Exercises of notebook 17 (sliding windows and attention sinks): checkers and solutions.
+"""Exercises of the sliding_windows_and_sinks lesson (sliding windows and attention sinks): checkers
+and solutions.
 
 1. Transfer: which positions does one query of Mistral-7B see, with a window of 4096 and
    4 attention sinks added? The usual slips are off by one at the window's edge and

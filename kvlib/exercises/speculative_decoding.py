@@ -1,4 +1,4 @@
-"""Exercises of notebook 23 (speculative decoding): checkers and solutions.
+"""Exercises of the speculative_decoding lesson (speculative decoding): checkers and solutions.
 
 1. Tokens a round adds on average, for an acceptance rate and a k other than the lesson's
    (a transfer of the formula 1 + alpha + ... + alpha^k).

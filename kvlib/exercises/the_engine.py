@@ -1,4 +1,4 @@
-"""Exercises of notebook 24 (the engine): checkers and solutions.
+"""Exercises of the_engine lesson (the engine): checkers and solutions.
 
 1. A scheduling decision by hand: which requests the next step runs, and how many tokens each.
 2. Find the bug in a small engine: a prefix-cache lookup that lets a repeated prompt reuse all

@@ -1,10 +1,11 @@
-"""Exercises of notebook 13 (what the heads read): checkers and solutions.
+"""Exercises of the what_the_heads_read lesson (what the heads read): checkers and solutions.
 
 Exercise 1 finds, on the trained story model and another story of its grammar, the head that
 decides a forced name: the one that looks at the latest name (the other character's), so
-that the model answers by elimination (exercise 3 of notebook 12 before the lesson was split
-in two, unchanged). Exercise 2 measures how far back the song's copy head reads on that story,
-and turns it into the smallest sliding window (notebook 17) that would still hold it.
+that the model answers by elimination
+(exercise 3 of the real_model lesson before the lesson was split in two, unchanged). Exercise 2
+measures how far back the song's copy head reads on that story, and turns it into the smallest
+sliding window (sliding_windows_and_sinks) that would still hold it.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def check_name_head(answer) -> Feedback:
 
 COPY_HEAD = (2, 0)
 """(layer, head) of the song's copy head, counted from 0: song_copy_head in
-kvlib/models/stories/measured.json, and what notebook 13 measures."""
+kvlib/models/stories/measured.json, and what the what_the_heads_read lesson measures."""
 NAME_HEAD = (1, 3)
 """(layer, head) of the head that decides a name: latest_name_head in measured.json."""
 
@@ -170,8 +171,8 @@ def copy_window() -> int:
 @checker
 def check_copy_window(answer) -> Feedback:
     """Exercise 2: the smallest sliding window W (the query and the W - 1 positions before
-    it, notebook 17) that still holds every position the copy head reads most, from the
-    query before each repeated song sound of the exercise's story."""
+    it, the sliding_windows_and_sinks lesson) that still holds every position the copy head reads
+    most, from the query before each repeated song sound of the exercise's story."""
     value = read_whole_number(answer, "a window size, in positions")
     if isinstance(value, Feedback):
         return value

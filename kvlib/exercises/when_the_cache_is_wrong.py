@@ -1,4 +1,5 @@
-"""Exercises of notebook 25 (when the cache is wrong): checkers and solutions.
+"""Exercises of the when_the_cache_is_wrong lesson (when the cache is wrong): checkers and
+solutions.
 
 1. A learner's decode loop writes the wrong text: find with the locator where it first parts
    from recomputation, and which position it gave the new token.

@@ -1,4 +1,4 @@
-"""Exercises of notebook 10 (where the time goes): checkers and solutions.
+"""Exercises of the where_time_goes lesson (where the time goes): checkers and solutions.
 
 1. A roofline prediction: how long a GPT-2-small decode step takes on a given machine (the
    time per output token).

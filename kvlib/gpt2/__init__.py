@@ -1,6 +1,6 @@
-"""GPT-2 in kvlib (notebooks 12-13): its weights, its tokenizer, and the file format, under
-one name. The code lives with the other checkpoint formats in kvlib.checkpoints and with
-SmolLM2's tokenizer in kvlib.bpe; kvlib/gpt2/data/ holds GPT-2's vocabulary files.
+"""GPT-2 in kvlib (real_model and what_the_heads_read): its weights, its tokenizer, and the file
+format, under one name. The code lives with the other checkpoint formats in kvlib.checkpoints and
+with SmolLM2's tokenizer in kvlib.bpe; kvlib/gpt2/data/ holds GPT-2's vocabulary files.
 
 - `load(directory, dtype)` turns a GPT-2 checkpoint folder (the model hub's layout:
   config.json + model.safetensors) into kvlib params, memory-mapped; `save` writes one.

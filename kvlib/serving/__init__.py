@@ -1,23 +1,23 @@
-"""Serving many sequences from one memory (notebooks 19-23): above kvlib's caches and
-inference, never imported by them.
+"""Serving many sequences from one memory (paged_cache to speculative_decoding): above kvlib's
+caches and inference, never imported by them.
 
 - blocks.BlockAllocator and paged.PagedKVCache: the paged cache, block tables, reference
-  counts and copy-on-write (notebook 19).
+  counts and copy-on-write (paged_cache).
 - memory_plan (contiguous reservations against paged blocks, for a mix of requests) and
-  pool_timeline.PoolTimeline (requests served step by step from one pool) (notebook 19).
+  pool_timeline.PoolTimeline (requests served step by step from one pool) (paged_cache).
 - prefix.PrefixCache and prefix.PrefixServer: prefix caching across requests, block keys
-  chained through their parents, LRU eviction (notebook 20).
-- batch: several sequences decoded in one step, ragged or padded (notebook 21);
-  scheduler: static and continuous batching of a stream of requests (notebook 21; its own
+  chained through their parents, LRU eviction (prefix_caching).
+- batch: several sequences decoded in one step, ragged or padded (batched_decoding);
+  scheduler: static and continuous batching of a stream of requests (batched_decoding; its own
   scheduler.Request carries an id and an arrival in steps or seconds).
 - quantized.QuantizedKVCache: K and V stored in 8, 4 or 2 bits with scales per token or per
-  channel (notebook 22).
+  channel (quantized_cache).
 - speculative: a draft proposes, the target verifies in one pass; the draft a small model,
-  the target's own first layers or prompt lookup (no model) (notebook 23).
+  the target's own first layers or prompt lookup (no model) (speculative_decoding).
 - engine.Engine: the serving loop built from the parts above, one step at a time (scheduling
   with a token budget, chunked prefill, preemption, prefix caching as blocks fill, one batched
   model step), on block_manager.BlockManager's pool, with block_attention reading the blocks
-  in place (notebook 24).
+  in place (the_engine).
 """
 
 from .batch import attend_padded, attend_per_sequence, batched_decode_step, padding_mask

@@ -1,4 +1,4 @@
-"""Several sequences decoded in one step (notebook 21): a batch.
+"""Several sequences decoded in one step (batched_decoding): a batch.
 
 Decoding B sequences one after the other multiplies every weight matrix by one row, B times:
 B matrix-vector products, each reading the whole matrix from memory. Decoding them together
@@ -70,7 +70,7 @@ def _config_differences(a: ModelConfig, b: ModelConfig) -> str:
 
 
 def check_batch(params: Params, token_ids, caches) -> np.ndarray:
-    """Validate a batch for one decode step (notebook 21): B token ids, B caches of the model
+    """Validate a batch for one decode step (batched_decoding): B token ids, B caches of the model
     of params, each holding its prompt, none full, no cache twice. Returns the ids (B,).
 
     A cache knows the config of the model that filled it, not the weights: a batch whose
@@ -129,7 +129,7 @@ def check_batch(params: Params, token_ids, caches) -> np.ndarray:
 
 
 def batch_positions(caches) -> np.ndarray:
-    """The position of each sequence's new token (notebook 21): len(cache) each, (B,)."""
+    """The position of each sequence's new token (batched_decoding): len(cache) each, (B,)."""
     return np.array([len(cache) for cache in _check_caches(caches)], dtype=np.intp)
 
 
@@ -149,7 +149,7 @@ def _check_config(config) -> ModelConfig:
 
 
 def embed_batch(params: Params, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The new tokens' rows (notebook 21): ids (B,) at positions (B,) -> X (B, d).
+    """The new tokens' rows (batched_decoding): ids (B,) at positions (B,) -> X (B, d).
 
     A lookup per row, as for a prompt; with learned positions (GPT-2) each row gets its own
     sequence's position, not its row number in the batch.
@@ -163,7 +163,7 @@ def embed_batch(params: Params, token_ids: np.ndarray, positions: np.ndarray) ->
 
 
 def sequence_masks(config: ModelConfig, caches, positions: np.ndarray) -> list:
-    """Which cached positions each new query may see (notebook 21): for sequence b a bool
+    """Which cached positions each new query may see (batched_decoding): for sequence b a bool
     (1, S_b), or None when it sees them all (no window). Read before any layer appends."""
     _check_config(config)
     caches = _check_caches(caches)
@@ -181,7 +181,7 @@ def sequence_masks(config: ModelConfig, caches, positions: np.ndarray) -> list:
 
 def attend_per_sequence(queries: np.ndarray, keys: list, values: list, masks: list,
                         config: ModelConfig) -> np.ndarray:
-    """Each sequence's query over its own cache, one sequence at a time (notebook 21).
+    """Each sequence's query over its own cache, one sequence at a time (batched_decoding).
 
     queries (B, d); keys[b] and values[b] (S_b, kv_width); masks[b] (1, S_b) or None
     -> the merged heads (B, d). Row b is kvlib.decode_step's attention for sequence b alone.
@@ -219,7 +219,7 @@ def _check_attend_arguments(queries, keys, values, masks, config) -> None:
 
 
 def padding_mask(lengths) -> np.ndarray:
-    """The mask of a left-padded batch of caches (notebook 21): lengths (B,) -> bool
+    """The mask of a left-padded batch of caches (batched_decoding): lengths (B,) -> bool
     (B, S_max), True where row b holds one of its S_b real positions.
 
     Padded on the left, sequence b's positions fill the last S_b columns, so every
@@ -239,7 +239,7 @@ def padding_mask(lengths) -> np.ndarray:
 
 def pad_left(rows: list, width: int) -> np.ndarray:
     """Sequences of rows (S_b, n) each, copied into one zero-filled array (B, width, n),
-    every sequence in its last S_b rows (notebook 21)."""
+    every sequence in its last S_b rows (batched_decoding)."""
     if not isinstance(rows, (list, tuple)) or not rows:
         raise TypeError(f"rows must be a non-empty list of arrays (S_b, n), got {rows!r:.80}")
     rows = [numbers(f"rows[{b}]", block, 2) for b, block in enumerate(rows)]
@@ -288,7 +288,7 @@ def attend_padded(queries: np.ndarray, keys: list, values: list, masks: list,
 
 def batched_decoder_block(X: np.ndarray, layer, config: ModelConfig, caches, layer_index: int,
                           masks: list, rotary=None, attend=attend_per_sequence) -> np.ndarray:
-    """One decoder block for a batch of decode steps (notebook 21): X (B, d) -> (B, d).
+    """One decoder block for a batch of decode steps (batched_decoding): X (B, d) -> (B, d).
 
     The block of kvlib.model.decoder_block, with the batch as its rows: the projections, the
     output projection and the MLP are one product each for the whole batch; row b's k and
@@ -330,7 +330,7 @@ def batched_decoder_block(X: np.ndarray, layer, config: ModelConfig, caches, lay
 
 
 def batched_decode_step(params: Params, token_ids, caches, *, attend=attend_per_sequence):
-    """One decode step for B sequences at once (notebook 21): token ids (B,), B caches ->
+    """One decode step for B sequences at once (batched_decoding): token ids (B,), B caches ->
     logits (B, V); each cache grows by one position.
 
     Row b equals kvlib.decode_step(params, token_ids[b], caches[b]) run alone, whatever the
@@ -361,7 +361,7 @@ def batched_decode_step(params: Params, token_ids, caches, *, attend=attend_per_
 
 
 def decode_each_alone(params: Params, token_ids, caches) -> np.ndarray:
-    """The reference (notebook 21): kvlib.decode_step for each sequence, one after the
+    """The reference (batched_decoding): kvlib.decode_step for each sequence, one after the
     other -> logits (B, V). B matrix-vector products per weight instead of one product."""
     from ..inference import decode_step
 
@@ -374,7 +374,7 @@ def decode_each_alone(params: Params, token_ids, caches) -> np.ndarray:
 
 
 def left_pad(prompts, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Prompts of different lengths as one batch, padded on the left (notebook 21; what
+    """Prompts of different lengths as one batch, padded on the left (batched_decoding; what
     transformers' tokenizers do with padding_side="left"): B lists of ids ->
     (ids (B, T), real (B, T) bool, True where a column holds a prompt's token).
 
@@ -404,7 +404,7 @@ def left_pad(prompts, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def padded_prompt_mask(real: np.ndarray) -> np.ndarray:
-    """The attention mask of a left-padded prompt batch (notebook 21): real (B, T) ->
+    """The attention mask of a left-padded prompt batch (batched_decoding): real (B, T) ->
     bool (B, T, T), [b, i, j] True when query i of prompt b may see key j.
 
     Causal, and no query sees a padded key (a column of padding is hidden in every row).
@@ -419,7 +419,7 @@ def padded_prompt_mask(real: np.ndarray) -> np.ndarray:
 
 
 def padded_prompt_positions(real: np.ndarray) -> np.ndarray:
-    """The position of every column of a left-padded prompt batch (notebook 21): real
+    """The position of every column of a left-padded prompt batch (batched_decoding): real
     (B, T) -> (B, T) ints, each prompt counting from 0 at its first real token (padding
     gets 0). transformers computes position_ids the same way, from the attention mask."""
     real = _check_real(real)

@@ -1,8 +1,8 @@
-"""Attention that reads a paged cache where it lies (notebook 24): block by block, merged
+"""Attention that reads a paged cache where it lies (the_engine): block by block, merged
 with an online softmax, instead of gathering every row into one array first.
 
-Notebook 19's paged cache gathers a sequence's rows out of its blocks into a contiguous copy
-(`PagedKVCache.keys`) and attends to the copy: every layer of every step copies the whole
+The paged_cache lesson's paged cache gathers a sequence's rows out of its blocks into a contiguous
+copy (`PagedKVCache.keys`) and attends to the copy: every layer of every step copies the whole
 cache once more. A paged attention kernel (vLLM's PagedAttention, FlashAttention's and
 flash-decoding's idea of splitting the keys) never makes that copy. It walks the block table,
 scores the queries against one block's keys in place, and keeps three running numbers per
@@ -32,8 +32,8 @@ from ..model import split_heads
 class OnlineSoftmax:
     """The running state of attention over blocks of keys, per query and head: m the largest
     score so far, l the sum of exp(score - m), acc the values weighted the same way (shapes
-    (kv, group, T, 1) and (kv, group, T, dh): the query heads in their K/V groups, notebook 15).
-    add(scores, V) takes one block; result() is acc / l.
+    (kv, group, T, 1) and (kv, group, T, dh): the query heads in their K/V groups, the
+    grouped_query_attention lesson). add(scores, V) takes one block; result() is acc / l.
 
     m starts at -inf, and exp(-inf - m') = 0 makes the first block's rescaling vanish. A
     hidden key (score -inf) weighs exp(-inf) = 0. Every query sees at least its own key, so
@@ -69,7 +69,7 @@ def block_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndarr
                     block_table, n_cached: int, new_keys: np.ndarray,
                     new_values: np.ndarray) -> np.ndarray:
     """Causal attention of T queries over a sequence's cached blocks and its T new rows,
-    reading each block in place (notebook 24) -> (h, T, dh).
+    reading each block in place (the_engine) -> (h, T, dh).
 
     Q (h, T, dh); positions (T,) the queries' positions (n_cached .. n_cached + T - 1);
     keys, values (n_blocks, block_size, kv x dh): one layer of the pool; block_table: the
@@ -97,7 +97,7 @@ def block_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndarr
 def gather_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndarray,
                      block_table, n_cached: int, new_keys: np.ndarray,
                      new_values: np.ndarray) -> np.ndarray:
-    """The reference (notebook 19's way): copy the cached rows out of their blocks into one
+    """The reference (paged_cache's way): copy the cached rows out of their blocks into one
     array, append the new rows, and attend with a causal mask -> (h, T, dh)."""
     from ..model import attention
 
@@ -114,7 +114,7 @@ def gather_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndar
 
 def attention_bytes(n_cached: int, width: int, itemsize: int, gather: bool) -> int:
     """Bytes one layer's attention moves for a sequence of n_cached cached positions
-    (notebook 24): reading its K and V rows once (in place), or, with a gather, reading them,
+    (the_engine): reading its K and V rows once (in place), or, with a gather, reading them,
     writing the contiguous copy and reading the copy again: three times as many."""
     once = 2 * n_cached * width * itemsize
     return 3 * once if gather else once

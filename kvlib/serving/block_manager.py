@@ -1,4 +1,4 @@
-"""The engine's pool of cache blocks, with prefix caching (notebook 24; what vLLM's
+"""The engine's pool of cache blocks, with prefix caching (the_engine; what vLLM's
 BlockPool and KVCacheManager do, in about a hundred lines, as nano-vllm's block_manager.py).
 
 Every block is in exactly one of three states:
@@ -30,7 +30,7 @@ from .prefix import ROOT_KEY, block_key
 
 
 class BlockManager:
-    """Blocks, their reference counts, and the prefix cache's keys (notebook 24)."""
+    """Blocks, their reference counts, and the prefix cache's keys (the_engine)."""
 
     def __init__(self, config: ModelConfig, n_blocks: int, block_size: int = 16,
                  enable_prefix_caching: bool = True):

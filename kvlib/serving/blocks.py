@@ -1,4 +1,4 @@
-"""Blocks of cache memory shared by many sequences (notebook 19; vLLM's PagedAttention).
+"""Blocks of cache memory shared by many sequences (paged_cache; vLLM's PagedAttention).
 
 A serving engine does not reserve a sequence's whole context up front. It cuts the cache's
 memory into blocks of block_size positions and hands them out as tokens arrive: a sequence's

@@ -1,5 +1,6 @@
-"""The engine (notebook 24): one serving loop built from the parts of notebooks 19-23, with
-vLLM's words (`LLM`'s engine, `SamplingParams`, `add_request`, `step`).
+"""The engine (the_engine): one serving loop built from the parts of the paged_cache to
+speculative_decoding lessons, with vLLM's words
+(`LLM`'s engine, `SamplingParams`, `add_request`, `step`).
 
 Every step does four things, the loop that vLLM's V1 scheduler, SGLang's and nano-vllm's run:
 
@@ -22,7 +23,7 @@ Every step does four things, the loop that vLLM's V1 scheduler, SGLang's and nan
 
 `engine.last_step` says what a step did (who was scheduled, how many tokens each, who was
 preempted, which blocks were hit, taken, freed and evicted) and `engine.stats` counts since
-the engine was made: what notebook 24's widget draws.
+the engine was made: what the_engine lesson's widget draws.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from .block_manager import BlockManager
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How a request is decoded (vLLM's SamplingParams, the fields notebook 24 needs):
+    """How a request is decoded (vLLM's SamplingParams, the fields the_engine lesson needs):
     max_tokens new tokens at most; temperature 0 for greedy, otherwise sampled with a
     generator seeded by seed; generation also stops after any of stop_token_ids."""
 
@@ -119,10 +120,10 @@ class RequestOutput:
 
 @dataclass
 class StepRecord:
-    """What one step did (engine.last_step, for notebook 24): scheduled_tokens {id: tokens},
-    prefill_chunks {id: (first position, tokens)} and decodes [ids] among them, preempted,
-    finished, and the blocks hit (prefix cache), taken, freed and evicted; seconds, how long
-    the step took on this machine."""
+    """What one step did (engine.last_step, for the_engine lesson): scheduled_tokens
+    {id: tokens}, prefill_chunks {id: (first position, tokens)} and decodes [ids] among them,
+    preempted, finished, and the blocks hit (prefix cache), taken, freed and evicted; seconds, how
+    long the step took on this machine."""
 
     step: int
     seconds: float = 0.0
@@ -138,7 +139,7 @@ class StepRecord:
 
 
 class Engine:
-    """A small serving engine over one model (notebook 24).
+    """A small serving engine over one model (the_engine).
 
     Engine(params, block_size=16, n_blocks=..., max_num_batched_tokens=..., max_num_seqs=...,
     enable_prefix_caching=True, enable_chunked_prefill=True). add_request(prompt_ids,
@@ -433,9 +434,10 @@ class Engine:
 
 
 class StaticBatchingEngine(Engine):
-    """The engine with static batching instead of continuous batching (notebooks 21, 24):
-    waiting requests are admitted only when no request runs, whole prompts at once, and the
-    batch runs until its last request finishes. Everything else is the Engine's."""
+    """The engine with static batching instead of continuous batching
+    (batched_decoding and the_engine): waiting requests are admitted only when no request runs,
+    whole prompts at once, and the batch runs until its last request finishes. Everything else is
+    the Engine's."""
 
     def __init__(self, params: Params, **options):
         super().__init__(params, **(options | {"enable_chunked_prefill": False}))
@@ -447,7 +449,7 @@ class StaticBatchingEngine(Engine):
 
 
 def summarize(engine: Engine, request_ids) -> dict[str, float]:
-    """The service a workload got (notebook 24), as medians over its requests: time to first
+    """The service a workload got (the_engine), as medians over its requests: time to first
     token (TTFT) and time per output token after it (TPOT), in steps and in this machine's
     seconds, and throughput: output tokens per step and per second, over the whole run."""
     if not isinstance(engine, Engine):
@@ -486,7 +488,7 @@ def summarize(engine: Engine, request_ids) -> dict[str, float]:
 # ---------------------------------------------------------------------------------- the model
 
 def forward_step(params: Params, allocator: BlockManager, batch):
-    """One batched pass over every scheduled token (notebook 24): batch [(request, n_new)]
+    """One batched pass over every scheduled token (the_engine): batch [(request, n_new)]
     -> ({request id: logits (V,)} for each request whose tokens reach their end, the new
     K and V rows [(layer, blocks, slots, K, V)] to write into the pool afterwards).
 

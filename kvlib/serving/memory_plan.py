@@ -1,4 +1,4 @@
-"""What a contiguous cache reserves against what a paged cache uses (notebook 19).
+"""What a contiguous cache reserves against what a paged cache uses (paged_cache).
 
 A server that gives every request one contiguous buffer must size it before the request
 runs, and it cannot know how many tokens the model will generate: it reserves the longest
@@ -51,7 +51,7 @@ class Request:
 
 def request_mix(n_requests: int, max_length: int, seed: int = 0, mean_gap: float = 0.0,
                 shortest: int | None = None) -> list[Request]:
-    """A seeded mix of n_requests requests (notebook 19; benchmarks/paged_memory.py).
+    """A seeded mix of n_requests requests (paged_cache; benchmarks/paged_memory.py).
 
     Prompt and output lengths are each drawn log-uniformly between shortest (by default
     max_length // 64, at least 1) and max_length // 2, so that short requests are common and
@@ -103,7 +103,7 @@ def slack(n_tokens: int, block_size: int) -> int:
 
 @dataclass(frozen=True)
 class PagedMemory:
-    """Memory of a set of sequences held at once, at one block size (notebook 19).
+    """Memory of a set of sequences held at once, at one block size (paged_cache).
 
     used: positions really written; paged: positions in the blocks a paged cache takes;
     reserved: positions a contiguous cache reserves (max_length for every sequence).
@@ -163,7 +163,7 @@ def _lengths(lengths) -> list[int]:
 def paged_memory(lengths, block_size: int, max_length: int,
                  bytes_per_position: int = 1) -> PagedMemory:
     """Used, paged and reserved memory of sequences of the given lengths (or Requests, at
-    their full length), held at once (notebook 19). bytes_per_position is K and V of every
+    their full length), held at once (paged_cache). bytes_per_position is K and V of every
     layer for one position (kvlib.config_cache_bytes(config, 1), or
     ModelPreset.kv_bytes_per_token())."""
     lengths = _lengths(lengths)
@@ -184,7 +184,7 @@ def paged_memory(lengths, block_size: int, max_length: int,
 
 def memory_table(lengths, block_sizes, max_length: int,
                  bytes_per_position: int = 1) -> list[PagedMemory]:
-    """paged_memory at each block size, in the order given (notebook 19)."""
+    """paged_memory at each block size, in the order given (paged_cache)."""
     if isinstance(block_sizes, (str, bytes)) or not hasattr(block_sizes, "__iter__") or \
             (isinstance(block_sizes, np.ndarray) and block_sizes.ndim != 1):
         raise TypeError(f"block_sizes must be a list of whole numbers, got "
@@ -202,7 +202,7 @@ def memory_table(lengths, block_sizes, max_length: int,
 def parallel_sampling_blocks(prompt_length: int, new_tokens: int, n_samples: int,
                              block_size: int) -> int:
     """Blocks in use after n_samples continuations of one prompt, new_tokens cached each,
-    when they share the prompt's blocks (notebook 19, PagedKVCache.fork).
+    when they share the prompt's blocks (paged_cache, PagedKVCache.fork).
 
     The prompt's full blocks stay shared. Its partly filled last block is copied by every
     sample that writes into it but the last one still holding it (copy-on-write), so from
@@ -231,7 +231,7 @@ def separate_sampling_blocks(prompt_length: int, new_tokens: int, n_samples: int
 
 class ContiguousArena:
     """A memory of n_positions cache positions in which every request reserves one
-    contiguous run, placed first fit (notebook 19): what a server without paging does.
+    contiguous run, placed first fit (paged_cache): what a server without paging does.
 
     owners[i] is the request holding position i, or -1. When requests of different sizes
     come and go, the free positions end up scattered between the reservations (external

@@ -1,4 +1,4 @@
-"""One sequence's cache in a shared pool of blocks (notebook 19; vLLM's block tables).
+"""One sequence's cache in a shared pool of blocks (paged_cache; vLLM's block tables).
 
 A PagedKVCache has the interface of every kvlib cache, so kvlib.prefill and
 kvlib.decode_step run on it unchanged. Position p of the sequence lives in block
@@ -156,7 +156,7 @@ class PagedKVCache(BaseKVCache):
     @classmethod
     def on_blocks(cls, allocator: BlockAllocator, blocks, length: int) -> PagedKVCache:
         """A sequence whose first `length` positions are already in these blocks, taking one
-        more reference to each (notebook 19: a fork; notebook 20: a cached prefix)."""
+        more reference to each (paged_cache: a fork; the prefix_caching lesson: a cached prefix)."""
         if not isinstance(allocator, BlockAllocator):
             raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
         if not isinstance(blocks, (list, tuple)):
@@ -177,7 +177,7 @@ class PagedKVCache(BaseKVCache):
         return cache
 
     def fork(self) -> PagedKVCache:
-        """A second sequence with the same positions, sharing every block (notebook 19)."""
+        """A second sequence with the same positions, sharing every block (paged_cache)."""
         self._checked_table()
         child = PagedKVCache.on_blocks(self.allocator, self.block_table, len(self))
         child.token_ids = None if self.token_ids is None else list(self.token_ids)

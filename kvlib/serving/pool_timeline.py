@@ -1,5 +1,5 @@
 """Requests arriving, decoding and finishing in one pool of blocks, step by step
-(notebook 19's widget and its measurements over time).
+(paged_cache's widget and its measurements over time).
 
 A PoolTimeline runs the real model: every request is prefilled into a PagedKVCache of one
 shared BlockAllocator when it arrives and blocks are free, decodes one token per step, and

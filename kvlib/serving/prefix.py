@@ -1,10 +1,10 @@
-"""Prefix caching across requests (notebook 20; vLLM's automatic prefix caching, SGLang's
+"""Prefix caching across requests (prefix_caching; vLLM's automatic prefix caching, SGLang's
 RadixAttention).
 
 Many requests start alike: the same system prompt, the same document, the earlier turns of a
 chat. The causal mask makes position p's K and V depend on tokens 0 .. p only, so requests
 that share their first n tokens have the same K and V there, and a server can keep them in
-its block pool (notebook 19) after a request ends and hand them to the next one:
+its block pool (paged_cache) after a request ends and hand them to the next one:
 
 - only full blocks are kept: a partly filled block still belongs to the sequence writing it;
 - each block is keyed by its parent's key and its own tokens, as vLLM's block hashes are.
@@ -94,7 +94,7 @@ def _check_token_ids(ids: list[int], cache: PagedKVCache) -> None:
 
 
 def block_key(parent_key: bytes, tokens) -> bytes:
-    """The key of one full block (notebook 20; vLLM's block hash): the SHA-256 digest of its
+    """The key of one full block (prefix_caching; vLLM's block hash): the SHA-256 digest of its
     parent's key and its token ids, 32 bytes.
 
     The parent's key stands for every token before the block, so two blocks get the same key
@@ -111,7 +111,7 @@ def block_key(parent_key: bytes, tokens) -> bytes:
 
 
 def block_keys(ids, block_size: int) -> list[bytes]:
-    """Keys of the full blocks of a sequence, in order (notebook 20): len(ids) // block_size
+    """Keys of the full blocks of a sequence, in order (prefix_caching): len(ids) // block_size
     of them; a partly filled last block has no key, it is never shared."""
     ids = _token_ids(ids, "ids")
     if isinstance(block_size, bool) or not isinstance(block_size, Integral) or block_size < 1:
@@ -126,7 +126,7 @@ def block_keys(ids, block_size: int) -> list[bytes]:
 
 @dataclass(eq=False)
 class CachedBlock:
-    """One block the prefix cache keeps (notebook 20): the pool block that holds the K and V
+    """One block the prefix cache keeps (prefix_caching): the pool block that holds the K and V
     of `tokens`, the block at place `depth` of every sequence that starts with this prefix
     (positions depth x block_size onwards), its parent's key, how many requests reused it
     (hits) and when it was last used (the cache's clock: one tick per admission or insertion).
@@ -153,7 +153,7 @@ class CachedBlock:
 
 
 class PrefixCache:
-    """Which blocks of a BlockAllocator hold the K and V of which prefixes (notebook 20).
+    """Which blocks of a BlockAllocator hold the K and V of which prefixes (prefix_caching).
 
     match(ids) finds the longest cached prefix of a request in whole blocks, reusable(ids)
     the part of it a request may reuse (all but its last token), attach(blocks) starts a
@@ -276,7 +276,7 @@ class PrefixCache:
             entry.last_used = self.clock
 
     def cache_full_blocks(self, ids, cache: PagedKVCache) -> list[CachedBlock]:
-        """Cache the full blocks of a running sequence that are not cached yet (notebook 20),
+        """Cache the full blocks of a running sequence that are not cached yet (prefix_caching),
         at the current tick, and return them: call it after a prefill and whenever a decode
         step fills a block, as vLLM and SGLang do, so that a request admitted while this one
         still runs can reuse them.
@@ -440,7 +440,7 @@ class PrefixCache:
 
 @dataclass(frozen=True, eq=False)
 class Admission:
-    """What admitting one request did (notebook 20): the cached blocks it reused (block ids,
+    """What admitting one request did (prefix_caching): the cached blocks it reused (block ids,
     in its block table's order), the blocks evicted to make room for the rest, the logits
     of its last token, (1, V), which choose its first new token, and the blocks it cached:
     its prompt's full blocks that were not cached yet, reusable from now on."""
@@ -471,7 +471,7 @@ class RunningRequest:
 
 
 class PrefixServer:
-    """Requests served from one block pool with a prefix cache (notebook 20).
+    """Requests served from one block pool with a prefix cache (prefix_caching).
 
     admit(ids) looks the request up, starts its PagedKVCache on the reused blocks, evicts
     what the rest needs, prefills only the rest and caches the prompt's full blocks at once;

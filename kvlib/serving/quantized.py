@@ -1,4 +1,4 @@
-"""Keys and values stored in a few bits (notebook 22; KIVI, vLLM's --kv-cache-dtype).
+"""Keys and values stored in a few bits (quantized_cache; KIVI, vLLM's --kv-cache-dtype).
 
 Symmetric quantization: a group of numbers x shares one scale s = max|x| / q_max, with
 q_max = 2**(bits - 1) - 1 (127 for int8, 7 for int4, 1 for int2). Each number is stored as
@@ -67,13 +67,13 @@ def _as_float_array(x, name: str = "x") -> np.ndarray:
 # ---------------------------------------------------------------------------------- numbers
 
 def max_code(bits: int) -> int:
-    """The largest code of symmetric quantization (notebook 22): 2**(bits - 1) - 1, so
+    """The largest code of symmetric quantization (quantized_cache): 2**(bits - 1) - 1, so
     127 for int8, 7 for int4, 1 for int2. Codes run from -max_code to max_code."""
     return 2 ** (_check_bits(bits) - 1) - 1
 
 
 def symmetric_scales(x, bits: int, axis: int) -> np.ndarray:
-    """One scale per group of numbers (notebook 22): max|x| along axis / max_code(bits).
+    """One scale per group of numbers (quantized_cache): max|x| along axis / max_code(bits).
 
     x (n, w) with axis=1 gives a scale per row (n, 1); axis=0 a scale per column (1, w).
     Stored in float16 and rounded up, never down, so that |x| / s never exceeds max_code.
@@ -112,7 +112,7 @@ def _as_scales(scales, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def quantize(x, scales, bits: int) -> np.ndarray:
-    """Codes of x (notebook 22): round(x / scales) clipped to +-max_code(bits), int8 of x's
+    """Codes of x (quantized_cache): round(x / scales) clipped to +-max_code(bits), int8 of x's
     shape. scales broadcast against x (a scale per row (n, 1) or per column (1, w))."""
     limit = max_code(bits)
     x = _as_float_array(x)
@@ -124,7 +124,7 @@ def quantize(x, scales, bits: int) -> np.ndarray:
 
 
 def dequantize(codes, scales, dtype="float64") -> np.ndarray:
-    """What quantized numbers are read back as (notebook 22): codes x scales, in dtype."""
+    """What quantized numbers are read back as (quantized_cache): codes x scales, in dtype."""
     codes = _codes(codes)
     if isinstance(dtype, str) and dtype not in ("float16", "float32", "float64"):
         raise TypeError(f"dtype must be a float dtype such as 'float32', got {dtype!r}")
@@ -151,7 +151,7 @@ def dequantize(codes, scales, dtype="float64") -> np.ndarray:
 
 
 def round_trip(x, bits: int, axis: int) -> np.ndarray:
-    """x quantized with one scale per group along axis and read back (notebook 22)."""
+    """x quantized with one scale per group along axis and read back (quantized_cache)."""
     scales = symmetric_scales(x, bits, axis)
     return dequantize(quantize(x, scales, bits), scales)
 
@@ -164,7 +164,7 @@ def packed_width(width: int, bits: int) -> int:
 
 
 def pack_codes(codes, bits: int) -> np.ndarray:
-    """Codes (..., w) -> bytes (..., packed_width(w, bits)), uint8 (notebook 22).
+    """Codes (..., w) -> bytes (..., packed_width(w, bits)), uint8 (quantized_cache).
 
     Each code is offset by 2**(bits - 1) to a whole number 1 .. 2**bits - 1 and written into
     its own `bits` bits of a byte, the first code in the lowest bits; a row whose width is
@@ -256,7 +256,7 @@ def _check_truncate(grouping, length: int, n: int) -> None:
 
 @dataclass(frozen=True)
 class PerToken:
-    """One scale per cached row (notebook 22): a token's K (or V) in one layer, over all
+    """One scale per cached row (quantized_cache): a token's K (or V) in one layer, over all
     its K/V heads. A row can be quantized the moment it arrives (residual=0, the default).
 
     With residual=R, the newest R rows are held in full precision, and each row is quantized
@@ -311,7 +311,7 @@ class PerToken:
 
 @dataclass(frozen=True)
 class PerChannel:
-    """One scale per column over each group of group_size positions (notebook 22).
+    """One scale per column over each group of group_size positions (quantized_cache).
 
     The newest rows are held in full precision until `residual` of them have arrived (R, a
     multiple of group_size G; by default R = G); then all R are quantized, G rows at a time,
@@ -496,7 +496,7 @@ def _check_grouping(name: str, grouping):
 
 
 class QuantizedKVCache(BaseKVCache):
-    """A contiguous cache whose K and V are stored in a few bits (notebook 22).
+    """A contiguous cache whose K and V are stored in a few bits (quantized_cache).
 
     keys and values are groupings, chosen separately: PerToken(bits, residual) or
     PerChannel(bits, group_size, residual). The default is KIVI's axes at 8 bits, keys per
@@ -556,7 +556,7 @@ class QuantizedKVCache(BaseKVCache):
         return self.keys(layer), self.values(layer)
 
     def truncate(self, n: int) -> None:
-        """Keep positions 0 .. n-1 (notebook 23), to exactly the state the cache had then;
+        """Keep positions 0 .. n-1 (speculative_decoding), to exactly the state the cache had then;
         refused when rows that n positions held in full precision are quantized since (per
         channel: cut to a multiple of the residual or within it; per token with a residual:
         only while at most R positions are held)."""
@@ -586,7 +586,7 @@ class QuantizedKVCache(BaseKVCache):
 
 def quantized_cache_bytes(config: ModelConfig, n_positions: int, keys, values,
                           residual_bytes: int | None = None) -> int:
-    """Bytes of a QuantizedKVCache after n_positions (notebook 22): per layer, K's codes,
+    """Bytes of a QuantizedKVCache after n_positions (quantized_cache): per layer, K's codes,
     scales and residual rows plus V's. residual_bytes (a number of the full-precision
     residual) defaults to the config's dtype; a real engine keeps it in float16 (2)."""
     if not isinstance(config, ModelConfig):
@@ -599,7 +599,7 @@ def quantized_cache_bytes(config: ModelConfig, n_positions: int, keys, values,
 
 
 def bytes_per_token(n_layers: int, width: int, keys, values) -> float:
-    """Bytes one position adds to a quantized cache once its groups are full (notebook 22):
+    """Bytes one position adds to a quantized cache once its groups are full (quantized_cache):
     layers x (K's codes and scale share + V's), for rows of width = kv_heads x head_dim."""
     keys, values = _check_grouping("keys", keys), _check_grouping("values", values)
     return count("n_layers", n_layers, 1) * (keys.bytes_per_token(width)
@@ -609,7 +609,7 @@ def bytes_per_token(n_layers: int, width: int, keys, values) -> float:
 # ---------------------------------------------------------------------------------- outliers
 
 def with_outlier_key_channels(params: Params, channels, factor: float, layers=None) -> Params:
-    """The same model with outlier key channels (notebook 22): in each of the given layers
+    """The same model with outlier key channels (quantized_cache): in each of the given layers
     (all by default), key channels `channels` (columns of K, 0 .. kv_width - 1) multiplied
     by factor, and the query columns that meet them divided by it.
 
@@ -672,7 +672,7 @@ def with_outlier_key_channels(params: Params, channels, factor: float, layers=No
 
 def decoded_logits(params: Params, ids, cache: BaseKVCache, prompt_length: int = 1
                    ) -> np.ndarray:
-    """Logits of every position as generation sees them (notebook 22): the first
+    """Logits of every position as generation sees them (quantized_cache): the first
     prompt_length ids prefilled, then each later id fed by kvlib.decode_step (teacher
     forcing), into the given empty cache: ids (T,) -> logits (T, V). Row t predicts id t+1."""
     ids = check_ids(ids, params)
@@ -686,7 +686,7 @@ def decoded_logits(params: Params, ids, cache: BaseKVCache, prompt_length: int =
 
 
 def greedy_tokens(params: Params, prompt, n_new: int, cache: BaseKVCache) -> list[int]:
-    """Greedy decoding of n_new tokens after prompt, on the given empty cache (notebook 22):
+    """Greedy decoding of n_new tokens after prompt, on the given empty cache (quantized_cache):
     kvlib.generate with a cache of one's choosing. Returns the new ids."""
     prompt = check_ids(prompt, params)
     n_new = whole_number("n_new", n_new, 1)
@@ -798,7 +798,7 @@ def measure_quality(params: Params, sequences, keys, values, reference=None) -> 
 
 
 def quantization_step(x, bits: int, axis: int) -> np.ndarray:
-    """The quantization step of every number of x (notebook 22): its group's stored scale,
+    """The quantization step of every number of x (quantized_cache): its group's stored scale,
     broadcast to x's shape. The round trip error of each number is at most half of it."""
     x = _as_float_array(x)
     return np.broadcast_to(symmetric_scales(x, bits, axis).astype(np.float64), x.shape)

@@ -1,4 +1,4 @@
-"""Which requests run in each step (notebook 21): static batching against continuous batching.
+"""Which requests run in each step (batched_decoding): static batching against continuous batching.
 
 A server receives requests at any time, each with a prompt and a number of tokens to generate.
 Every step of the model runs one batch: the requests admitted in that step are prefilled (their
@@ -46,7 +46,7 @@ from .batch import attend_per_sequence, batched_decode_step
 
 @dataclass(frozen=True)
 class Request:
-    """One request (notebook 21): it arrives at `arrival` (a model step, or seconds), brings
+    """One request (batched_decoding): it arrives at `arrival` (a model step, or seconds), brings
     a prompt of prompt_length tokens and wants output_length new tokens (the first comes
     from its prefill, each other one from a decode step)."""
 
@@ -69,7 +69,7 @@ class Request:
 
 
 def arrivals_in_seconds(requests, seconds_per_step: float) -> tuple[Request, ...]:
-    """The requests with their arrival steps turned into seconds (notebook 21's benchmark):
+    """The requests with their arrival steps turned into seconds (batched_decoding's benchmark):
     arrival x seconds_per_step, so that a workload keeps its shape on a clock of seconds."""
     requests = _check_requests(requests)
     if isinstance(seconds_per_step, bool) or not isinstance(seconds_per_step, Real):
@@ -90,7 +90,7 @@ def _check_range(name: str, bounds) -> tuple[int, int]:
 
 def make_workload(n_requests: int = 12, seed: int = 0, mean_gap: float = 2.0,
                   prompt_lengths=(4, 16), output_lengths=(2, 20)) -> tuple[Request, ...]:
-    """A seeded stream of requests (notebook 21): arrivals a random number of steps apart
+    """A seeded stream of requests (batched_decoding): arrivals a random number of steps apart
     (exponential gaps of mean mean_gap, rounded down to whole steps: a Poisson stream), the
     first at step 0; prompt and output lengths uniform between their (shortest, longest).
     The same seed gives the same requests."""
@@ -132,7 +132,7 @@ def _check_requests(requests) -> tuple[Request, ...]:
 
 
 def first_come_first_served(waiting, free_slots: int, token_budget: int | None) -> list:
-    """The waiting requests that enter now (notebook 21): in order of arrival (then id), as
+    """The waiting requests that enter now (batched_decoding): in order of arrival (then id), as
     many as free_slots allows and, with a token budget, as long as their prompts fit in it.
     Stops at the first that does not fit: a later request never overtakes it."""
     waiting = _request_list("waiting", waiting)
@@ -183,7 +183,7 @@ class _Policy:
 
 
 class StaticBatching(_Policy):
-    """Form a batch only when the previous one has finished entirely (notebook 21): up to
+    """Form a batch only when the previous one has finished entirely (batched_decoding): up to
     max_batch waiting requests, first come first served, then none until all are done.
     transformers' generate on a list of prompts is this: one batch, run to its end."""
 
@@ -196,7 +196,7 @@ class StaticBatching(_Policy):
 
 
 class ContinuousBatching(_Policy):
-    """Re-form the batch every step (notebook 21; Orca's iteration-level scheduling): finished
+    """Re-form the batch every step (batched_decoding; Orca's iteration-level scheduling): finished
     requests leave after their last token, and waiting requests fill the free slots in the
     next step, first come first served. Each running request's decode takes one token of
     the step's budget."""
@@ -215,7 +215,7 @@ class ContinuousBatching(_Policy):
 
 @dataclass(frozen=True)
 class Step:
-    """One model step (notebook 21): from start to end; `admitted` were prefilled in it (and
+    """One model step (batched_decoding): from start to end; `admitted` were prefilled in it (and
     got their first token), `decoded` got one more token each, `finished` left after it."""
 
     index: int
@@ -236,7 +236,7 @@ class Step:
 
 
 class Timeline:
-    """What serve() did (notebook 21): its steps, and for every request when it arrived, was
+    """What serve() did (batched_decoding): its steps, and for every request when it arrived, was
     admitted, got its first token and finished. Times are in the unit of the requests'
     arrivals: model steps, or seconds.
 
@@ -334,7 +334,7 @@ class Timeline:
                 "mean_latency": float(np.mean([self.latency(i) for i in ids]))}
 
     def state_at(self, time_now: float) -> dict[int, str]:
-        """Each request's state at a time (notebook 21's widget): 'not arrived', 'waiting',
+        """Each request's state at a time (batched_decoding's widget): 'not arrived', 'waiting',
         'running' or 'finished'."""
         time_now = _time(time_now)
         states = {}
@@ -366,7 +366,7 @@ def _time(time_now) -> float:
 
 
 def serve(requests, policy: _Policy, execute=None) -> Timeline:
-    """Run a policy over requests, step by step (notebook 21) -> Timeline.
+    """Run a policy over requests, step by step (batched_decoding) -> Timeline.
 
     Each step: the requests that have arrived join the waiting queue; the policy admits some
     of them; the step runs (the admitted are prefilled, the others decode one token); those
@@ -430,7 +430,7 @@ def serve(requests, policy: _Policy, execute=None) -> Timeline:
 
 
 def random_prompts(requests, vocab_size: int, seed: int = 0) -> dict[int, list[int]]:
-    """Seeded token ids for every request's prompt (notebook 21): {id: prompt_length ids}."""
+    """Seeded token ids for every request's prompt (batched_decoding): {id: prompt_length ids}."""
     requests = _check_requests(requests)
     vocab_size = count("vocab_size", vocab_size, 1)
     rng = np.random.default_rng(whole_number("seed", seed, 0))
@@ -438,7 +438,7 @@ def random_prompts(requests, vocab_size: int, seed: int = 0) -> dict[int, list[i
 
 
 class ModelRunner:
-    """Runs serve()'s steps with a model (notebook 21): each admitted request is prefilled
+    """Runs serve()'s steps with a model (batched_decoding): each admitted request is prefilled
     into its own cache (kvlib.prefill; its first token), the requests already running decode
     one token each in one batched_decode_step. Greedy tokens; `outputs[id]` collects them.
     Calling it runs a step and returns the seconds it took (time.perf_counter); step() runs it

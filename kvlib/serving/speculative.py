@@ -1,11 +1,11 @@
-"""Speculative decoding (notebook 23; Leviathan et al. 2023, Chen et al. 2023).
+"""Speculative decoding (speculative_decoding; Leviathan et al. 2023, Chen et al. 2023).
 
-A decode step of a large model reads all of its weights to produce one token (notebook 10);
+A decode step of a large model reads all of its weights to produce one token (where_time_goes);
 a pass over k + 1 tokens reads them once too, and costs little more. So a small draft model
 guesses the next k tokens with its own cached decode, and the target checks all k guesses in
 one pass: a chunked prefill of the last token and the k guesses, continuing its cache (the
-mask aligned to the end, notebook 08). Its k + 1 rows of logits say what the target itself
-would choose after each prefix. The guesses up to the first one the target rejects are kept,
+mask aligned to the end, the kv_cached_decode lesson). Its k + 1 rows of logits say what the target
+itself would choose after each prefix. The guesses up to the first one the target rejects are kept,
 then one token of the target's own (at the rejection, or a bonus token after the last row
 when all k pass), and both caches are truncated back to what was kept (cache.truncate).
 
@@ -84,7 +84,7 @@ def check_model(name: str, params: Params) -> None:
 
 
 def check_pair(target: Params, draft: Params) -> None:
-    """Refuse a target and a draft that cannot work together, saying why (notebook 23)."""
+    """Refuse a target and a draft that cannot work together, saying why (speculative_decoding)."""
     check_model("target", target)
     check_model("draft", draft)
     if target.config.vocab_size != draft.config.vocab_size:
@@ -123,7 +123,7 @@ def _pair_of_distributions(p, q) -> tuple[np.ndarray, np.ndarray]:
 # -------------------------------------------------------------------------- the rule
 
 def acceptance_probability(p, q, token: int) -> float:
-    """The chance that a proposed token is kept (notebook 23): min(1, p(x) / q(x)).
+    """The chance that a proposed token is kept (speculative_decoding): min(1, p(x) / q(x)).
 
     p (V,) is the target's distribution, q (V,) the draft's, x the token the draft drew from
     q. A token the target likes at least as much as the draft is always kept; one it likes
@@ -141,7 +141,7 @@ def acceptance_probability(p, q, token: int) -> float:
 
 
 def residual_distribution(p, q) -> np.ndarray:
-    """Where the target's token comes from after a rejection (notebook 23): max(0, p - q),
+    """Where the target's token comes from after a rejection (speculative_decoding): max(0, p - q),
     normalised, (V,).
 
     It holds the probability the target gives beyond what the draft's proposals already
@@ -156,7 +156,7 @@ def residual_distribution(p, q) -> np.ndarray:
 
 
 def certain(token: int, vocab_size: int) -> np.ndarray:
-    """The distribution of a guess made without doubt (notebook 23): one-hot (V,) at token.
+    """The distribution of a guess made without doubt (speculative_decoding): one-hot (V,) at token.
     Greedy drafts and prompt lookup's guesses have it."""
     vocab_size = count("vocab_size", vocab_size, 1)
     token = whole_number("token", token, 0, vocab_size - 1)
@@ -172,7 +172,7 @@ def _sample(rng: np.random.Generator, probabilities: np.ndarray) -> int:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The target's judgement of one round's proposals (notebook 23).
+    """The target's judgement of one round's proposals (speculative_decoding).
 
     accepted: how many proposals are kept, from the first (0 .. k); next_token: the target's
     own token after them (a correction at the first rejection, a bonus when all k pass);
@@ -186,7 +186,7 @@ class Verdict:
 
 
 class GreedyAcceptance:
-    """Greedy speculative decoding (notebook 23): the draft proposes its argmax, and a
+    """Greedy speculative decoding (speculative_decoding): the draft proposes its argmax, and a
     proposal is kept when it is the target's argmax too. At the first mismatch the target's
     argmax is taken instead, so every kept token is the one the target's own greedy decoding
     would have chosen: the output is exactly the target's greedy tokens."""
@@ -228,7 +228,7 @@ def _check_round(proposals, target_logits) -> tuple[list[int], np.ndarray]:
 
 
 class SamplingAcceptance:
-    """Speculative sampling (notebook 23; Leviathan et al. 2023, Chen et al. 2023).
+    """Speculative sampling (speculative_decoding; Leviathan et al. 2023, Chen et al. 2023).
 
     Draft and target both sample at the same temperature (and top_k). A proposal x drawn
     from the draft's q is kept with probability min(1, p(x)/q(x)); at the first rejection
@@ -254,7 +254,7 @@ class SamplingAcceptance:
         self.rng = np.random.default_rng(seed)
 
     def distribution(self, logits_row) -> np.ndarray:
-        """The sampling distribution of a logits row (V,), float64 (notebook 06)."""
+        """The sampling distribution of a logits row (V,), float64 (logits_next_token)."""
         return next_token_probabilities(_check_logits_row(logits_row), self.temperature,
                                         self.top_k)
 
@@ -331,12 +331,12 @@ class Proposal:
 
 
 def propose(draft: Params, cache: BaseKVCache, unseen, k: int, choose) -> Proposal:
-    """The draft's k proposals with its own cached decode (notebook 23).
+    """The draft's k proposals with its own cached decode (speculative_decoding).
 
     unseen: the tokens of the sequence the draft's cache does not hold yet, the last one
     included (1 of them, or 2 after a round whose k proposals were all kept). They go in as
-    one chunk (a chunked prefill, notebook 08); its last row gives the first proposal, and
-    each proposal is fed back for the next: k passes, after which the cache holds the
+    one chunk (a chunked prefill, the kv_cached_decode lesson); its last row gives the first
+    proposal, and each proposal is fed back for the next: k passes, after which the cache holds the
     sequence and the first k - 1 proposals. choose: logits row -> (token, distribution).
     """
     k = check_speculation_length(k)
@@ -371,7 +371,7 @@ def propose(draft: Params, cache: BaseKVCache, unseen, k: int, choose) -> Propos
 
 
 def verify(target: Params, cache: BaseKVCache, unseen, proposals) -> np.ndarray:
-    """The target's verdict material, in one pass (notebook 23): logits (k + 1, V).
+    """The target's verdict material, in one pass (speculative_decoding): logits (k + 1, V).
 
     One chunked prefill of the tokens its cache does not hold yet (the sequence's last token,
     or the whole prompt in the first round) followed by the k proposals, continuing the
@@ -387,7 +387,7 @@ def verify(target: Params, cache: BaseKVCache, unseen, proposals) -> np.ndarray:
 # -------------------------------------------------------------------------- drafters
 
 class Drafter:
-    """Whatever proposes a round's guesses (notebook 23). SpeculativeDecoder asks it for:
+    """Whatever proposes a round's guesses (speculative_decoding). SpeculativeDecoder asks it for:
 
     - ``propose(sequence, k, choose)``: a Proposal of at most k tokens after the sequence
       (its ids so far, (n,)); choose is the acceptance rule's logits row -> (token,
@@ -428,7 +428,7 @@ class Drafter:
 
 
 class ModelDrafter(Drafter):
-    """A draft model and its own cache (notebook 23): the drafter of the first half of the
+    """A draft model and its own cache (speculative_decoding): the drafter of the first half of the
     lesson. Any kvlib Params will do, as long as it has the target's vocabulary: a small
     model trained apart, or the target's own first layers, ``target.first_layers(n)``
     (self-speculation: an early exit, LayerSkip's draft, with the target's own weights).
@@ -486,7 +486,7 @@ class ModelDrafter(Drafter):
 
 
 def prompt_lookup(sequence, k: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[int, ...]:
-    """Prompt-lookup drafting (notebook 23): up to k guesses copied from earlier text.
+    """Prompt-lookup drafting (speculative_decoding): up to k guesses copied from earlier text.
 
     sequence: the ids so far (n,), prompt and output. For n from max_ngram down to min_ngram,
     take the last n ids and find their first earlier occurrence in the sequence; the guesses
@@ -516,7 +516,7 @@ def _check_ngrams(max_ngram, min_ngram) -> tuple[int, int]:
 
 
 class PromptLookupDrafter(Drafter):
-    """Guesses without a model (notebook 23): ``prompt_lookup`` over the prompt and the
+    """Guesses without a model (speculative_decoding): ``prompt_lookup`` over the prompt and the
     output so far. Worth it where the output repeats its input (a passage to repeat or
     summarize, code to edit, names): transformers' ``prompt_lookup_num_tokens``, vLLM's
     ``ngram`` method. It has no cache and no distribution: its guesses count as certain
@@ -554,7 +554,7 @@ def as_drafter(draft, cache: BaseKVCache | None = None) -> Drafter:
 
 @dataclass(frozen=True)
 class SpeculativeStep:
-    """What one round did (notebook 23): the draft's proposals, the target's verdict, and
+    """What one round did (speculative_decoding): the draft's proposals, the target's verdict, and
     both caches' lengths before the round, after its passes and after the truncation.
 
     start: the sequence's length before the round; accepted + 1 tokens were kept.
@@ -586,7 +586,7 @@ class SpeculativeStep:
 
 @dataclass(frozen=True)
 class SpeculativeStats:
-    """Totals over rounds (notebook 23). acceptance_rate = accepted / judged estimates
+    """Totals over rounds (speculative_decoding). acceptance_rate = accepted / judged estimates
     alpha; tokens_per_pass = new tokens / target passes."""
 
     rounds: int
@@ -648,7 +648,8 @@ def _room(params: Params, cache: BaseKVCache) -> int:
 
 
 class SpeculativeDecoder:
-    """A draft and a target decoding one sequence together, a round at a time (notebook 23).
+    """A draft and a target decoding one sequence together, a round at a time
+    (speculative_decoding).
 
     Both caches hold a prefix of the sequence: the target's all but its last token between
     rounds, the draft's that or one token less (after a round whose k proposals were all
@@ -795,8 +796,8 @@ class SpeculativeDecoder:
 def speculative_generate(target: Params, draft: Params | Drafter, prompt,
                          max_new_tokens: int, k: int = 4, temperature: float = 0.0,
                          top_k: int | None = None, seed: int | None = None) -> list[int]:
-    """kvlib.generate with a draft (notebook 23): prompt ids (P,) -> max_new_tokens new ids.
-    draft: a draft model (Params) or a Drafter (PromptLookupDrafter()).
+    """kvlib.generate with a draft (speculative_decoding): prompt ids (P,) -> max_new_tokens new
+    ids. draft: a draft model (Params) or a Drafter (PromptLookupDrafter()).
 
     Greedy at temperature 0: exactly kvlib.generate(target, prompt, max_new_tokens). At a
     positive temperature, sampled by speculative sampling, distributed as the target's
@@ -825,14 +826,14 @@ def _check_alpha(alpha) -> float:
 
 def expected_tokens_per_pass(alpha: float, k: int) -> float:
     """Tokens a round adds on average when each proposal is accepted with probability
-    alpha, independently (notebook 23): 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) /
+    alpha, independently (speculative_decoding): 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) /
     (1 - alpha); k + 1 when alpha = 1."""
     alpha, k = _check_alpha(alpha), check_speculation_length(k)
     return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def predicted_speedup(alpha: float, k: int, draft_cost: float) -> float:
-    """Speed-up over plain decoding (notebook 23): tokens per round over the round's cost
+    """Speed-up over plain decoding (speculative_decoding): tokens per round over the round's cost
     in target steps, (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), where c = draft_cost is a
     draft pass's time relative to a target pass, and the target's pass over k + 1 tokens is
     taken to cost one decode step (true while decoding is limited by reading the weights)."""
@@ -844,7 +845,7 @@ def predicted_speedup(alpha: float, k: int, draft_cost: float) -> float:
 
 
 def greedy_agreements(target: Params, draft: Params, prompt, new_tokens) -> np.ndarray:
-    """Where the draft's greedy choice is the target's (notebook 23): bool (N,).
+    """Where the draft's greedy choice is the target's (speculative_decoding): bool (N,).
 
     new_tokens are the target's greedy continuation of the prompt (kvlib.generate); entry i
     says whether the draft, given the prompt and new_tokens[:i], would propose new_tokens[i].
@@ -865,7 +866,7 @@ def greedy_agreements(target: Params, draft: Params, prompt, new_tokens) -> np.n
 
 def replay_greedy(agreements, k: int) -> list[int]:
     """The accepted count of every round greedy speculative decoding takes to produce
-    len(agreements) tokens (notebook 23), from greedy_agreements alone.
+    len(agreements) tokens (speculative_decoding), from greedy_agreements alone.
 
     A round starting at new token i accepts the run of agreements from i, at most k (and
     fewer near the end, as SpeculativeDecoder.generate does), then adds the target's token.
@@ -903,7 +904,7 @@ MAX_OUTCOME_PATHS = 10**6
 
 def outcome_probabilities(target_distribution, draft_distribution, prefix, k: int
                           ) -> dict[tuple[int, ...], float]:
-    """The exact distribution of one round of speculative sampling (notebook 23):
+    """The exact distribution of one round of speculative sampling (speculative_decoding):
     {tokens kept: probability}, by enumeration, no sampling.
 
     target_distribution(sequence) and draft_distribution(sequence) give each model's

@@ -1,4 +1,4 @@
-"""The training and held-out sequences of the stories models (notebook 13), numpy only:
+"""The training and held-out sequences of the stories models (what_the_heads_read), numpy only:
 the training script and the tests build the very same sequences from a seed.
 
 A sequence is CONTEXT_LENGTH tokens of whole stories one after another, each starting with

@@ -1,4 +1,4 @@
-"""A small grammar of children's stories, the corpus of the trained model (notebook 12).
+"""A small grammar of children's stories, the corpus of the trained model (real_model).
 
 Each story introduces two characters and one thing each (with an adjective), and later
 sentences must repeat them: "Mia had a red ball. ... Tom asked Mia to help. ... At last, Tom
@@ -292,7 +292,7 @@ def generate_story_words(rng: np.random.Generator) -> list[str]:
 
 
 def generate_story(rng: np.random.Generator) -> str:
-    """One story, as text (notebook 12): "Once upon a time, there was a shy girl named ..."."""
+    """One story, as text (real_model): "Once upon a time, there was a shy girl named ..."."""
     if not isinstance(rng, np.random.Generator):
         raise TypeError("generate_story needs a numpy Generator, for example "
                         f"np.random.default_rng(0), got {type(rng).__name__}")
@@ -475,7 +475,7 @@ def first_error(text: str, allow_unfinished: bool = False) -> str | None:
 
 
 def is_grammatical(text: str, allow_unfinished: bool = False) -> bool:
-    """True if every sentence of text fits the grammar and the story so far (notebook 12)."""
+    """True if every sentence of text fits the grammar and the story so far (real_model)."""
     return first_error(text, allow_unfinished) is None
 
 
@@ -483,7 +483,7 @@ def is_grammatical(text: str, allow_unfinished: bool = False) -> bool:
 
 @dataclass(frozen=True)
 class Repeat:
-    """A position whose word the story forces to repeat an earlier one (notebook 13).
+    """A position whose word the story forces to repeat an earlier one (what_the_heads_read).
 
     position: where the word is (its query, the one that predicts it, is position - 1);
     kind: "name" (the other character, a thing's owner), "thing" (the noun after its
@@ -502,7 +502,7 @@ class Repeat:
     @property
     def latest(self) -> int | None:
         """The most recent earlier word of the same kind (either list), or None: where the
-        trained model's name head looks (notebook 13)."""
+        trained model's name head looks (what_the_heads_read)."""
         return max(self.earlier + self.distractor, default=None)
 
 

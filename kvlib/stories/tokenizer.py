@@ -1,4 +1,4 @@
-"""The stories' word-level tokenizer (notebook 12): the toy tokenizer on the grammar's words.
+"""The stories' word-level tokenizer (real_model): the toy tokenizer on the grammar's words.
 
 Every word and punctuation mark of the grammar is one token; BOS (id 0) starts every story,
 and a blank line in the text separates stories. The vocabulary ships beside the trained

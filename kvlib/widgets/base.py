@@ -38,8 +38,8 @@ class LiveFigure:
 
 
 class OneRenderFigure(LiveFigure):
-    """A LiveFigure shown as one PNG render of the whole figure (notebooks 19 and 20). The
-    inline backend crops a figure to its tight bounding box, which draws it twice; a figure
+    """A LiveFigure shown as one PNG render of the whole figure (paged_cache and prefix_caching).
+    The inline backend crops a figure to its tight bounding box, which draws it twice; a figure
     laid out with room for every label needs one draw, and a click answers in about half
     the time."""
 
@@ -52,7 +52,7 @@ class OneRenderFigure(LiveFigure):
 
 
 def read_prompt(text, tokenizer, max_tokens: int) -> list[int]:
-    """A prompt typed into a widget -> its ids, BOS first (notebooks 01-08).
+    """A prompt typed into a widget -> its ids, BOS first (embedding_lookup to kv_cached_decode).
 
     Raises the tokenizer's ValueError for unknown words (safely() shows it escaped, since a
     student may type < or >), and a ValueError in words when the prompt has more than

@@ -1,4 +1,4 @@
-"""Notebook 21: batched decoding and continuous batching, drawn.
+"""The batched_decoding lesson: batched decoding and continuous batching, drawn.
 
 ``draw_padded_caches(ax, lengths)`` draws a batch of caches padded on the left: each row a
 sequence, its real positions in the last columns, the padding hidden. ``draw_batch_roofline
@@ -39,14 +39,14 @@ PRODUCTS_COLOR = "#cc79a7"     # Okabe-Ito reddish purple: the step's products a
 
 SMOLLM2_BATCHING = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / \
     "smollm2_batching.json"
-"""What benchmarks/smollm2_batching.py measured on this project's machine (notebook 21)."""
+"""What benchmarks/smollm2_batching.py measured on this project's machine (batched_decoding)."""
 
 
 # ------------------------------------------------------------------------------ plain figures
 
 
 def draw_padded_caches(ax, lengths, labels=None):
-    """A batch of caches padded on the left (notebook 21): row b holds sequence b's lengths[b]
+    """A batch of caches padded on the left (batched_decoding): row b holds sequence b's lengths[b]
     positions in its last columns, the newest (this step's token) in the last column; the
     padded cells are the ones the mask hides. Returns the mask drawn, (B, S_max)."""
     from kvlib.serving.batch import padding_mask
@@ -80,7 +80,7 @@ def draw_padded_caches(ax, lengths, labels=None):
 
 def draw_batch_roofline(ax, batch_sizes, predicted, measured=None, one_at_a_time=None,
                         crossover=None, title=None, products=None):
-    """Tokens per second against the batch size (notebook 21): the roofline's prediction
+    """Tokens per second against the batch size (batched_decoding): the roofline's prediction
     (a line), what was measured (dots) and decoding the sequences one at a time (a dashed
     line), both axes logarithmic; `crossover` marks where the roofline turns compute-bound
     (a dotted line, named in the legend); `products`, the step's matrix products alone
@@ -114,7 +114,7 @@ def draw_batch_roofline(ax, batch_sizes, predicted, measured=None, one_at_a_time
 
 
 def smollm2_batching(path=None) -> dict:
-    """What benchmarks/smollm2_batching.py measured (notebook 21): the machine and its load,
+    """What benchmarks/smollm2_batching.py measured (batched_decoding): the machine and its load,
     the bandwidth and matrix rate it read, every repeat's seconds of a batched step, of B
     steps one at a time and of the step's products alone at each batch size, the roofline's
     seconds, and the skinny products (one weight matrix times 1 to 16 rows). The file lives
@@ -128,7 +128,7 @@ def smollm2_batching(path=None) -> dict:
 
 
 def draw_skinny_products(ax, rows, seconds, contiguous=None, title=None):
-    """One weight matrix multiplied by 1, 2, ... rows at once (notebook 21): each time over
+    """One weight matrix multiplied by 1, 2, ... rows at once (batched_decoding): each time over
     the time of one row, against two references, 1 (one read of the matrix, whatever the
     rows: what the roofline expects while memory-bound) and rows (one product per row, as
     decoding the rows one at a time does)."""
@@ -162,7 +162,7 @@ def _rectangles(spans, height: float = 0.7) -> list:
 
 
 def timeline_bars(timeline) -> dict[str, list]:
-    """The bars of a Gantt chart of a Timeline (notebook 21): for each request (row = id),
+    """The bars of a Gantt chart of a Timeline (batched_decoding): for each request (row = id),
     'waiting' from its arrival to its admission, 'prefill' its first step, 'decode' from its
     first token to its last. Each a list of (row, start, end)."""
     bars = {"waiting": [], "prefill": [], "decode": []}
@@ -267,7 +267,7 @@ class _TimelineArtists:
 
 
 def draw_timelines(figure, static, continuous, now: float | None = None) -> dict:
-    """Two Gantt charts of one workload (notebook 21), static batching above, continuous
+    """Two Gantt charts of one workload (batched_decoding), static batching above, continuous
     below, and the requests in the batch over time under both; a black line at `now`, the
     future greyed (None: the whole run). The first call on a figure makes the artists; later
     calls change them. Returns the three Axes and the end of the longer run."""
@@ -311,8 +311,8 @@ def _at(timeline, now: float) -> str:
 
 def timeline_explorer(n_requests: int = 12, seed: int = 0, max_batch: int = 4,
                       mean_gap: float = 2.0):
-    """Notebook 21: one seeded workload served by static and by continuous batching, drawn
-    as two Gantt charts and the batch occupancy, with a slider through time.
+    """The batched_decoding lesson: one seeded workload served by static and by continuous batching,
+    drawn as two Gantt charts and the batch occupancy, with a slider through time.
 
     Controls (box.controls): "time" (IntSlider, model steps; a Play button moves it),
     "seed" (IntText), "requests" (IntSlider 2 .. 24), "max_batch" (IntSlider 1 .. 8),

@@ -1,9 +1,10 @@
-"""Widgets of notebook 03 (causal masking): the mask on and off, and what a changed token reaches.
+"""Widgets of the causal_masking lesson (causal masking): the mask on and off, and what a changed
+token reaches.
 
 mask_explorer: one head's attention weights, with the causal mask on or off, for any layer
 and head. change_explorer: replace the token at one position and see, row by row, how much the
 model's output (the logits) changes: exactly 0 for every row before that position.
-The plot row_change_bars is also used by notebook 03 itself.
+The plot row_change_bars is also used by the causal_masking lesson itself.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ CHANGED_COLOR = plots.NEW_ROWS_COLOR
 
 
 def attention_by_layer(params: kvlib.Params, ids, masked: bool = True) -> list[np.ndarray]:
-    """Every layer's attention weights (notebook 03): ids (T,) -> list of n_layers (h, T, T).
+    """Every layer's attention weights (causal_masking): ids (T,) -> list of n_layers (h, T, T).
 
     masked=True is the real model (kvlib.forward); masked=False runs the same blocks without
     the causal mask, so that later layers also see what an unmasked model would compute.
@@ -43,7 +44,7 @@ def attention_by_layer(params: kvlib.Params, ids, masked: bool = True) -> list[n
 
 
 def row_changes(params: kvlib.Params, ids, position: int, replacement: int) -> np.ndarray:
-    """How much each output row moves when one token is replaced (notebook 03).
+    """How much each output row moves when one token is replaced (causal_masking).
 
     ids (T,), the position to change and the new token id -> (T,): for each row, the largest
     absolute change in its logits. Rows before `position` are exactly 0 under the causal mask.
@@ -62,7 +63,7 @@ def row_changes(params: kvlib.Params, ids, position: int, replacement: int) -> n
 
 
 def row_change_bars(changes, labels, position: int, ax=None, replacement_label: str | None = None):
-    """Bar chart of row_changes (notebook 03): one bar per position; the rows that cannot see
+    """Bar chart of row_changes (causal_masking): one bar per position; the rows that cannot see
     the changed position are labelled "0 exactly", the changed position is marked."""
     changes = np.asarray(changes, dtype=float)
     if changes.ndim != 1 or len(labels) != len(changes):
@@ -99,7 +100,8 @@ def _rows(first: int, last: int) -> str:
 
 def mask_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICLE_PROMPT,
                   tokenizer: kvlib.ToyTokenizer | None = None):
-    """Notebook 03: one head's (T, T) attention weights with the causal mask on or off.
+    """The causal_masking lesson: one head's (T, T) attention weights with the causal mask on or
+    off.
 
     Controls (box.controls): "prompt" (Text), "mask" (True = on), "layer", "head". The
     heatmap's image holds the weights, masked cells as masked entries (drawn grey, hatched);
@@ -160,7 +162,8 @@ def mask_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICL
 def change_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICLE_PROMPT,
                     tokenizer: kvlib.ToyTokenizer | None = None, position: int = 3,
                     replacement: int = 5):
-    """Notebook 03: replace the token at one position and see which output rows change.
+    """The causal_masking lesson: replace the token at one position and see which output rows
+    change.
 
     Controls (box.controls): "prompt" (Text), "position" (IntSlider, kept within the prompt),
     "replacement" (Dropdown of token ids). The bars are row_changes: exactly 0 before the

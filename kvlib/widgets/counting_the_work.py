@@ -1,9 +1,9 @@
-"""Notebook 09: counting the work of generation, with and without the KV cache.
+"""The counting_the_work lesson: counting the work of generation, with and without the KV cache.
 
 ``cost_explorer()`` lets a student pick a model size, a prompt length and a number of tokens
 to generate, and redraws at once the FLOPs of every pass (left) and the running total
 (right), with and without the cache. The FLOPs come from kvlib.flops. Given a compute rate
-and a bandwidth, the status line also gives the roofline's predicted times (notebook 10).
+and a bandwidth, the status line also gives the roofline's predicted times (where_time_goes).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ DEFAULT_LENGTHS = {
 
 
 def cost_curves(config: kvlib.ModelConfig, prompt_length: int, new_tokens: int) -> dict:
-    """FLOPs of each pass with and without the cache (notebook 09): arrays (new_tokens,),
+    """FLOPs of each pass with and without the cache (counting_the_work): arrays (new_tokens,),
     under "with" and "without", and the sequence length each pass sees, under "length"."""
     steps = {"with": kvlib.flops.generation_step_multiply_adds(config, prompt_length,
                                                                 new_tokens, use_cache=True),
@@ -41,7 +41,7 @@ def cost_curves(config: kvlib.ModelConfig, prompt_length: int, new_tokens: int) 
 
 def draw_cost_curves(axes, config: kvlib.ModelConfig, prompt_length: int,
                      new_tokens: int) -> dict:
-    """Draw the counted cost of generation (notebook 09) into two Axes, cleared first.
+    """Draw the counted cost of generation (counting_the_work) into two Axes, cleared first.
 
     Left: FLOPs of each pass against the number of tokens it sees, log scale (with the cache,
     the first pass is the prompt's prefill). Right: the running total against the number of

@@ -1,4 +1,4 @@
-"""Widgets of notebook 01 (tokens and the embedding lookup).
+"""Widgets of the embedding_lookup lesson (tokens and the embedding lookup).
 
 lookup_figure / draw_lookup: the lookup table (V, d) next to X = table[ids] (T, d), on one
 colour scale, with a line from each row of the table to the row of X it is copied into; the
@@ -33,7 +33,7 @@ def _outline_row(ax, row: int, columns: int, color: str, linestyle: str = "-",
 
 
 def draw_lookup(table_ax, x_ax, table, ids, vocabulary, selected: int | None = None):
-    """Draw the embedding lookup (notebook 01) into two axes; returns X = table[ids] (T, d).
+    """Draw the embedding lookup (embedding_lookup) into two axes; returns X = table[ids] (T, d).
 
     Left: the table (V, d), rows labelled "id word", the rows the ids use outlined in
     orange, the `selected` token's row outlined dashed in crimson. Right: X (T, d), rows
@@ -97,7 +97,7 @@ def _place_axes(table_ax, x_ax, table_rows: int, x_rows: int, columns: int) -> N
 
 
 def lookup_figure(table, ids, vocabulary, selected: int | None = None):
-    """The lookup picture as a plain, new figure (notebook 01, shown before the widget)."""
+    """The lookup picture as a plain, new figure (embedding_lookup, shown before the widget)."""
     figure, (table_ax, x_ax) = plt.subplots(1, 2, figsize=LOOKUP_FIGSIZE)
     draw_lookup(table_ax, x_ax, table, ids, vocabulary, selected)
     return figure
@@ -112,7 +112,8 @@ def _ids_html(ids, tokenizer) -> str:
 
 def embedding_explorer(params: kvlib.Params | None = None, text: str = kvlib.ARTICLE_PROMPT,
                        selected: int = 1):
-    """Type a sentence, see its ids and X = table[ids]; pick a token, see its row (notebook 01).
+    """Type a sentence, see its ids and X = table[ids]; pick a token, see its row
+    (embedding_lookup).
 
     Returns a VBox with: ``sentence`` (Text; applied on Enter or when it loses focus),
     ``token`` (Dropdown of the vocabulary), ``controls`` (both, by name), ``ids_view`` and

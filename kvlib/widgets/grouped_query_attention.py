@@ -1,4 +1,5 @@
-"""Notebook 15: which query heads share which K/V head, and what that does to the cache.
+"""The grouped_query_attention lesson: which query heads share which K/V head, and what that does to
+the cache.
 
 ``grouping_explorer()`` takes a published model (kvlib.memory.PRESETS) or a custom one and
 lets a student choose the number of K/V heads among the divisors of the query heads. It
@@ -29,7 +30,8 @@ MAX_BUDGET_GIB = 10**9  # a billion GiB: past any real machine, and still exact 
 CHOSEN_COLOR = "#21918c"  # viridis teal
 OTHER_COLOR = "#c8c8c8"
 GROUPABLE_PRESETS = tuple(name for name, preset in PRESETS.items() if preset.latent_dim is None)
-"""The presets with K/V heads (latent attention, notebook 16, caches a latent instead)."""
+"""The presets with K/V heads
+(latent attention, the latent_attention lesson, caches a latent instead)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -48,7 +50,7 @@ def _whole(name: str, value, minimum: int, maximum: int | None = None) -> int:
 
 def grouping_summary(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int,
                      dtype_bytes: int = 2, budget_bytes: int = 16 * GiB) -> dict:
-    """The numbers the explorer shows (notebook 15).
+    """The numbers the explorer shows (grouped_query_attention).
 
     group: query heads a K/V head serves; kind: MHA, GQA or MQA; kv_head_of: the K/V head of
     each query head (h,); shared_by: for each K/V head, its query heads; bytes_per_token: K
@@ -74,7 +76,8 @@ def grouping_summary(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int
 
 
 def kib_text(n_bytes: int) -> str:
-    """Bytes as KiB for a bar's label (notebook 15): '128' for 131,072, '0.0352' for 36."""
+    """Bytes as KiB for a bar's label (grouped_query_attention): '128' for 131,072, '0.0352' for
+    36."""
     return f"{n_bytes // 1024:,}" if n_bytes % 1024 == 0 else f"{n_bytes / 1024:,.3g}"
 
 
@@ -86,8 +89,8 @@ def _heads_text(heads: list[int]) -> str:
 
 def draw_bytes_per_choice(ax, n_layers: int, n_heads: int, head_dim: int, chosen: int,
                           dtype_bytes: int = 2, budget_bytes: int = 16 * GiB) -> list[int]:
-    """Cache KiB per token for every possible number of K/V heads (notebook 15), the chosen
-    one highlighted, each bar labelled with its own KiB. (budget_bytes is only passed on to
+    """Cache KiB per token for every possible number of K/V heads (grouped_query_attention), the
+    chosen one highlighted, each bar labelled with its own KiB. (budget_bytes is only passed on to
     grouping_summary.) Returns the bytes per token of each choice, in the order drawn
     (1 K/V head first)."""
     choices = divisors(_whole("query heads", n_heads, 1, MAX_HEADS))

@@ -1,4 +1,4 @@
-"""Notebook 11: a KV cache memory calculator.
+"""The kv_cache_memory lesson: a KV cache memory calculator.
 
 ``kv_cache_calculator()`` takes a model's shapes (layers, K/V heads, head size) or one of the
 published presets in kvlib.memory.PRESETS (those with a plain K/V cache), a context length, a
@@ -24,7 +24,7 @@ PRESETS = {name: preset for name, preset in ALL_PRESETS.items()
            if preset.latent_dim is None and preset.window is None}
 """The presets whose cache is K and V of every position, (n_kv_heads x head_dim) wide: the
 calculator's formula. Latent and sliding-window caches (DeepSeek, Mistral) have their own
-formulas, in notebooks 16 and 16."""
+formulas, in the latent_attention and latent_attention lessons."""
 DTYPES = {"FP32 (4 bytes)": 4, "BF16 / FP16 (2 bytes)": 2, "INT8 / FP8 (1 byte)": 1}
 WEIGHTS_COLOR = "#3b528b"   # viridis blue
 CACHE_COLOR = "#5ec962"     # viridis green
@@ -35,14 +35,14 @@ OVER_COLOR = "#d62728"
 def memory_budget(n_layers: int, n_kv_heads: int, head_dim: int, context: int,
                   batch_size: int, dtype_bytes: int, n_parameters: int,
                   memory_bytes: int, weights_dtype_bytes: int | None = None) -> dict:
-    """The calculator's numbers (notebook 11), all in bytes or tokens.
+    """The calculator's numbers (kv_cache_memory), all in bytes or tokens.
 
     bytes_per_token: K and V of one position in every layer, at dtype_bytes a number; cache:
     for batch_size sequences of `context` tokens; weights: n_parameters at weights_dtype_bytes
     each (dtype_bytes when not given); tokens_that_fit: cached positions that fit beside the
     weights in memory_bytes, over all sequences; sequences_that_fit: how many full-context
     sequences that is. Only the weights are set aside: a real server also needs memory for
-    activations and its allocator (notebook 11).
+    activations and its allocator (kv_cache_memory).
     """
     weights_dtype_bytes = dtype_bytes if weights_dtype_bytes is None else weights_dtype_bytes
     per_token = kv_cache_bytes(n_layers, None, 1, 1, dtype_bytes, n_kv_heads=n_kv_heads,
@@ -58,7 +58,7 @@ def memory_budget(n_layers: int, n_kv_heads: int, head_dim: int, context: int,
 
 
 def draw_memory_budget(ax, budget: dict, title: str = "") -> None:
-    """One horizontal bar (notebook 11): the weights, then the cache, against the memory.
+    """One horizontal bar (kv_cache_memory): the weights, then the cache, against the memory.
 
     The accelerator's memory is the grey bar; what does not fit is drawn in red past its end.
     """
@@ -81,7 +81,7 @@ def draw_memory_budget(ax, budget: dict, title: str = "") -> None:
 
 
 def draw_cache_growth(ax, budget_at, context: int, memory_bytes: int, weights: int) -> None:
-    """Cache GiB against context length up to `context` (notebook 11), with the memory left
+    """Cache GiB against context length up to `context` (kv_cache_memory), with the memory left
     beside the weights as a horizontal line. budget_at(n) gives the cache bytes at n tokens."""
     ax.clear()
     lengths = np.linspace(0, context, 50)

@@ -1,4 +1,5 @@
-"""Notebook 08: decode one token at a time against the KV cache, and watch the cache grow.
+"""The kv_cached_decode lesson: decode one token at a time against the KV cache, and watch the cache
+grow.
 
 ``decode_explorer()`` prefills a prompt, then every click on "Decode next token" feeds the
 greedy choice to ``kvlib.decode_step``: the drawing of the cache gains one (highlighted) row,
@@ -22,8 +23,8 @@ from .base import LiveFigure, plural, read_prompt, safely
 
 TOLERANCE = CACHED_TOLERANCES["float64"]
 """How close cached decoding must come to full recomputation, relative to the logits' size
-(the largest |logit|), in float64: notebook 08, this widget and the README use this number.
-Rounding leaves differences of a few 1e-16 (the two ways add the same products in another
+(the largest |logit|), in float64: the kv_cached_decode lesson, this widget and the README use this
+number. Rounding leaves differences of a few 1e-16 (the two ways add the same products in another
 order); a real bug moves logits by 1e-3 or more. 1e-10 sits far from both."""
 
 
@@ -32,7 +33,8 @@ MAX_KEYS_WITH_VALUES = 12  # beyond this many positions, numbers in the cells ar
 
 def draw_decode_state(figure, n_cached: int, n_new: int, weights, query_label: str,
                       key_labels, layer: int = 0, d_model: int = 4):
-    """Draw the cache and the newest query's attention (notebook 08) into `figure`, cleared first.
+    """Draw the cache and the newest query's attention (kv_cached_decode) into `figure`, cleared
+    first.
 
     Left: the K and V cache of one layer (every layer has the same shape), its n_cached old
     rows and n_new rows just appended told apart. Right: one strip per head, the attention
@@ -78,7 +80,7 @@ def draw_decode_state(figure, n_cached: int, n_new: int, weights, query_label: s
 
 
 def decode_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
-    """Greedy decoding one click at a time, the cache drawn as it grows (notebook 08).
+    """Greedy decoding one click at a time, the cache drawn as it grows (kv_cached_decode).
 
     Returns a VBox with the attributes the tests use: ``decode`` (Button "Decode next
     token"), ``reset`` (Button "Reset": prefill the prompt again), ``prompt`` (Text),

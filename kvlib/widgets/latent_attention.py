@@ -1,4 +1,5 @@
-"""Notebook 16: what multi-head latent attention caches a token, beside MHA, GQA and MQA.
+"""The latent_attention lesson: what multi-head latent attention caches a token, beside MHA, GQA and
+MQA.
 
 ``latent_cache_calculator()`` takes the shapes of a published model (kvlib.memory.PRESETS:
 its layers, query heads and head size), a latent size dc and a rotary key size dr, and
@@ -27,7 +28,7 @@ GQA_KV_HEADS = 8   # what Llama 3 and Mistral use
 
 
 def grouped_kv_heads(n_heads: int) -> int | None:
-    """The K/V heads of the GQA bar (notebook 16): 8, as in Llama 3, when n_heads is a larger
+    """The K/V heads of the GQA bar (latent_attention): 8, as in Llama 3, when n_heads is a larger
     multiple of 8; otherwise the largest divisor of n_heads between 1 and n_heads; None when
     there is none (Falcon-7B's 71 heads can only be MHA or MQA)."""
     if n_heads > GQA_KV_HEADS and n_heads % GQA_KV_HEADS == 0:
@@ -37,7 +38,7 @@ def grouped_kv_heads(n_heads: int) -> int | None:
 
 
 def compared_with(ratio: float, other: str) -> str:
-    """How one size compares with another's (notebook 16), ratio = other's / this one's:
+    """How one size compares with another's (latent_attention), ratio = other's / this one's:
     '56.9 times less than MHA', '2.0 times more than MHA', 'as much as MHA'."""
     if round(ratio, 1) == 1.0:
         return f"as much as {other}"
@@ -61,7 +62,7 @@ def _whole(name: str, value, minimum: int) -> int:
 
 def bytes_per_token(n_layers: int, n_heads: int, head_dim: int, latent_dim: int,
                     rope_head_dim: int, dtype_bytes: int = BF16_BYTES) -> dict[str, int]:
-    """Bytes one token adds to the cache of each kind, for one model's shapes (notebook 16):
+    """Bytes one token adds to the cache of each kind, for one model's shapes (latent_attention):
     {"MHA": ..., "GQA": ..., "MQA": ..., "MLA": ...} (no "GQA" when n_heads has no divisor
     between 1 and itself). MHA, GQA and MQA cache a K and a V of head_dim for n_heads,
     grouped_kv_heads(n_heads) and 1 K/V heads; MLA caches latent_dim + rope_head_dim numbers.
@@ -86,7 +87,7 @@ def bytes_per_token(n_layers: int, n_heads: int, head_dim: int, latent_dim: int,
 
 def draw_bytes_per_token(ax, labels, values, kinds, title: str = "",
                          compare_to_first: bool = True) -> None:
-    """Horizontal bars of bytes per token on a log scale (notebook 16), one colour per kind
+    """Horizontal bars of bytes per token on a log scale (latent_attention), one colour per kind
     ('MHA', 'GQA', 'MQA', 'MLA'), each bar labelled with its bytes and, with
     compare_to_first, with how many times less (or more) than the first bar it caches."""
     if not (len(labels) == len(values) == len(kinds)) or not labels:
@@ -120,8 +121,8 @@ def _kind_label(kind: str, kv_heads: int | None, latent_dim: int, rope_head_dim:
 
 
 def fit_labels(ax, pad_pixels: float = 8.0) -> None:
-    """Make room for the labels of notebook 16's bars, whose lengths follow what is typed: on
-    the left of the figure for the longest y tick label, and on the right of the (log) x
+    """Make room for the labels of the latent_attention lesson's bars, whose lengths follow what is
+    typed: on the left of the figure for the longest y tick label, and on the right of the (log) x
     axis for the text after each bar. Measures the texts as drawn, which costs far less
     than a full tight_layout."""
     figure = ax.figure

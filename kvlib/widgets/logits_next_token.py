@@ -1,4 +1,5 @@
-"""Notebook 06: the next-token distribution under a temperature and a top-k cut, and sampling.
+"""The logits_next_token lesson: the next-token distribution under a temperature and a top-k cut,
+and sampling.
 
 ``next_token_explorer()`` shows the probabilities that the model gives each of the 12 tokens
 after the prompt, redrawn as the student moves the temperature and top-k controls, with a
@@ -39,7 +40,7 @@ def top_tokens_html(probabilities, labels, n: int = 3) -> str:
 
 def next_token_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT, seed: int = 0,
                         n_samples: int = 20):
-    """The next-token distribution after `prompt` (notebook 06), with temperature and top-k.
+    """The next-token distribution after `prompt` (logits_next_token), with temperature and top-k.
 
     Each click on "sample" draws n_samples more tokens with a seeded generator; the black dots
     are the shares of all the samples drawn so far at this setting, so that a few clicks show

@@ -1,9 +1,9 @@
-"""Widgets of notebook 05 (MLP, residual stream, block stack).
+"""Widgets of the mlp_residual_stream lesson (MLP, residual stream, block stack).
 
 stream_explorer: apply 0 to n_layers blocks and follow one token's vector in the residual
 stream, with the size of every edit the blocks make to it. gelu_explorer: GeLU next to ReLU
 over a range of your choice, evaluated at any x. residual_stream and the plots draw_stream and
-gelu_plot are also used by notebook 05 itself.
+gelu_plot are also used by the mlp_residual_stream lesson itself.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ GELU_MINIMUM_X = -0.7525
 
 
 def residual_stream(params: kvlib.Params, ids) -> dict[str, list[np.ndarray]]:
-    """The residual stream block by block (notebook 05): ids (T,) -> a dict of lists.
+    """The residual stream block by block (mlp_residual_stream): ids (T,) -> a dict of lists.
 
     "streams": X0 (the embeddings) .. Xn, each (T, d); "attention" and "mlp": the n_layers
     updates each block adds, each (T, d), so that X(i+1) = Xi + attention[i] + mlp[i].
@@ -53,8 +53,8 @@ def residual_stream(params: kvlib.Params, ids) -> dict[str, list[np.ndarray]]:
 
 
 def draw_stream(axes, stream: dict, token: int, blocks: int, labels) -> None:
-    """Three panels (notebook 05) for `token` after `blocks` blocks: the stream X_blocks as a
-    heatmap with the token's row framed; the token's vector after 0..blocks blocks as bars;
+    """Three panels (mlp_residual_stream) for `token` after `blocks` blocks: the stream X_blocks as
+    a heatmap with the token's row framed; the token's vector after 0..blocks blocks as bars;
     and the size (norm) of each block's attention and MLP update to it."""
     streams = stream["streams"]
     n_layers = len(streams) - 1
@@ -112,7 +112,8 @@ def draw_stream(axes, stream: dict, token: int, blocks: int, labels) -> None:
 
 def stream_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICLE_PROMPT,
                     tokenizer: kvlib.ToyTokenizer | None = None, blocks: int = 3, token: int = 4):
-    """Notebook 05: apply 0 .. n_layers blocks and follow one token through the stream.
+    """The mlp_residual_stream lesson: apply 0 .. n_layers blocks and follow one token through the
+    stream.
 
     Controls (box.controls): "prompt" (Text), "blocks" (IntSlider 0..n_layers), "token"
     (Dropdown of the prompt's positions). box.state holds the residual_stream dict and the
@@ -174,7 +175,7 @@ def stream_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTI
 
 
 def gelu_at(x: float) -> float:
-    """kvlib.gelu at one number (notebook 05's widget). Far from 0 the cube inside overflows
+    """kvlib.gelu at one number (mlp_residual_stream's widget). Far from 0 the cube inside overflows
     to inf, which the tanh turns into exactly x or 0: the right values, so numpy's overflow
     warning is silenced rather than shown to the student."""
     with np.errstate(over="ignore", invalid="ignore"):
@@ -182,14 +183,14 @@ def gelu_at(x: float) -> float:
 
 
 def readable(value: float) -> str:
-    """A number for notebook 05's status line: 3 decimals, or 4 significant digits with an exponent
-    when it is large (gelu(1e308) is 1e308, not a 309-digit number)."""
+    """A number for the mlp_residual_stream lesson's status line: 3 decimals, or 4 significant
+    digits with an exponent when it is large (gelu(1e308) is 1e308, not a 309-digit number)."""
     return f"{value:.3f}" if abs(value) < 1e6 else f"{value:.4g}"
 
 
 def gelu_plot(low: float = -4.0, high: float = 4.0, ax=None, x: float | None = None,
               show_relu: bool = True):
-    """GeLU (kvlib.gelu) next to ReLU on [low, high] (notebook 05), the dip below zero
+    """GeLU (kvlib.gelu) next to ReLU on [low, high] (mlp_residual_stream), the dip below zero
     marked; with x, both evaluated there. Returns the Axes."""
     for name, value in (("low", low), ("high", high)) + ((("x", x),) if x is not None else ()):
         if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)):
@@ -228,7 +229,8 @@ def gelu_plot(low: float = -4.0, high: float = 4.0, ax=None, x: float | None = N
 
 
 def gelu_explorer(low: float = -4.0, high: float = 4.0, x: float = -0.75):
-    """Notebook 05: GeLU vs ReLU over a chosen range, and both evaluated at a chosen x.
+    """The mlp_residual_stream lesson: GeLU vs ReLU over a chosen range, and both evaluated at a
+    chosen x.
 
     Controls (box.controls): "range" (FloatRangeSlider), "x" (FloatText), "relu"
     (Checkbox). box.status gives gelu(x) and relu(x); a non-finite x or an empty range is

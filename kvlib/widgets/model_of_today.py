@@ -1,4 +1,5 @@
-"""Notebook 18: a model of today (SmolLM2), piece by piece, and a chat that keeps its cache.
+"""The model_of_today lesson: a model of today (SmolLM2), piece by piece, and a chat that keeps its
+cache.
 
 - draw_q4_1_group: one group of 32 weights and the 16 levels Q4_1 can give them;
 - draw_pairings: the columns each rotary pairing turns together, for one head;
@@ -113,7 +114,7 @@ def cache_status(conversation: Conversation) -> str:
 
 
 def chat_widget(conversation: Conversation, max_new_tokens: int = 40):
-    """A chat box (notebook 18): type a message, press Send; the reply streams in token by
+    """A chat box (model_of_today): type a message, press Send; the reply streams in token by
     token from the cache, and the tape below shows what the cache holds. Reset empties it."""
     box = widgets.Text(placeholder="ask something, e.g. What is the capital of Italy?",
                        layout=widgets.Layout(width="30em"))

@@ -1,9 +1,10 @@
-"""Widgets of notebook 04 (multi-head attention): which columns each head uses, and what it sees.
+"""Widgets of the multi_head_attention lesson (multi-head attention): which columns each head uses,
+and what it sees.
 
 head_explorer: pick a layer and a head, see the columns of Q that head works on and its
 attention weights. head_count_explorer: a wider model (d_model 8) split into 1, 2, 4 or 8
 heads; the same Q, cut into narrower or wider slices. The plot head_columns (a matrix with
-each head's columns framed) is also used by notebook 04 itself.
+each head's columns framed) is also used by the multi_head_attention lesson itself.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ DIM_ALPHA = 0.65          # how strongly the other heads' columns are washed out
 
 
 def layer_inputs(params: kvlib.Params, ids) -> list[np.ndarray]:
-    """The residual stream entering each block (notebook 04): ids (T,) -> n_layers x (T, d).
+    """The residual stream entering each block (multi_head_attention): ids (T,) -> n_layers x
+    (T, d).
 
     Element 0 is the embeddings; element i is the output of block i - 1 (causal mask on).
     """
@@ -39,7 +41,7 @@ def layer_inputs(params: kvlib.Params, ids) -> list[np.ndarray]:
 
 def head_columns(matrix, n_heads: int, row_labels=None, ax=None, highlight: int | None = None,
                  title: str | None = None, name: str = "Q", show_values: bool = True):
-    """A (T, d) matrix with each head's columns framed and named (notebook 04).
+    """A (T, d) matrix with each head's columns framed and named (multi_head_attention).
 
     Head h owns columns h*dh .. (h+1)*dh - 1, dh = d // n_heads. With highlight, that head's
     frame is drawn thick and red and the other heads' columns are washed out.
@@ -82,7 +84,8 @@ def head_columns(matrix, n_heads: int, row_labels=None, ax=None, highlight: int 
 
 def head_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICLE_PROMPT,
                   tokenizer: kvlib.ToyTokenizer | None = None):
-    """Notebook 04: choose a layer and a head; see the columns of Q it uses and its weights.
+    """The multi_head_attention lesson: choose a layer and a head; see the columns of Q it uses and
+    its weights.
 
     Controls (box.controls): "prompt" (Text), "layer", "head" (Dropdowns). Left axes: that
     layer's Q (T, d) with the head's columns framed; right axes: the head's masked (T, T)
@@ -133,8 +136,8 @@ def head_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICL
 
 
 def split_for_heads(ids, n_heads: int, d_model: int = 8):
-    """Notebook 04: the first block's Q and per-head weights of a model with d_model columns
-    split into n_heads heads -> (Q (T, d_model), weights (n_heads, T, T)).
+    """The multi_head_attention lesson: the first block's Q and per-head weights of a model with
+    d_model columns split into n_heads heads -> (Q (T, d_model), weights (n_heads, T, T)).
 
     The weights are drawn from the default seed and depend on d_model only, so every split
     cuts the very same Q; ModelConfig raises ValueError when d_model % n_heads != 0.
@@ -154,8 +157,8 @@ MAX_TICK_LABELS = 8
 
 
 def draw_head_count(figure, Q, weights, labels, d_model: int) -> None:
-    """Notebook 04: clear `figure` and draw Q (T, d_model) with its head columns framed, next
-    to one masked (T, T) heatmap per head (weights (h, T, T)).
+    """The multi_head_attention lesson: clear `figure` and draw Q (T, d_model) with its head columns
+    framed, next to one masked (T, T) heatmap per head (weights (h, T, T)).
 
     The artists drawn do not grow with the number of masked cells (one hatch collection per
     heatmap) and, beyond two heads, only a few token labels are written per heatmap, so an
@@ -193,7 +196,8 @@ def draw_head_count(figure, Q, weights, labels, d_model: int) -> None:
 
 def head_count_explorer(prompt: str = kvlib.ARTICLE_PROMPT, d_model: int = 8, n_heads: int = 2,
                         tokenizer: kvlib.ToyTokenizer | None = None):
-    """Notebook 04: one d_model-wide Q cut into 1 .. d_model heads; head_dim = d_model / heads.
+    """The multi_head_attention lesson: one d_model-wide Q cut into 1 .. d_model heads; head_dim =
+    d_model / heads.
 
     Controls (box.controls): "prompt" (Text), "heads" (IntSlider 1..d_model). A count that
     does not divide d_model is explained in box.message. Left: Q with each head's columns

@@ -1,9 +1,10 @@
-"""Widgets of notebook 02 (one attention head, before the causal mask).
+"""Widgets of the one_attention_head lesson (one attention head, before the causal mask).
 
 head_weights: one head's attention weights without a mask, with or without the 1/sqrt(dh)
 scaling and at a chosen temperature. draw_query_row / query_row_figure: that head's heatmap
 with one query's row outlined, next to the same row as bars, where the keys AFTER the query
-are hatched (the positions notebook 03's mask removes). attention_explorer: the widget.
+are hatched (the positions the causal_masking lesson's mask removes). attention_explorer: the
+widget.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ MAX_TOKENS = 10
 
 def head_scores(params: kvlib.Params, ids, layer: int = 0, head: int = 0,
                 scaled: bool = True) -> np.ndarray:
-    """One head's attention scores, no mask (notebook 02): ids (T,) -> (T, T).
+    """One head's attention scores, no mask (one_attention_head): ids (T,) -> (T, T).
 
     The embeddings X (T, d) go through the layer's Wq and Wk; the head keeps its dh columns;
     scores = Q_h K_h^T, divided by sqrt(dh) when scaled (as kvlib.attention_scores does).
@@ -51,7 +52,8 @@ def head_scores(params: kvlib.Params, ids, layer: int = 0, head: int = 0,
 
 def head_weights(params: kvlib.Params, ids, layer: int = 0, head: int = 0, scaled: bool = True,
                  temperature: float = 1.0) -> np.ndarray:
-    """One head's attention weights, no mask (notebook 02): ids (T,) -> (T, T), rows sum to 1.
+    """One head's attention weights, no mask (one_attention_head): ids (T,) -> (T, T), rows sum to
+    1.
 
     softmax(scores / temperature): a temperature below 1 stretches the scores, as a bigger
     head would without the 1/sqrt(dh) scaling, and pushes each row towards one-hot.
@@ -64,7 +66,7 @@ def head_weights(params: kvlib.Params, ids, layer: int = 0, head: int = 0, scale
 
 
 def draw_query_row(heat_ax, bar_ax, weights, labels, query: int, title: str | None = None):
-    """Draw a head's weights (T, T) and one query's row (notebook 02) into two axes.
+    """Draw a head's weights (T, T) and one query's row (one_attention_head) into two axes.
 
     Left: the heatmap (kvlib.plots.attention_heatmap) on a colour scale spanning the weights'
     own range (untrained weights are all close to 1 / T), each row's largest weight framed,
@@ -114,7 +116,8 @@ FIGSIZE = (11, 5.0)
 
 
 def query_row_figure(weights, labels, query: int, title: str | None = None):
-    """The heatmap and one query's bars as a plain, new figure (notebook 02, before the widget)."""
+    """The heatmap and one query's bars as a plain, new figure
+    (one_attention_head, before the widget)."""
     figure, (heat_ax, bar_ax) = plt.subplots(1, 2, figsize=FIGSIZE,
                                              gridspec_kw={"width_ratios": [1.1, 1]})
     draw_query_row(heat_ax, bar_ax, weights, labels, query, title)
@@ -137,7 +140,7 @@ def attention_summary(weights, labels, query: int) -> str:
 
 def attention_explorer(params: kvlib.Params | None = None, text: str = kvlib.ARTICLE_PROMPT,
                        layer: int = 0, head: int = 0, query: int = 0):
-    """Pick a query and see whom it attends to in one unmasked head (notebook 02).
+    """Pick a query and see whom it attends to in one unmasked head (one_attention_head).
 
     Controls: ``sentence`` (Text, applied on Enter), ``query`` (Dropdown of the sentence's
     positions), ``head`` (ToggleButtons), ``scaled`` (Checkbox: divide the scores by

@@ -1,4 +1,4 @@
-"""Notebook 19: the paged KV cache, drawn: a pool of blocks coloured by the sequence that
+"""The paged_cache lesson: the paged KV cache, drawn: a pool of blocks coloured by the sequence that
 holds them, each sequence's block table, the gather that attention reads, and memory over
 time against what contiguous caches would reserve.
 
@@ -86,7 +86,7 @@ def _rectangles(ax, rectangles, **options):
 
 def draw_pool(ax, n_blocks: int, block_size: int, block_tables: dict, lengths: dict,
               copied=(), title: str | None = None, columns: int | None = None):
-    """The pool as a grid of blocks (notebook 19), each cut into block_size slots: the
+    """The pool as a grid of blocks (paged_cache), each cut into block_size slots: the
     filled slots in the owner's colour, shared blocks hatched with their reference count
     ("x2"), free blocks grey, blocks just made by copy-on-write outlined in black.
 
@@ -178,7 +178,7 @@ def draw_block_tables(ax, block_tables: dict, lengths: dict, block_size: int,
 
 def draw_gather(figure, n_blocks: int, block_size: int, block_tables: dict, lengths: dict,
                 reader: str):
-    """The gather attention does (notebook 19), drawn into `figure` (cleared first): left
+    """The gather attention does (paged_cache), drawn into `figure` (cleared first): left
     the pool, middle the block tables, right `reader`'s keys as attention sees them, one
     row per position, with an arrow from each block it reads. Returns (pool ax, tables ax,
     gathered ax)."""
@@ -214,7 +214,7 @@ def draw_gather(figure, n_blocks: int, block_size: int, block_tables: dict, leng
 
 
 def plot_memory_table(axes, rows, unit: int = 2**20, unit_name: str = "MiB"):
-    """Two panels from memory_plan.memory_table rows (notebook 19): left, memory against
+    """Two panels from memory_plan.memory_table rows (paged_cache): left, memory against
     block size, paged (used and waste) beside the contiguous reservation; right, block
     table entries (separate blocks gathered per layer per decode step). Returns axes."""
     left, right = axes
@@ -244,7 +244,7 @@ def plot_memory_table(axes, rows, unit: int = 2**20, unit_name: str = "MiB"):
 
 def plot_timeline(ax, history, bytes_per_position: int, unit: int = 1024,
                   unit_name: str = "KiB"):
-    """Memory over the steps of a PoolTimeline (notebook 19): tokens written, blocks taken,
+    """Memory over the steps of a PoolTimeline (paged_cache): tokens written, blocks taken,
     what contiguous caches would reserve for the same running sequences, and the pool's
     size. Returns ax."""
     _wipe(ax)
@@ -280,7 +280,7 @@ def demo_requests() -> list[Request]:
 
 def pool_explorer(params=None, n_blocks: int = 24, block_size: int = 4, requests=None,
                   seed: int = 0):
-    """Requests served step by step from one pool of blocks (notebook 19).
+    """Requests served step by step from one pool of blocks (paged_cache).
 
     Returns a VBox with what the tests use: ``next_step`` (Button "Next step"), ``fork``
     (Button "Fork") with ``fork_of`` (Dropdown of the running sequences), ``reset``

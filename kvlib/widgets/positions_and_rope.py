@@ -1,4 +1,4 @@
-"""Notebook 14: rotary positions, one pair of columns at a time.
+"""The positions_and_rope lesson: rotary positions, one pair of columns at a time.
 
 ``draw_rotation(figure, ...)`` draws one pair of a head's query and key as two arrows in the
 pair's plane, the query turned to its position m and the key to its position n, next to the
@@ -33,7 +33,8 @@ TOLERANCE = 1e-12
 
 
 def example_query_and_key(head_dim: int = HEAD_DIM, seed: int = EXAMPLE_SEED):
-    """One head's query and key before any rotation, seeded (notebook 14): two (head_dim,)."""
+    """One head's query and key before any rotation, seeded (positions_and_rope): two
+    (head_dim,)."""
     rng = np.random.default_rng(seed)
     return rng.standard_normal(head_dim), rng.standard_normal(head_dim)
 
@@ -55,7 +56,7 @@ def rotated(vector: np.ndarray, position: int, base: float = 10000.0) -> np.ndar
 
 def pair_scores(q: np.ndarray, k: np.ndarray, query_position: int, key_position: int,
                 base: float = 10000.0) -> np.ndarray:
-    """Each pair's share of the score of q (at m) against k (at n) (notebook 14): (dim / 2,).
+    """Each pair's share of the score of q (at m) against k (at n) (positions_and_rope): (dim / 2,).
 
     Their sum is the head's score, q_m . k_n / sqrt(dim), as kvlib.attention_scores gives it.
     """
@@ -158,7 +159,7 @@ def draw_rotation(figure, q: np.ndarray, k: np.ndarray, pair: int, distance: int
                   key_position: int, base: float = 10000.0,
                   max_distance: int = MAX_DISTANCE) -> dict:
     """Draw one pair of q and k turned to m = n + distance and n, and the score against the
-    distance (notebook 14), into `figure`. q, k: (dim,) before any rotation.
+    distance (positions_and_rope), into `figure`. q, k: (dim,) before any rotation.
 
     The first call on a figure clears it and makes the artists; later calls with the same
     max_distance move them. Returns what is drawn: the pair's angle per position (its
@@ -198,7 +199,8 @@ def draw_rotation(figure, q: np.ndarray, k: np.ndarray, pair: int, distance: int
 def rotation_explorer(q: np.ndarray | None = None, k: np.ndarray | None = None,
                       pair: int = 0, distance: int = 3, key_position: int = 0,
                       base: float = 10000.0):
-    """Notebook 14: one pair of a head's q and k, turned by RoPE, and the score by distance.
+    """The positions_and_rope lesson: one pair of a head's q and k, turned by RoPE, and the score by
+    distance.
 
     Controls (box.controls): "pair" (IntSlider 0 .. dim/2 - 1: low pairs turn fast, high
     pairs slowly), "distance" (IntSlider m - n, 0 .. 48), "key_position" (IntSlider n,
@@ -252,8 +254,9 @@ def _positions_text(positions: float) -> str:
 
 
 def draw_angle_table(ax, n_positions: int = 32, dim: int = HEAD_DIM, base: float = 10000.0):
-    """cos(angle) of every pair at positions 0 .. n_positions - 1 (notebook 14), as a heatmap:
-    the low pairs flicker from row to row, the high ones barely change. Returns the image."""
+    """cos(angle) of every pair at positions 0 .. n_positions - 1 (positions_and_rope), as a
+    heatmap: the low pairs flicker from row to row, the high ones barely change. Returns the
+    image."""
     angles = kvlib.rotary_angles(np.arange(n_positions), dim, check_base(base))
     image = ax.imshow(np.cos(angles), cmap="viridis", vmin=-1, vmax=1, aspect="auto",
                       interpolation="nearest")
@@ -266,7 +269,7 @@ def draw_angle_table(ax, n_positions: int = 32, dim: int = HEAD_DIM, base: float
 
 
 def draw_score_tables(figure, rotary_scores: np.ndarray, learned_scores: np.ndarray):
-    """Two (positions, positions) tables of one head's scores side by side (notebook 14): the
+    """Two (positions, positions) tables of one head's scores side by side (positions_and_rope): the
     query at row m, the key at column n; with RoPE every diagonal holds one value; the
     learned table of the notebook is random rows, a stand-in for a trained one. Only m >= n
     is drawn (a query never sees later keys). Returns the two axes."""

@@ -1,4 +1,4 @@
-"""Notebook 07: prefill a prompt and look inside the cache it leaves behind.
+"""The prefill lesson: prefill a prompt and look inside the cache it leaves behind.
 
 ``prefill_explorer()`` takes a prompt typed in words of the toy vocabulary, runs
 ``kvlib.prefill`` on it, and shows one layer's cached K and V as heatmaps (a row per token),
@@ -21,7 +21,7 @@ MAX_ROWS_WITH_VALUES = 12  # beyond this many tokens, numbers in the cells are u
 
 
 def draw_cache_contents(axes, cache, layer: int, token_labels) -> None:
-    """Heatmaps of one layer's cached K and V (T, d), one row per token (notebook 07).
+    """Heatmaps of one layer's cached K and V (T, d), one row per token (prefill).
 
     `axes` is a pair of matplotlib Axes (cleared first); the rows are labelled with the tokens.
     The titles are short ("K (21, 4)"), so that two narrow heatmaps of a long prompt keep them
@@ -42,7 +42,7 @@ def draw_cache_contents(axes, cache, layer: int, token_labels) -> None:
 
 
 def prefill_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
-    """Type a prompt, prefill it, see each layer's cached K and V (T, d) (notebook 07).
+    """Type a prompt, prefill it, see each layer's cached K and V (T, d) (prefill).
 
     Returns a VBox with the attributes the tests use: ``prompt`` (Text; Enter or the button
     prefills), ``prefill`` (Button), ``layer`` (Dropdown), ``status`` (HTML: tokens, cache

@@ -1,4 +1,4 @@
-"""Notebook 20: prefix caching across requests, drawn and played with.
+"""The prefix_caching lesson: prefix caching across requests, drawn and played with.
 
 ``draw_prefix_state`` draws a PrefixServer after an admission: the cached blocks as the
 tree their parent keys make (hit counts on each block; the blocks the new request reused
@@ -47,8 +47,8 @@ SYSTEM_PROMPTS = {
 
 
 def example_model() -> kvlib.Params:
-    """The toy with rotary positions (notebook 14) and room for 64 positions: notebook 20's
-    model."""
+    """The toy with rotary positions (positions_and_rope) and room for 64 positions: the
+    prefix_caching lesson's model."""
     return kvlib.init_params(kvlib.ModelConfig(positions="rotary", context_length=64))
 
 
@@ -64,7 +64,7 @@ class StreamRequest:
 
 def request_stream(n_requests: int, seed: int = 0, tokenizer=None,
                    system_share: float = 0.8, n_questions: int = 6) -> list[StreamRequest]:
-    """A seeded stream of requests (notebook 20): most start with system prompt A or B, then
+    """A seeded stream of requests (prefix_caching): most start with system prompt A or B, then
     one question from a small pool (so whole requests repeat too); the rest are a question
     alone.
     Each finishes when the next request arrives (lifetime 1) or the one after (lifetime 2),
@@ -89,9 +89,9 @@ def request_stream(n_requests: int, seed: int = 0, tokenizer=None,
 # --------------------------------------------------------------------------------- drawing
 
 def tree_layout(entries) -> dict[bytes, tuple[float, float]]:
-    """Where notebook 20 draws every cached block: (x, y), x its depth, y from its leaves (a
-    leaf a row of its own, a parent at the middle of its children), first blocks in the order
-    cached."""
+    """Where the prefix_caching lesson draws every cached block: (x, y), x its depth, y from its
+    leaves (a leaf a row of its own, a parent at the middle of its children), first blocks in the
+    order cached."""
     children: dict[bytes, list] = {}
     for entry in entries:
         children.setdefault(entry.parent, []).append(entry)
@@ -136,7 +136,7 @@ def _show_cells(ax, cells, cmap, vmin, vmax) -> None:
 
 
 def draw_prefix_tree(ax, prefix_cache, labels_of, reused=(), new=(), title=None):
-    """The cached blocks as a tree (notebook 20): one box per block, at its depth, linked to
+    """The cached blocks as a tree (prefix_caching): one box per block, at its depth, linked to
     its parent; each box says its pool block, its hits and its tokens. Blocks in `reused`
     (pool block ids) are highlighted, those in `new` marked as just cached; blocks held by a
     running request are blue, idle ones grey. labels_of(ids) gives the token strings."""
@@ -184,7 +184,7 @@ def draw_prefix_tree(ax, prefix_cache, labels_of, reused=(), new=(), title=None)
 
 
 def draw_request(ax, labels, reused_tokens: int, block_size: int, title=None):
-    """One request's tokens, reused from the cache or prefilled (notebook 20), with its
+    """One request's tokens, reused from the cache or prefilled (prefix_caching), with its
     block boundaries."""
     n = len(labels)
     if not 0 <= reused_tokens <= n:
@@ -206,7 +206,7 @@ def draw_request(ax, labels, reused_tokens: int, block_size: int, title=None):
 
 
 def draw_reuse_bars(ax, names, lengths, reused, block_size: int, title=None):
-    """Prompt tokens of each request, reused from the prefix cache or computed (notebook 20):
+    """Prompt tokens of each request, reused from the prefix cache or computed (prefix_caching):
     one horizontal bar a request, the reused part first (yellow, as in draw_request), the
     computed part after it (purple), with the block boundaries of the reused part."""
     lengths, reused = np.asarray(lengths), np.asarray(reused)
@@ -232,7 +232,7 @@ def draw_reuse_bars(ax, names, lengths, reused, block_size: int, title=None):
 
 
 def pool_states(server: PrefixServer) -> np.ndarray:
-    """Each pool block's state (notebook 20), an index into POOL_STATES: free, cached and
+    """Each pool block's state (prefix_caching), an index into POOL_STATES: free, cached and
     idle, cached and held by a running request, or a running request's own block."""
     states = np.zeros(server.allocator.n_blocks, dtype=int)
     held = server.held_blocks()
@@ -245,7 +245,8 @@ def pool_states(server: PrefixServer) -> np.ndarray:
 
 
 def draw_pool(ax, states, title=None):
-    """The pool, one cell per block, coloured by its state (pool_states; notebook 20)."""
+    """The pool, one cell per block, coloured by its state
+    (pool_states; the prefix_caching lesson)."""
     states = np.asarray(states)
     _show_cells(ax, states[None, :], ListedColormap(POOL_COLORS), -0.5,
                 len(POOL_COLORS) - 0.5)
@@ -282,7 +283,7 @@ def _state_layout(figure) -> list[tuple[float, float, float, float]]:
 
 def draw_prefix_state(figure, server: PrefixServer, admission: Admission | None, labels_of,
                       new=()):
-    """The whole picture (notebook 20) into `figure`: the prefix tree, the request just
+    """The whole picture (prefix_caching) into `figure`: the prefix tree, the request just
     admitted (if any) and the pool. Returns (tree, request, pool) Axes.
 
     The three Axes are made on the first call and redrawn in place after (a widget redraws
@@ -311,7 +312,7 @@ def draw_prefix_state(figure, server: PrefixServer, admission: Admission | None,
 
 def cache_table(prefix_cache, labels_of) -> str:
     """The cached blocks as a text table: pool block, positions, tokens, hits, last used,
-    held by a running request, cached children (notebook 20's eviction exercise)."""
+    held by a running request, cached children (prefix_caching's eviction exercise)."""
     lines = [f"{'block':>5}  {'positions':>9}  {'tokens':<26} {'hits':>4}  {'last used':>9}  "
              f"{'held':>4}  {'children':>8}"]
     for entry in prefix_cache.entries:
@@ -372,7 +373,7 @@ class StreamRun:
 def prefix_stream_explorer(params=None, seed: int = 0, n_blocks: int = 20, block_size: int = 4,
                            n_requests: int = 40):
     """Serve a seeded stream of requests with a prefix cache, one click at a time
-    (notebook 20).
+    (prefix_caching).
 
     Returns a VBox with what the tests use: ``arrive`` (Button "Next request"), ``reset``
     (Button "Reset"), ``pool`` (IntSlider: blocks in the pool, from the smallest pool the

@@ -1,5 +1,5 @@
-"""Notebook 22: the quantized KV cache, drawn: each channel's size in a layer's keys and
-values (the outlier channels), the error a quantized cache adds to every cached number, the
+"""The quantized_cache lesson: the quantized KV cache, drawn: each channel's size in a layer's keys
+and values (the outlier channels), the error a quantized cache adds to every cached number, the
 bytes a token costs, and the quality table of a model.
 
 ``quantized_cache_explorer(params, tokenizer, story)`` lets a student choose the bits (8, 4
@@ -39,7 +39,7 @@ EXACT_COLOR = "white"
 
 
 def make_grouping(kind: str, bits: int, group_size: int = 32) -> PerToken | PerChannel:
-    """'per token' or 'per channel' (notebook 22) -> PerToken(bits) or PerChannel(bits,
+    """'per token' or 'per channel' (quantized_cache) -> PerToken(bits) or PerChannel(bits,
     group_size)."""
     if kind == "per token":
         return PerToken(bits)
@@ -63,7 +63,7 @@ labels, as a power of the data's own range: the top 30% of the axis stays empty.
 
 def draw_channel_sizes(ax, keys: np.ndarray, values: np.ndarray, title: str = "",
                        head_dim: int | None = None, n_marked: int = 2) -> None:
-    """Each channel's largest |number| in a layer's keys and values (notebook 22), channels
+    """Each channel's largest |number| in a layer's keys and values (quantized_cache), channels
     on the x axis, on a log scale; the n_marked largest key channels are labelled. Lines
     between heads when head_dim is given. The axis leaves room above the data, so that the
     legend covers no point and no label."""
@@ -96,7 +96,7 @@ def draw_channel_sizes(ax, keys: np.ndarray, values: np.ndarray, title: str = ""
 
 def draw_groupings(axes, n_positions: int = 12, width: int = 8, group_size: int = 4,
                    residual: int | None = None) -> None:
-    """Which numbers share a scale (notebook 22), on a grid of n_positions cached rows of
+    """Which numbers share a scale (quantized_cache), on a grid of n_positions cached rows of
     width numbers: per token (axes[0]) every row is a group, per channel (axes[1]) every
     column of every group_size rows. Groups alternate in two shades; each carries one scale.
     Rows held in full precision are white: per channel, those after the last whole residual
@@ -140,14 +140,14 @@ def draw_groupings(axes, n_positions: int = 12, width: int = 8, group_size: int 
 
 
 def error_norm(scale: float) -> LogNorm:
-    """One log colour scale for error heatmaps, from 1e-4 x scale to scale (notebook 22), so
+    """One log colour scale for error heatmaps, from 1e-4 x scale to scale (quantized_cache), so
     that 8, 4 and 2 bits can be told apart at a glance; 0 (held exactly) is drawn white."""
     return LogNorm(vmin=scale * 1e-4, vmax=scale)
 
 
 def draw_error_heatmap(ax, error: np.ndarray, norm: LogNorm, title: str = "",
                        colorbar: bool = True):
-    """|quantized - exact| of every cached number (notebook 22): positions down, channels
+    """|quantized - exact| of every cached number (quantized_cache): positions down, channels
     across, on the log scale norm; exact numbers (0) white. Returns the image."""
     error = np.asarray(error, dtype=np.float64)
     shown = np.ma.masked_less_equal(error, 0)
@@ -164,7 +164,7 @@ def draw_error_heatmap(ax, error: np.ndarray, norm: LogNorm, title: str = "",
 
 
 def pairing_name(quality) -> str:
-    """'K per channel, V per token' and so on: the groupings of a Quality (notebook 22)."""
+    """'K per channel, V per token' and so on: the groupings of a Quality (quantized_cache)."""
     def kind(grouping):
         return "per channel" if isinstance(grouping, PerChannel) else "per token"
     return f"K {kind(quality.keys)}, V {kind(quality.values)}"
@@ -175,7 +175,7 @@ LINEAR_LOSS = 1e-3
 
 
 def draw_quality(axes, qualities) -> None:
-    """The quality table as grouped bars (notebook 22): for each pairing of groupings, a bar
+    """The quality table as grouped bars (quantized_cache): for each pairing of groupings, a bar
     per bit width; the share of greedy picks left unchanged (%) on axes[0], the held-out
     loss added (nats per token) on axes[1]. That axis is symmetric-logarithmic: linear
     within +-LINEAR_LOSS (shaded), where int8's changes sit, up or down (quantization noise
@@ -218,7 +218,7 @@ def draw_quality(axes, qualities) -> None:
 
 
 def _relative_rms(error: np.ndarray, exact: np.ndarray) -> float:
-    """RMS of the error over the RMS of the numbers themselves (notebook 22)."""
+    """RMS of the error over the RMS of the numbers themselves (quantized_cache)."""
     return float(np.sqrt(np.mean(error ** 2)) / np.sqrt(np.mean(exact ** 2)))
 
 
@@ -249,7 +249,7 @@ MODELS = ("as trained", "outlier keys")
 def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_length: int = 32,
                              n_new: int = 24, layer: int = 0, group_size: int = 32,
                              outlier_params: kvlib.Params | None = None):
-    """Choose bits and grouping for K and V; see what a QuantizedKVCache does (notebook 22).
+    """Choose bits and grouping for K and V; see what a QuantizedKVCache does (quantized_cache).
 
     story: ids (T,), BOS first, prefilled whole (T <= context length). The heatmap is the
     rounding error of layer `layer`'s keys; the status lines give the bytes per token (the live

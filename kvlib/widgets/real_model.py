@@ -1,4 +1,4 @@
-"""Notebook 12: the decode loop on a real model, and the position of a decode step.
+"""The real_model lesson: the decode loop on a real model, and the position of a decode step.
 
 - ``relative_difference`` (kvlib.debug's): how close cached decoding comes to a full
   recomputation (kv_cached_decode's check, in float64 or float32).
@@ -28,7 +28,7 @@ TOP_WORDS = 8            # the words shown: the most likely under full recomputa
 
 def step_at_position(params, ids, token: int, position) -> np.ndarray:
     """The decode step after the prompt `ids` (a fresh prefill) whose new token gets row
-    `position` of the position table (notebook 12): -> logits (V,). At position len(ids)
+    `position` of the position table (real_model): -> logits (V,). At position len(ids)
     it is kvlib.decode_step; at any other row it is the classic bug of exercise 1."""
     from kvlib.exercises.real_model import decode_at_position
 
@@ -46,7 +46,7 @@ def top_words(right, step, count: int = TOP_WORDS) -> list[int]:
 
 def draw_next_words(ax, vocabulary, right, step, position: int, title: str | None = None):
     """Next-word probabilities (V,) of a full recomputation and of a decode step whose token
-    sat at `position`, as pairs of bars over the likeliest words (notebook 12)."""
+    sat at `position`, as pairs of bars over the likeliest words (real_model)."""
     right, step = np.asarray(right, dtype=float), np.asarray(step, dtype=float)
     if right.shape != step.shape or right.ndim != 1:
         raise ValueError(f"need two probability rows (V,), got {right.shape} and {step.shape}")
@@ -69,7 +69,7 @@ def draw_next_words(ax, vocabulary, right, step, position: int, title: str | Non
 
 
 def position_explorer(params, tokenizer, prompt: str):
-    """A decode step at the position you choose (notebook 12).
+    """A decode step at the position you choose (real_model).
 
     The prompt is prefilled; the model's next word is fed to a decode step whose new token
     gets the row of the position table under the slider (len(cache) to start with). The

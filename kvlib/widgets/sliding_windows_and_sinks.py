@@ -1,4 +1,4 @@
-"""Notebook 17: sliding windows and attention sinks, drawn.
+"""The sliding_windows_and_sinks lesson: sliding windows and attention sinks, drawn.
 
 The pictures (each draws into a given Axes, cleared first):
 
@@ -48,7 +48,7 @@ MAX_TOKENS = 64
 # ------------------------------------------------------------------------------- the mask
 
 def visibility(n_positions: int, window: int | None, sink_tokens: int = 0) -> np.ndarray:
-    """What each query sees (notebook 17): (n, n) ints, one of FUTURE, DROPPED, SINK,
+    """What each query sees (sliding_windows_and_sinks): (n, n) ints, one of FUTURE, DROPPED, SINK,
     IN_WINDOW per (query, key). The keys a query attends to, SINK and IN_WINDOW, are
     exactly kvlib.attention_mask(positions, positions, window, sink_tokens)."""
     positions = np.arange(n_positions)
@@ -64,10 +64,10 @@ def _tick_step(n: int) -> int:
 
 def draw_window_mask(ax, n_positions: int, window: int | None, sink_tokens: int = 0,
                      title: str | None = None, labels=None):
-    """The mask of a window of W with sink_tokens sinks over n positions (notebook 17), as
-    an image: rows are queries, columns keys, one colour per kind of cell (visibility).
-    labels: optional token labels (n of them); without, positions are written. The last
-    query row, the newest token, is outlined."""
+    """The mask of a window of W with sink_tokens sinks over n positions
+    (sliding_windows_and_sinks), as an image: rows are queries, columns keys, one colour per kind of
+    cell (visibility). labels: optional token labels (n of them); without, positions are written.
+    The last query row, the newest token, is outlined."""
     kinds = visibility(n_positions, window, sink_tokens)
     ax.clear()
     colors = ListedColormap([VISIBILITY_COLORS[k] for k in sorted(VISIBILITY_COLORS)])
@@ -98,8 +98,8 @@ def draw_window_mask(ax, n_positions: int, window: int | None, sink_tokens: int 
 # ---------------------------------------------------------------------------- the ring
 
 def ring_slot(position: int, window: int, sink_tokens: int = 0) -> int:
-    """The row of a SlidingWindowCache where position p is written (notebook 17): p itself
-    for a sink, sink_tokens + (p - sink_tokens) % W for the others. The same rule as
+    """The row of a SlidingWindowCache where position p is written (sliding_windows_and_sinks): p
+    itself for a sink, sink_tokens + (p - sink_tokens) % W for the others. The same rule as
     kvlib.SlidingWindowCache (its test reads the cache's buffer to check)."""
     if position < sink_tokens:
         return int(position)
@@ -107,8 +107,8 @@ def ring_slot(position: int, window: int, sink_tokens: int = 0) -> int:
 
 
 def ring_contents(cache: kvlib.SlidingWindowCache) -> np.ndarray:
-    """The position each slot of a ring holds now (notebook 17): (sink_tokens + W,) ints,
-    EMPTY_SLOT (-1) for a slot nothing was written to yet."""
+    """The position each slot of a ring holds now (sliding_windows_and_sinks): (sink_tokens + W,)
+    ints, EMPTY_SLOT (-1) for a slot nothing was written to yet."""
     if not isinstance(cache, kvlib.SlidingWindowCache):
         raise TypeError(f"ring_contents reads a kvlib.SlidingWindowCache, "
                         f"got {type(cache).__name__}")
@@ -120,8 +120,8 @@ def ring_contents(cache: kvlib.SlidingWindowCache) -> np.ndarray:
 
 def draw_ring(ax, contents, sink_tokens: int, newest: int | None = None,
               next_slot: int | None = None, title=None):
-    """A ring buffer as a row of boxes (notebook 17): contents (slots,) the position in each
-    slot (EMPTY_SLOT for none), the first sink_tokens slots drawn as sinks, the slot holding
+    """A ring buffer as a row of boxes (sliding_windows_and_sinks): contents (slots,) the position
+    in each slot (EMPTY_SLOT for none), the first sink_tokens slots drawn as sinks, the slot holding
     `newest` highlighted, and the slot the next position will be written to outlined with
     a dashed line. Returns the Axes."""
     contents = np.asarray(contents)
@@ -170,9 +170,9 @@ def draw_ring(ax, contents, sink_tokens: int, newest: int | None = None,
 # ------------------------------------------------------------------------------ memory
 
 def draw_cache_bytes(ax, tokens, full_bytes, ring_bytes, window: int, sink_tokens: int = 0):
-    """Bytes held against tokens seen (notebook 17): the full cache's line keeps rising, the
-    ring's stops at sink_tokens + W positions. tokens, full_bytes, ring_bytes: equal-length
-    sequences."""
+    """Bytes held against tokens seen (sliding_windows_and_sinks): the full cache's line keeps
+    rising, the ring's stops at sink_tokens + W positions. tokens, full_bytes, ring_bytes:
+    equal-length sequences."""
     ax.clear()
     ax.plot(tokens, full_bytes, color=FULL_COLOR, marker=".", label="full cache (KVCache)")
     ax.plot(tokens, ring_bytes, color=RING_COLOR, marker=".", lw=2.5,
@@ -193,9 +193,9 @@ def draw_cache_bytes(ax, tokens, full_bytes, ring_bytes, window: int, sink_token
 # ----------------------------------------------------------------------- receptive field
 
 def draw_reach(ax, changes, layer_counts, window: int):
-    """Which earlier tokens reach the last output (notebook 17): changes (len(layer_counts),
-    D) the largest change of the last row of logits when the token d positions back is
-    replaced, for models of 1, 2, ... layers. Cells with no change at all are drawn grey;
+    """Which earlier tokens reach the last output (sliding_windows_and_sinks): changes
+    (len(layer_counts), D) the largest change of the last row of logits when the token d positions
+    back is replaced, for models of 1, 2, ... layers. Cells with no change at all are drawn grey;
     the others coloured by log10 of the change. The line after each row's reach marks
     L x (W - 1)."""
     changes = np.asarray(changes, dtype=float)
@@ -231,7 +231,7 @@ def _draw_baselines(ax, baselines: dict | None) -> None:
 
 def draw_window_losses(ax, windows, losses: dict, full_loss: float, title: str | None = None,
                        baselines: dict | None = None):
-    """Held-out loss beyond the window against W (notebook 17): losses maps a label
+    """Held-out loss beyond the window against W (sliding_windows_and_sinks): losses maps a label
     ("window only", "window + 4 sinks", ...) to one loss per window; the full cache's loss
     is a dashed line, and each of `baselines` ({"bigram": 2.6, ...}) a grey line."""
     ax.clear()
@@ -253,8 +253,8 @@ def draw_window_losses(ax, windows, losses: dict, full_loss: float, title: str |
 
 def draw_loss_by_position(ax, curves: dict, window: int, smoothing: int = 8,
                           baselines: dict | None = None):
-    """Next-token loss against the position of the predicted token (notebook 17): curves
-    maps a label to the mean loss of each prediction (T - 1,), the prediction at index i
+    """Next-token loss against the position of the predicted token (sliding_windows_and_sinks):
+    curves maps a label to the mean loss of each prediction (T - 1,), the prediction at index i
     being of token i + 1; each curve is averaged over `smoothing` neighbours. A dashed line
     marks the window: before it nothing has been forgotten. Each of `baselines`
     ({"uniform guess": 5.6, ...}) is a grey horizontal line."""
@@ -283,7 +283,7 @@ SINK_THRESHOLD = 0.5
 
 def draw_sink_heads(ax, on_first, even_share: float, first_query: int | None = None,
                     threshold: float = SINK_THRESHOLD, title: str | None = None):
-    """Where a real model's heads put their attention (notebook 17, SmolLM2): on_first
+    """Where a real model's heads put their attention (sliding_windows_and_sinks, SmolLM2): on_first
     (layers, heads), the mean weight each head gives position 0 over the measured queries,
     drawn with layers across and heads down, viridis from 0 to 1 (the whole possible range,
     so that 0.1 and 1.0 look as different as they are), each cell's value written in
@@ -322,8 +322,8 @@ def draw_sink_heads(ax, on_first, even_share: float, first_query: int | None = N
 
 
 def draw_sinks_won_back(ax, shares: dict, title: str | None = None):
-    """How much of a window's cost keeping sinks wins back (notebook 17): shares maps a
-    model's name to {window: share}, the share being (window loss - window + sinks loss) /
+    """How much of a window's cost keeping sinks wins back (sliding_windows_and_sinks): shares maps
+    a model's name to {window: share}, the share being (window loss - window + sinks loss) /
     (window loss - full loss); one group of bars a model, one bar a window, each labelled
     with its window and its percentage."""
     ax.clear()
@@ -366,28 +366,29 @@ def _whole(name: str, value, low: int, high: int) -> int:
 
 
 def example_model(context_length: int = MAX_TOKENS) -> kvlib.Params:
-    """The model of notebook 17: the toy with rotary positions (notebook 14), so that a
-    window can slide as far as the context length allows."""
+    """The model of the sliding_windows_and_sinks lesson: the toy with rotary positions
+    (positions_and_rope), so that a window can slide as far as the context length allows."""
     return kvlib.init_params(kvlib.ModelConfig(positions="rotary",
                                                context_length=context_length))
 
 
 def example_sequence(n_tokens: int = MAX_TOKENS, vocab_size: int = 12) -> list[int]:
-    """A seeded sequence of token ids, BOS first: the long input of notebook 17's widget."""
+    """A seeded sequence of token ids, BOS first: the long input of the sliding_windows_and_sinks
+    lesson's widget."""
     rng = np.random.default_rng(SEQUENCE_SEED)
     return [0] + rng.integers(1, vocab_size, n_tokens - 1).tolist()
 
 
 def window_cache(params: kvlib.Params, ids, window: int, sink_tokens: int):
     """Prefill ids into a SlidingWindowCache of a window W with sink_tokens sinks, on the
-    same weights (notebook 17): -> (logits (T, V), cache)."""
+    same weights (sliding_windows_and_sinks): -> (logits (T, V), cache)."""
     return kvlib.prefill(params.with_config(window=window, sink_tokens=sink_tokens), ids)
 
 
 def window_explorer(params: kvlib.Params | None = None, window: int = 4,
                     sink_tokens: int = 0, n_tokens: int = 20):
-    """Sliders for W, sink_tokens and the tokens seen (notebook 17): the mask over every
-    position so far, the ring buffer's slots with the positions they hold, and its bytes
+    """Sliders for W, sink_tokens and the tokens seen (sliding_windows_and_sinks): the mask over
+    every position so far, the ring buffer's slots with the positions they hold, and its bytes
     beside a full cache's. Each change prefills a real SlidingWindowCache.
 
     Returns a VBox with the attributes the tests use: ``window``, ``sinks``, ``tokens``

@@ -1,4 +1,4 @@
-"""Notebook 23: step through a speculative generation, one round at a time.
+"""The speculative_decoding lesson: step through a speculative generation, one round at a time.
 
 ``speculative_explorer(target, draft, tokenizer)`` runs kvlib.serving's SpeculativeDecoder:
 every click on "Speculative round" lets the draft propose k tokens and the target judge them
@@ -60,7 +60,7 @@ def _verdict_note(step: SpeculativeStep, index: int, sampled: bool) -> str:
 
 def draw_round(token_ax, cache_ax, step: SpeculativeStep, context, label, *,
                sampled: bool = False) -> None:
-    """Draw one round of speculative decoding (notebook 23) into two Axes, cleared first.
+    """Draw one round of speculative decoding (speculative_decoding) into two Axes, cleared first.
 
     token_ax: the draft's proposals (top row), coloured by the target's verdict, and the
     tokens the round keeps (bottom row, after the last tokens of the sequence, `context`):
@@ -164,8 +164,8 @@ def _round_axes(figure):
 
 
 def plot_round(step: SpeculativeStep, context, label, *, sampled: bool = False):
-    """One round as a plain figure (notebook 23; GitHub shows no widgets): a new figure with
-    draw_round's two Axes. Returns the figure."""
+    """One round as a plain figure (speculative_decoding; GitHub shows no widgets): a new figure
+    with draw_round's two Axes. Returns the figure."""
     figure = plt.figure(figsize=FIGURE_SIZE)
     draw_round(*_round_axes(figure), step, context, label, sampled=sampled)
     return figure
@@ -206,7 +206,7 @@ def _greedy_check(decoder: SpeculativeDecoder) -> str:
 
 def speculative_explorer(target, draft, tokenizer, prompt: str, k: int = 4,
                          rule: str = "greedy"):
-    """Speculative decoding one round a click (notebook 23).
+    """Speculative decoding one round a click (speculative_decoding).
 
     target, draft: kvlib Params with the same vocabulary; tokenizer: encode(text) -> ids and
     tokens(ids) -> strings (kvlib.ToyTokenizer, kvlib.stories.StoryTokenizer). The prompt

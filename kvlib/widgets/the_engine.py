@@ -114,7 +114,7 @@ def service_status(engine: Engine) -> str:
 
 
 def engine_widget(make_engine, requests):
-    """Step an engine through a workload (notebook 24): make_engine() builds a fresh engine;
+    """Step an engine through a workload (the_engine): make_engine() builds a fresh engine;
     requests [(arrival step, prompt, SamplingParams)] arrive as the steps pass. Step runs one
     step, Run to the end runs them all, Reset starts again."""
     live = LiveFigure(figsize=(10, 5.4), n_axes=1)

@@ -1,4 +1,4 @@
-"""Notebook 13: what the heads of a trained model read, measured, and GPT-2 124M.
+"""The what_the_heads_read lesson: what the heads of a trained model read, measured, and GPT-2 124M.
 
 - ``previous_token_scores``, ``weight_on`` and ``forced_name_weights`` measure heads from
   recorded attention weights; ``draw_head`` draws one head's weights with token labels and
@@ -50,7 +50,8 @@ LABEL_CHARACTERS = 9     # longer tokens are cut, with an ellipsis
 # ---------------------------------------------------------------------------------- GPT-2
 
 def gpt2_status(directory) -> str:
-    """What notebook 13 prints about GPT-2 124M's weights: where they are, or how to get them."""
+    """What the what_the_heads_read lesson prints about GPT-2 124M's weights: where they are, or how
+    to get them."""
     if directory is not None:
         return f"GPT-2 124M's weights are in {directory}: the GPT-2 cells below run."
     return textwrap.dedent(f"""\
@@ -65,7 +66,7 @@ def gpt2_status(directory) -> str:
 SKIPPED = "skipped: GPT-2 124M's weights are not on this machine (see above)"
 
 REAL_SENTENCE = "Alan Turing was born in London in 1912, and he studied mathematics at Cambridge."
-"""The real sentence notebook 13 feeds GPT-2 124M twice, for its heads."""
+"""The real sentence the what_the_heads_read lesson feeds GPT-2 124M twice, for its heads."""
 CLEAR_HEAD = 0.5
 """A head whose score passes this does its job plainly: more than half of its weight (a
 uniform head over 20-odd positions would put a few percent on any one)."""
@@ -77,7 +78,7 @@ COPIED_AT_LEAST = 0.8
 
 def previous_token_scores(recorded) -> np.ndarray:
     """For every layer and head, the mean weight a query puts on the position just before it
-    (notebook 13): recorded = one (h, T, T) array per layer (record_attention of a forward
+    (what_the_heads_read): recorded = one (h, T, T) array per layer (record_attention of a forward
     pass over T >= 2 tokens) -> (L, h). 1 is a perfect previous-token head."""
     weights = np.stack([np.asarray(w) for w in recorded])          # (L, h, T, T)
     T = weights.shape[-1]
@@ -88,7 +89,7 @@ def previous_token_scores(recorded) -> np.ndarray:
 
 def weight_on(recorded, query: int, keys) -> np.ndarray:
     """For every layer and head, the weight the query at position `query` puts on the
-    positions `keys`, added up (notebook 13): -> (L, h)."""
+    positions `keys`, added up (what_the_heads_read): -> (L, h)."""
     weights = np.stack([np.asarray(w) for w in recorded])          # (L, h, T, S)
     return weights[:, :, query, list(keys)].sum(axis=-1)
 
@@ -97,7 +98,7 @@ def forced_name_weights(recorded, repeats) -> dict[str, np.ndarray]:
     """Where a story forces a name (kvlib.stories.forced_repeats(words, "name")): for every
     layer and head, the mean weight the query before the name (r.position - 1) puts on the
     latest name of either character (r.latest), on the earlier occurrences of the name that
-    comes next (r.earlier) and on the other character's (r.distractor) (notebook 13).
+    comes next (r.earlier) and on the other character's (r.distractor) (what_the_heads_read).
 
     recorded: one (h, T, T) array per layer (record_attention of a forward over the story);
     -> {"latest", "earlier", "distractor"}: (L, h) each.
@@ -118,8 +119,8 @@ def forced_name_weights(recorded, repeats) -> dict[str, np.ndarray]:
 
 def draw_head_table(ax, scores, title: str, vmax: float = 1.0):
     """An (L, h) table of head scores as a heatmap, layers down and heads across, each cell
-    labelled with its value (notebook 13); the colours run from 0 to vmax for every table, so
-    that tables side by side compare."""
+    labelled with its value (what_the_heads_read); the colours run from 0 to vmax for every table,
+    so that tables side by side compare."""
     scores = np.asarray(scores, dtype=float)
     image = ax.imshow(scores, cmap=plots.COLORMAP, vmin=0.0, vmax=vmax)
     n_layers, n_heads = scores.shape
@@ -136,7 +137,7 @@ def draw_head_table(ax, scores, title: str, vmax: float = 1.0):
 def induction_scores(recorded, half: int) -> np.ndarray:
     """For a text made of one piece of `half` tokens said twice: for every layer and head, the
     mean weight a query in the second copy (at half + i) puts on the token that followed its
-    own token in the first copy (at i + 1), over i = 0 .. half - 2 (notebook 13): -> (L, h).
+    own token in the first copy (at i + 1), over i = 0 .. half - 2 (what_the_heads_read): -> (L, h).
     An induction head, the mechanism that lets a model copy what it has read, scores near 1."""
     weights = np.stack([np.asarray(w) for w in recorded])          # (L, h, 2 half, 2 half)
     if weights.shape[-1] != 2 * half or half < 2:
@@ -148,7 +149,7 @@ def induction_scores(recorded, half: int) -> np.ndarray:
 
 def copied_fraction(logits, ids, half: int) -> float:
     """Share of the second copy's tokens (after its first) the model predicted greedily from
-    the position before them (notebook 13): logits (2 half, V) of a text said twice."""
+    the position before them (what_the_heads_read): logits (2 half, V) of a text said twice."""
     predicted = np.argmax(np.asarray(logits)[half:-1], axis=-1)
     return float(np.mean(predicted == np.asarray(ids)[half + 1:]))
 
@@ -160,7 +161,7 @@ def best_head(scores: np.ndarray) -> tuple[int, int]:
 
 
 def distances_read(weights, queries) -> np.ndarray:
-    """How far back one head reads (notebook 13): weights (T, T) of one head, queries =
+    """How far back one head reads (what_the_heads_read): weights (T, T) of one head, queries =
     positions -> (len(queries),) ints, each query minus the position it puts the most
     weight on (0 when that is the query itself). A cache, or a sliding window, must still
     hold that position when the query is decoded."""
@@ -176,7 +177,7 @@ def distances_read(weights, queries) -> np.ndarray:
 
 
 def draw_distances(ax, distances: dict, title: str, bin_width: int = 5):
-    """One histogram per head of how far back it reads (notebook 13): distances = {label:
+    """One histogram per head of how far back it reads (what_the_heads_read): distances = {label:
     array of distances}; the same bins for every head, so that they compare."""
     arrays = {label: np.asarray(values, dtype=int) for label, values in distances.items()}
     if not arrays or any(values.size == 0 for values in arrays.values()):
@@ -206,7 +207,7 @@ def short_labels(labels) -> list[str]:
 
 def draw_head(ax, weights, labels, title: str, max_labels: int = 40):
     """One head's attention weights (T, T) with token labels on both axes, masked future cells
-    hatched; the colours span the weights on show (notebook 13)."""
+    hatched; the colours span the weights on show (what_the_heads_read)."""
     weights = np.asarray(weights, dtype=float)
     labels = short_labels(labels)
     T = weights.shape[0]
@@ -232,7 +233,7 @@ def reading_grid(weights, columns: int = COLUMNS, min_rows: int = MIN_ROWS) -> n
 
 
 class ReadingPicture:
-    """What the newest token reads (notebook 13), drawn into one Axes and updated in place:
+    """What the newest token reads (what_the_heads_read), drawn into one Axes and updated in place:
     the text token by token on a grid, each cell coloured by the newest query's attention
     weight on that position, the newest token (the query itself, last) framed with a dashed
     line and the position read most with a white frame.
@@ -299,7 +300,7 @@ class ReadingPicture:
 
 def draw_reading(ax, labels, weights, title: str | None = None, columns: int = COLUMNS,
                  min_rows: int = 1):
-    """A ReadingPicture of the weights (S,) over S labelled tokens (notebook 13): the plain
+    """A ReadingPicture of the weights (S,) over S labelled tokens (what_the_heads_read): the plain
     figure before the widget, as many rows as the text needs. Returns (image, position of
     the largest weight)."""
     picture = ReadingPicture(ax, columns, min_rows)
@@ -309,7 +310,7 @@ def draw_reading(ax, labels, weights, title: str | None = None, columns: int = C
 
 def reading_explorer(params, tokenizer, prompt: str, layer: int = 0, head: int = 0):
     """Greedy decoding one click at a time on a real model, and what the new token reads
-    (notebook 13).
+    (what_the_heads_read).
 
     Each click on "Decode next token" feeds the greedy choice to kvlib.decode_step; the
     figure shows the new token's attention, in the chosen layer and head, over every cached

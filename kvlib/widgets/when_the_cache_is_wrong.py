@@ -1,5 +1,5 @@
-"""Notebook 25's tables and figure: the precision measurements of tools/measure_precision.py
-(kvlib.precision.measured()), read as the lesson shows them."""
+"""The when_the_cache_is_wrong lesson's tables and figure: the precision measurements of
+tools/measure_precision.py (kvlib.precision.measured()), read as the lesson shows them."""
 
 from __future__ import annotations
 
@@ -102,9 +102,9 @@ def zoo_runs() -> dict:
 def zoo_widget():
     """Plant a bug of the zoo, pick a number format, and see the logits part from
     recomputation step by step, with the locator's report and the rows each step computes
-    (notebook 25). The runs were made by tools/measure_precision.py zoo (run_bug, 33 of them,
-    about 20 s) and are read from the file, so that the widget answers at once; the notebook
-    runs the same bugs live above it, and a test recomputes some of the runs."""
+    (when_the_cache_is_wrong). The runs were made by tools/measure_precision.py zoo
+    (run_bug, 33 of them, about 20 s) and are read from the file, so that the widget answers at
+    once; the notebook runs the same bugs live above it, and a test recomputes some of the runs."""
     import ipywidgets as widgets
 
     from .base import LiveFigure, as_html, explorer

@@ -1,4 +1,5 @@
-"""Notebook 10: where the time goes. This machine's rates, the roofline, and batching.
+"""The where_time_goes lesson: where the time goes. This machine's rates, the roofline, and
+batching.
 
 ``kvlib.hardware.measure_machine()`` measures this machine's matrix-product rate and read
 bandwidth several times and says whether the readings agree (another program on the machine
@@ -23,7 +24,8 @@ from .base import LiveFigure, safely
 
 LAB_MODEL = kvlib.ModelConfig(vocab_size=2048, d_model=512, n_heads=8, n_layers=4, d_ff=2048,
                               context_length=512, dtype="float32")
-"""The model notebook 10 times: big enough that its weights do not fit in a CPU's caches."""
+"""The model the where_time_goes lesson times: big enough that its weights do not fit in a CPU's
+caches."""
 
 MEMORY_BOUND_COLOR = "#3b528b"    # viridis blue
 COMPUTE_BOUND_COLOR = "#5ec962"   # viridis green
@@ -33,7 +35,7 @@ CACHE_COLOR = "#5ec962"
 
 def predicted_time_ratio(config: kvlib.ModelConfig, prompt_length: int, new_tokens: int,
                          ridge_point: float) -> float:
-    """Roofline time without the cache / with it (notebook 10), on a machine whose compute
+    """Roofline time without the cache / with it (where_time_goes), on a machine whose compute
     rate is ridge_point times its bandwidth. Only that ratio matters: scaling both rates
     together scales both times alike."""
     return float(time_ratio_curve(config, prompt_length, new_tokens, [ridge_point])[0])
@@ -58,7 +60,7 @@ def time_ratio_curve(config: kvlib.ModelConfig, prompt_length: int, new_tokens: 
 
 def draw_batching(axes, config, position: int, batch: int, bytes_per_number: int,
                   ridge_point: float, max_batch: int = 1024) -> dict:
-    """Two panels (notebook 10), cleared first. Left: the bytes one batched decode step reads,
+    """Two panels (where_time_goes), cleared first. Left: the bytes one batched decode step reads,
     the weights (once) beside the caches (one per sequence). Right: arithmetic intensity
     against the batch size, with the machine's ridge point: below it the step waits for
     memory. Returns roofline.batched_step_cost(...) at `batch`."""
