@@ -48,8 +48,13 @@ lab: $(READY) smollm2
 	@[ -z "$(ALLOW_ROOT)" ] || echo "Running as root: starting JupyterLab with --allow-root."
 	$(BIN)/jupyter lab $(ALLOW_ROOT) $(LAB_OPTIONS) $(FIRST_NOTEBOOK)
 
+# `make test LESSON=paged_cache` (or LESSON=19): one lesson's tests and its notebook only.
 test: $(READY) smollm2
+ifdef LESSON
+	files=$$($(BIN)/python tools/lessons.py files '$(LESSON)') && $(BIN)/python -m pytest $$files
+else
 	$(BIN)/python -m pytest
+endif
 
 lint: $(READY)
 	$(BIN)/ruff check kvlib tests tools benchmarks notebooks

@@ -74,6 +74,8 @@ def small_series(root: Path) -> None:
         "## 02 · Third\n\nNotebook 01 before notebook 02.\n")
     (root / "kvlib").mkdir()
     (root / "kvlib/lesson_text.py").write_text('HINT = "as notebook 02 showed"\n')
+    (root / "tests").mkdir()
+    (root / "tests/test_third.py").write_text('NOTEBOOK = "notebooks/02_third.ipynb"\n')
     for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t",
                                                      "commit", "-qm", "three lessons"]):
         subprocess.run(["git", *command], cwd=root, check=True)
@@ -102,16 +104,18 @@ def test_inserting_a_lesson_touches_its_own_files_the_renamed_ones_and_the_table
     assert "Notebook 02 before notebook 03." in guide
     assert "the end is lesson 03" in (tmp_path / "README.md").read_text()
     assert (tmp_path / "kvlib/lesson_text.py").read_text() == 'HINT = "as notebook 03 showed"\n'
+    assert (tmp_path / "tests/test_third.py").read_text() == \
+        'NOTEBOOK = "notebooks/03_third.ipynb"\n'
     subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True)
     touched = subprocess.run(["git", "diff", "--cached", "--name-status", "-M"], cwd=tmp_path,
                              capture_output=True, text=True, check=True).stdout.split("\n")
     touched = sorted(line.split("\t")[-1] for line in touched if line)
     # the new lesson, the table, the two renamed notebooks, and the texts that name a moved
-    # lesson by number (here every one: 00_first, README, the guide, a hint in kvlib)
+    # lesson by number or file name (here: 00_first, README, the guide, a hint in kvlib, a test)
     assert touched == ["README.md", "docs/instructor-guide.md", "kvlib/lesson_text.py",
                        "notebooks/00_first.ipynb", "notebooks/01_inserted.ipynb",
                        "notebooks/02_second.ipynb", "notebooks/03_third.ipynb",
-                       "notebooks/lessons.json"]
+                       "notebooks/lessons.json", "tests/test_third.py"]
 
 
 def test_renumbering_twice_changes_nothing(tmp_path):

@@ -126,6 +126,14 @@ def renumber_text(text: str, moved: dict[int, int]) -> str:
     return REFERENCE.sub(numbers, text)
 
 
+def renumber_names(text: str, moved: dict[int, int], slugs: dict[int, str]) -> str:
+    """Every notebook file name of a moved lesson (19_paged_cache -> 20_paged_cache)."""
+    for old, new in moved.items():
+        if old in slugs:
+            text = re.sub(rf"\b{old:02d}_{slugs[old]}\b", f"{new:02d}_{slugs[old]}", text)
+    return text
+
+
 def renumber_guide(text: str, moved: dict[int, int]) -> str:
     """The guide's headings (## 17 · ...) and glance rows (| 17 Title | ...) and references."""
     text = re.sub(r"^(## )(\d\d)( · )", lambda m: f"{m[1]}{moved.get(int(m[2]), int(m[2])):02d}"
@@ -152,13 +160,15 @@ def _move(source: Path, target: Path, root: Path) -> None:
         source.rename(target)
 
 
-def _rewrite_notebook(path: Path, moved: dict[int, int], heading: str) -> None:
+def _rewrite_notebook(path: Path, moved: dict[int, int], slugs: dict[int, str],
+                      heading: str) -> None:
     notebook = json.loads(path.read_text(encoding="utf-8"))
     for index, cell in enumerate(notebook["cells"]):
         text = "".join(cell["source"])
         if index == 0:
             text = re.sub(r"^# \d\d · .*", heading, text, count=1)
-        cell["source"] = renumber_text(text, moved).splitlines(keepends=True)
+        text = renumber_names(renumber_text(text, moved), moved, slugs)
+        cell["source"] = text.splitlines(keepends=True)
     new = json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
     if new != path.read_text(encoding="utf-8"):
         path.write_text(new, encoding="utf-8")
@@ -170,6 +180,7 @@ def renumber(root: Path = ROOT) -> dict[int, int]:
     sources = {lesson.slug: _notebook_of(lesson.slug, root) for lesson in lessons}
     moved = {int(sources[lesson.slug].name[:2]): lesson.number for lesson in lessons
              if int(sources[lesson.slug].name[:2]) != lesson.number}
+    slugs = {int(sources[lesson.slug].name[:2]): lesson.slug for lesson in lessons}
     # two steps, so that 17 -> 18 never overwrites the 18 that moves on to 19
     staged = {}
     for lesson in lessons:
@@ -182,13 +193,14 @@ def renumber(root: Path = ROOT) -> dict[int, int]:
         if lesson.slug in staged:
             _move(staged[lesson.slug], root / lesson.notebook, root)
     for lesson in lessons:
-        _rewrite_notebook(root / lesson.notebook, moved, lesson.heading())
+        _rewrite_notebook(root / lesson.notebook, moved, slugs, lesson.heading())
     for path in sorted({path for pattern in TEXTS for path in root.glob(pattern)}):
         if not path.is_file() or path.name == "lessons.py":
             continue
         text = path.read_text(encoding="utf-8")
         new = renumber_guide(text, moved) if path.name == "instructor-guide.md" else \
             renumber_text(text, moved)
+        new = renumber_names(new, moved, slugs)
         if path == root / "README.md":
             new = with_readme_rows(new, lessons)
         if new != text:
