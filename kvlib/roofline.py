@@ -508,6 +508,22 @@ def set_blas_threads(n_threads: int) -> int | None:
     return blas_threads()
 
 
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""Set any of these in the environment before Python starts and kvlib leaves the BLAS alone."""
+
+
+def one_blas_thread_unless_set() -> int | None:
+    """Run numpy's BLAS on one thread, unless the environment already chose (kvlib does this
+    when it is imported). Lessons and laptops in class are busy machines, where OpenBLAS's
+    default of a thread per core made single cells 5-30 times slower than one thread; a kernel
+    started by make, Binder or the tests has one thread already, and an editor's or a
+    JupyterHub's kernel gets it here. The way out: OPENBLAS_NUM_THREADS=4 (or OMP_ / MKL_) in
+    the environment, or set_blas_threads(n) at any time."""
+    if any(variable in os.environ for variable in BLAS_THREAD_VARIABLES):
+        return None
+    return set_blas_threads(1)
+
+
 def blas_name() -> str:
     """Name and version of the BLAS numpy was built with, from numpy's build configuration."""
     try:
