@@ -69,12 +69,11 @@ from .positions import (
     rotate_halves,
     rotate_pairs,
 )
+from .roofline import one_blas_thread_unless_set as _one_blas_thread_unless_set
 from .tokenizer import BOS, TOY_VOCABULARY, ToyTokenizer
 
 ARTICLE_PROMPT = "How are you?"
 """The worked example's prompt: ToyTokenizer().encode(ARTICLE_PROMPT) == [0, 3, 7, 1, 9]."""
-
-from .roofline import one_blas_thread_unless_set as _one_blas_thread_unless_set
 
 _one_blas_thread_unless_set()     # a busy machine runs the lessons faster on one BLAS thread
 
