@@ -47,8 +47,9 @@ def test_references_move_with_their_lessons_in_one_pass():
 
 
 def notebook(heading: str, markdown: str, code: str = "x = 1") -> str:
+    text = f"{heading}\n\nAbout 20 minutes.\n{markdown}"
     cells = [{"cell_type": "markdown", "id": "a", "metadata": {},
-              "source": [heading + "\n", "\n", "About 20 minutes.\n", markdown]},
+              "source": text.splitlines(keepends=True)},
              {"cell_type": "code", "id": "b", "metadata": {}, "execution_count": 1,
               "outputs": [], "source": [code]}]
     return json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5},
@@ -63,7 +64,8 @@ def small_series(root: Path) -> None:
     (root / "notebooks/lessons.json").write_text(json.dumps({"lessons": rows}, indent=1))
     for number, row in enumerate(rows):
         (root / f"notebooks/{number:02d}_{row['slug']}.ipynb").write_text(notebook(
-            f"# {number:02d} · {row['title']}", "As notebook 02 shows, and notebooks 00-01."))
+            f"# {number:02d} · {row['title']}", "As notebook 02 shows, and notebooks 00-01.\n\n"
+            "| notebook | what |\n|---|---|\n| 00 First | a |\n| 02 Third | c |\n\n| 02 | x |"))
     table = lessons.readme_rows(lessons.load(root))
     (root / "README.md").write_text(f"# Series\n\n| | lesson | read | run |\n|---|---|---|---|\n"
                                     f"{table}\n\nStart with notebook 00; the end is lesson 02.\n")
@@ -99,6 +101,9 @@ def test_inserting_a_lesson_touches_its_own_files_the_renamed_ones_and_the_table
     third = (tmp_path / "notebooks/03_third.ipynb").read_text()
     assert "As notebook 03 shows, and notebooks 00-02." in third
     assert "# 03 · Third" in third
+    # a table of lessons moves its numbers, another table keeps its own
+    assert "| 00 First | a |\n| 03 Third | c |\n\n| 02 | x |" in "".join(
+        json.loads(third)["cells"][0]["source"])
     guide = (tmp_path / "docs/instructor-guide.md").read_text()
     assert "## 03 · Third" in guide and "| 03 Third |" in guide
     assert "Notebook 02 before notebook 03." in guide
@@ -124,3 +129,11 @@ def test_renumbering_twice_changes_nothing(tmp_path):
     status = subprocess.run(["git", "status", "--porcelain"], cwd=tmp_path,
                             capture_output=True, text=True, check=True).stdout
     assert status == ""
+
+
+def test_the_map_of_the_series_in_the_first_lesson_lists_every_lesson():
+    first = json.loads((ROOT / lessons.load()[0].notebook).read_text(encoding="utf-8"))
+    text = "".join("".join(cell["source"]) for cell in first["cells"])
+    table = text[text.index("| notebook | what it shows |"):].split("\n\n")[0]
+    numbers = [int(row[2:4]) for row in table.split("\n")[2:]]
+    assert numbers == list(range(len(lessons.load())))

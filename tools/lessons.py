@@ -134,13 +134,25 @@ def renumber_names(text: str, moved: dict[int, int], slugs: dict[int, str]) -> s
     return text
 
 
+def renumber_tables(text: str, moved: dict[int, int]) -> str:
+    """The rows of every table of lessons (headed "| notebook |": the guide's glance table,
+    notebook 00's map) begin with a lesson's number: move them."""
+    lines, in_table = text.split("\n"), False
+    for index, line in enumerate(lines):
+        if line.startswith("| notebook |"):
+            in_table = True
+        elif not line.startswith("|"):
+            in_table = False
+        elif in_table and re.match(r"\| \d\d ", line):
+            lines[index] = f"| {moved.get(int(line[2:4]), int(line[2:4])):02d}{line[4:]}"
+    return "\n".join(lines)
+
+
 def renumber_guide(text: str, moved: dict[int, int]) -> str:
-    """The guide's headings (## 17 · ...) and glance rows (| 17 Title | ...) and references."""
+    """The guide's headings (## 17 · ...), glance rows (| 17 Title | ...) and references."""
     text = re.sub(r"^(## )(\d\d)( · )", lambda m: f"{m[1]}{moved.get(int(m[2]), int(m[2])):02d}"
                   f"{m[3]}", text, flags=re.M)
-    text = re.sub(r"^(\| )(\d\d)( )", lambda m: f"{m[1]}{moved.get(int(m[2]), int(m[2])):02d}"
-                  f"{m[3]}", text, flags=re.M)
-    return renumber_text(text, moved)
+    return renumber_text(renumber_tables(text, moved), moved)
 
 
 def _notebook_of(slug: str, root: Path) -> Path:
@@ -167,7 +179,7 @@ def _rewrite_notebook(path: Path, moved: dict[int, int], slugs: dict[int, str],
         text = "".join(cell["source"])
         if index == 0:
             text = re.sub(r"^# \d\d · .*", heading, text, count=1)
-        text = renumber_names(renumber_text(text, moved), moved, slugs)
+        text = renumber_names(renumber_text(renumber_tables(text, moved), moved), moved, slugs)
         cell["source"] = text.splitlines(keepends=True)
     new = json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
     if new != path.read_text(encoding="utf-8"):
