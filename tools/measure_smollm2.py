@@ -33,6 +33,12 @@ Parts:
   the KIVI_FREE_PROMPTS (chat requests, rendered with the chat template) with the plain cache
   and with each configuration of the kivi part: the tokens, how many match the plain
   cache's before the first difference, and the fraction equal overall (about 2 minutes);
+- kernels (notebook 22): the first KERNEL_TOKENS tokens of the sky's answer (the third of the
+  KIVI_FREE_PROMPTS), plain and with int4 keys per channel, under each of OpenBLAS's KERNELS
+  (OPENBLAS_CORETYPE, each run in a process of its own; x86 only): where a free-running
+  quantized run parts from the plain one depends on the processor's rounding, and the lesson
+  shows the spread instead of one machine's answer; with the plain run's smallest gap between
+  its top two logits, which says how far its tokens are from a flip;
 - speculative (notebook 23): greedy speculative decoding without a second model on the
   SPECULATIVE_PROMPTS, FREE_TOKENS new tokens each: prompt lookup (kvlib's
   PromptLookupDrafter) at every k of SPECULATION_LENGTHS, and self-speculation (the first
@@ -59,11 +65,7 @@ import numpy as np  # noqa: E402
 import kvlib  # noqa: E402
 from kvlib import model as steps  # noqa: E402
 from kvlib.checkpoints import smollm2  # noqa: E402
-from kvlib.serving import (  # noqa: E402
-    quantized,
-    speculative,
-    workloads,  # noqa: E402
-)
+from kvlib.serving import quantized, speculative, workloads  # noqa: E402
 
 N_TOKENS = 1024
 FIRST_QUERY = 64          # sinks: query positions from here on
@@ -254,6 +256,37 @@ def run_kivi_free(params, ids) -> dict:
     return {"new_tokens": FREE_TOKENS, "prompts": prompts}
 
 
+KERNELS = ("Haswell", "SkylakeX", "Sandybridge", "Prescott")
+KERNEL_TOKENS = 8
+
+
+def sky_runs(params) -> dict:
+    """The sky's first KERNEL_TOKENS tokens, plain and with int4 keys per channel, in this
+    process (its OpenBLAS kernel), and the plain run's smallest top-two gap."""
+    tokenizer = kvlib.smollm2_tokenizer()
+    prompt = chat_ids(tokenizer, KIVI_FREE_PROMPTS[2])
+    plain = quantized.greedy_tokens(params, prompt, KERNEL_TOKENS,
+                                    kvlib.make_cache(params.config))
+    int4 = quantized.greedy_tokens(params, prompt, KERNEL_TOKENS, quantized.QuantizedKVCache(
+        params.config, quantized.PerChannel(4, 32), quantized.PerToken(4)))
+    logits = kvlib.forward(params, prompt + plain)[len(prompt) - 1:-1]     # each pick's row
+    top_two = np.sort(logits, axis=-1)[:, -2:]
+    return {"plain": plain, "int4 keys per channel": int4,
+            "plain_smallest_gap": float((top_two[:, 1] - top_two[:, 0]).min())}
+
+
+def run_kernels(params, ids) -> dict:
+    import subprocess
+
+    runs = {}
+    for kernel in KERNELS:
+        done = subprocess.run([sys.executable, __file__, "--sky-runs"], capture_output=True,
+                              text=True, check=True,
+                              env=os.environ | {"OPENBLAS_CORETYPE": kernel})
+        runs[kernel] = json.loads(done.stdout)
+    return {"prompt": KIVI_FREE_PROMPTS[2], "new_tokens": KERNEL_TOKENS, "runs": runs}
+
+
 PASSAGE = ("The KV cache keeps the keys and values of every earlier token, so that a decode "
            "step computes only the new token's row. Its size grows with the number of layers, "
            "the number of K/V heads, the head size and the length of the sequence. Serving "
@@ -327,10 +360,13 @@ def run_speculative(params, ids) -> dict:
 
 PARTS = {"pairing": run_pairing, "sinks": run_sinks, "windows": run_windows,
          "outliers": run_outliers, "kivi": run_kivi, "engine": run_engine,
-         "kivi_free": run_kivi_free, "speculative": run_speculative}
+         "kivi_free": run_kivi_free, "kernels": run_kernels, "speculative": run_speculative}
 
 
 def main(argv: list[str]) -> None:
+    if argv == ["--sky-runs"]:              # one kernel's runs, for run_kernels
+        print(json.dumps(sky_runs(kvlib.load_smollm2())))
+        return
     unknown = set(argv) - set(PARTS)
     if unknown:
         raise SystemExit(f"unknown parts {sorted(unknown)}; choose from {sorted(PARTS)}")
