@@ -192,12 +192,11 @@ def _tokenizer(folder: Path) -> Tokenizer:
 
 
 def measured() -> dict:
-    """What tools/measure_smollm2.py measured on SmolLM2
-    (positions_and_rope, sliding_windows_and_sinks, model_of_today, quantized_cache to the_engine):
-    a dict with the 1024 token ids it used ("ids") and one entry a part
-    ("pairing", "sinks", "windows", "outliers", "kivi", "kivi_free", "kernels", "speculative",
-    "engine"); the
-    tool's docstring says what each holds."""
+    """What tools/measure_smollm2.py measured on SmolLM2 (positions_and_rope,
+    sliding_windows_and_sinks, model_of_today, quantized_cache to the_engine): a dict with the
+    1024 token ids it used ("ids") and one entry a part ("pairing", "sinks", "windows",
+    "outliers", "kivi", "kivi_free", "kernels", "speculative", "engine"); the tool's docstring
+    says what each holds."""
     return json.loads(MEASURED.read_text(encoding="utf-8"))
 
 
