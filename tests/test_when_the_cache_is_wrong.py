@@ -61,10 +61,11 @@ def test_the_zoo_widget_draws_every_run_and_leaks_nothing():
 
 
 @pytest.mark.parametrize("label, number_format", [
-    ("1 offset that jumps", "float32"), ("none: the right loop", "bfloat16"),
-    ("6 prefix key without parent", "float16"), ("8 cache never read", "float32"),
+    ("1 offset that jumps", "float32"), ("6 prefix key without parent", "float16"),
+    ("8 cache never read", "float32"),
 ])
-def test_the_committed_zoo_runs_are_what_run_bug_gives(label, number_format):
+def test_the_committed_zoo_runs_of_bugs_are_what_run_bug_gives(label, number_format):
+    # a real bug stands far above rounding: the same report on any processor
     story, tokenizer = ex25.story_model()
     differences, found, rows = kvlib.cache_bugs.run_bug(story, tokenizer, ex25.exercise_prompt(),
                                                         label, number_format)
@@ -73,6 +74,20 @@ def test_the_committed_zoo_runs_are_what_run_bug_gives(label, number_format):
     assert rows == committed["rows"]
     np.testing.assert_allclose(differences, np.array(committed["differences"], dtype=float),
                                rtol=0.05, atol=1e-5)
+
+
+@pytest.mark.parametrize("number_format, rounding", [("float16", 5e-2), ("bfloat16", 0.25)])
+def test_the_right_loop_in_16_bits_parts_by_rounding_only_here_as_in_the_file(number_format,
+                                                                             rounding):
+    # where and by how much depends on the processor's rounding (its BLAS kernel): only the
+    # size is the same everywhere, a few of the format's steps at these logits
+    story, tokenizer = ex25.story_model()
+    differences, _, rows = kvlib.cache_bugs.run_bug(story, tokenizer, ex25.exercise_prompt(),
+                                                    "none: the right loop", number_format)
+    committed = w25.zoo_runs()["none: the right loop"][number_format]
+    assert rows == committed["rows"]
+    for run in (differences, np.array(committed["differences"], dtype=float)):
+        assert np.nanmax(run) < rounding
 
 
 # --------------------------------------------------------------------------- exercise 1
