@@ -375,6 +375,9 @@ def generate(params: Gemma3Params, ids, max_new_tokens: int) -> list[int]:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) \
             or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a whole number >= 1, got {max_new_tokens!r}")
+    if len(ids) + max_new_tokens - 1 > config.max_position_embeddings:
+        raise ValueError(f"{len(ids)} prompt tokens and {max_new_tokens} new ones need more "
+                         f"positions than the context length {config.max_position_embeddings}")
     logits, cache = prefill(params, ids, Gemma3Cache(config, len(ids) + max_new_tokens),
                             last_only=True)
     new = []

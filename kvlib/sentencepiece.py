@@ -90,6 +90,7 @@ class SentencePieceTokenizer:
                             zip(self.pieces, token_types)]
         self._plain = _longest_first(self.user_defined)
         self._special = None        # with the control tokens too: made when first asked for
+        self._whole = self.user_defined | self.control
 
     def __len__(self) -> int:
         return len(self.pieces)
@@ -117,11 +118,10 @@ class SentencePieceTokenizer:
         if parse_special and self._special is None:    # Gemma's 6,414 pieces: about 2 s
             self._special = _longest_first(self.user_defined | self.control)
         pattern = self._special if parse_special else self._plain
-        whole = self.user_defined | self.control if parse_special else self.user_defined
         parts = pattern.split(text) if pattern is not None else [text]
         for number, part in enumerate(parts):
             if number % 2:                             # the pattern's group: a whole piece
-                ids.append(whole[part])
+                ids.append(self._whole[part])
             elif part:
                 ids.extend(self._encode_fragment(part))
         return ids

@@ -460,6 +460,8 @@ def test_bad_input_gets_a_clear_error(tiny):
         gemma3.prefill(params, [1], cache={})
     with pytest.raises(ValueError, match="max_new_tokens"):
         gemma3.generate(params, [1], 0)
+    with pytest.raises(ValueError, match="context length 64"):
+        gemma3.generate(params, [1] * 60, 6)
     with pytest.raises(ValueError, match="dtype"):
         load_gemma3_hub(TINY, "float16")
     with pytest.raises(FileNotFoundError, match="config.json"):
