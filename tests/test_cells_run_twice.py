@@ -1,12 +1,16 @@
-"""Every cell of every notebook gives the same output when it is run twice in a row.
+"""Every cell of every notebook gives the same output when it is run again, after the whole
+notebook has run.
 
 In class, a cell is often run again: to show it once more, after a typo in the next one, by a
-student who clicked twice. A cell that changes state (appends to a cache, takes blocks from a
-pool, advances a generator) must rebuild that state itself, or its second run prints
-something else, fails its own asserts, or breaks the cells after it. nbval runs each cell once;
-this runs each cell twice, one right after the other, in one kernel per notebook, and compares
-the two runs' text outputs (sanitized as nbval's are; for cells that measure this machine or
-show a widget, the number and kinds of outputs).
+student who clicked twice, or who scrolls back to an earlier cell after reading on. A cell
+that changes state (appends to a cache, takes blocks from a pool, advances a generator) must
+rebuild that state itself, and a later cell must not rebind a name an earlier one reads, or the
+second run prints something else, fails its own asserts, or breaks the cells after it. nbval
+runs each cell once; this runs the whole notebook, then every cell again in order, in one
+kernel, and compares each cell's two runs' text outputs (sanitized as nbval's are; for cells
+that measure this machine or show a widget, the number and kinds of outputs). The second run
+of a cell comes after every later cell of the first pass, and after its own first run: it
+catches both a cell that is not safe to run twice and a later cell that changed what it reads.
 """
 
 from __future__ import annotations
@@ -74,26 +78,28 @@ def summary(outputs, exact: bool) -> list:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_every_cell_gives_the_same_output_when_run_twice(path):
+def test_every_cell_gives_the_same_output_when_run_again_after_the_notebook(path):
     notebook = nbformat.read(path, as_version=4)
     client = SteppedClient(notebook, timeout=300, kernel_name="python3", allow_errors=True,
                            resources={"metadata": {"path": str(path.parent)}})
-    differences = []
+    cells = [(index, cell) for index, cell in enumerate(notebook.cells)
+             if cell.cell_type == "code" and cell.source.strip()]
+    first, differences = {}, []
     with client.setup_kernel():
-        for index, cell in enumerate(notebook.cells):
-            if cell.cell_type != "code" or not cell.source.strip():
-                continue
+        for index, cell in cells:
+            client.execute_cell(cell, index, store_history=True)
+            first[index] = cell.outputs
+            cell.outputs = []
+        for index, cell in cells:
             tags = set(cell.metadata.get("tags", []))
             exact = not tags & {"timings", "nbval-ignore-output"}
-            runs = []
-            for _ in range(2):
-                client.execute_cell(cell, index, store_history=True)
-                runs.append(summary(cell.outputs, exact))
-                cell.outputs = []
+            client.execute_cell(cell, index, store_history=True)
+            runs = [summary(first[index], exact), summary(cell.outputs, exact)]
+            cell.outputs = []
             if runs[0] != runs[1]:
                 first_line = cell.source.split("\n")[0][:70]
                 differences.append(f"cell {index} ({first_line!r}): first run {runs[0]!r:.300}"
-                                   f"\n    second run {runs[1]!r:.300}")
+                                   f"\n    run again {runs[1]!r:.300}")
             if any(entry[0] == "error" for entry in runs[1]):
                 break       # the cells after it would fail for this one's sake
     assert not differences, "cells that print something else when run again:\n" + \
