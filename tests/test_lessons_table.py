@@ -68,7 +68,8 @@ def small_series(root: Path) -> None:
             "| notebook | what |\n|---|---|\n| 00 First | a |\n| 02 Third | c |\n\n| 02 | x |"))
     table = lessons.readme_rows(lessons.load(root))
     (root / "README.md").write_text(f"# Series\n\n| | lesson | read | run |\n|---|---|---|---|\n"
-                                    f"{table}\n\nStart with notebook 00; the end is lesson 02.\n")
+                                    f"{table}\n\nStart with notebook 00; the end is lesson 02. "
+                                    "Each takes 20 to 20 minutes.\n")
     (root / "docs").mkdir()
     (root / "docs/instructor-guide.md").write_text(
         "| notebook | minutes | idea |\n|---|---|---|\n| 00 First | 20 | a |\n"

@@ -234,6 +234,10 @@ def disagreements(root: Path = ROOT) -> list[str]:
     readme = (root / "README.md").read_text(encoding="utf-8")
     if with_readme_rows(readme, lessons) != readme:
         found.append("README.md's lesson table is not the table's (run renumber)")
+    bounds = [int(part) for lesson in lessons for part in lesson.minutes.split("-")]
+    if lessons and f"{min(bounds)} to {max(bounds)} minutes" not in readme:
+        found.append(f"README.md does not say lessons take {min(bounds)} to {max(bounds)} "
+                     "minutes, as the table's do")
     for lesson in lessons:
         path = root / lesson.notebook
         if not path.exists():
