@@ -24,12 +24,24 @@ serving layer adds paged and quantized caches.
 
 from __future__ import annotations
 
+import math
+import mmap
 from numbers import Integral
 
 import numpy as np
 
 from .checks import count, whole_number
 from .config import ModelConfig
+
+
+def zeros_by_page(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zero array whose memory the operating system hands out page by page (4 KiB) as rows are
+    written: an anonymous memory map. np.zeros asks Linux for 2 MiB huge pages when an array is
+    large, so the first row of each layer of an 8,192-position SmolLM2 cache took 4 MiB of
+    memory, 116 MiB for a 5-token prompt; here that prompt takes a few hundred KiB."""
+    count = math.prod(shape)
+    buffer = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1))
+    return np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
 
 
 def _plural(n: int, word: str) -> str:
@@ -171,8 +183,8 @@ class KVCache(BaseKVCache):
         self.capacity = capacity = self._check_capacity(capacity)
         self.width = config.kv_width
         shape = (config.n_layers, capacity, self.width)
-        self._keys = np.zeros(shape, dtype=config.numpy_dtype)
-        self._values = np.zeros(shape, dtype=config.numpy_dtype)
+        self._keys = zeros_by_page(shape, config.numpy_dtype)
+        self._values = zeros_by_page(shape, config.numpy_dtype)
 
     def _describe(self) -> str:
         n = self._lengths[0]
@@ -387,7 +399,7 @@ class LatentKVCache(BaseKVCache):
         self.capacity = capacity = self._check_capacity(capacity)
         self.latent_dim, self.rope_dim = config.latent_dim, config.rope_head_dim
         self.width = self.latent_dim + self.rope_dim
-        self._rows = np.zeros((config.n_layers, capacity, self.width), dtype=config.numpy_dtype)
+        self._rows = zeros_by_page((config.n_layers, capacity, self.width), config.numpy_dtype)
 
     def _describe(self) -> str:
         n = self._lengths[0]
