@@ -70,7 +70,7 @@ def round_to(x, number_format: str) -> np.ndarray:
     if number_format == "float64":
         return x
     if number_format == "bfloat16":
-        return _round_to_bfloat16(x.astype(np.float32)).astype(x.dtype, copy=False)
+        return _round_to_bfloat16(x.astype(np.float32, copy=False)).astype(x.dtype, copy=False)
     with np.errstate(over="ignore"):
         return x.astype(number_format).astype(x.dtype)
 
