@@ -187,8 +187,8 @@ class CacheNeverRead:
     """rasbt/LLMs-from-scratch PR #981: the Qwen3.5 KV-cache notebook's streaming generate loop
     called the model on the whole sequence at every step and never handed it the cache: the
     answers were right and nothing was faster (9.00 tokens/s, as without a cache; 15.16 after
-    the fix, by the PR's own figures). Planted here a little worse: the cache is filled at every step, and
-    still never read."""
+    the fix, by the PR's own figures). Planted here a little worse: the cache is filled at
+    every step, and still never read."""
 
     def __init__(self, prompt):
         self.ids = list(prompt)

@@ -205,7 +205,7 @@ def test_exercise_2_accepts_other_correct_forms():
     def as_list(W, n_heads):
         return to_interleaved_columns(W, n_heads).tolist()
 
-    namespace = {"np": np, "lesson18": ex18}
+    namespace = {"np": np, "exercises": ex18}
     exec(ex18.SOLUTIONS[2], namespace)
     for function in (with_indices, as_list, namespace["to_interleaved"], to_interleaved_columns):
         correct(ex18.check_to_interleaved(function), "llama.cpp's converter")
@@ -240,7 +240,7 @@ def test_exercise_3_answers_anything_in_words(label, answer):
 
 
 def test_the_solutions_pass_and_unknown_ones_are_refused():
-    namespace = {"np": np, "lesson18": ex18}
+    namespace = {"np": np, "exercises": ex18}
     exec(ex18.SOLUTIONS[1], namespace)
     correct(ex18.check_llama32_cache(namespace["answer"]), "32,768")
     exec(ex18.SOLUTIONS[3], namespace)

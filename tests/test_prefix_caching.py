@@ -1012,7 +1012,7 @@ def test_exercise3_valid_answers_in_other_forms(answer):
                                              (2, ex20.check_block_key),
                                              (3, ex20.check_eviction_order)])
 def test_solutions_pass(number, checker):
-    scope = {"lesson20": ex20, "kvlib": kvlib, "np": np}
+    scope = {"exercises": ex20, "kvlib": kvlib, "np": np}
     exec(ex20.SOLUTIONS[number], scope)
     assert_correct(checker(scope["answer"]))
 

@@ -151,7 +151,7 @@ def test_exercise_3_answers_anything_in_words(label, answer):
 
 
 def test_the_solutions_pass():
-    namespace = {"lesson24": ex24}
+    namespace = {"exercises": ex24}
     exec(ex24.SOLUTIONS[1], namespace)
     correct(ex24.check_schedule(namespace["answer"]))
     exec(ex24.SOLUTIONS[3], namespace)

@@ -30,7 +30,7 @@ from checker_cases import (  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 
 import kvlib  # noqa: E402
-from kvlib import gpt2, stories  # noqa: E402
+from kvlib import gpt2, heads, stories  # noqa: E402
 from kvlib.exercises import what_the_heads_read as ex13  # noqa: E402
 from kvlib.exercises.base import Feedback  # noqa: E402
 from kvlib.widgets import what_the_heads_read as w13  # noqa: E402
@@ -38,8 +38,8 @@ from kvlib.widgets import what_the_heads_read as w13  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "13_what_the_heads_read.ipynb"
 TOLERANCE = 1e-10
-GPT2_CELLS = ("gpt2.find_weights()", "widgets13.PUBLISHED_PROMPT", "use_cache=use_cache",
-              "widgets13.REAL_SENTENCE")
+GPT2_CELLS = ("gpt2.find_weights()", "widgets.PUBLISHED_PROMPT", "use_cache=use_cache",
+              "widgets.REAL_SENTENCE")
 
 
 
@@ -132,23 +132,23 @@ def test_with_a_gpt2_shaped_checkpoint_the_gpt2_cells_run(stand_in_gpt2):
     variables, printed = run_notebook(directory, PUBLISHED_CONTINUATION=expected,
                                       CLEAR_HEAD=-1.0, COPIED_AT_LEAST=-1.0)
     assert f"are in {directory}" in printed[cell_index("gpt2.find_weights()")]
-    assert printed[cell_index("widgets13.PUBLISHED_PROMPT")].startswith(
+    assert printed[cell_index("widgets.PUBLISHED_PROMPT")].startswith(
         w13.PUBLISHED_PROMPT + expected)
     assert len(variables["new_ids"]) == w13.PUBLISHED_NEW_TOKENS
     assert "times faster" in printed[cell_index("use_cache=use_cache")]
     assert variables["previous"].shape == variables["induction"].shape == (2, 2)
-    assert "predicts" in printed[cell_index("widgets13.REAL_SENTENCE")]
+    assert "predicts" in printed[cell_index("widgets.REAL_SENTENCE")]
 
 
 @pytest.mark.parametrize("replaced, failing_cell", [
-    ({}, "widgets13.PUBLISHED_PROMPT"),
-    ({"CLEAR_HEAD": -1.0}, "widgets13.REAL_SENTENCE"),
+    ({}, "widgets.PUBLISHED_PROMPT"),
+    ({"CLEAR_HEAD": -1.0}, "widgets.REAL_SENTENCE"),
 ])
 def test_the_gpt2_cells_assert_what_they_claim(stand_in_gpt2, replaced, failing_cell):
     """With the real published text and thresholds, random weights fail the notebook's
     assertions: they are checks, not decoration."""
     directory, expected = stand_in_gpt2
-    if failing_cell == "widgets13.REAL_SENTENCE":
+    if failing_cell == "widgets.REAL_SENTENCE":
         replaced = dict(replaced, PUBLISHED_CONTINUATION=expected)
     with pytest.raises(AssertionError):
         run_notebook(directory, **replaced)
@@ -194,7 +194,7 @@ def test_the_notebooks_distances_are_the_card_heads_and_kvlibs(without_gpt2):
     attention, forced = variables["attention"], variables["forced"]
     layer, head = variables["copy_head"]
     by_helper = np.concatenate([
-        w13.distances_read(attention[i, layer, head],
+        heads.distances_read(attention[i, layer, head],
                            [r.position - 1 for j, r in forced["song"] if j == i])
         for i in range(len(attention))])
     np.testing.assert_array_equal(by_helper, variables["copy_reads"])
@@ -210,19 +210,19 @@ def test_head_scores_read_the_right_cells():
     perfect_previous[0, 0, 0, 0] = 1
     perfect_previous[0, 0, np.arange(1, T), np.arange(T - 1)] = 1
     perfect_previous[0, 1] = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
-    scores = w13.previous_token_scores(list(perfect_previous))
+    scores = heads.previous_token_scores(list(perfect_previous))
     assert scores[0, 0] == 1 and scores[0, 1] == pytest.approx(np.mean(1 / np.arange(2, T + 1)))
     induction = np.zeros((1, 1, T, T))
     induction[0, 0, half + np.arange(half - 1), np.arange(1, half)] = 1
-    assert w13.induction_scores(list(induction), half)[0, 0] == 1
-    assert w13.best_head(np.array([[0.1, 0.2], [0.9, 0.3]])) == (1, 0)
-    assert w13.weight_on(list(perfect_previous), 4, [3])[0, 0] == 1
+    assert heads.induction_scores(list(induction), half)[0, 0] == 1
+    assert heads.best_head(np.array([[0.1, 0.2], [0.9, 0.3]])) == (1, 0)
+    assert heads.weight_on(list(perfect_previous), 4, [3])[0, 0] == 1
     logits = np.eye(4)[[1, 2, 3, 1, 0, 3]]     # in the second copy: 1 (right), 0 (wrong)
-    assert w13.copied_fraction(logits, [0, 1, 2, 0, 1, 2], 3) == pytest.approx(0.5)
+    assert heads.copied_fraction(logits, [0, 1, 2, 0, 1, 2], 3) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="twice"):
-        w13.induction_scores(list(induction), 4)
+        heads.induction_scores(list(induction), 4)
     with pytest.raises(ValueError, match="at least 2"):
-        w13.previous_token_scores([np.ones((1, 1, 1))])
+        heads.previous_token_scores([np.ones((1, 1, 1))])
 
 
 def test_forced_name_weights_read_the_query_before_each_name():
@@ -234,15 +234,15 @@ def test_forced_name_weights_read_the_query_before_each_name():
     repeat = stories.Repeat(position=6, word="Mia", kind="name", earlier=(1,),
                             distractor=(2, 4))
     assert repeat.latest == 4
-    scores = w13.forced_name_weights(list(weights), [repeat])
+    scores = heads.forced_name_weights(list(weights), [repeat])
     assert scores["latest"][1, 0] == pytest.approx(0.7)
     assert scores["earlier"][1, 0] == pytest.approx(0.2)
     assert scores["distractor"][0, 1] == pytest.approx(1.0)
-    assert w13.best_head(scores["latest"]) == (1, 0)
+    assert heads.best_head(scores["latest"]) == (1, 0)
     no_name_before = stories.Repeat(position=3, word="Mia", kind="name", earlier=(),
                                     distractor=())
     with pytest.raises(ValueError, match="nothing to measure"):
-        w13.forced_name_weights(list(weights), [no_name_before])
+        heads.forced_name_weights(list(weights), [no_name_before])
 
 
 def test_draw_head_table_labels_every_head_with_its_value():
@@ -280,12 +280,12 @@ def test_distances_read_take_the_largest_weight_up_to_the_query():
     weights[3, 3] = 0.7                      # query 3 reads itself
     weights[2, 2] = 0.5                      # query 2 reads itself ...
     weights[2, 4] = 9.0                      # ... since after the query nothing is counted
-    np.testing.assert_array_equal(w13.distances_read(weights, [5, 3, 2]), [4, 0, 0])
-    assert w13.distances_read(weights, []).size == 0
+    np.testing.assert_array_equal(heads.distances_read(weights, [5, 3, 2]), [4, 0, 0])
+    assert heads.distances_read(weights, []).size == 0
     with pytest.raises(ValueError, match="one head's"):
-        w13.distances_read(np.ones((2, 3, 3)), [1])
+        heads.distances_read(np.ones((2, 3, 3)), [1])
     with pytest.raises(ValueError, match="positions 0 .. 5"):
-        w13.distances_read(weights, [6])
+        heads.distances_read(weights, [6])
 
 
 def test_draw_distances_uses_the_same_bins_for_every_head():
@@ -439,7 +439,7 @@ def test_the_exercise_finds_the_notebooks_name_head_on_another_story(without_gpt
 @pytest.mark.parametrize("answer", [
     NAME_HEAD, list(NAME_HEAD), np.array(NAME_HEAD), np.array(NAME_HEAD, dtype=np.int32),
     (np.int64(1), np.int64(3)), (1.0, 3.0), np.array([1.0, 3.0]), [np.int8(1), 3],
-    (np.array(1), np.array(3)), w13.best_head(ex13.name_head_scores()["latest"]),
+    (np.array(1), np.array(3)), heads.best_head(ex13.name_head_scores()["latest"]),
 ], ids=repr)
 def test_name_head_checker_accepts_the_head_in_every_form(answer):
     correct(ex13.check_name_head(answer), "layer 1, head 3", "0.9", "other character",

@@ -124,7 +124,7 @@ def test_exercise_1_accepts_the_answer_in_every_form(answer):
 
 
 def test_exercise_1_solution_runs():
-    scope = {"debug": kvlib.debug, "story": ex25.story_model()[0], "lesson25": ex25,
+    scope = {"debug": kvlib.debug, "story": ex25.story_model()[0], "exercises": ex25,
              "exercise_prompt": ex25.exercise_prompt()}
     exec(ex25.SOLUTIONS[1], scope)
     correct(ex25.check_where(scope["answer"]))

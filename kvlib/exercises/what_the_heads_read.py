@@ -51,7 +51,7 @@ def name_head_scores() -> dict[str, np.ndarray]:
 @lru_cache(maxsize=1)
 def _name_head_scores() -> dict[str, np.ndarray]:
     from kvlib import stories
-    from kvlib.widgets.what_the_heads_read import forced_name_weights, previous_token_scores
+    from kvlib.heads import forced_name_weights, previous_token_scores
 
     params, tokenizer = story_model()
     ids = tokenizer.encode(exercise_story())
@@ -141,7 +141,7 @@ def copy_head_reach() -> dict[str, np.ndarray]:
 @lru_cache(maxsize=1)
 def _copy_head_reach() -> dict[str, np.ndarray]:
     from kvlib import stories
-    from kvlib.widgets.what_the_heads_read import distances_read
+    from kvlib.heads import distances_read
 
     params, tokenizer = story_model()
     ids = tokenizer.encode(exercise_story())
@@ -235,14 +235,14 @@ kvlib.forward(story, exercise_ids, record_attention=recorded)   # one (h, T, T) 
 weights = np.stack(recorded)                                     # (layers, heads, T, T)
 scores = np.mean([weights[:, :, r.position - 1, r.latest] for r in exercise_repeats],
                  axis=0)                                         # (layers, heads)
-answer = widgets13.best_head(scores)                             # (1, 3)
+answer = heads.best_head(scores)                                 # (1, 3)
 """,
     2: """
 recorded = []
 kvlib.forward(story, exercise_ids, record_attention=recorded)    # one (h, T, T) a layer
 copy_weights = recorded[2][0]                                     # (T, T): layer 2, head 0
 queries = [r.position - 1 for r in exercise_songs]                # before each repeated sound
-distances = widgets13.distances_read(copy_weights, queries)       # positions back
+distances = heads.distances_read(copy_weights, queries)          # positions back
 answer = int(distances.max()) + 1                                 # and the query itself: 89
 """,
 }
