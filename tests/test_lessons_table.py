@@ -28,6 +28,9 @@ def test_the_guide_has_a_section_and_a_glance_row_with_the_minutes(lesson):
     row = re.search(rf"^\| {lesson.number:02d} [^|]*\| ([^|]*)\|", GUIDE, re.M)
     assert row and row[1].strip().startswith(lesson.minutes), \
         f"the glance table's minutes for {lesson.name} are not the table's {lesson.minutes}"
+    section = GUIDE.split(f"## {lesson.number:02d} · ")[1].split("\n## ")[0]
+    assert f"**Minutes.** {lesson.minutes} for a student" in section, \
+        f"the guide's section on {lesson.name} does not give the table's {lesson.minutes} minutes"
 
 
 def test_a_lesson_is_found_by_slug_or_number():

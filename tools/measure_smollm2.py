@@ -39,6 +39,10 @@ Parts:
   quantized run parts from the plain one depends on the processor's rounding, and the lesson
   shows the spread instead of one machine's answer; with the plain run's smallest gap between
   its top two logits, which says how far its tokens are from a flip;
+- heads (notebook 13): a real sentence said twice (HEADS_SENTENCE), every head's previous-token
+  score and induction score (kvlib.heads), and the share of the second copy predicted right:
+  the previous-token and induction heads the lesson shows offline, where GPT-2 124M's weights
+  cannot be had;
 - speculative (notebook 23): greedy speculative decoding without a second model on the
   SPECULATIVE_PROMPTS, FREE_TOKENS new tokens each: prompt lookup (kvlib's
   PromptLookupDrafter) at every k of SPECULATION_LENGTHS, and self-speculation (the first
@@ -256,6 +260,26 @@ def run_kivi_free(params, ids) -> dict:
     return {"new_tokens": FREE_TOKENS, "prompts": prompts}
 
 
+HEADS_SENTENCE = ("Alan Turing was born in London in 1912, and he studied mathematics at "
+                  "Cambridge.")
+
+
+def run_heads(params, ids) -> dict:
+    from kvlib import heads
+
+    tokenizer = kvlib.smollm2_tokenizer()
+    half = tokenizer.encode(HEADS_SENTENCE)
+    twice = half + half
+    recorded: list = []
+    logits = kvlib.forward(params, twice, record_attention=recorded)
+    previous = heads.previous_token_scores(recorded)              # (30 layers, 9 heads)
+    induction = heads.induction_scores(recorded, len(half))        # (30, 9)
+    return {"sentence": HEADS_SENTENCE, "half_length": len(half),
+            "previous": np.round(previous, 6).tolist(),
+            "induction": np.round(induction, 6).tolist(),
+            "copied": heads.copied_fraction(logits, twice, len(half))}
+
+
 KERNELS = ("Haswell", "SkylakeX", "Sandybridge", "Prescott")
 KERNEL_TOKENS = 8
 
@@ -360,7 +384,8 @@ def run_speculative(params, ids) -> dict:
 
 PARTS = {"pairing": run_pairing, "sinks": run_sinks, "windows": run_windows,
          "outliers": run_outliers, "kivi": run_kivi, "engine": run_engine,
-         "kivi_free": run_kivi_free, "kernels": run_kernels, "speculative": run_speculative}
+         "kivi_free": run_kivi_free, "kernels": run_kernels, "heads": run_heads,
+         "speculative": run_speculative}
 
 
 def main(argv: list[str]) -> None:

@@ -81,8 +81,14 @@ def draw_head_table(ax, scores, title: str, vmax: float = 1.0):
     scores = np.asarray(scores, dtype=float)
     image = ax.imshow(scores, cmap=plots.COLORMAP, vmin=0.0, vmax=vmax)
     n_layers, n_heads = scores.shape
-    ax.set_xticks(range(n_heads), [f"head {h}" for h in range(n_heads)], fontsize=8)
-    ax.set_yticks(range(n_layers), [f"layer {i}" for i in range(n_layers)], fontsize=8)
+    if n_heads <= 6:            # a few heads: every tick says what it is
+        ax.set_xticks(range(n_heads), [f"head {h}" for h in range(n_heads)], fontsize=8)
+        ax.set_yticks(range(n_layers), [f"layer {i}" for i in range(n_layers)], fontsize=8)
+    else:                       # many: numbers on the ticks, the names on the axes
+        ax.set_xticks(range(n_heads), range(n_heads), fontsize=8)
+        ax.set_yticks(range(n_layers), range(n_layers), fontsize=8)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
     for (layer, head), value in np.ndenumerate(scores):
         light = image.norm(value) > 0.55
         ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=8,
