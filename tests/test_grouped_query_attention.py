@@ -417,7 +417,7 @@ def test_the_drawing_stays_small_and_leaks_no_figure():
         widget.kv_heads.value = kv
         ax = widget.axes[0]
         assert len(ax.collections) == 3                    # one collection a row, any size
-        assert len(ax.texts) <= 2 * (w15.MAX_LABELLED_HEADS + 1)   # some numbers, not 256
+        assert len(ax.texts) <= 2 * (plots.MAX_LABELLED_HEADS + 1)   # some numbers, not 256
         assert len(widget.axes[1].patches) == len(w15.divisors(256))
     for name in w15.GROUPABLE_PRESETS:
         widget.preset.value = name

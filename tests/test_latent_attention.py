@@ -694,7 +694,7 @@ def test_the_notebooks_suggested_self_check_holds(namespace):
     scope = dict(namespace)
     exec(ex16.SOLUTIONS[2], scope)
     mine = scope["head_scores"](scope["rope_layer"], 1, scope["q_head"], scope["q_rope_head"],
-                                scope["latents"], scope["k_rope"])
+                                scope["rope_latents"], scope["k_rope"])
     np.testing.assert_allclose(mine, scope["scores_head"], atol=1e-12)
     assert scope["rope_config"] == ex16.LESSON_CONFIG
 

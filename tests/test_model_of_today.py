@@ -247,3 +247,25 @@ def test_the_solutions_pass_and_unknown_ones_are_refused():
     correct(ex18.check_reusable_positions(namespace["answer"]), "3 of the")
     with pytest.raises(ValueError, match="no exercise 9"):
         ex18.solution(9)
+
+
+# the read-through's answers that got the wrong words ------------------------------------------
+
+def test_exercise_1_refuses_a_number_in_two_levels_of_brackets():
+    feedback = ex18.check_llama32_cache([[ex18.llama32_bytes_per_token()]])
+    assert not feedback.passed and "two levels of brackets" in feedback.message
+
+
+def test_exercise_2_takes_the_right_reordering_in_float32():
+    from kvlib.checkpoints.llama import to_interleaved_columns
+
+    assert ex18.check_to_interleaved(
+        lambda W, n: to_interleaved_columns(W, n).astype(np.float32)).passed
+
+
+def test_exercise_2_says_when_the_function_forgot_to_return():
+    def forgot(W, n_heads):
+        W[:, :0]
+    feedback = ex18.check_to_interleaved(forgot)
+    assert not feedback.passed and "return" in feedback.message
+    assert "not filled in" not in feedback.message

@@ -679,3 +679,10 @@ def test_binder_downloads_gpt2_without_failing_the_build():
                      re.MULTILINE)
     check = (ROOT / "tools" / "binder_check.sh").read_text(encoding="utf-8")
     assert 'export KVLIB_GPT2_DIR="$work/gpt2"' in check
+
+
+def test_exercise_2_a_window_that_keeps_everything_is_not_the_smallest():
+    right = int(ex13.copy_head_reach()["read"].max()) + 1
+    for too_wide in (right + 1, 90, 100):
+        feedback = ex13.check_copy_window(too_wide)
+        assert not feedback.passed and "smallest" in feedback.message, too_wide

@@ -228,3 +228,40 @@ def test_exercise_3_reports_carry_the_committed_numbers():
 def test_every_checker_answers_odd_input_in_words(checker, label, answer):
     feedback = assert_answers_in_words(checker, answer)
     assert not feedback.passed, label
+
+
+# the read-through's wrong answers that used to pass or get the wrong words ---------------------
+
+def test_exercise_1_none_for_the_step_says_none_is_the_prefill():
+    feedback = ex25.check_where((None, P - 1))
+    assert not feedback.passed and "prefill" in feedback.message
+
+
+def test_exercise_1_refuses_each_number_in_its_own_brackets():
+    feedback = ex25.check_where(((0,), (P - 1,)))
+    assert not feedback.passed and "plain numbers" in feedback.message
+
+
+def _step_with(change):
+    def step(params, token_id, cache):
+        return change(len(cache), kvlib.decode_step(params, token_id, cache).copy())
+    return step
+
+
+@pytest.mark.parametrize("label, step, words", [
+    ("all logits nan", _step_with(lambda n, x: x * np.nan), "not all finite"),
+    ("one logit nan", _step_with(lambda n, x: np.where(np.arange(x.shape[1]) == 3, np.nan, x)),
+     "not all finite"),
+    ("wrong only after 10 new positions",
+     _step_with(lambda n, x: x + 5 * (np.arange(x.shape[1]) % 2) if n >= P + 10 else x),
+     "still finds"),
+])
+def test_exercise_2_refuses_steps_that_go_wrong_late_or_write_nan(label, step, words):
+    feedback = ex25.check_fixed_step(step)
+    assert not feedback.passed and words in feedback.message, label
+
+
+def test_exercise_3_refuses_a_letter_given_twice():
+    feedback = ex25.check_bug_or_rounding({"a": "bug", "A": "rounding", "B": "bug",
+                                           "C": "rounding", "D": "bug"})
+    assert not feedback.passed and "twice" in feedback.message

@@ -180,14 +180,14 @@ arithmetic or formatting (Python will not even print an int of more than 4,300 d
 
 def _one(answer):
     """The single item of a 0-d or one-element array, list or tuple: [2.176] and
-    np.array([2.176]) read as 2.176. Anything else is returned as it is."""
-    for _ in range(4):                  # a list that holds itself must not loop forever
-        if isinstance(answer, np.ndarray) and answer.size == 1:
-            answer = answer.reshape(-1)[0]
-        elif isinstance(answer, (list, tuple)) and len(answer) == 1:
-            answer = answer[0]
-        else:
-            break
+    np.array([2.176]) read as 2.176 (a result computed as an array). One level only: [[2.176]]
+    is a container in a container, which the readers refuse. Anything else is returned as it
+    is."""
+    if isinstance(answer, np.ndarray) and answer.size == 1 and answer.ndim <= 1:
+        return answer.reshape(-1)[0]
+    if isinstance(answer, (list, tuple)) and len(answer) == 1 and \
+            not isinstance(answer[0], (list, tuple, np.ndarray)):
+        return answer[0]
     return answer
 
 
@@ -236,6 +236,9 @@ def read_number(answer, what: str = "a number", name: str = "answer") -> float |
     if isinstance(answer, (bool, np.bool_)):
         return Feedback(False, f"{name} should be {what}, got {described(answer)}.")
     if isinstance(answer, (list, tuple, np.ndarray, set, frozenset, range, dict)):
+        if isinstance(answer, (list, tuple, np.ndarray)) and len(answer) == 1:
+            return Feedback(False, f"{name} should be one number ({what}), not a number inside "
+                            f"two levels of brackets: got {described(answer)}.")
         several = "" if not len(answer) else "several numbers: "
         return Feedback(False, f"{name} should be one number ({what}), got {several}"
                         f"{described(answer)}.")
@@ -312,6 +315,10 @@ def read_whole_numbers(answer, count: int, name: str = "answer",
                         f"{shown(answer)}.")
     numbers = []
     for position, item in enumerate(answer):
+        if isinstance(item, (list, tuple)) or (isinstance(item, np.ndarray) and item.ndim > 0):
+            return Feedback(False, f"number {position + 1} of {name} should be a number, not "
+                            f"{described(item)}: write {name} as {count} plain numbers, like "
+                            f"{example}.")
         target = None if expected is None else expected[position]
         value = read_whole_number(item, "a whole number", f"number {position + 1} of {name}",
                                   target)

@@ -81,6 +81,11 @@ def _test_matrices():
             for d_in, heads, head_dim in SHAPES]
 
 
+def _same(result: np.ndarray, target: np.ndarray) -> bool:
+    """The same numbers in the same places, to float32's rounding."""
+    return np.allclose(result.astype(np.float64), target, rtol=1e-6, atol=1e-7)
+
+
 @checker
 def check_to_interleaved(function) -> Feedback:
     """Exercise 2: to_interleaved(W, n_heads) reorders the columns of W (d, heads x dh) from
@@ -97,6 +102,9 @@ def check_to_interleaved(function) -> Feedback:
         except Exception as error:      # the student's code: any error is an answer
             return Feedback(False, f"on W of shape {W.shape} with {heads} heads your function "
                             f"raised {type(error).__name__}: {error}")
+        if result is None:
+            return Feedback(False, "your function returned None: does it end with `return` "
+                            "and the reordered W?")
         if is_missing(result):
             return not_filled_in("to_interleaved", "a body that returns the reordered W")
         if not np.array_equal(W, original):
@@ -107,18 +115,20 @@ def check_to_interleaved(function) -> Feedback:
             return Feedback(False, f"for W of shape {W.shape} expected an array of the same "
                             f"shape, got {getattr(result, 'shape', type(result).__name__)}: "
                             "reorder the columns, don't transpose or reshape the matrix.")
+        if result.dtype.kind not in "fiu":
+            return Feedback(False, f"expected an array of numbers, got dtype {result.dtype}.")
         expected = to_interleaved_columns(W, heads)
-        if np.array_equal(result, expected):
+        if _same(result, expected):     # float32 is fine: the order is what is asked
             continue
         head_dim = W.shape[1] // heads
-        if np.array_equal(result, W):
+        if _same(result, W):
             return Feedback(False, "nothing moved: within each head, column 2i must take "
                             "column i and column 2i + 1 must take column i + dh/2.")
-        if np.array_equal(result, to_half_columns(W, heads)):
+        if _same(result, to_half_columns(W, heads)):
             return Feedback(False, "that is the inverse: it takes a GGUF's order back to the "
                             "hub's. Column 2i of the result is column i of W, not the other "
                             "way round.")
-        if np.array_equal(result, to_interleaved_columns(W, 1)):
+        if _same(result, to_interleaved_columns(W, 1)):
             return Feedback(False, "the reordering must stay inside each head: reshape to "
                             f"(d, n_heads, 2, dh/2) first (here dh = {head_dim}), swap the "
                             "last two axes, reshape back.")

@@ -216,6 +216,10 @@ def check_copy_window(answer) -> Feedback:
     if value < 1:
         return Feedback(False, f"{value}: a window holds at least the query itself, so W is "
                         "1 or more.")
+    if value > right:
+        return Feedback(False, f"a window of {value} keeps every position the copy head reads, "
+                        "but so does a smaller one: the exercise asks for the smallest window "
+                        "that still does.")
     if value >= int(reach["story"][0]):
         return Feedback(False, f"a window of {value} keeps the whole story "
                         f"({int(reach['story'][0])} tokens), so nothing is lost, but it is not "

@@ -28,6 +28,9 @@ from .base import (
 
 PROMPT_TEXT = cache_bugs.ZOO_PROMPT
 N_NEW_TOKENS = 6
+CHECKED_NEW_TOKENS = 16
+"""The fixed step of exercise 2 is checked over more tokens than the mystery step is shown:
+a step may go wrong only after some positions."""
 
 
 @lru_cache(maxsize=1)
@@ -62,6 +65,10 @@ def check_where(answer) -> Feedback:
     first parts from recomputation, as first_divergence reports it."""
     if is_missing(answer):
         return not_filled_in("answer", "(step, position given), such as (2, 17)")
+    if isinstance(answer, (tuple, list)) and len(answer) == 2 and answer[0] is None:
+        return Feedback(False, "a step of None is how the report names the prefill, but the "
+                        "mystery loop's prefill is right: the report points at a decode step. "
+                        "Give its number (decode step 0 is the first after the prefill).")
     read = read_whole_numbers(answer, 2, "answer")
     if isinstance(read, Feedback):
         return read
@@ -118,7 +125,16 @@ def check_fixed_step(function) -> Feedback:
     if _is_empty(function):
         return not_filled_in("fixed_decode_step", "a body that returns the logits (1, V)")
     try:
-        found = debug.first_divergence(params, prompt, N_NEW_TOKENS, function)
+        _, cache = kvlib.prefill(params, prompt)
+        logits = np.asarray(function(params, prompt[-1], cache), dtype=float)
+    except Exception as error:          # the learner's code: any failure is an answer too
+        return Feedback(False, f"your step failed with {type(error).__name__}: {error}. It must "
+                        "take (params, token_id, cache) and return logits (1, V).")
+    if not np.isfinite(logits).all():
+        return Feedback(False, "your step returns logits that are not all finite numbers (nan "
+                        "or inf): no token can be chosen from them.")
+    try:
+        found = debug.first_divergence(params, prompt, CHECKED_NEW_TOKENS, function)
     except Exception as error:          # the learner's code: any failure is an answer too
         return Feedback(False, f"the locator could not run your step: it failed with "
                         f"{type(error).__name__}: {error}. It must take (params, token_id, "
@@ -126,7 +142,7 @@ def check_fixed_step(function) -> Feedback:
     if found is not None:
         return Feedback(False, f"the locator still finds something: {found}")
     try:
-        rows = debug.rows_computed(params, prompt, N_NEW_TOKENS, function)
+        rows = debug.rows_computed(params, prompt, CHECKED_NEW_TOKENS, function)
     except Exception as error:
         return Feedback(False, f"counting its rows failed with {type(error).__name__}: "
                         f"{error}.")
@@ -134,7 +150,7 @@ def check_fixed_step(function) -> Feedback:
         return Feedback(False, f"the answers are right, but the steps compute {rows} rows: "
                         "the whole sequence again, so the cache is not read (bug 8 of the "
                         "zoo). Feed only the new token and let decoder_block read the cache.")
-    return Feedback(True, f"nothing parts in {N_NEW_TOKENS - 1} decode steps, and each step "
+    return Feedback(True, f"nothing parts in {CHECKED_NEW_TOKENS - 1} decode steps, and each step "
                     "computes one row: the token sits at len(cache), the cache is read.")
 
 
@@ -195,6 +211,9 @@ def check_bug_or_rounding(answer) -> Feedback:
         answer = [word for word in str(answer).replace(",", " ").split() if word]
     if isinstance(answer, dict):
         keys = {str(key).strip().upper(): value for key, value in answer.items()}
+        if len(keys) < len(answer):
+            return Feedback(False, "a letter is given twice (as \"a\" and \"A\", say): give one "
+                            "verdict for each of A, B, C and D.")
         if keys and all(is_missing(value) for value in keys.values()):
             return not_filled_in("answer", '"bug" or "rounding" for each letter')
         if set(keys) != set(ANSWERS):
