@@ -713,25 +713,26 @@ def test_fixed_scale_checker_passes_valid_forms(answer):
 
 
 @pytest.mark.parametrize("answer, phrase", [
-    (32_768, "leaves the scales out"),
-    (32_896, "one scale per row"),
-    (98_368, "1024 key scales for every token"),
-    (131_072, "without quantization"),
-    (67_648, "one byte per int4 code"),
+    (81_920, "leaves the scales out"),
+    (82_240, "one scale per row"),
+    (245_920, "1024 key scales for every token"),
+    (327_680, "without quantization"),
+    (169_120, "one byte per int4 code"),
     (1_090, "one layer"),
-    (18_432, "keys only"),
-    (16_448, "values only"),
-    (279_040, "counts bits"),
-    (36_992, "float32"),
-    (139_328, "all 32 query heads"),
-    (34.0625, "KiB"),
-    (35_328, "one scale per head"),
-    (34_881, "Per layer"),
-    (34_880.4, "close (0.4 from the answer)"),
-    ("34880", "not text: write 34880 without quotes"),
-    (np.array(["34880"]), "not text: write 34880 without quotes"),
+    (46_080, "keys only"),
+    (41_120, "values only"),
+    (697_600, "counts bits"),
+    (92_480, "float32"),
+    (696_480, "all 64 query heads"),
+    (85.15625, "KiB"),
+    (88_320, "one scale per head"),
+    (34_880, "Llama-3-8B's figure, from the table above"),
+    (87_201, "Per layer"),
+    (87_200.4, "close (0.4 from the answer)"),
+    ("87200", "not text: write 87200 without quotes"),
+    (np.array(["87200"]), "not text: write 87200 without quotes"),
     (True, "True (a bool)"),
-    ([34_880, 2], "several numbers"),
+    ([87_200, 2], "several numbers"),
     (float("nan"), "finite"),
     (10**400, "finite"),
     (10**5000, "about 5,001 digits"),
@@ -741,9 +742,9 @@ def test_bytes_per_token_checker_names_each_mistake(answer, phrase):
     assert_not_yet(ex22.check_bytes_per_token(answer), phrase)
 
 
-@pytest.mark.parametrize("answer", [34_880, 34_880.0, np.int64(34_880), np.float32(34_880),
-                                    np.array(34_880), [34_880], np.array([34_880.0]),
-                                    32 * ((1024 // 2 + 2 * 1024 / 32) + (1024 // 2 + 2))])
+@pytest.mark.parametrize("answer", [87_200, 87_200.0, np.int64(87_200), np.float32(87_200),
+                                    np.array(87_200), [87_200], np.array([87_200.0]),
+                                    80 * ((1024 // 2 + 2 * 1024 / 32) + (1024 // 2 + 2))])
 def test_bytes_per_token_checker_passes_valid_forms(answer):
     assert_correct(ex22.check_bytes_per_token(answer))
 
@@ -756,7 +757,7 @@ def test_the_bytes_exercise_is_kvlibs_formula_on_a_live_cache():
     rows = np.random.default_rng(0).standard_normal((64, width)).astype(np.float32)
     for layer in range(layers):
         cache.append(layer, rows, rows)
-    assert cache.nbytes == 64 * ex22.expected_bytes_per_token() == 64 * 34_880
+    assert cache.nbytes == 64 * ex22.expected_bytes_per_token() == 64 * 87_200
 
 
 @pytest.mark.parametrize("answer, phrase", [

@@ -26,7 +26,7 @@ LLAMA32_CONFIG = {"hidden_size": 2048, "num_attention_heads": 32, "num_key_value
 EXERCISE3_TURNS = [("What is the capital of France?", "The capital of France is Paris."),
                    ("And of Italy?", "The capital of Italy is Rome.")]
 SYSTEM_BEFORE = "You are a helpful assistant."
-SYSTEM_AFTER = "Today is 2 December 2026. You are a helpful assistant."
+SYSTEM_AFTER = "You are a helpful assistant. Today is 2 December 2026."
 
 
 # Exercise 1 ------------------------------------------------------------------------------
@@ -180,6 +180,9 @@ def check_reusable_positions(answer) -> Feedback:
     if value == 0:
         return Feedback(False, "some positions survive: both conversations begin with the same "
                         "tokens, up to where the system messages differ.")
+    if value == 3:
+        return Feedback(False, "3 is the system turn's header alone: the two system messages "
+                        "also begin with the same words, and those positions survive too.")
     return Feedback(False, f"not {value}. Render both conversations (exercise3_ids), then count "
                     "the tokens they share from the start.")
 

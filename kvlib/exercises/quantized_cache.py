@@ -4,7 +4,7 @@
    (a), then a second row with the same, fixed scale, where clipping matters (b). The
    checkers name the usual slips: dividing by 128 or 255, int() truncation, max(x) instead
    of max|x|, forgetting to clip, the int8 wrap-around of astype without a clip.
-2. Bytes per token of a quantized cache with its scales, for another model (Llama-3-8B).
+2. Bytes per token of a quantized cache with its scales, for another model (Llama-2-70B).
 3. A prediction before running: which grouping suits keys with one huge channel?
 4. Find the bug: a "per token" round trip that groups the wrong way.
 """
@@ -229,7 +229,8 @@ def check_codes_with_fixed_scale(answer) -> Feedback:
 
 # Exercise 2 ------------------------------------------------------------------------------
 
-EXERCISE2_MODEL = "Llama-3-8B"
+EXERCISE2_MODEL = "Llama-2-70B"
+"""Not the Llama-3-8B of the lesson's table, whose figure would be the answer."""
 EXERCISE2_KEYS = PerChannel(bits=4, group_size=32)
 EXERCISE2_VALUES = PerToken(bits=4)
 
@@ -267,16 +268,20 @@ def _bytes_mistakes() -> list[tuple[float, str]]:
         (layers * (width + key_scales + width + value_scale),
          "that counts one byte per int4 code: two 4-bit codes share a byte, so a row of 1024 "
          "codes is 512 bytes."),
-        (right / layers, "that is one layer; each of the 32 layers caches its own K and V."),
+        (right / layers, f"that is one layer; each of the {layers} layers caches its own K "
+                         "and V."),
         (layers * (codes + key_scales), "that is the keys only; the values are cached too."),
         (layers * (codes + value_scale), "that is the values only; the keys are cached too."),
         (right * 8, "that counts bits; the answer is in bytes."),
         (layers * (codes + 2 * key_scales + codes + 2 * value_scale),
          "that stores the scales in float32 (4 bytes); they are float16, 2 bytes each."),
         (layers * ((heads // 2 + 2 * heads / 32) + (heads // 2 + 2)),
-         f"that caches all {model.n_heads} query heads; Llama-3-8B has 8 K/V heads (GQA), "
-         f"so a row is 8 x 128 = {width} numbers."),
+         f"that caches all {model.n_heads} query heads; {EXERCISE2_MODEL} has "
+         f"{model.n_kv_heads} K/V heads (GQA), so a row is {model.n_kv_heads} x "
+         f"{model.head_dim} = {width} numbers."),
         (right / 1024, "that is in KiB; the answer is in bytes."),
+        (right / layers * 32, "that is Llama-3-8B's figure, from the table above (32 layers); "
+                              f"{EXERCISE2_MODEL} has {layers}."),
         (layers * (codes + key_scales + codes + 2 * model.n_kv_heads),
          "that gives the values one scale per head; here one float16 scale serves the whole "
          "row of 8 heads."),
@@ -285,16 +290,18 @@ def _bytes_mistakes() -> list[tuple[float, str]]:
 
 @checker
 def check_bytes_per_token(answer) -> Feedback:
-    """Exercise 2: bytes one token adds to Llama-3-8B's cache with int4 keys per channel
+    """Exercise 2: bytes one token adds to Llama-2-70B's cache with int4 keys per channel
     (groups of 32) and int4 values per token, float16 scales."""
     value = read_number(answer, "a number of bytes")
     if isinstance(value, Feedback):
         return value
     expected = expected_bytes_per_token()
+    layers, _ = exercise2_shapes()
     float16 = PRESETS[EXERCISE2_MODEL].kv_bytes_per_token()
     if math.isclose(value, expected):
-        return Feedback(True, f"{expected:,} bytes a token: 32 layers x ((512 + 64) + (512 + "
-                        f"2)), {float16 / expected:.2f} times less than float16's {float16:,}. "
+        return Feedback(True, f"{expected:,} bytes a token: {layers} layers x ((512 + 64) + "
+                        f"(512 + 2)), {float16 / expected:.2f} times less than float16's "
+                        f"{float16:,}. "
                         "The keys' scales cost 64 bytes a token, 32 times the values' 2.")
     for wrong, message in _bytes_mistakes():
         if math.isclose(value, wrong, rel_tol=1e-9):
@@ -487,10 +494,10 @@ codes = np.clip(np.rint(row / scale), -127, 127)         # round to nearest, the
 codes_next = np.clip(np.rint(next_row / scale), -127, 127)   # the same, fixed scale
 """,
     2: """
-layers, width = 32, 8 * 128                     # Llama-3-8B: 8 K/V heads of 128
+layers, width = 80, 8 * 128                     # Llama-2-70B: 8 K/V heads of 128
 keys = width // 2 + 2 * width / 32              # int4 codes + float16 scales shared by 32
 values = width // 2 + 2                         # int4 codes + one float16 scale a row
-answer = layers * (keys + values)               # 34,880 bytes
+answer = layers * (keys + values)               # 87,200 bytes
 """,
     3: """
 answer = "b"
