@@ -131,9 +131,15 @@ def test_the_chat_widget_answers_streams_and_draws_the_cache(params, tokenizer):
     assert "The cache holds" in widget.status.value and widget.controls["text"].value == ""
     bars = [p for p in widget.figure.axes[0].patches if p.get_width() > 0]
     assert sum(p.get_width() for p in bars) == len(conversation.ids)
-    widget.controls["text"].value = ""
+    before = widget.transcript.value
+    widget.controls["text"].value = "   "
     widget.controls["send"].click()
-    assert "non-empty text" in widget.message.value
+    assert widget.message.value.startswith("<b>Not sent:</b>") and "type a message" in \
+        widget.message.value
+    assert widget.transcript.value == before, "a refused message is no user turn"
+    widget.controls["text"].value = "x" * 20_000
+    widget.controls["send"].click()
+    assert "20,000 characters" in widget.message.value and widget.transcript.value == before
     widget.controls["reset"].click()
     assert conversation.ids == [] and "0 positions" in widget.status.value
     assert set(plt.get_fignums()) == figures, "no figure leaks"
@@ -271,3 +277,28 @@ def test_exercise_2_says_when_the_function_forgot_to_return():
     feedback = ex18.check_to_interleaved(forgot)
     assert not feedback.passed and "return" in feedback.message
     assert "not filled in" not in feedback.message
+
+
+def test_the_chat_widget_shows_no_user_turn_after_an_interrupted_send(params, tokenizer):
+    conversation = Conversation(params, tokenizer)
+    widget = w18.chat_widget(conversation, max_new_tokens=6)
+
+    def interrupted(text, max_new_tokens, on_token=None):
+        on_token("The")
+        raise KeyboardInterrupt
+
+    conversation.say = interrupted
+    widget.controls["text"].value = "What is 2+2?"
+    with pytest.raises(KeyboardInterrupt):
+        widget.controls["send"].click()
+    assert "user:" not in widget.transcript.value
+    assert widget.controls["text"].value == "What is 2+2?", "the message waits to be sent again"
+
+
+def test_enter_sends_as_the_button_does(params, tokenizer):
+    conversation = Conversation(params, tokenizer)
+    widget = w18.chat_widget(conversation, max_new_tokens=3)
+    widget.controls["text"].value = "Hi"
+    widget.controls["text"]._submission_callbacks(widget.controls["text"])
+    assert "assistant:</b>" in widget.transcript.value and conversation.ids
+

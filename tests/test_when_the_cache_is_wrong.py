@@ -52,7 +52,7 @@ def test_the_zoo_widget_draws_every_run_and_leaks_nothing():
             widget.controls["format"].value = number_format
             widget.controls["bug"].value = label
             assert widget.message.value == "", widget.message.value
-            assert "rows a decode step computes" in widget.status.value
+            assert "rows each of the first 3 decode steps computes" in widget.status.value
     widget.controls["bug"].value = "8 cache never read"
     assert "nothing parts" in widget.status.value and "[32, 33, 34]" in widget.status.value
     ax = widget.figure.axes[0]

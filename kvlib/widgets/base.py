@@ -92,8 +92,10 @@ def explorer(live: LiveFigure, controls: dict, status: widgets.HTML, message: wi
     return box
 
 
-def safely(callback, message_widget: widgets.HTML | None = None):
-    """Wrap a widget callback so that a bad value is reported in words, never a traceback."""
+def safely(callback, message_widget: widgets.HTML | None = None,
+           prefix: str = "Cannot show this:"):
+    """Wrap a widget callback so that a bad value is reported in words, never a traceback:
+    `prefix` and the error's message in message_widget."""
 
     def run(*args, **kwargs):
         try:
@@ -103,6 +105,6 @@ def safely(callback, message_widget: widgets.HTML | None = None):
         except (ValueError, TypeError) as error:
             if message_widget is None:
                 raise
-            message_widget.value = f"<b>Cannot show this:</b> {as_html(str(error))}"
+            message_widget.value = f"<b>{as_html(prefix)}</b> {as_html(str(error))}"
 
     return run

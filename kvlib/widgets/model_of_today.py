@@ -11,6 +11,8 @@ cache.
 
 from __future__ import annotations
 
+import warnings
+
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
@@ -20,6 +22,8 @@ from kvlib.chat import Conversation
 
 from .base import LiveFigure, as_html, plural, safely
 
+MAX_MESSAGE_CHARACTERS = 2_000
+"""Longer messages are refused: their prefill would take minutes on a laptop."""
 COLOURS = {"turn": "#0072B2", "reply": "#E69F00"}    # Okabe-Ito: blue and orange
 PAIR_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
                 "#999999")                         # Okabe-Ito, one a pair
@@ -136,14 +140,20 @@ def chat_widget(conversation: Conversation, max_new_tokens: int = 40):
         status.value = cache_status(conversation)
 
     def on_send(_=None) -> None:
-        text = box.value
+        text = box.value.strip()
+        if not text:
+            raise ValueError("type a message first")
+        if len(text) > MAX_MESSAGE_CHARACTERS:
+            raise ValueError(f"a message of {len(text):,} characters is more than this chat "
+                             f"reads ({MAX_MESSAGE_CHARACTERS:,}): its prefill would take "
+                             "minutes here")
         pending = conversation.messages + [{"role": "user", "content": text}]
-        transcript.value = "<br>".join(f"<b>{m['role']}:</b> {as_html(m['content'])}"
-                                       for m in pending)
-        conversation.say(text, length.value,
-                         on_token=lambda words: show_transcript_streaming(pending, words))
+        try:
+            conversation.say(text, length.value,
+                             on_token=lambda words: show_transcript_streaming(pending, words))
+        finally:                # refused or interrupted: the transcript shows what was said
+            redraw()
         box.value = ""
-        redraw()
 
     def show_transcript_streaming(pending, words: str) -> None:
         lines = [f"<b>{m['role']}:</b> {as_html(m['content'])}" for m in pending]
@@ -153,7 +163,10 @@ def chat_widget(conversation: Conversation, max_new_tokens: int = 40):
         conversation.reset()
         redraw()
 
-    send.on_click(safely(on_send, message))
+    send.on_click(safely(on_send, message, prefix="Not sent:"))
+    with warnings.catch_warnings():     # ipywidgets 8 deprecates on_submit, and has no other
+        warnings.simplefilter("ignore", DeprecationWarning)         # way to send on Enter
+        box.on_submit(safely(on_send, message, prefix="Not sent:"))
     reset.on_click(safely(on_reset, message))
     redraw()
     layout = widgets.VBox([widgets.HBox([box, send, reset, length]), message, transcript,

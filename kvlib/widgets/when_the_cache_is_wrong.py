@@ -44,8 +44,8 @@ def table(model: str) -> str:
 
 def draw_precision(ax, model: str, title: str) -> None:
     """Bars of the largest logit difference, cached against recomputed, and of what the
-    format itself moves the logits (against float64), for each row; log scale; the flips
-    written above each pair."""
+    format itself moves the logits (against float64), for each row; log scale; the greedy
+    flips of both written above each pair (cached vs recomputed / vs float64)."""
     measured = rows(model)
     labels = [f"{row['format']}\n{row['where']}" for row in measured]
     x = np.arange(len(measured))
@@ -55,11 +55,13 @@ def draw_precision(ax, model: str, title: str) -> None:
         heights = [max(row[column]["largest_difference"], floor) for row in measured]
         ax.bar(x + offset, heights, width=0.4, color=colour, label=COLUMNS[column])
     for index, row in enumerate(measured):
-        flips = row["cached_against_recomputed"]
         top = max(row["cached_against_recomputed"]["largest_difference"],
                   row["against_float64"]["largest_difference"], floor)
-        ax.annotate(f"{flips['flips']} flips", (index, top), textcoords="offset points",
-                    xytext=(0, 3), ha="center", fontsize=8)
+        ax.annotate(f"{row['cached_against_recomputed']['flips']} / "
+                    f"{row['against_float64']['flips']} flips", (index, top),
+                    textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+    ax.axhline(floor, color="0.6", linewidth=0.8, linestyle=":",
+               label=f"{floor:g}: no difference (a 0 is drawn here)")
     ax.set_yscale("log")
     ax.set_ylim(floor / 2, 10)
     ax.set_xticks(x, labels, fontsize=8)
@@ -84,6 +86,8 @@ def draw_differences(ax, differences, rounding: float, title: str) -> None:
     if failed.any():
         first = int(np.argmax(failed))
         ax.axvline(first, color="#D55E00", linestyle=":", label=f"fails at step {first}")
+    ax.axhline(floor, color="0.6", linewidth=0.8, linestyle=":",
+               label=f"{floor:g}: no difference at all (a 0 is drawn here)")
     ax.set_yscale("log")
     ax.set_ylim(floor / 2, 100)
     ax.set_xlabel("token (0: the prefill's last row, then each decode step)")
@@ -130,6 +134,7 @@ def zoo_widget():
         tolerance = TOLERANCES[number_format]
         report = "nothing parts" if run["report"] is None else as_html(run["report"])
         status.value = (f"<b>locator</b> (tolerance {tolerance or 'default'}): {report}<br>"
-                        f"<b>rows a decode step computes:</b> {run['rows']}")
+                        f"<b>rows each of the first {len(run['rows'])} decode steps "
+                        f"computes:</b> {run['rows']}")
 
     return explorer(live, controls, status, message, redraw, {"runs": runs})
