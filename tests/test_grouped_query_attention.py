@@ -824,3 +824,12 @@ def test_the_notebook_quotes_the_reference_test_as_it_is():
                                 kvlib.split_heads(V, config.kv_heads),
                                 kvlib.causal_mask(len(case["x"])))
         assert np.abs(kvlib.merge_heads(heads) @ layer.Wo - case["output"]).max() < 1e-15
+
+
+def test_choosing_custom_drops_the_published_models_line():
+    explorer = w15.grouping_explorer()
+    assert "Llama-3-8B" in explorer.source.value
+    chooser = next(control for control in explorer.controls.values()
+                   if "custom" in getattr(control, "options", ()))
+    chooser.value = "custom"
+    assert explorer.source.value == ""

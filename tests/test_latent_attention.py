@@ -704,3 +704,10 @@ def test_solution_display():
     assert "Solution to exercise 2" in shown.data and "head_scores" in shown.data
     with pytest.raises(ValueError, match="no exercise 9"):
         ex16.solution(9)
+
+
+def test_the_calculator_refuses_a_latent_wider_than_mhas_k_and_v():
+    box = w16.latent_cache_calculator()
+    box.controls["latent_dim"].value = 10_000_000
+    assert "wider than multi-head attention's K and V" in box.message.value
+    assert "39,062" not in box.status.value

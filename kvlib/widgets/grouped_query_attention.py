@@ -233,7 +233,8 @@ def grouping_explorer(preset: str = "Llama-3-8B", budget_gib: float = 16.0,
 
     def on_preset(change):
         chosen = PRESETS.get(change["new"])
-        if chosen is None:
+        if chosen is None:          # "custom": the shapes stay, the published model's line goes
+            redraw()
             return
         state["loading"] = True
         try:

@@ -203,6 +203,11 @@ def latent_cache_calculator(preset: str = "DeepSeek-V2", latent_dim: int | None 
             return
         model = PRESETS[controls["preset"].value]
         dc, dr = controls["latent_dim"].value, controls["rope_head_dim"].value
+        widest = 2 * model.n_heads * model.head_dim             # MHA's K and V together
+        if dc + dr > widest:
+            raise ValueError(f"a latent and rotary key of {dc + dr:,} numbers are wider than "
+                             f"multi-head attention's K and V together ({widest:,}): they "
+                             "would save nothing. Choose dc + dr of at most that.")
         sizes = bytes_per_token(model.n_layers, model.n_heads, model.head_dim, dc, dr)
         state["sizes"] = sizes
         kv_heads = {"MHA": model.n_heads, "GQA": grouped_kv_heads(model.n_heads), "MQA": 1}
