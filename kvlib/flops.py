@@ -171,6 +171,35 @@ def generation_step_multiply_adds(config: ModelConfig, prompt_length: int, new_t
     return steps
 
 
+def generation_step_flops(config: ModelConfig, prompt_length: int, new_tokens: int,
+                          use_cache: bool = True) -> np.ndarray:
+    """FLOPs of each pass of generation_step_multiply_adds, as a float array (new_tokens,),
+    computed at once (counting_the_work's and where_time_goes' explorers, up to 32,768 passes).
+
+    A pass's count is a polynomial in the positions it attends over: a decode step's is
+    A + B S (S attended positions), a full forward's over L tokens a + b L + c L^2. So the
+    exact counts at the first positions give the coefficients (in integers, so the result is
+    exact), and the polynomial gives every pass. With a sliding window the attended positions stop growing: those configs are
+    counted pass by pass.
+    """
+    if config.window is not None:
+        return np.array([step.flops for step in generation_step_multiply_adds(
+            config, prompt_length, new_tokens, use_cache)], dtype=np.float64)
+    steps = np.arange(new_tokens, dtype=np.int64)
+    if use_cache:                        # pass 0 is the prefill; then decodes, linear in S
+        flops = np.full(new_tokens, prefill_multiply_adds(config, prompt_length,
+                                                          last_only=True).flops, dtype=np.int64)
+        base = decode_step_multiply_adds(config, prompt_length).flops
+        slope = decode_step_multiply_adds(config, prompt_length + 1).flops - base
+        flops[1:] = base + slope * steps[:-1]
+        return flops.astype(np.float64)
+    # quadratic in L: Newton's form on the first three lengths, in exact integers
+    f0, f1, f2 = (forward_multiply_adds(config, prompt_length + k, last_only=True).flops
+                  for k in range(3))
+    k = np.arange(new_tokens, dtype=np.int64)
+    return (f0 + (f1 - f0) * k + (f2 - 2 * f1 + f0) * (k * (k - 1) // 2)).astype(np.float64)
+
+
 # Which part a matrix product belongs to, by the kvlib.model function that performs it.
 _PART_OF_FUNCTION = {
     "project_qkv": "projections",

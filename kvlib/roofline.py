@@ -29,7 +29,7 @@ import numpy as np
 
 from .checks import LARGEST_COUNT, count, numbers, real_number, whole_numbers
 from .config import ModelConfig
-from .flops import MAX_PASSES, decode_step_multiply_adds, generation_step_multiply_adds
+from .flops import MAX_PASSES, decode_step_multiply_adds, generation_step_flops
 from .memory import config_cache_bytes
 from .params import Params, layer_class
 
@@ -110,8 +110,12 @@ def generation_step_bytes(config: ModelConfig, prompt_length: int, new_tokens: i
     if new_tokens > MAX_PASSES:
         raise ValueError(f"new_tokens is {new_tokens:,}: this lists the bytes of each pass, "
                          f"for at most {MAX_PASSES:,} passes")
+    weights = weights_bytes(config)                    # the same for every pass: count it once
+    if config.window is None:           # every position held: the cache grows by one row a pass
+        lengths = np.arange(prompt_length, prompt_length + new_tokens, dtype=np.int64)
+        return weights + cache_bytes(config, 1) * lengths
     lengths = range(prompt_length, prompt_length + new_tokens)
-    return np.array([forward_bytes(config, n) for n in lengths], dtype=np.int64)
+    return np.array([weights + cache_bytes(config, n) for n in lengths], dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -172,10 +176,9 @@ def matmul_intensity(rows: int, inner: int, columns: int, itemsize: int = 4) -> 
 def generation_step_times(config: ModelConfig, prompt_length: int, new_tokens: int,
                           use_cache: bool, compute_rate: float, bandwidth: float) -> np.ndarray:
     """Roofline prediction of each pass's seconds (where_time_goes): an array (new_tokens,)."""
-    flops = [step.flops for step in
-             generation_step_multiply_adds(config, prompt_length, new_tokens, use_cache)]
+    flops = generation_step_flops(config, prompt_length, new_tokens, use_cache)
     n_bytes = generation_step_bytes(config, prompt_length, new_tokens, use_cache)
-    return roofline_time(np.array(flops, dtype=np.float64), n_bytes, compute_rate, bandwidth)
+    return roofline_time(flops, n_bytes, compute_rate, bandwidth)
 
 
 # ------------------------------------------------------------------ the roofline of a batch

@@ -1,9 +1,12 @@
 """The multiply-add formulas equal a count of the matrix products actually performed."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import configs
 
 import kvlib
-from kvlib import count_multiply_adds
+from kvlib import count_multiply_adds, flops
 
 CONFIGS = [
     kvlib.ModelConfig(),
@@ -53,3 +56,19 @@ def test_the_quadratic_term_and_the_gpt2_ratio():
     assert ratios[0] < ratios[1] < ratios[2]
     assert 170 < ratios[2] < 220  # "about 190 times" for 512 new tokens
     assert kvlib.MultiplyAdds(mlp=3).flops == 6
+
+
+@given(configs(context_length=120), st.integers(1, 40), st.integers(1, 60), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_every_pass_counted_at_once_equals_counting_pass_by_pass(config, prompt, new, use):
+    exact = [step.flops for step in flops.generation_step_multiply_adds(config, prompt, new, use)]
+    assert flops.generation_step_flops(config, prompt, new, use).tolist() == exact
+
+
+@given(configs(context_length=120), st.integers(1, 40), st.integers(1, 60))
+@settings(max_examples=40, deadline=None)
+def test_every_pass_read_at_once_equals_reading_pass_by_pass(config, prompt, new):
+    from kvlib import roofline
+
+    exact = [roofline.forward_bytes(config, n) for n in range(prompt, prompt + new)]
+    assert roofline.generation_step_bytes(config, prompt, new).tolist() == exact

@@ -29,12 +29,9 @@ DEFAULT_LENGTHS = {
 def cost_curves(config: kvlib.ModelConfig, prompt_length: int, new_tokens: int) -> dict:
     """FLOPs of each pass with and without the cache (counting_the_work): arrays (new_tokens,),
     under "with" and "without", and the sequence length each pass sees, under "length"."""
-    steps = {"with": kvlib.flops.generation_step_multiply_adds(config, prompt_length,
-                                                                new_tokens, use_cache=True),
-             "without": kvlib.flops.generation_step_multiply_adds(config, prompt_length,
-                                                                   new_tokens, use_cache=False)}
-    curves = {name: np.array([s.flops for s in passes], dtype=np.float64)
-              for name, passes in steps.items()}
+    curves = {name: kvlib.flops.generation_step_flops(config, prompt_length, new_tokens,
+                                                      use_cache=use)
+              for name, use in (("with", True), ("without", False))}
     curves["length"] = np.arange(prompt_length, prompt_length + new_tokens)
     return curves
 

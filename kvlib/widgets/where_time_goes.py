@@ -51,8 +51,7 @@ def time_ratio_curve(config: kvlib.ModelConfig, prompt_length: int, new_tokens: 
     n_bytes = roofline.generation_step_bytes(config, prompt_length, new_tokens).astype(float)
     totals = {}
     for use in (False, True):
-        flops = np.array([step.flops for step in kvlib.flops.generation_step_multiply_adds(
-            config, prompt_length, new_tokens, use)], dtype=np.float64)
+        flops = kvlib.flops.generation_step_flops(config, prompt_length, new_tokens, use)
         # seconds with bandwidth 1 and compute rate = ridge point, for every ridge point
         totals[use] = np.maximum(flops[None, :] / ridge_points[:, None], n_bytes[None, :]).sum(1)
     return totals[False] / totals[True]
