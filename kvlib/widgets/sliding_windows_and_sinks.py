@@ -414,7 +414,7 @@ def window_explorer(params: kvlib.Params | None = None, window: int = 4,
                                     description="tokens seen", continuous_update=False),
     }
     status, message = widgets.HTML(), widgets.HTML()
-    live = LiveFigure(figsize=(11, 5.2), n_axes=2, gridspec_kw={"width_ratios": [1, 1.25]})
+    live = OneRenderFigure(figsize=(11, 5.2), n_axes=2, gridspec_kw={"width_ratios": [1, 1.25]})
     state = {}
 
     def redraw(*_):
