@@ -485,7 +485,7 @@ def _check_mixer_inputs(X, layer, kind: type, config: HybridConfig) -> None:
                          f"{X.shape}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)      # eq=False: two states are the same object or not
 class DeltaNetState:
     """What a DeltaNet layer carries from one token to the next, whatever the length.
 
@@ -562,8 +562,9 @@ def deltanet_mixer(X: np.ndarray, layer: DeltaNetLayerParams, config: HybridConf
     X (T, d), already normalised, and the state after the tokens before -> (Y (T, d), the
     state after these). The state given is not changed.
 
-    As transformers does, one token continuing a state goes through the recurrent form and
-    anything else through the chunked form.
+    One token goes through the recurrent form (a decode step, as in transformers), more
+    through the chunked form (transformers also uses it for one token without a cache: the
+    same numbers up to rounding).
     """
     _check_mixer_inputs(X, layer, DeltaNetLayerParams, config)
     if not isinstance(state, DeltaNetState):

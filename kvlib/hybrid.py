@@ -43,6 +43,8 @@ def _check_params(params) -> None:
 def _check_ids(ids, params: HybridParams, what: str = "prompt") -> np.ndarray:
     """Token ids of this model's vocabulary: a non-empty flat sequence (or one id)."""
     _check_params(params)
+    if isinstance(ids, np.ndarray) and ids.ndim == 0:       # one id, as argmax returns it
+        ids = ids.reshape(1)
     ids = whole_numbers(f"the {what}'s token ids", ids)
     vocab_size = params.config.vocab_size
     if len(ids) == 0 or ids.max() >= vocab_size:
