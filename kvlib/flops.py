@@ -179,8 +179,8 @@ def generation_step_flops(config: ModelConfig, prompt_length: int, new_tokens: i
     A pass's count is a polynomial in the positions it attends over: a decode step's is
     A + B S (S attended positions), a full forward's over L tokens a + b L + c L^2. So the
     exact counts at the first positions give the coefficients (in integers, so the result is
-    exact), and the polynomial gives every pass. With a sliding window the attended positions stop growing: those configs are
-    counted pass by pass.
+    exact), and the polynomial gives every pass. With a sliding window the attended positions
+    stop growing: those configs are counted pass by pass.
     """
     if config.window is not None:
         return np.array([step.flops for step in generation_step_multiply_adds(

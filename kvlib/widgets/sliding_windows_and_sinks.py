@@ -30,7 +30,7 @@ from matplotlib.patches import Patch, Rectangle
 import kvlib
 from kvlib import plots
 
-from .base import explorer, plural
+from .base import OneRenderFigure, explorer, plural
 
 FUTURE, DROPPED, SINK, IN_WINDOW = 0, 1, 2, 3
 VISIBILITY_NAMES = {FUTURE: "after the query (causal)", DROPPED: "fell out of the window",
