@@ -39,6 +39,11 @@ Parts:
   quantized run parts from the plain one depends on the processor's rounding, and the lesson
   shows the spread instead of one machine's answer; with the plain run's smallest gap between
   its top two logits, which says how far its tokens are from a flip;
+- long (notebook 14): the next-token loss of LONG_TOKENS tokens of the same text, past SmolLM2's
+  trained context of 8,192, in buckets of LONG_BUCKET positions (a chunked prefill through a
+  cache, the context stretched as rotary positions allow), and of the same text started 4,096
+  tokens later, so that the tokens past the trained length sit inside it: what position alone
+  does past the trained length (about 15 minutes);
 - heads (notebook 13): a real sentence said twice (HEADS_SENTENCE), every head's previous-token
   score and induction score (kvlib.heads), and the share of the second copy predicted right:
   the previous-token and induction heads the lesson shows offline, where GPT-2 124M's weights
@@ -260,6 +265,44 @@ def run_kivi_free(params, ids) -> dict:
     return {"new_tokens": FREE_TOKENS, "prompts": prompts}
 
 
+LONG_TOKENS = 12_288
+LONG_BUCKET = 512
+
+
+def bucket_losses(params, ids: list[int]) -> list[float]:
+    """Mean next-token loss of ids in buckets of LONG_BUCKET: one chunked prefill, one cache."""
+    cache = kvlib.make_cache(params.config)
+    losses = []
+    for start in range(0, len(ids) - 1, LONG_BUCKET):
+        chunk = ids[start:start + LONG_BUCKET + 1]
+        logits, cache = kvlib.prefill(params, chunk[:-1], cache)
+        # a last row that predicts nothing, as next_token_losses wants one row a token
+        rows = np.vstack([logits, logits[-1:]])
+        losses.append(float(kvlib.next_token_losses(rows, chunk).mean()))
+        print(f"  positions {start}-{start + LONG_BUCKET - 1}: {losses[-1]:.3f}", flush=True)
+    return [round(loss, 6) for loss in losses]
+
+
+def run_long(params, ids) -> dict:
+    tokenizer = kvlib.smollm2_tokenizer()
+    from pydoc_data import topics
+
+    text = "\n\n".join(topics.topics[key] for key in sorted(topics.topics))
+    long_ids = tokenizer.encode(text)[:LONG_TOKENS + 1]
+    if len(long_ids) <= LONG_TOKENS:
+        raise SystemExit(f"the text has only {len(long_ids)} tokens")
+    trained = params.config.context_length
+    stretched = params.with_config(context_length=LONG_TOKENS + 1)
+    # the same tokens again, the run started LONG_TOKENS - trained tokens later: what sat past
+    # the trained length now sits inside it (with 4,096 tokens less text before it)
+    later = LONG_TOKENS - trained
+    return {"trained_context": trained, "bucket": LONG_BUCKET, "tokens": LONG_TOKENS,
+            "ids_prefix": long_ids[:1024] == ids,
+            "bucket_losses": bucket_losses(stretched, long_ids),
+            "later_start": later,
+            "later_bucket_losses": bucket_losses(params, long_ids[later:])}
+
+
 HEADS_SENTENCE = ("Alan Turing was born in London in 1912, and he studied mathematics at "
                   "Cambridge.")
 
@@ -384,7 +427,7 @@ def run_speculative(params, ids) -> dict:
 
 PARTS = {"pairing": run_pairing, "sinks": run_sinks, "windows": run_windows,
          "outliers": run_outliers, "kivi": run_kivi, "engine": run_engine,
-         "kivi_free": run_kivi_free, "kernels": run_kernels, "heads": run_heads,
+         "kivi_free": run_kivi_free, "kernels": run_kernels, "heads": run_heads, "long": run_long,
          "speculative": run_speculative}
 
 
