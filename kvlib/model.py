@@ -115,7 +115,7 @@ def attention_mask(query_positions, key_positions, window: int | None = None,
     return allowed
 
 
-def _is_grouped(queries: np.ndarray, keys: np.ndarray) -> bool:
+def is_grouped(queries: np.ndarray, keys: np.ndarray) -> bool:
     """True when several query heads share each K/V head (grouped_query_attention)."""
     if queries.ndim != 3 or keys.ndim != 3 or queries.shape[0] == keys.shape[0]:
         return False
@@ -138,7 +138,7 @@ def attention_scores(Q: np.ndarray, K: np.ndarray) -> np.ndarray:
     Q = as_array("Q", Q, (2, 3, 4))
     K = as_array("K", K, (2, 3, 4), columns=Q.shape[-1])
     scale = 1.0 / math.sqrt(Q.shape[-1])
-    if _is_grouped(Q, K):
+    if is_grouped(Q, K):
         h, T, dh = Q.shape
         groups = Q.reshape(K.shape[0], h // K.shape[0], T, dh)       # (kv, h/kv, T, dh)
         return ((groups @ K[:, None].swapaxes(-1, -2)) * scale).reshape(h, T, K.shape[1])
@@ -188,7 +188,7 @@ def weighted_sum(weights: np.ndarray, V: np.ndarray) -> np.ndarray:
     if not is_trusted() and weights.shape[-1] != V.shape[-2]:
         raise ValueError(f"weights {weights.shape} need one value per position: V must be "
                          f"(heads, {weights.shape[-1]}, head size), got {V.shape}")
-    if _is_grouped(weights, V):
+    if is_grouped(weights, V):
         h, T, S = weights.shape
         groups = weights.reshape(V.shape[0], h // V.shape[0], T, S)   # (kv, h/kv, T, S)
         return (groups @ V[:, None]).reshape(h, T, V.shape[-1])
@@ -236,7 +236,6 @@ def silu(x: np.ndarray) -> np.ndarray:
     sigmoid(x) = 1 / (1 + exp(-x)) overflows exp for x below about -88 in float32, so it is
     computed from z = exp(-|x|), which never does: 1 / (1 + z) for x >= 0, z / (1 + z) below.
     """
-    x = as_floats("x", x)
     z = np.exp(-np.abs(x))
     return x * np.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
 

@@ -28,8 +28,8 @@ CHECK_MODULE_NAMES = {"whole_number", "count", "real_number", "flag", "numbers",
                       "contains_bool", "check_positions", "check_ids"}
 
 NOT_CHECKS = ("check_positions", "as_dict")
-"""Functions named like checks that are not: a dataclass's as_dict converts, it checks
-nothing (and check_positions, as the first version of this tool counted it)."""
+"""Functions named like checks that are not, defined or called: a dataclass's as_dict converts,
+it checks nothing (and check_positions, as the first version of this tool counted it)."""
 
 
 def code_lines(text):
@@ -52,7 +52,8 @@ def is_check_call(node):
     name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
     if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "checks":
         return True
-    return name in CHECK_MODULE_NAMES or name.startswith(CHECK_PREFIXES)
+    return (name in CHECK_MODULE_NAMES or name.startswith(CHECK_PREFIXES)) and \
+        name not in NOT_CHECKS
 
 def only_raises(body):
     return body and all(isinstance(s, ast.Raise) or (isinstance(s, ast.If) and only_raises(s.body)
