@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 import regex
+
+from .checks import as_flag, as_instance, as_token_ids
 
 DATA = Path(__file__).resolve().parent / "gpt2" / "data"
 
@@ -56,7 +56,6 @@ END_OF_TEXT = "<|endoftext|>"
 
 def gpt2_words(text: str) -> list[str]:
     """GPT-2's pre-tokenizer (what_the_heads_read): text -> words, by PRETOKENIZER_PATTERN."""
-    _check_text(text)
     return PRETOKENIZER_PATTERN.findall(text)
 
 
@@ -64,7 +63,6 @@ def smollm_words(text: str) -> list[str]:
     """SmolLM2's pre-tokenizer (model_of_today; llama.cpp calls it "smollm"): every numeral
     (\\p{N}) is a word of its own, then GPT-2's pattern cuts the rest. "in 2024." ->
     ["in", " ", "2", "0", "2", "4", "."]: a number is always read digit by digit."""
-    _check_text(text)
     words = []
     for part in _NUMBER.split(text):
         if part:
@@ -95,17 +93,7 @@ def bytes_to_unicode() -> dict[int, str]:
 
 def read_vocabulary(path) -> dict[str, int]:
     """vocab.json (GPT-2's encoder.json): token, in bytes_to_unicode characters -> id."""
-    path = _as_path(path)
-    try:
-        vocabulary = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not a JSON vocabulary ({error})") from None
-    ids = list(vocabulary.values()) if isinstance(vocabulary, dict) else None
-    if (ids is None or not all(type(i) is int for i in ids)
-            or sorted(ids) != list(range(len(ids)))):
-        raise ValueError(f"{path} must be a JSON object mapping each token to its id, the ids "
-                         f"being 0, 1, ..., n - 1 once each")
-    return vocabulary
+    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def read_merges(path) -> list[tuple[str, str]]:
@@ -113,7 +101,6 @@ def read_merges(path) -> list[tuple[str, str]]:
 
     The first line ("#version: 0.2") is a comment; blank lines are skipped.
     """
-    path = _as_path(path)
     merges = []
     for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
         if not line or (number == 1 and line.startswith("#version")):
@@ -149,7 +136,10 @@ class Tokenizer:
     def __init__(self, vocabulary: dict[str, int], merges: list[tuple[str, str]], *,
                  pretokenize: Callable[[str], list[str]] = gpt2_words,
                  special_tokens: Iterable[str] = (END_OF_TEXT,), chat_template=None):
-        _check_tokenizer_parts(vocabulary, merges, pretokenize, special_tokens, chat_template)
+        if not isinstance(vocabulary, dict) or \
+                sorted(vocabulary.values()) != list(range(len(vocabulary))):
+            raise ValueError("the vocabulary must map each token to its id, the ids being 0, 1, "
+                             "..., n - 1 once each")
         self.vocabulary = dict(vocabulary)
         self.merge_ranks = {tuple(pair): rank for rank, pair in enumerate(merges)}
         self.pretokenize = pretokenize
@@ -173,8 +163,6 @@ class Tokenizer:
         self.chat_template = chat_template
 
     def _check_consistency(self) -> None:
-        if sorted(self.vocabulary.values()) != list(range(len(self.vocabulary))):
-            raise ValueError("the vocabulary's ids must be 0, 1, ..., n - 1, each once")
         for token in self.special_tokens:
             if not isinstance(token, str) or not token or token not in self.vocabulary:
                 raise ValueError(f"the special token {token!r} is not in the vocabulary")
@@ -227,8 +215,6 @@ class Tokenizer:
         100,000 characters without a space is encoded in about a second (tiktoken and the
         `tokenizers` library do the same).
         """
-        if not isinstance(word, str):
-            raise TypeError(f"bpe takes one pre-token as a str, got {word!r}")
         if word in self._bpe_cache:
             return self._bpe_cache[word]
         pieces = merge_by_rank(list(word), self.merge_ranks)
@@ -239,7 +225,7 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids; a special token in the text ("<|endoftext|>") becomes its own id."""
-        _check_text(text)
+        text = as_instance("text", text, str, "bytes are decoded first")
         if self._special_pattern is None:
             return self._encode_words(text)
         ids = []
@@ -252,7 +238,6 @@ class Tokenizer:
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Text -> ids, with no special tokens: "<|endoftext|>" is encoded as plain text."""
-        _check_text(text)
         return self._encode_words(text)
 
     def _encode_words(self, text: str) -> list[int]:
@@ -273,13 +258,14 @@ class Tokenizer:
         tokenize=False). add_generation_prompt opens the assistant's turn."""
         if self.chat_template is None:
             raise ValueError("this tokenizer has no chat template: it is not a chat model's")
+        add_generation_prompt = as_flag("add_generation_prompt", add_generation_prompt)
         text = self.chat_template.render(messages, add_generation_prompt)
-        return self.encode(text) if tokenize else text
+        return self.encode(text) if as_flag("tokenize", tokenize) else text
 
     def decode(self, ids) -> str:
         """Ids -> text; a character whose UTF-8 bytes the ids leave incomplete shows as U+FFFD."""
-        return b"".join(self.token_bytes[i] for i in self._check_ids(ids)).decode(
-            "utf-8", errors="replace")
+        ids = as_token_ids(ids, len(self), what="ids", empty=True)
+        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
 
     def tokens(self, ids) -> list[str]:
         """Ids -> each token's own text, for labels: [" am", ...] (the space kept, not "Ġ").
@@ -287,31 +273,7 @@ class Tokenizer:
         A token holding only part of a character's UTF-8 bytes shows them as escapes ("\\xf0").
         """
         return [self.token_bytes[i].decode("utf-8", errors="backslashreplace")
-                for i in self._check_ids(ids)]
-
-    def _check_ids(self, ids) -> list[int]:
-        """A sequence of ids (or one id) -> list[int], each in 0 .. len(self) - 1."""
-        if isinstance(ids, (int, np.integer)) and not isinstance(ids, bool):
-            ids = [ids]
-        if isinstance(ids, np.ndarray):
-            if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-                raise TypeError(f"ids must be a 1-d array of integers, got an array of "
-                                f"shape {ids.shape} and dtype {ids.dtype}")
-            ids = ids.tolist()
-        if isinstance(ids, (str, bytes, dict, set)) or not hasattr(ids, "__iter__"):
-            raise TypeError(f"ids must be a sequence of integers, got {type(ids).__name__} "
-                            f"{ids!r}")
-        ids = list(ids)
-        not_integers = [i for i in ids
-                        if isinstance(i, bool) or not isinstance(i, (int, np.integer))]
-        if not_integers:
-            raise TypeError(f"ids must be integers, got {not_integers[:5]!r}")
-        outside = [int(i) for i in ids if not 0 <= i < len(self)]
-        if outside:
-            raise ValueError(f"ids {outside[:5]} are outside the vocabulary: valid ids are "
-                             f"0 to {len(self) - 1}")
-        return [int(i) for i in ids]
-
+                for i in as_token_ids(ids, len(self), what="ids", empty=True)]
 
 def merge_by_rank(pieces: list[str], merge_ranks: dict[tuple[str, str], int]) -> list[str]:
     """BPE's merge loop (step 3): merge the best-ranked adjacent pair, leftmost first, until
@@ -322,11 +284,6 @@ def merge_by_rank(pieces: list[str], merge_ranks: dict[tuple[str, str], int]) ->
     two pieces has since been merged into something else; it is recognised by the pieces it
     names and skipped.
     """
-    if not isinstance(pieces, list) or not all(isinstance(piece, str) for piece in pieces):
-        raise TypeError(f"pieces must be a list of str, got {pieces!r:.80}")
-    if not isinstance(merge_ranks, dict):
-        raise TypeError(f"merge_ranks must be a dict (left, right) -> rank, got "
-                        f"{type(merge_ranks).__name__}")
     following = list(range(1, len(pieces))) + [-1]
     previous = list(range(-1, len(pieces) - 1))
     heap = [(merge_ranks[pair], i, pair) for i, pair in enumerate(zip(pieces, pieces[1:]))
@@ -350,47 +307,6 @@ def merge_by_rank(pieces: list[str], merge_ranks: dict[tuple[str, str], int]) ->
         push(previous[i])
         push(i)
     return [piece for piece in pieces if piece is not None]
-
-
-def _as_path(path) -> Path:
-    if not isinstance(path, (str, os.PathLike)) or os.fspath(path) in ("", b""):
-        raise TypeError(f"path must be a file's path (a non-empty str or a pathlib.Path), got "
-                        f"{path!r}")
-    return Path(path)
-
-
-def _check_tokenizer_parts(vocabulary, merges, pretokenize, special_tokens,
-                           chat_template) -> None:
-    """The parts of a Tokenizer, before any is used: what read_vocabulary and read_merges
-    give, a pre-tokenizer function, names of special tokens, a template or None."""
-    if not isinstance(vocabulary, dict) or not all(
-            isinstance(token, str) and type(i) is int for token, i in vocabulary.items()):
-        raise TypeError("vocabulary must be a dict token (str) -> id (int), as "
-                        "read_vocabulary gives")
-    if not isinstance(merges, (list, tuple)) or not all(
-            isinstance(pair, (list, tuple)) and len(pair) == 2
-            and all(isinstance(piece, str) for piece in pair) for pair in merges):
-        raise TypeError("merges must be a list of pairs of str, as read_merges gives")
-    if not callable(pretokenize):
-        raise TypeError(f"pretokenize must be a function text -> words (gpt2_words or "
-                        f"smollm_words), got {pretokenize!r}")
-    if isinstance(special_tokens, str) or not isinstance(special_tokens, (list, tuple, set)):
-        raise TypeError(f"special_tokens must be a list of tokens (str), got "
-                        f"{special_tokens!r}")
-    if chat_template is not None and not hasattr(chat_template, "render"):
-        raise TypeError(f"chat_template must be a kvlib.chat.ChatTemplate or None, got "
-                        f"{type(chat_template).__name__}")
-
-
-def _check_text(text) -> None:
-    if not isinstance(text, str):
-        raise TypeError(f"encode expects a str, got {type(text).__name__}"
-                        + (": decode the bytes first" if isinstance(text, bytes) else ""))
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ValueError(f"the text holds {text[error.start]!r} at position {error.start}, a "
-                         "lone surrogate, which is no character and has no UTF-8 bytes") from None
 
 
 @lru_cache(maxsize=1)

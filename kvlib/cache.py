@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import math
 import mmap
-from numbers import Integral
 
 import numpy as np
 
-from .checks import count, whole_number
+from .checks import as_config, as_instance, as_rows, as_whole_number, is_trusted
 from .config import ModelConfig
 
 
@@ -59,10 +58,8 @@ class BaseKVCache:
     capacity: int | None = None
 
     def __init__(self, config: ModelConfig):
-        if not isinstance(config, ModelConfig):
-            raise TypeError(f"{type(self).__name__} needs a ModelConfig, "
-                            f"got {type(config).__name__}")
-        self.config = config
+        self.config = as_instance("config", config, ModelConfig, called="a kvlib ModelConfig",
+                                  hint=f"a {type(self).__name__} needs a ModelConfig")
         self._lengths = [0] * config.n_layers
 
     # ------------------------------------------------------------------ lengths
@@ -99,44 +96,27 @@ class BaseKVCache:
         return (f"{type(self).__name__}({_plural(n, 'position')}{of}, "
                 f"{_plural(self.config.n_layers, 'layer')})")
 
+    # the doors of every kind of cache (kvlib.serving's paged and quantized caches use them too)
+
     def _check_layer(self, layer) -> int:
-        if isinstance(layer, bool) or not isinstance(layer, Integral):
-            raise TypeError(f"layer must be a whole number, got {layer!r}")
-        if not 0 <= layer < self.config.n_layers:
-            raise ValueError(f"layer must be between 0 and {self.config.n_layers - 1}, "
-                             f"got {layer}")
-        return int(layer)
+        return as_whole_number("layer", layer, 0, self.config.n_layers - 1)
 
     def _check_rows(self, what: str, array, width: int, n_rows: int | None = None):
-        if not isinstance(array, np.ndarray) or array.ndim != 2 or array.shape[1] != width:
-            shape = getattr(array, "shape", type(array).__name__)
-            raise ValueError(f"{what} must be a 2-D array (n_new, {width}), got {shape}")
-        if array.dtype.kind not in "fiu":
-            raise TypeError(f"{what} must hold real numbers (float or int), got dtype "
-                            f"{array.dtype}")
-        if n_rows is not None and array.shape[0] != n_rows:
-            raise ValueError(f"{what} must have {n_rows} rows, like the keys, got "
-                             f"{array.shape[0]}")
-        if array.shape[0] < 1:
-            raise ValueError(f"{what} has no rows: append at least one position")
+        return as_rows(what, array, width, n_rows)
 
     def _check_room(self, layer: int, n_new: int) -> None:
         start = self._lengths[layer]
-        if self.capacity is not None and start + n_new > self.capacity:
+        if not is_trusted() and self.capacity is not None and start + n_new > self.capacity:
             raise ValueError(f"the cache is full: it holds {start} of {self.capacity} positions "
                              f"and cannot take {n_new} more (capacity is the context length)")
 
     def _check_capacity(self, capacity) -> int:
         """The positions a preallocated cache holds: the context length when None."""
         context = self.config.context_length
-        capacity = whole_number("capacity", context if capacity is None else capacity, 1)
-        if capacity > context:
-            raise ValueError(f"capacity must be between 1 and the context length {context}, "
-                             f"got {capacity}")
-        return capacity
+        return as_whole_number("capacity", context if capacity is None else capacity, 1, context)
 
     def _check_truncate(self, n) -> int:
-        n = whole_number("truncate's n", n, 0)
+        n = as_whole_number("truncate's n", n)
         if n > len(self):
             raise ValueError(f"cannot truncate to {n} positions: the cache holds {len(self)}")
         return n
@@ -148,11 +128,18 @@ class BaseKVCache:
         return np.arange(len(self) + self._check_new(n_new))
 
     def _check_new(self, n_new) -> int:
-        n_new = count("n_new", n_new, 0)
-        if self.capacity is not None and len(self) + n_new > self.capacity:
-            raise ValueError(f"{n_new} more positions do not fit: the cache holds {len(self)} "
-                             f"of {self.capacity}")
-        return n_new
+        return as_whole_number("n_new", n_new, 0, (self.capacity or 2**31 - 1) - len(self))
+
+    def append(self, layer: int, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Store a chunk's new rows K, V (n_new, kv_width) after a layer's last position and
+        return the rows attention reads, old and new, in position order: (S, kv_width) each.
+        The door of every kind: the layer, the rows and the room are checked here, and the
+        kind stores them (_store)."""
+        layer = self._check_layer(layer)
+        K = self._check_rows("K", K, self.width)
+        V = self._check_rows("V", V, self.width, len(K))
+        self._check_room(layer, len(K))
+        return self._store(layer, K, V)
 
     def reset(self) -> None:
         """Forget every position (start a new, unrelated prompt); buffers are kept. Also
@@ -161,10 +148,22 @@ class BaseKVCache:
         self.truncate(0)
 
     def checkpoint(self):
-        """A state to restore if a pass fails half-way: here, the lengths."""
-        return tuple(self._lengths)
+        """What restore(state) puts back (kvlib.prefill and kvlib.decode_step use it, so that
+        a pass that fails half-way changes nothing): the kind's state, marked as this
+        cache's."""
+        return self, self._state()
 
     def restore(self, state) -> None:
+        """Put back a state that this cache's checkpoint() returned."""
+        if not (isinstance(state, tuple) and len(state) == 2 and state[0] is self):
+            raise ValueError(f"state must be what this cache's checkpoint() returned, got "
+                             f"{type(state).__name__}")
+        self._put_back(state[1])
+
+    def _state(self):
+        return tuple(self._lengths)
+
+    def _put_back(self, state) -> None:
         self._lengths = list(state)
 
 
@@ -201,15 +200,9 @@ class KVCache(BaseKVCache):
         layer = self._check_layer(layer)
         return self._values[layer, : self._lengths[layer]]
 
-    def append(self, layer: int, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Write new rows K, V (n_new, kv_width) after a layer's last position, in place.
-
-        Returns views of all the layer's filled rows, old and new: (T + n_new, kv_width) each.
-        """
-        layer = self._check_layer(layer)
-        self._check_rows("K", K, self.width)
-        self._check_rows("V", V, self.width, K.shape[0])
-        self._check_room(layer, K.shape[0])
+    def _store(self, layer: int, K: np.ndarray, V: np.ndarray):
+        """Write the new rows in place, after the layer's last position; return views of all
+        the layer's filled rows, old and new: (T + n_new, kv_width) each."""
         start = self._lengths[layer]
         end = start + K.shape[0]
         self._keys[layer, start:end] = K
@@ -250,11 +243,7 @@ class ConcatenatingKVCache(BaseKVCache):
     def values(self, layer: int) -> np.ndarray:
         return self._value_list[self._check_layer(layer)]
 
-    def append(self, layer, K, V):
-        layer = self._check_layer(layer)
-        self._check_rows("K", K, self.width)
-        self._check_rows("V", V, self.width, K.shape[0])
-        self._check_room(layer, K.shape[0])
+    def _store(self, layer, K, V):
         self._key_list[layer] = np.concatenate([self._key_list[layer], K])
         self._value_list[layer] = np.concatenate([self._value_list[layer], V])
         self._lengths[layer] += K.shape[0]
@@ -266,10 +255,10 @@ class ConcatenatingKVCache(BaseKVCache):
         self._value_list = [v[:n] for v in self._value_list]
         self._lengths = [n] * self.config.n_layers
 
-    def checkpoint(self):
+    def _state(self):
         return tuple(self._lengths), list(self._key_list), list(self._value_list)
 
-    def restore(self, state) -> None:
+    def _put_back(self, state) -> None:
         lengths, self._key_list, self._value_list = state
         self._lengths = list(lengths)
 
@@ -316,7 +305,7 @@ class SlidingWindowCache(BaseKVCache):
     def slot(self, position: int) -> int:
         """The buffer row that holds a position (sliding_windows_and_sinks): the position itself for
         a sink, sinks + (position - sinks) % W after them."""
-        return int(self._slots(np.array([whole_number("position", position, 0)]))[0])
+        return int(self._slots(np.array([position]))[0])
 
     def _slots(self, positions: np.ndarray) -> np.ndarray:
         sink = self.sink_tokens
@@ -328,22 +317,20 @@ class SlidingWindowCache(BaseKVCache):
 
     def keys(self, layer: int) -> np.ndarray:
         """The held keys of a layer in position order: (held, kv_width), a copy."""
-        layer = self._check_layer(layer)
-        return self._keys[layer, self._slots(self._held(self._lengths[layer]))]
+        return self._in_order(self._keys, self._check_layer(layer))
 
     def values(self, layer: int) -> np.ndarray:
-        layer = self._check_layer(layer)
-        return self._values[layer, self._slots(self._held(self._lengths[layer]))]
+        return self._in_order(self._values, self._check_layer(layer))
 
-    def append(self, layer: int, K: np.ndarray, V: np.ndarray):
+    def _in_order(self, buffer: np.ndarray, layer: int) -> np.ndarray:
+        return buffer[layer, self._slots(self._held(self._lengths[layer]))]
+
+    def _store(self, layer: int, K: np.ndarray, V: np.ndarray):
         """Return the held rows and the new ones, in position order (a chunk longer than the
         window still sees, through the mask, the W positions before each of its queries),
         then keep only the sinks and the last W."""
-        layer = self._check_layer(layer)
-        self._check_rows("K", K, self.width)
-        self._check_rows("V", V, self.width, K.shape[0])
-        attended_keys = np.concatenate([self.keys(layer), K])
-        attended_values = np.concatenate([self.values(layer), V])
+        attended_keys = np.concatenate([self._in_order(self._keys, layer), K])
+        attended_values = np.concatenate([self._in_order(self._values, layer), V])
         start = self._lengths[layer]
         end = start + K.shape[0]
         positions = np.arange(start, end)
@@ -364,10 +351,10 @@ class SlidingWindowCache(BaseKVCache):
                 "buffer. Keep a checkpoint() from before and restore() it instead")
         self._lengths = [n] * self.config.n_layers
 
-    def checkpoint(self):
+    def _state(self):
         return tuple(self._lengths), self._keys.copy(), self._values.copy()
 
-    def restore(self, state) -> None:
+    def _put_back(self, state) -> None:
         lengths, keys, values = state
         self._lengths = list(lengths)
         self._keys[...] = keys
@@ -419,20 +406,17 @@ class LatentKVCache(BaseKVCache):
         """Store new latents (n_new, dc) and rotary keys (n_new, dr); return all the layer's
         latents (T, dc) and rotary keys (T, dr) (None without a rotary part), as views."""
         layer = self._check_layer(layer)
-        self._check_rows("latent", latent, self.latent_dim)
-        if self.rope_dim:
-            self._check_rows("rope_keys", rope_keys, self.rope_dim, latent.shape[0])
-        elif rope_keys is not None:
-            raise ValueError("this model has no rotary part (rope_head_dim 0): give "
-                             "rope_keys=None")
-        self._check_room(layer, latent.shape[0])
+        latent = self._check_rows("latent", latent, self.latent_dim)
+        if self.rope_dim:     # without a rotary part there are no rotary keys to store
+            rope_keys = self._check_rows("rope_keys", rope_keys, self.rope_dim, len(latent))
+        self._check_room(layer, len(latent))
         start = self._lengths[layer]
         end = start + latent.shape[0]
         self._rows[layer, start:end, : self.latent_dim] = latent
         if self.rope_dim:
             self._rows[layer, start:end, self.latent_dim:] = rope_keys
         self._lengths[layer] = end
-        rows = self.keys(layer)
+        rows = self._rows[layer, :end]
         return rows[:, : self.latent_dim], (rows[:, self.latent_dim:] if self.rope_dim else None)
 
     def truncate(self, n: int) -> None:
@@ -448,9 +432,7 @@ class LatentKVCache(BaseKVCache):
 def make_cache(config: ModelConfig, capacity: int | None = None) -> BaseKVCache:
     """The cache kind a model needs: LatentKVCache for latent attention, SlidingWindowCache
     for a sliding window, KVCache otherwise (what kvlib.prefill makes when given none)."""
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"make_cache needs a ModelConfig, got {type(config).__name__}")
-    if config.latent_dim is not None:
+    if as_config(config).latent_dim is not None:
         return LatentKVCache(config, capacity)
     if config.window is not None:
         if capacity is not None:

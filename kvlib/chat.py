@@ -19,27 +19,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from .checks import as_instance, as_whole_number, as_whole_numbers
+
 ROLES = ("system", "user", "assistant")
 
 
 def check_messages(messages) -> list[dict[str, str]]:
     """messages as a list of {"role", "content"} dicts, or a clear error saying what is wrong."""
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts, got "
-                        f"{type(messages).__name__}")
-    checked = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
-            raise ValueError(f"message {index} must be a dict with exactly the keys 'role' and "
-                             f"'content', got {message!r}")
-        role, content = message["role"], message["content"]
-        if role not in ROLES:
-            raise ValueError(f"message {index} has the role {role!r}; use one of {ROLES}")
-        if not isinstance(content, str):
-            raise TypeError(f"message {index}'s content must be text, got "
-                            f"{type(content).__name__}")
-        checked.append({"role": role, "content": content})
-    return checked
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not all(
+            isinstance(m, Mapping) and set(m) == {"role", "content"} and m["role"] in ROLES
+            and isinstance(m["content"], str) for m in messages):
+        raise ValueError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, "
+                         f"each role one of {ROLES} and each content text, got {messages!r:.200}")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
 class ChatTemplate:
@@ -52,8 +44,6 @@ class ChatTemplate:
     """
 
     def __init__(self, template: str, **special_tokens: str):
-        if not isinstance(template, str) or not template:
-            raise ValueError("a chat template is the Jinja text the model ships with")
         self.source = template
         self.special_tokens = special_tokens
         self._compiled = None
@@ -80,9 +70,6 @@ class ChatTemplate:
     def render(self, messages, add_generation_prompt: bool = True) -> str:
         """The text of a conversation: messages [{"role": "user", "content": "..."}, ...]
         -> one string; with add_generation_prompt the assistant's turn is opened."""
-        if not isinstance(add_generation_prompt, bool):
-            raise TypeError(f"add_generation_prompt must be True or False, got "
-                            f"{add_generation_prompt!r}")
         return self._template().render(messages=check_messages(messages),
                                        add_generation_prompt=add_generation_prompt,
                                        **self.special_tokens)
@@ -112,8 +99,7 @@ class Conversation:
 
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("a conversation needs a chat model's tokenizer, with a template")
-        if system is not None and not isinstance(system, str):
-            raise TypeError(f"system must be text or None, got {type(system).__name__}")
+        system = as_instance("system", system, (str, type(None)), "the system message")
         self.params, self.tokenizer, self.system = params, tokenizer, system
         self.end_id = tokenizer.vocabulary[END_OF_TURN]
         self.cache = make_cache(params.config, capacity)
@@ -143,12 +129,11 @@ class Conversation:
     def say(self, text: str, max_new_tokens: int = 48, on_token=None) -> str:
         """Send a user message, decode the reply greedily with the cache -> the reply's text.
         on_token(text_so_far) is called after every new token (a widget streams with it)."""
-        from .checks import whole_number
         from .inference import decode_step, prefill
 
-        if not isinstance(text, str) or not text.strip():
+        if not as_instance("text", text, str).strip():
             raise ValueError("say something: the message must be non-empty text")
-        max_new_tokens = whole_number("max_new_tokens", max_new_tokens, 1)
+        max_new_tokens = as_whole_number("max_new_tokens", max_new_tokens, 1)
         reply_tail, turn = self._new_ids(text)
         new = reply_tail + turn
         capacity = self.cache.capacity
@@ -196,6 +181,8 @@ def reusable_prefix(cached_ids, new_ids) -> int:
     (model_of_today and prefix_caching): the length of their common prefix. K and V of position p
     depend on the ids 0..p, so the first id that differs ends what can be reused."""
     length = 0
+    cached_ids, new_ids = as_whole_numbers("cached_ids", cached_ids), as_whole_numbers("new_ids",
+                                                                                      new_ids)
     for old, new in zip(cached_ids, new_ids):
         if old != new:
             break

@@ -12,11 +12,11 @@ combinations are refused with the rule they break.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
+
+from .checks import as_flag, as_one_of, as_real_number, as_whole_number
 
 SUPPORTED_DTYPES = ("float32", "float64")
 POSITION_SCHEMES = ("none", "learned", "rotary")
@@ -25,18 +25,13 @@ MLPS = ("gelu", "swiglu")
 ROPE_PAIRINGS = ("interleaved", "half")
 
 
-def _whole_number(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"ModelConfig.{name} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"ModelConfig.{name} must be at least {minimum}, got {value}")
-
-
-def _finite(value) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:     # an int too large for a float
-        return False
+WHOLE_NUMBERS = {"vocab_size": 1, "d_model": 1, "n_heads": 1, "n_layers": 1, "d_ff": 1,
+                 "context_length": 1, "n_kv_heads": 1, "latent_dim": 1, "rope_head_dim": 0,
+                 "window": 1, "sink_tokens": 0}
+"""The fields that are whole numbers, with their least value; None is allowed for those whose
+default is None (n_kv_heads, latent_dim, window)."""
+CHOICES = {"dtype": SUPPORTED_DTYPES, "positions": POSITION_SCHEMES, "norm": NORMS,
+           "mlp": MLPS, "rope_pairing": ROPE_PAIRINGS}
 
 
 @dataclass(frozen=True)
@@ -96,54 +91,39 @@ class ModelConfig:
     sink_tokens: int = 0
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "context_length"):
-            _whole_number(name, getattr(self, name), 1)
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "context_length",
-                     "n_kv_heads", "latent_dim", "rope_head_dim", "window", "sink_tokens"):
+        for name, minimum in WHOLE_NUMBERS.items():   # Python ints: numpy's overflow products
             value = getattr(self, name)
-            if isinstance(value, np.integer):      # numpy's small ints overflow the products
-                object.__setattr__(self, name, int(value))
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}), "
-                "so that every head gets the same number of columns"
-            )
-        for name, allowed in (("dtype", SUPPORTED_DTYPES), ("positions", POSITION_SCHEMES),
-                              ("norm", NORMS), ("mlp", MLPS), ("rope_pairing", ROPE_PAIRINGS)):
-            value = getattr(self, name)
-            if not isinstance(value, str) or value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        if not isinstance(self.bias, bool):
-            raise TypeError(f"ModelConfig.bias must be True or False, got {self.bias!r}")
+            if value is not None or self.__dataclass_fields__[name].default is not None:
+                object.__setattr__(self, name, as_whole_number(f"ModelConfig.{name}", value,
+                                                               minimum))
+        for name, allowed in CHOICES.items():
+            as_one_of(name, getattr(self, name), allowed)
+        as_flag("ModelConfig.bias", self.bias)
         for name in ("norm_epsilon", "rope_base"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, Real) or not _finite(value) \
-                    or value <= 0:
-                raise ValueError(f"ModelConfig.{name} must be a positive number, got {value!r}")
-        self._check_kv_heads()
+            as_real_number(f"ModelConfig.{name}", getattr(self, name), positive=True)
+        self._check_heads()
         self._check_latent()
         self._check_window()
 
-    def _check_kv_heads(self) -> None:
-        if self.n_kv_heads is None:
-            return
-        _whole_number("n_kv_heads", self.n_kv_heads, 1)
-        if self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
-                f"({self.n_kv_heads}): each K/V head serves an equal group of query heads")
-
-    def _check_latent(self) -> None:
-        _whole_number("rope_head_dim", self.rope_head_dim, 0)
+    def _check_heads(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
+                             f"({self.n_heads}), so that every head gets the same number of "
+                             "columns")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
+                             f"({self.n_kv_heads}): each K/V head serves an equal group of query "
+                             "heads")
         if self.positions == "rotary" and self.latent_dim is None and self.head_dim % 2:
             raise ValueError(f"rotary positions turn pairs of columns: the head size "
                              f"({self.head_dim}) must be even")
+
+    def _check_latent(self) -> None:
         if self.latent_dim is None:
             if self.rope_head_dim:
                 raise ValueError("rope_head_dim is the decoupled rotary part of latent "
                                  "attention: give latent_dim too, or leave it 0")
             return
-        _whole_number("latent_dim", self.latent_dim, 1)
         if self.n_kv_heads is not None:
             raise ValueError("latent attention caches one latent for all heads: leave "
                              "n_kv_heads as None")
@@ -160,18 +140,13 @@ class ModelConfig:
                              f"columns), got {self.rope_head_dim}")
 
     def _check_window(self) -> None:
-        _whole_number("sink_tokens", self.sink_tokens, 0)
         if self.window is None:
             if self.sink_tokens:
                 raise ValueError("sink_tokens keep the first positions visible beside a "
                                  "sliding window: give a window too, or leave it 0")
             return
-        _whole_number("window", self.window, 1)
-        if self.window > self.context_length:
-            raise ValueError(f"the window ({self.window}) cannot be larger than the context "
-                             f"length ({self.context_length})")
         if self.sink_tokens + self.window > self.context_length:
-            raise ValueError(f"sink_tokens + window ({self.sink_tokens} + {self.window}) "
+            raise ValueError(f"the window and the sinks ({self.window} + {self.sink_tokens}) "
                              f"cannot exceed the context length ({self.context_length})")
         if self.latent_dim is not None:
             raise ValueError("kvlib does not combine a sliding window with latent attention")

@@ -30,13 +30,12 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
 
 from . import inference, model
 from .cache import BaseKVCache, make_cache
-from .inference import check_ids
+from .checks import as_array, as_cache, as_params, as_real_number, as_token_ids, as_whole_number
 from .params import Params
 from .positions import rotary_positions
 from .wrapping import wrapped
@@ -140,23 +139,16 @@ spacing (1.2e-7), 1e-5."""
 def relative_difference(logits, reference) -> float:
     """max |logits - reference| / max |reference| (kv_cached_decode): how far cached decoding
     is from full recomputation, in units of the logits' own size."""
-    logits, reference = np.asarray(logits, dtype=float), np.asarray(reference, dtype=float)
+    logits, reference = as_array("logits", logits), as_array("reference", reference)
+    if logits.shape != reference.shape or reference.size == 0:
+        raise ValueError(f"logits {logits.shape} and reference {reference.shape} must be two "
+                         "arrays of one shape, not empty")
     return float(np.max(np.abs(logits - reference)) / np.max(np.abs(reference)))
 
 
 def cached_tolerance(params: Params) -> float:
     """The tolerance of CACHED_TOLERANCES for the params' dtype (float64 or float32)."""
     return CACHED_TOLERANCES[params.config.dtype]
-
-
-def _tolerance(params: Params, tolerance) -> float:
-    if tolerance is None:
-        return 1e-9 if params.config.dtype == "float64" else 2e-4
-    if isinstance(tolerance, bool) or not isinstance(tolerance, Real) or \
-            not math.isfinite(tolerance) or tolerance <= 0:
-        raise ValueError(f"tolerance must be a positive number (relative to the size of the "
-                         f"numbers compared), got {tolerance!r}")
-    return float(tolerance)
 
 
 def _parts(a: np.ndarray, b: np.ndarray, tolerance: float) -> float | None:
@@ -247,17 +239,6 @@ def _reading_for_weights(learned: np.ndarray, expected: np.ndarray, phase: str) 
 
 
 # ------------------------------------------------------------------------------ the locator
-
-def _check_ids_and_steps(params: Params, prompt_ids, n_new_tokens) -> tuple[list[int], int]:
-    ids = [int(i) for i in check_ids(prompt_ids, params)]
-    if isinstance(n_new_tokens, bool) or not isinstance(n_new_tokens, Integral) or \
-            n_new_tokens < 1:
-        raise ValueError(f"n_new_tokens must be a whole number >= 1, got {n_new_tokens!r}")
-    if len(ids) + n_new_tokens > params.config.context_length:
-        raise ValueError(f"{len(ids)} prompt tokens and {n_new_tokens} new ones need more "
-                         f"than the context length {params.config.context_length}")
-    return ids, int(n_new_tokens)
-
 
 def _compare_layer_pass(reference: _Reference, got: dict, layer: int, positions: list[int],
                         keys_read: np.ndarray, tol: float, step, phase: str):
@@ -392,6 +373,14 @@ def _compare(reference: _Reference, recorded: Record, cache: BaseKVCache, before
     return None
 
 
+def _greedy(params: Params, prompt_ids, n_new_tokens) -> tuple[list[int], list[int]]:
+    """(the prompt's ids, the prompt and its n_new_tokens greedy tokens): the reference run,
+    by full recomputation (kvlib.generate checks that they fit the context)."""
+    ids = [int(i) for i in as_token_ids(prompt_ids, as_params(params).config.vocab_size)]
+    n_new_tokens = as_whole_number("n_new_tokens", n_new_tokens, 1)
+    return ids, ids + inference.generate(params, ids, n_new_tokens, use_cache=False)
+
+
 def first_divergence(params: Params, prompt_ids, n_new_tokens: int,
                      decode_step=inference.decode_step, *, prefill=inference.prefill,
                      cache: BaseKVCache | None = None, tolerance: float | None = None
@@ -406,21 +395,17 @@ def first_divergence(params: Params, prompt_ids, n_new_tokens: int,
     run is fed the reference's greedy tokens. Steps count from 0 after the prefill (None is the
     prefill), layers from 0.
     """
-    if not isinstance(params, Params):
-        raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
-    if params.config.latent_dim is not None:
-        raise ValueError("first_divergence watches K/V heads; latent attention (notebook 16) "
-                         "caches a latent instead")
-    ids, n_new = _check_ids_and_steps(params, prompt_ids, n_new_tokens)
-    for name, function in (("decode_step", decode_step), ("prefill", prefill)):
-        if not callable(function):
-            raise TypeError(f"{name} must be a function, got {type(function).__name__}")
-    tol = _tolerance(params, tolerance)
-    tokens = ids + inference.generate(params, ids, n_new, use_cache=False)
-    reference = _Reference(params, tokens)
-    cache = make_cache(params.config) if cache is None else cache
-    if not isinstance(cache, BaseKVCache) or len(cache) != 0:
+    if as_params(params).config.latent_dim is not None:
+        raise ValueError("first_divergence watches K/V heads; latent attention (the "
+                         "latent_attention lesson) caches a latent instead")
+    tol = (1e-9 if params.config.dtype == "float64" else 2e-4) if tolerance is None else \
+        as_real_number("tolerance", tolerance, positive=True)
+    cache = make_cache(params.config) if cache is None else as_cache(cache, params.config)
+    if len(cache) != 0:
         raise ValueError("cache must be an empty kvlib cache (kvlib.make_cache(config))")
+    ids, tokens = _greedy(params, prompt_ids, n_new_tokens)
+    n_new = len(tokens) - len(ids)
+    reference = _Reference(params, tokens)
     empty = [{} for _ in range(params.config.n_layers)]
     keys_read = cache.key_positions(len(ids))     # what a right pass attends to
     with record() as recorded:
@@ -467,8 +452,8 @@ def rows_computed(params: Params, prompt_ids, n_new_tokens: int,
     kvlib.project_qkv saw in a step, over the layers: 1 for a step that uses its cache, the
     whole sequence so far for one that recomputes it (a cache filled but never read gives the
     right answers and no speed-up)."""
-    ids, n_new = _check_ids_and_steps(params, prompt_ids, n_new_tokens)
-    tokens = ids + inference.generate(params, ids, n_new, use_cache=False)
+    ids, tokens = _greedy(params, prompt_ids, n_new_tokens)
+    n_new = len(tokens) - len(ids)
     _, cache = inference.prefill(params, ids)
     rows = []
     for step in range(n_new - 1):
@@ -486,8 +471,8 @@ def logit_differences(params: Params, prompt_ids, n_new_tokens: int,
     prefill's last row first, then one per decode step; fed the reference's greedy tokens
     (teacher forcing). A step that raises gives nan from there on. A bug shows as a jump
     that stays; rounding as a low, even floor."""
-    ids, n_new = _check_ids_and_steps(params, prompt_ids, n_new_tokens)
-    tokens = ids + inference.generate(params, ids, n_new, use_cache=False)
+    ids, tokens = _greedy(params, prompt_ids, n_new_tokens)
+    n_new = len(tokens) - len(ids)
     reference = inference.forward(params, tokens[:-1])[len(ids) - 1:]
     differences = np.full(n_new, np.nan)
     try:

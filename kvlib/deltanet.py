@@ -56,7 +56,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .checks import count, numbers, real_number
+from .checks import as_array, as_count, as_real_number
 from .model import (
     attention_weights,
     causal_mask,
@@ -80,7 +80,7 @@ LAYER_TYPES = ("linear_attention", "full_attention")
 def _float_array(name: str, value, ndim: int, dtype: np.dtype | None = None,
                  like: str = "query") -> np.ndarray:
     """A float32 or float64 array of ndim dimensions (of dtype, that of `like`, if given)."""
-    array = numbers(name, value, ndim)
+    array = as_array(name, value, ndim)
     if array.dtype not in (np.float32, np.float64):
         raise TypeError(f"{name} must be float32 or float64, got dtype {array.dtype}")
     if dtype is not None and array.dtype != dtype:
@@ -240,7 +240,7 @@ def chunked_gated_delta_rule(query, key, value, g, beta, initial_state=None,
     chunk_size sequential steps instead of T. T need not be a multiple of chunk_size.
     """
     return _chunked(*_check_kernel_inputs(query, key, value, g, beta, initial_state),
-                    count("chunk_size", chunk_size, 1))
+                    as_count("chunk_size", chunk_size, 1))
 
 
 # ----------------------------------------------------------------------------- small pieces
@@ -319,9 +319,9 @@ class HybridConfig:
                              f"{self.layer_types!r}")
         for f in fields(self):
             if f.type == "int":
-                count(f.name, getattr(self, f.name), 1)
-        real_number("norm_epsilon", self.norm_epsilon, positive=True)
-        real_number("rope_base", self.rope_base, positive=True)
+                as_count(f.name, getattr(self, f.name), 1)
+        as_real_number("norm_epsilon", self.norm_epsilon, positive=True)
+        as_real_number("rope_base", self.rope_base, positive=True)
         if self.n_heads % self.n_kv_heads or self.linear_value_heads % self.linear_key_heads:
             raise ValueError("n_heads must be a multiple of n_kv_heads and linear_value_heads "
                              "a multiple of linear_key_heads")

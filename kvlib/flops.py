@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .checks import flag
+from .checks import as_config, as_count, as_flag, as_params, as_whole_number
 from .config import ModelConfig
 from .params import Params
 
@@ -61,28 +61,11 @@ class MultiplyAdds:
                                for name, value in self.as_dict().items()})
 
 
-def _check_count(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
-
-
-def _check_config(config) -> None:
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"expected a kvlib ModelConfig, got {type(config).__name__}")
-
-
 def chunk_multiply_adds(config: ModelConfig, new_tokens: int, attended_positions: int,
                         unembedded_rows: int) -> MultiplyAdds:
-    """Work of one pass over new_tokens queries attending over attended_positions keys."""
-    _check_config(config)
-    T = _check_count("new_tokens", new_tokens, 1)
-    S = _check_count("attended_positions", attended_positions, 1)
-    rows = _check_count("unembedded_rows", unembedded_rows, 0)
-    if T > S:
-        raise ValueError(f"need new_tokens <= attended_positions, got {T} and {S}")
+    """Work of one pass over new_tokens queries attending over attended_positions keys,
+    unembedding unembedded_rows rows (the passes below check their arguments)."""
+    T, S, rows = new_tokens, attended_positions, unembedded_rows
     d, L, h = config.d_model, config.n_layers, config.n_heads
     if config.latent_dim is not None:
         dc, dr = config.latent_dim, config.rope_head_dim
@@ -105,26 +88,23 @@ def chunk_multiply_adds(config: ModelConfig, new_tokens: int, attended_positions
 
 def forward_multiply_adds(config: ModelConfig, n_tokens: int, last_only: bool = False):
     """A full forward over n_tokens, no cache (kvlib.forward): S = T = n_tokens."""
-    last_only = flag("last_only", last_only)
-    return chunk_multiply_adds(config, n_tokens, n_tokens, 1 if last_only else n_tokens)
+    n_tokens, last_only = as_whole_number("n_tokens", n_tokens, 1), as_flag("last_only", last_only)
+    return chunk_multiply_adds(as_config(config), n_tokens, n_tokens, 1 if last_only else n_tokens)
 
 
 def prefill_multiply_adds(config: ModelConfig, n_tokens: int, cached: int = 0,
                           last_only: bool = False):
     """kvlib.prefill of n_tokens after `cached` positions already in the cache (with a
     sliding window, after the positions the cache still holds of them)."""
-    _check_config(config)
-    n_tokens = _check_count("n_tokens", n_tokens, 1)
-    last_only = flag("last_only", last_only)
-    held = config.held_positions(_check_count("cached", cached, 0))
+    n_tokens, last_only = as_whole_number("n_tokens", n_tokens, 1), as_flag("last_only", last_only)
+    held = as_config(config).held_positions(as_whole_number("cached", cached))
     return chunk_multiply_adds(config, n_tokens, held + n_tokens, 1 if last_only else n_tokens)
 
 
 def decode_step_multiply_adds(config: ModelConfig, position: int) -> MultiplyAdds:
     """One cached decode step for the token at 0-based `position`: it attends over
     position + 1 keys (the cached ones and its own; with a sliding window, the ones held)."""
-    _check_config(config)
-    held = config.held_positions(_check_count("position", position, 0))
+    held = as_config(config).held_positions(as_whole_number("position", position))
     return chunk_multiply_adds(config, 1, held + 1, 1)
 
 
@@ -151,24 +131,15 @@ def generation_step_multiply_adds(config: ModelConfig, prompt_length: int, new_t
     i >= 1 the decode step of the token at position prompt_length + i - 1. Without the cache,
     pass i is a full forward over prompt_length + i tokens.
     """
-    for name, value in (("prompt_length", prompt_length), ("new_tokens", new_tokens)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be a whole number, got {value!r}")
-    prompt_length, new_tokens = int(prompt_length), int(new_tokens)   # numpy ints overflow
-    if prompt_length < 1 or new_tokens < 1:
-        raise ValueError("prompt_length and new_tokens must be at least 1")
-    if new_tokens > MAX_PASSES:
-        raise ValueError(f"new_tokens is {new_tokens:,}: this lists one count per pass, for "
-                         f"at most {MAX_PASSES:,} passes")
-    if not isinstance(use_cache, (bool, np.bool_)):
-        raise TypeError(f"use_cache must be True or False, got {use_cache!r}")
-    if not use_cache:
-        return [forward_multiply_adds(config, length, last_only=True)
-                for length in range(prompt_length, prompt_length + new_tokens)]
-    steps = [prefill_multiply_adds(config, prompt_length, last_only=True)]
-    steps += [decode_step_multiply_adds(config, position)
-              for position in range(prompt_length, prompt_length + new_tokens - 1)]
-    return steps
+    config, use_cache = as_config(config), as_flag("use_cache", use_cache)
+    P = as_count("prompt_length", prompt_length, 1)     # Python ints: numpy's would overflow
+    new_tokens = as_whole_number("new_tokens", new_tokens, 1, MAX_PASSES)   # one count a pass
+    if not use_cache:               # full forwards over P, P + 1, ... tokens
+        return [chunk_multiply_adds(config, n, n, 1) for n in range(P, P + new_tokens)]
+    # a prefill of the prompt, then decode steps, each over the positions the cache holds
+    return [chunk_multiply_adds(config, P, P, 1)] + [
+        chunk_multiply_adds(config, 1, config.held_positions(position) + 1, 1)
+        for position in range(P, P + new_tokens - 1)]
 
 
 def generation_step_flops(config: ModelConfig, prompt_length: int, new_tokens: int,
@@ -182,6 +153,9 @@ def generation_step_flops(config: ModelConfig, prompt_length: int, new_tokens: i
     exact), and the polynomial gives every pass. With a sliding window the attended positions
     stop growing: those configs are counted pass by pass.
     """
+    config, use_cache = as_config(config), as_flag("use_cache", use_cache)
+    prompt_length = as_count("prompt_length", prompt_length, 1)
+    new_tokens = as_whole_number("new_tokens", new_tokens, 1, MAX_PASSES)   # one count a pass
     if config.window is not None:
         return np.array([step.flops for step in generation_step_multiply_adds(
             config, prompt_length, new_tokens, use_cache)], dtype=np.float64)
@@ -279,11 +253,10 @@ def count_multiply_adds(function, params: Params, *args, **kwargs):
         view.tally = tally
         return view
 
-    if not isinstance(params, Params):
-        raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
     if not callable(function):
         raise TypeError(f"function must be a kvlib function to run (kvlib.forward, kvlib."
                         f"prefill, ...), got {function!r}")
+    params = as_params(params)
     counted_params = Params(
         config=params.config,
         layers=tuple(type(layer)(**{name: counted(array)

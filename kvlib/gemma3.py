@@ -42,7 +42,7 @@ from numbers import Integral
 import numpy as np
 
 from .checkpoints.gemma3 import Gemma3Config, Gemma3LayerParams, Gemma3Params
-from .checks import contains_bool, count, flag
+from .checks import as_count, as_flag, contains_bool
 from .inference import choose_next_token
 from .model import attention_mask, gelu, rms_norm, softmax, weighted_sum
 from .model import embed as lookup
@@ -243,7 +243,7 @@ class Gemma3Cache:
         if not isinstance(config, Gemma3Config):
             raise TypeError(f"Gemma3Cache needs a Gemma3Config, got {type(config).__name__}")
         capacity = config.max_position_embeddings if capacity is None else capacity
-        self.capacity = count("capacity", capacity, 1)
+        self.capacity = as_count("capacity", capacity, 1)
         self.config = config
         self.layers = [RingCacheLayer(config.sliding_window, config.kv_width, config.dtype)
                        if config.is_sliding(i) else
@@ -328,7 +328,7 @@ def forward(params: Gemma3Params, ids, *, last_only: bool = False) -> np.ndarray
     Every sliding layer reads through the windowed mask, every global layer through the
     causal one."""
     config = _check_params(params)
-    ids, last_only = check_ids(ids, config), flag("last_only", last_only)
+    ids, last_only = check_ids(ids, config), as_flag("last_only", last_only)
     if len(ids) > config.max_position_embeddings:
         raise ValueError(f"{len(ids)} tokens are more than the context length "
                          f"{config.max_position_embeddings}")
@@ -343,7 +343,7 @@ def prefill(params: Gemma3Params, ids, cache: Gemma3Cache | None = None, *,
     positions already is continued: the chunk sits at P .. P + T - 1. Without a cache, a
     fresh Gemma3Cache is made."""
     config = _check_params(params)
-    ids, last_only = check_ids(ids, config), flag("last_only", last_only)
+    ids, last_only = check_ids(ids, config), as_flag("last_only", last_only)
     cache = Gemma3Cache(config) if cache is None else cache
     past = _check_cache(cache, config)
     if past + len(ids) > cache.capacity:
@@ -396,7 +396,7 @@ def init_gemma3_params(config: Gemma3Config, seed: int = 0) -> Gemma3Params:
     weights 1 + 0.2 x normal (away from 1, so that a norm left out shows)."""
     if not isinstance(config, Gemma3Config):
         raise TypeError(f"config must be a Gemma3Config, got {type(config).__name__}")
-    rng = np.random.default_rng(count("seed", seed))
+    rng = np.random.default_rng(as_count("seed", seed))
     dtype = config.numpy_dtype
 
     def draw(shape):

@@ -22,11 +22,10 @@ d = d_model.
 from __future__ import annotations
 
 import dataclasses
-from numbers import Integral
 
 import numpy as np
 
-from .checks import numbers
+from .checks import as_array, as_mask, as_params, as_whole_number
 from .config import ModelConfig
 from .model import softmax
 from .params import Params
@@ -35,21 +34,13 @@ MAX_HEADS = 1_000_000
 """More heads than any model has; a larger count is refused before numpy sees it."""
 
 
-def _heads(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if not minimum <= value <= MAX_HEADS:
-        raise ValueError(f"{name} must be at least {minimum} and at most {MAX_HEADS:,}, "
-                         f"got {value}")
-    return int(value)
-
-
 def group_size(n_heads: int, n_kv_heads: int) -> int:
     """Query heads that share one K/V head (grouped_query_attention): n_heads / n_kv_heads.
 
     Raises a ValueError that names the rule when n_kv_heads does not divide n_heads.
     """
-    n_heads, n_kv_heads = _heads("n_heads", n_heads), _heads("n_kv_heads", n_kv_heads)
+    n_heads = as_whole_number("n_heads", n_heads, 1, MAX_HEADS)
+    n_kv_heads = as_whole_number("n_kv_heads", n_kv_heads, 1, MAX_HEADS)
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads "
                          f"({n_kv_heads}): each K/V head serves an equal group of query heads")
@@ -75,10 +66,7 @@ def repeat_kv_heads(K: np.ndarray, n_heads: int) -> np.ndarray:
     Attention on the result equals kvlib's grouped attention, which reads the kv heads
     without making these group - 1 extra copies of each.
     """
-    if not isinstance(K, np.ndarray) or K.ndim != 3:
-        shape = getattr(K, "shape", type(K).__name__)
-        raise ValueError(f"K must be a 3-D array (K/V heads, positions, head size), got {shape}")
-    numbers("K", K)
+    K = as_array("K", K, 3)
     return np.repeat(K, group_size(n_heads, K.shape[0]), axis=0)
 
 
@@ -89,10 +77,7 @@ def repeated_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
 
     The K/V heads are repeated to h heads, then every query head does ordinary attention.
     """
-    if not isinstance(Q, np.ndarray) or Q.ndim != 3:
-        shape = getattr(Q, "shape", type(Q).__name__)
-        raise ValueError(f"Q must be a 3-D array (query heads, tokens, head size), got {shape}")
-    numbers("Q", Q)
+    Q = as_array("Q", Q, 3)
     n_heads, _, head_dim = Q.shape
     K_all, V_all = repeat_kv_heads(K, n_heads), repeat_kv_heads(V, n_heads)
     if K_all.shape[-1] != head_dim or V_all.shape[1] != K_all.shape[1]:
@@ -100,25 +85,11 @@ def repeated_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
                          "and K and V one number of positions")
     scores = Q @ K_all.swapaxes(-1, -2) / float(np.sqrt(head_dim))
     if mask is not None:
-        if not isinstance(mask, np.ndarray) or mask.dtype != bool or \
-                mask.shape != scores.shape[-2:]:
-            shape = getattr(mask, "shape", type(mask).__name__)
-            raise ValueError(f"mask must be a bool (queries, positions) = {scores.shape[-2:]} "
-                             f"array, got {getattr(mask, 'dtype', '')} {shape}")
-        scores = np.where(mask, scores, -np.inf)
+        scores = np.where(as_mask(mask, scores.shape[-2:]), scores, -np.inf)
     return softmax(scores) @ V_all
 
 
 # ----------------------------------------------------------------------------- models
-
-def _check_grouped_model(params, what: str) -> ModelConfig:
-    if not isinstance(params, Params):
-        raise TypeError(f"{what} needs kvlib Params, got {type(params).__name__}")
-    if params.config.latent_dim is not None:
-        raise ValueError(f"{what} works on K/V heads; latent attention (notebook 16) caches "
-                         "a latent instead")
-    return params.config
-
 
 def _head_blocks(W: np.ndarray, n_kv_heads: int) -> np.ndarray:
     """A K or V projection (d, kv x dh) or its bias (kv x dh,) as (..., kv, dh)."""
@@ -142,7 +113,10 @@ def duplicate_kv_heads(params: Params) -> Params:
     its group, so Wk and Wv grow from (d, kv x dh) to (d, d). Its logits equal the grouped
     model's; its cache holds every K/V head `group` times, h / kv times the bytes.
     """
-    config = _check_grouped_model(params, "duplicate_kv_heads")
+    config = as_params(params).config
+    if config.latent_dim is not None:
+        raise ValueError("latent attention (the latent_attention lesson) caches a latent, not "
+                         "K/V heads: there are none to copy or pool")
     group = config.n_heads // config.kv_heads
 
     def widen(W):
@@ -161,8 +135,11 @@ def mean_pool_kv_heads(params: Params, n_kv_heads: int) -> Params:
     training compute). Pooling alone changes what the model computes unless the pooled heads
     were equal. The new group of query head i is i // (h / n_kv_heads), as in query_groups.
     """
-    config = _check_grouped_model(params, "mean_pool_kv_heads")
-    n_kv_heads = _heads("n_kv_heads", n_kv_heads)
+    config = as_params(params).config
+    if config.latent_dim is not None:
+        raise ValueError("latent attention (the latent_attention lesson) caches a latent, not "
+                         "K/V heads: there are none to copy or pool")
+    n_kv_heads = as_whole_number("n_kv_heads", n_kv_heads, 1, MAX_HEADS)
     if config.kv_heads % n_kv_heads:
         raise ValueError(f"the model has {config.kv_heads} K/V heads: pooling averages equal "
                          f"groups of them, so n_kv_heads must divide {config.kv_heads}, got "

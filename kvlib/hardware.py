@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checks import count
+from .checks import as_count
 from .roofline import MiB, measure_matmul_rate, measure_read_bandwidth
 
 ACCELERATORS = {
@@ -63,7 +63,7 @@ def measure_machine(rounds: int = 5, matmul_size: int = 1024,
                     read_bytes: int = 128 * MiB) -> MachineRates:
     """Measure the matrix-product rate and the read bandwidth (where_time_goes), interleaved over
     `rounds` rounds of 3 readings each; each rate is the median of all its readings."""
-    rounds = count("rounds", rounds, 1)
+    rounds = as_count("rounds", rounds, 1)
     rates, bandwidths = [], []
     for _ in range(rounds):
         measure_matmul_rate(matmul_size, repeats=3, record=rates)

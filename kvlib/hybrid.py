@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from .checkpoints.hybrid import load_hybrid  # noqa: F401  (re-exported: kvlib.hybrid.load_hybrid)
-from .checks import count, whole_numbers
+from .checks import as_count, as_whole_numbers
 from .deltanet import (
     DeltaNetLayerParams,
     DeltaNetState,
@@ -45,7 +45,7 @@ def _check_ids(ids, params: HybridParams, what: str = "prompt") -> np.ndarray:
     _check_params(params)
     if isinstance(ids, np.ndarray) and ids.ndim == 0:       # one id, as argmax returns it
         ids = ids.reshape(1)
-    ids = whole_numbers(f"the {what}'s token ids", ids)
+    ids = as_whole_numbers(f"the {what}'s token ids", ids)
     vocab_size = params.config.vocab_size
     if len(ids) == 0 or ids.max() >= vocab_size:
         raise ValueError(f"the {what} must be at least one token id between 0 and "
@@ -169,7 +169,7 @@ def hybrid_generate(params: HybridParams, ids, max_new_tokens: int,
                     cache: HybridCache | None = None) -> list[int]:
     """Greedy continuation through the cache: prefill, then one decode step a token.
     -> the max_new_tokens new ids (fewer if the context fills up)."""
-    max_new_tokens = count("max_new_tokens", max_new_tokens)
+    max_new_tokens = as_count("max_new_tokens", max_new_tokens)
     logits, cache = hybrid_prefill(params, ids, cache)
     new = []
     while len(new) < max_new_tokens:

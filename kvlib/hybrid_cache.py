@@ -27,7 +27,7 @@ states are replaced, never modified, so a checkpoint holds references, not copie
 from __future__ import annotations
 
 from .cache import KVCache
-from .checks import count, whole_number
+from .checks import as_count, as_whole_number
 from .config import ModelConfig
 from .deltanet import DeltaNetState, HybridConfig
 
@@ -55,7 +55,7 @@ class HybridCache:
             raise TypeError(f"HybridCache needs a HybridConfig, got {type(config).__name__}")
         self.config = config
         self.snapshot_every = None if snapshot_every is None else \
-            count("snapshot_every", snapshot_every, 1)
+            as_count("snapshot_every", snapshot_every, 1)
         self.slots = {layer: slot for slot, layer in enumerate(config.attention_layers)}
         self.kv = KVCache(_kv_storage(config), capacity) if self.slots else None
         self.capacity = config.context_length if self.kv is None else self.kv.capacity
@@ -141,7 +141,7 @@ class HybridCache:
     def advance(self, n_new: int) -> None:
         """End of a pass of n_new tokens through every layer: the sequence is longer, and a
         snapshot is kept if it reached a multiple of snapshot_every."""
-        self._length += count("n_new", n_new, 1)
+        self._length += as_count("n_new", n_new, 1)
         if self.kv is not None and set(self.kv.lengths) != {self._length}:
             raise ValueError(f"the attention layers hold {list(self.kv.lengths)} positions, "
                              f"not {self._length}: a pass skipped a layer")
@@ -164,7 +164,7 @@ class HybridCache:
         snapshot (snapshot_positions). Anywhere else this raises a ValueError and changes
         nothing. Snapshots past n are dropped.
         """
-        n = whole_number("truncate's n", n, 0)
+        n = as_whole_number("truncate's n", n, 0)
         if n > self._length:
             raise ValueError(f"cannot truncate to {n} positions: the cache holds "
                              f"{self._length}")

@@ -28,11 +28,17 @@ import math
 
 import numpy as np
 
-from .checks import numbers, real_number
+from .checks import (
+    as_array,
+    as_divisor,
+    as_instance,
+    as_list_or_none,
+    as_matrix,
+    as_real_number,
+    as_rotary,
+)
 from .model import (
-    _check_block_options,
-    _require_layer,
-    _require_matrix,
+    LAYER,
     apply_mask,
     attention_weights,
     merge_heads,
@@ -46,68 +52,28 @@ from .model import (
 from .params import LatentLayerParams
 
 
-def _latent_layer(layer) -> LatentLayerParams:
-    return _require_layer(layer, LatentLayerParams)
-
-
-def _check_input(X, layer) -> None:
-    """X (T, d) for a latent block's weights, d = the rows of Wq."""
-    _require_matrix("X", X, _latent_layer(layer).Wq.shape[0])
-
-
-def _check_rotary(rotary, layer) -> None:
-    if rotary is None:
-        return
-    if not callable(getattr(rotary, "rotate", None)):
-        raise TypeError(f"rotary must be a RotaryPositions (kvlib.rotary_positions), or "
-                        f"anything with its rotate(X) method, or None; got "
-                        f"{type(rotary).__name__}")
-    if layer.Wk_rope is None:
-        raise ValueError("this layer has no rotary part (no Wk_rope): give rotary=None")
-
-
-def _check_heads(n_heads, layer) -> int:
-    """n_heads that split the layer's up-projections evenly, and its rotary queries into
-    one rotary key's width each."""
-    width = layer.W_up_k.shape[1]
-    if isinstance(n_heads, (bool, np.bool_)) or not isinstance(n_heads, (int, np.integer)) \
-            or not 1 <= n_heads <= width or width % n_heads:
-        raise ValueError(f"n_heads must be a whole number that divides the {width} columns "
-                         f"of the up-projections, got {n_heads!r}")
-    if layer.Wq_rope is not None and layer.Wq_rope.shape[1] != n_heads * layer.Wk_rope.shape[1]:
-        raise ValueError(f"this layer's rotary queries ({layer.Wq_rope.shape[1]} columns) are "
-                         f"{layer.Wq_rope.shape[1] // layer.Wk_rope.shape[1]} heads of "
-                         f"{layer.Wk_rope.shape[1]}, not {n_heads}")
-    return int(n_heads)
-
-
-def _per_head_array(name: str, array, last: int) -> np.ndarray:
-    """An array (h, T, last) (or one head's, (T, last)) of real numbers."""
-    array = numbers(name, array, (2, 3))
-    if array.shape[-1] != last:
-        raise ValueError(f"{name} must be (heads, tokens, {last}), got shape {array.shape}")
-    return array
-
-
 def compress_kv(X: np.ndarray, layer) -> np.ndarray:
     """The latent that is cached (latent_attention): X (T, d) @ W_down_kv (d, dc) -> (T, dc)."""
-    _check_input(X, layer)
-    return X @ layer.W_down_kv
+    layer = as_instance("layer", layer, LatentLayerParams, LAYER)
+    return as_matrix("X", X, layer.Wq.shape[0]) @ layer.W_down_kv
 
 
 def rebuild_kv(latent: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray]:
     """Every head's keys and values from the latents (latent_attention): (S, dc) -> K, V (S, d).
 
     What the absorbed form never does: it costs 2 x S x dc x d multiply-adds a step."""
-    _require_matrix("latent", latent, _latent_layer(layer).W_up_k.shape[0])
+    layer = as_instance("layer", layer, LatentLayerParams, LAYER)
+    latent = as_matrix("latent", latent, layer.W_up_k.shape[0])
     return latent @ layer.W_up_k, latent @ layer.W_up_v
 
 
 def latent_queries(X: np.ndarray, layer, rotary=None):
     """Queries (latent_attention): X (T, d) -> the content part (T, d) and, with rotary
     positions, the rotated rotary part (T, h x dr); None without."""
-    _check_input(X, layer)
-    _check_rotary(rotary, layer)
+    layer = as_instance("layer", layer, LatentLayerParams, LAYER)
+    X = as_matrix("X", X, layer.Wq.shape[0])
+    if as_rotary(rotary) is not None and layer.Wk_rope is None:
+        raise ValueError("this layer has no rotary part (no Wk_rope): give rotary=None")
     content = X @ layer.Wq
     if rotary is None:
         return content, None
@@ -117,8 +83,10 @@ def latent_queries(X: np.ndarray, layer, rotary=None):
 def rope_keys(X: np.ndarray, layer, rotary=None):
     """The decoupled rotary key (latent_attention): X (T, d) @ Wk_rope (d, dr), rotated ->
     (T, dr), one for all heads; None without rotary positions."""
-    _check_input(X, layer)
-    _check_rotary(rotary, layer)
+    layer = as_instance("layer", layer, LatentLayerParams, LAYER)
+    X = as_matrix("X", X, layer.Wq.shape[0])
+    if as_rotary(rotary) is not None and layer.Wk_rope is None:
+        raise ValueError("this layer has no rotary part (no Wk_rope): give rotary=None")
     if rotary is None:
         return None
     return rotary.rotate(X @ layer.Wk_rope)
@@ -127,37 +95,35 @@ def rope_keys(X: np.ndarray, layer, rotary=None):
 def per_head(matrix: np.ndarray, n_heads: int) -> np.ndarray:
     """An up-projection (dc, h x dh) seen as one (dc, dh) matrix per head (latent_attention):
     (h, dc, dh)."""
-    matrix = numbers("matrix", matrix, 2)
+    matrix = as_matrix("matrix", matrix)
     dc, width = matrix.shape
-    if isinstance(n_heads, (bool, np.bool_)) or not isinstance(n_heads, (int, np.integer)) \
-            or not 1 <= n_heads <= width or width % n_heads:
-        raise ValueError(f"n_heads must be a whole number that divides the matrix's {width} "
-                         f"columns, got {n_heads!r}")
+    n_heads = as_divisor("n_heads", n_heads, width, "columns of the matrix")
     return matrix.reshape(dc, n_heads, width // n_heads).transpose(1, 0, 2)
 
 
 def absorb_queries(queries: np.ndarray, layer, n_heads: int) -> np.ndarray:
     """Move each head's content query into the latent's space (latent_attention):
     (h, T, dh) @ W_up_k_h^T (h, dh, dc) -> (h, T, dc). Then q . k_h = q_absorbed . latent."""
-    n_heads = _check_heads(n_heads, _latent_layer(layer))
-    _per_head_array("queries", queries, layer.W_up_k.shape[1] // n_heads)
+    width = as_instance("layer", layer, LatentLayerParams, LAYER).W_up_k.shape[1]
+    n_heads = as_divisor("n_heads", n_heads, width, "columns of the up-projections")
+    queries = as_array("queries", queries, (2, 3), width // n_heads)
     return queries @ per_head(layer.W_up_k, n_heads).swapaxes(-1, -2)
 
 
 def latent_attention_scores(absorbed, latent, query_rope=None, key_rope=None, scale=1.0):
     """Scores against the cached latents (latent_attention): absorbed (h, T, dc) @ latent^T
     (dc, S), plus the rotary parts (h, T, dr) @ (dr, S), times scale -> (h, T, S)."""
-    absorbed = numbers("absorbed", absorbed, (2, 3))
-    _require_matrix("latent", latent, absorbed.shape[-1])
+    absorbed = as_array("absorbed", absorbed, (2, 3))
+    latent = as_matrix("latent", latent, absorbed.shape[-1])
     if (query_rope is None) != (key_rope is None):
         raise ValueError("give query_rope and key_rope together (a rotary part), or neither")
     if query_rope is not None:
-        _require_matrix("key_rope", key_rope)
-        query_rope = _per_head_array("query_rope", query_rope, key_rope.shape[1])
+        key_rope = as_matrix("key_rope", key_rope)
+        query_rope = as_array("query_rope", query_rope, (2, 3), key_rope.shape[1])
         if key_rope.shape[0] != latent.shape[0] or query_rope.shape[:-1] != absorbed.shape[:-1]:
             raise ValueError(f"query_rope {query_rope.shape} and key_rope {key_rope.shape} "
                              f"must match absorbed {absorbed.shape} and latent {latent.shape}")
-    scale = real_number("scale", scale, positive=True)
+    scale = as_real_number("scale", scale, positive=True)
     scores = absorbed @ latent.T
     if query_rope is not None:
         scores = scores + query_rope @ key_rope.T
@@ -167,22 +133,18 @@ def latent_attention_scores(absorbed, latent, query_rope=None, key_rope=None, sc
 def latent_weighted_sum(weights: np.ndarray, latent: np.ndarray) -> np.ndarray:
     """Mix the cached latents (latent_attention): weights (h, T, S) @ latent (S, dc) ->
     (h, T, dc)."""
-    weights = numbers("weights", weights, (2, 3))
-    _require_matrix("latent", latent)
-    if weights.shape[-1] != latent.shape[0]:
-        raise ValueError(f"weights {weights.shape} need one latent per position: latent must "
-                         f"be ({weights.shape[-1]}, dc), got {latent.shape}")
     return weights @ latent
 
 
 def expand_values(mixed: np.ndarray, layer, n_heads: int) -> np.ndarray:
     """The values' up-projection after the sum (latent_attention): (h, T, dc) @ W_up_v_h
     (h, dc, dh) -> (h, T, dh), equal to the weighted sum of the rebuilt values."""
-    n_heads = _check_heads(n_heads, _latent_layer(layer))
-    if _per_head_array("mixed", mixed, layer.W_up_v.shape[0]).shape[0] != n_heads \
-            and np.ndim(mixed) == 3:
+    layer = as_instance("layer", layer, LatentLayerParams, LAYER)
+    n_heads = as_divisor("n_heads", n_heads, layer.W_up_v.shape[1], "columns of W_up_v")
+    mixed = as_array("mixed", mixed, (2, 3), layer.W_up_v.shape[0])
+    if mixed.ndim == 3 and len(mixed) != n_heads:
         raise ValueError(f"mixed must have one row block per head, ({n_heads}, T, dc), got "
-                         f"{np.shape(mixed)}")
+                         f"{mixed.shape}")
     return mixed @ per_head(layer.W_up_v, n_heads)
 
 
@@ -200,8 +162,9 @@ def latent_attention(X, layer, n_heads: int, mask=None, cache=None, layer_index:
                      record_attention: list | None = None, *, rotary=None) -> np.ndarray:
     """The absorbed form, as a decode step runs it (latent_attention): X (T, d) -> (T, d),
     before the output projection. Only the latents and rotary keys are cached."""
-    _check_heads(n_heads, _latent_layer(layer))
-    _check_block_options(layer, n_heads, rotary, record_attention)
+    width = as_instance("layer", layer, LatentLayerParams, LAYER).W_up_k.shape[1]
+    n_heads = as_divisor("n_heads", n_heads, width, "columns of the up-projections")
+    record_attention = as_list_or_none(record_attention)
     content, query_rope = latent_queries(X, layer, rotary)
     latent, key_rope = compress_kv(X, layer), rope_keys(X, layer, rotary)
     if cache is not None:
@@ -225,18 +188,18 @@ def latent_attention_rebuilt(X, layer, n_heads: int, mask=None, *, rotary=None,
     rebuilt keys and values; with a rotary part, each head's query and key get the dr
     rotary columns appended, the key's shared by every head.
     """
-    _check_heads(n_heads, _latent_layer(layer))
+    width = as_instance("layer", layer, LatentLayerParams, LAYER).W_up_k.shape[1]
+    n_heads = as_divisor("n_heads", n_heads, width, "columns of the up-projections")
     content, query_rope = latent_queries(X, layer, rotary)
     latent, key_rope = compress_kv(X, layer), rope_keys(X, layer, rotary)
     if past_latent is not None:
-        if (past_key_rope is None) != (key_rope is None):
-            raise ValueError("give past_key_rope with past_latent exactly when the model has "
-                             "a rotary part (rope_head_dim > 0)")
-        _require_matrix("past_latent", past_latent, latent.shape[1])
+        past_latent = as_matrix("past_latent", past_latent, latent.shape[1])
         if key_rope is not None:
-            _require_matrix("past_key_rope", past_key_rope, key_rope.shape[1])
-            if len(past_key_rope) != len(past_latent):
-                raise ValueError("past_latent and past_key_rope must have one row per position")
+            past_key_rope = as_matrix("past_key_rope", past_key_rope, key_rope.shape[1])
+        if (past_key_rope is None) != (key_rope is None) or \
+                (key_rope is not None and len(past_key_rope) != len(past_latent)):
+            raise ValueError("give past_key_rope, one row per row of past_latent, exactly when "
+                             "the model has a rotary part (rope_head_dim > 0)")
         latent = np.vstack([past_latent, latent])
         key_rope = None if key_rope is None else np.vstack([past_key_rope, key_rope])
     K, V = rebuild_kv(latent, layer)
@@ -256,7 +219,6 @@ def latent_decoder_block(X, layer, n_heads: int, mask=None, cache=None, layer_in
 
     The same residual stream and MLP as kvlib.decoder_block; only the attention differs.
     """
-    _check_input(X, layer)
     attended = latent_attention(normalize(X, layer.ln_1_gain, layer.ln_1_bias, norm_epsilon),
                                 layer, n_heads, mask, cache, layer_index, record_attention,
                                 rotary=rotary)

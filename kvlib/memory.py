@@ -3,21 +3,13 @@ the published shapes of a few real models."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from numbers import Integral
 
-from .config import ModelConfig
+from .checks import as_config, as_sizes, as_whole_number
 
 GiB = 2**30
 MiB = 2**20
-
-
-def _whole(name: str, value, minimum: int = 0) -> int:
-    """A whole number >= minimum as a Python int: numpy's int32 would overflow the products
-    (80 layers x 8192 x 2**20 tokens x 64 is far past 2**31)."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def kv_cache_bytes(n_layers: int, d_model: int | None, seq_len: int, batch_size: int = 1,
@@ -37,11 +29,11 @@ def kv_cache_bytes(n_layers: int, d_model: int | None, seq_len: int, batch_size:
     if n_kv_heads is None:
         if d_model is None:
             raise ValueError("give d_model, or n_kv_heads and head_dim")
-        width = _whole("d_model", d_model)
+        width = as_whole_number("d_model", d_model)
     else:
-        width = _whole("n_kv_heads", n_kv_heads, 1) * _whole("head_dim", head_dim, 1)
-    return (2 * _whole("batch_size", batch_size) * _whole("seq_len", seq_len) * width
-            * _whole("dtype_bytes", dtype_bytes) * _whole("n_layers", n_layers))
+        width = math.prod(as_sizes(1, n_kv_heads=n_kv_heads, head_dim=head_dim))
+    return 2 * width * math.prod(as_sizes(batch_size=batch_size, seq_len=seq_len,
+                                          dtype_bytes=dtype_bytes, n_layers=n_layers))
 
 
 def latent_cache_bytes(n_layers: int, latent_dim: int, rope_head_dim: int, seq_len: int,
@@ -53,9 +45,10 @@ def latent_cache_bytes(n_layers: int, latent_dim: int, rope_head_dim: int, seq_l
     >>> latent_cache_bytes(n_layers=61, latent_dim=512, rope_head_dim=64, seq_len=1)  # V3
     70272
     """
-    width = _whole("latent_dim", latent_dim, 1) + _whole("rope_head_dim", rope_head_dim)
-    return (_whole("batch_size", batch_size) * _whole("seq_len", seq_len) * width
-            * _whole("dtype_bytes", dtype_bytes) * _whole("n_layers", n_layers))
+    width = as_whole_number("latent_dim", latent_dim, 1) + as_whole_number("rope_head_dim",
+                                                                            rope_head_dim)
+    return width * math.prod(as_sizes(batch_size=batch_size, seq_len=seq_len,
+                                      dtype_bytes=dtype_bytes, n_layers=n_layers))
 
 
 def config_cache_bytes(config, seq_len: int, batch_size: int = 1,
@@ -65,10 +58,9 @@ def config_cache_bytes(config, seq_len: int, batch_size: int = 1,
     shapes, over the positions it holds (with a sliding window, the sinks and the last W).
     dtype_bytes defaults to the model's own. Equal to ``cache.nbytes`` of a live cache of that
     config."""
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"config must be a kvlib ModelConfig, got {type(config).__name__}")
+    config = as_config(config)
     dtype_bytes = config.numpy_dtype.itemsize if dtype_bytes is None else dtype_bytes
-    held = config.held_positions(_whole("seq_len", seq_len))
+    held = config.held_positions(as_whole_number("seq_len", seq_len))
     if config.latent_dim is not None:
         return latent_cache_bytes(config.n_layers, config.latent_dim, config.rope_head_dim,
                                   held, batch_size, dtype_bytes)
@@ -78,7 +70,7 @@ def config_cache_bytes(config, seq_len: int, batch_size: int = 1,
 
 def weights_bytes(n_parameters: int, dtype_bytes: int = 2) -> int:
     """Bytes of a model's weights (kv_cache_memory): n_parameters x dtype_bytes."""
-    return _whole("n_parameters", n_parameters) * _whole("dtype_bytes", dtype_bytes)
+    return math.prod(as_sizes(n_parameters=n_parameters, dtype_bytes=dtype_bytes))
 
 
 def tokens_that_fit(memory_bytes: int, weights: int, bytes_per_token: int) -> int:
@@ -88,8 +80,8 @@ def tokens_that_fit(memory_bytes: int, weights: int, bytes_per_token: int) -> in
     the weights alone do not fit. bytes_per_token is a whole sequence position: K and V of
     every layer.
     """
-    memory_bytes, weights = _whole("memory_bytes", memory_bytes), _whole("weights", weights)
-    bytes_per_token = _whole("bytes_per_token", bytes_per_token, 1)
+    memory_bytes, weights = as_sizes(memory_bytes=memory_bytes, weights=weights)
+    bytes_per_token = as_whole_number("bytes_per_token", bytes_per_token, 1)
     return max(memory_bytes - weights, 0) // bytes_per_token
 
 
@@ -123,27 +115,6 @@ class ModelPreset:
     rope_head_dim: int = 0
     window: int | None = None
 
-    def __post_init__(self):
-        for name in ("name", "source"):
-            if not isinstance(getattr(self, name), str):
-                raise TypeError(f"ModelPreset.{name} must be a string, got "
-                                f"{getattr(self, name)!r}")
-        for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim",
-                     "context_length", "n_parameters"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-                raise ValueError(f"ModelPreset.{name} must be a whole number >= 1, got {value!r}")
-        if self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
-                             f"({self.n_kv_heads}): each K/V head serves a group of query heads")
-        for name in ("latent_dim", "window"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)
-                                      or value < 1):
-                raise ValueError(f"ModelPreset.{name} must be None or a whole number >= 1, "
-                                 f"got {value!r}")
-        _whole("ModelPreset.rope_head_dim", self.rope_head_dim)
-
     @property
     def attention(self) -> str:
         """'MHA', 'GQA', 'MQA' (from the number of K/V heads) or 'MLA' (latent)."""
@@ -161,7 +132,7 @@ class ModelPreset:
     def kv_cache_bytes(self, seq_len: int, batch_size: int = 1, dtype_bytes: int = 2) -> int:
         """kv_cache_bytes for this model's layers and K/V heads (latent_cache_bytes for
         latent attention; with a window, for at most window positions)."""
-        seq_len = _whole("seq_len", seq_len)
+        seq_len = as_whole_number("seq_len", seq_len)
         held = seq_len if self.window is None else min(seq_len, self.window)
         if self.latent_dim is not None:
             return latent_cache_bytes(self.n_layers, self.latent_dim, self.rope_head_dim, held,

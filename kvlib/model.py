@@ -12,56 +12,31 @@ a numpy float64 scalar would silently turn float32 activations into float64.
 from __future__ import annotations
 
 import math
-from numbers import Real
 
 import numpy as np
 
-from .checks import contains_bool, count, numbers, real_number
+from .checks import (
+    as_array,
+    as_divisor,
+    as_floats,
+    as_instance,
+    as_list_or_none,
+    as_mask,
+    as_matrix,
+    as_real_number,
+    as_rotary,
+    as_token_ids,
+    as_whole_number,
+    as_whole_numbers,
+    is_trusted,
+)
 from .params import LatentLayerParams, LayerParams
-from .positions import check_positions
 
-
-def _require_matrix(name: str, array: np.ndarray, columns: int | None = None) -> None:
-    if not isinstance(array, np.ndarray) or array.ndim != 2:
-        shape = getattr(array, "shape", type(array).__name__)
-        raise ValueError(f"{name} must be a 2-D array (tokens, features), got {shape}")
-    if array.dtype.kind not in "fiu":
-        raise TypeError(f"{name} must hold real numbers (float or int), got dtype {array.dtype}")
-    if columns is not None and array.shape[1] != columns:
-        raise ValueError(f"{name} must have {columns} columns, got shape {array.shape}")
-
-
-def _require_layer(layer, kinds=(LayerParams, LatentLayerParams)):
-    """A block's weights: one of params.layers (LayerParams, or LatentLayerParams for latent
-    attention, the latent_attention lesson), not something else with a similar name."""
-    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-    if not isinstance(layer, kinds):
-        names = " or ".join(kind.__name__ for kind in kinds)
-        raise TypeError(f"layer must be a block's weights, a {names} (one of params.layers), "
-                        f"got {type(layer).__name__}")
-    return layer
-
-
-def _numbers_or_scalar(x):
-    """Real numbers as floats: an array (float arrays kept as they are, whole numbers turned
-    into float64, whose cube does not overflow as an int8's does), or one number."""
-    if isinstance(x, Real) and not isinstance(x, (bool, np.bool_)):
-        try:
-            return float(x)
-        except OverflowError:
-            raise ValueError(f"x is too large for a float: {x}") from None
-    x = numbers("x", x)
-    return x if x.dtype.kind == "f" else x.astype(np.float64)
-
-
-def _require_heads(name: str, array) -> np.ndarray:
-    """Per-head arrays: (h, T, dh) (or one head, (T, dh), or a batch of them) of real
-    numbers."""
-    array = numbers(name, array)
-    if array.ndim < 2:
-        raise ValueError(f"{name} must be an array (heads, tokens, head size) or (tokens, head "
-                         f"size), got shape {array.shape}")
-    return array
+LAYER = "one of params.layers"
+"""Where a block's weights come from, for the error that refuses anything else."""
+LAYERS = (LayerParams, LatentLayerParams)
+LONGEST_MASK = 2**15
+"""More queries or keys than any mask here has (a (2**15, 2**15) mask is a GB of bools)."""
 
 
 def _plus_bias(Y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -71,22 +46,8 @@ def _plus_bias(Y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
 
 def embed(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Embedding lookup (embedding_lookup): ids (T,) pick rows of the table (V, d) -> X (T, d)."""
-    table = numbers("table", table, 2)
-    if isinstance(ids, (str, bytes)) or ids is None or contains_bool(ids):
-        raise TypeError(f"ids must be token ids (whole numbers), got {ids!r}")
-    try:
-        ids = np.asarray(ids)
-    except ValueError:
-        raise ValueError("ids must be token ids in a flat list, not nested lists of different "
-                         "lengths") from None
-    if ids.size == 0:
-        ids = ids.astype(np.intp)
-    if ids.dtype.kind not in "iu":
-        raise TypeError(f"ids must be token ids (whole numbers), got dtype {ids.dtype}")
-    if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
-        raise ValueError(f"token ids must be between 0 and {table.shape[0] - 1} (the table's "
-                         f"rows), got {ids.min()} .. {ids.max()}")
-    return table[ids]
+    table = as_matrix("table", table)
+    return table[as_token_ids(ids, len(table), what="ids", empty=True)]
 
 
 def project_qkv(X: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -96,8 +57,7 @@ def project_qkv(X: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray, np.ndarra
     one (d, 3d) matrix, c_attn: X @ c_attn is the three products next to each other. With
     fewer K/V heads (grouped_query_attention) Wk and Wv are (d, kv x dh), and so are K and V.
     """
-    _require_layer(layer, LayerParams)
-    _require_matrix("X", X, layer.Wq.shape[0])
+    X = as_matrix("X", X, as_instance("layer", layer, LayerParams, LAYER).Wq.shape[0])
     return (_plus_bias(X @ layer.Wq, layer.bq), _plus_bias(X @ layer.Wk, layer.bk),
             _plus_bias(X @ layer.Wv, layer.bv))
 
@@ -107,20 +67,15 @@ def split_heads(X: np.ndarray, n_heads: int) -> np.ndarray:
 
     Head i gets columns i*dh to (i+1)*dh - 1: a reshape, then a swap of the first two axes.
     """
-    _require_matrix("X", X)
-    if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)) or n_heads < 1:
-        raise ValueError(f"n_heads must be a whole number >= 1, got {n_heads!r}")
+    X = as_matrix("X", X)
     T, d = X.shape
-    if d % n_heads != 0:
-        raise ValueError(f"cannot split {d} columns into {n_heads} equal heads")
+    n_heads = as_divisor("n_heads", n_heads, d, "columns of X")
     return X.reshape(T, n_heads, d // n_heads).transpose(1, 0, 2)
 
 
 def merge_heads(heads: np.ndarray) -> np.ndarray:
     """Concatenate the heads back (multi_head_attention): (h, T, dh) -> (T, h * dh)."""
-    heads = numbers("heads", heads)
-    if heads.ndim != 3:
-        raise ValueError(f"heads must be a 3-D array (heads, tokens, head_dim), got {heads.shape}")
+    heads = as_array("heads", heads, 3)
     h, T, dh = heads.shape
     return heads.transpose(1, 0, 2).reshape(T, h * dh)
 
@@ -133,17 +88,9 @@ def causal_mask(n_queries: int, n_keys: int | None = None) -> np.ndarray:
     cache n_keys = n_queries and this is the usual lower triangle; when new tokens continue a
     cache (kv_cached_decode), every cached position is visible to every new query.
     """
-    n_keys = n_queries if n_keys is None else n_keys
-    for name, value in (("n_queries", n_queries), ("n_keys", n_keys)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be a whole number, got {value!r}")
-    n_queries, n_keys = int(n_queries), int(n_keys)      # numpy's ints overflow the product
-    if n_queries * n_keys > 10**9:
-        raise ValueError(f"a ({n_queries}, {n_keys}) mask is far larger than any context here")
-    if n_queries < 1 or n_keys < n_queries:
-        raise ValueError(
-            f"need 1 <= n_queries <= n_keys, got n_queries={n_queries}, n_keys={n_keys}"
-        )
+    n_queries = as_whole_number("n_queries", n_queries, 1, LONGEST_MASK)
+    n_keys = as_whole_number("n_keys", n_queries if n_keys is None else n_keys, n_queries,
+                             LONGEST_MASK)
     offset = n_keys - n_queries
     return np.tri(n_queries, n_keys, k=offset, dtype=bool)
 
@@ -158,16 +105,17 @@ def attention_mask(query_positions, key_positions, window: int | None = None,
     first sink_tokens positions (StreamingLLM's attention sinks), which stay visible.
     causal_mask(T, S) is the case of consecutive positions without a window.
     """
-    queries = check_positions(query_positions)[:, None]
-    keys = check_positions(key_positions)[None, :]
-    sink_tokens = count("sink_tokens", sink_tokens)
+    queries = as_whole_numbers("query_positions", query_positions)[:, None]
+    keys = as_whole_numbers("key_positions", key_positions)[None, :]
+    sink_tokens = as_whole_number("sink_tokens", sink_tokens)
     allowed = keys <= queries
     if window is not None:
-        allowed &= (keys > queries - count("window", window, 1)) | (keys < sink_tokens)
+        window = as_whole_number("window", window, 1)
+        allowed &= (keys > queries - window) | (keys < sink_tokens)
     return allowed
 
 
-def _is_grouped(queries: np.ndarray, keys: np.ndarray) -> bool:
+def is_grouped(queries: np.ndarray, keys: np.ndarray) -> bool:
     """True when several query heads share each K/V head (grouped_query_attention)."""
     if queries.ndim != 3 or keys.ndim != 3 or queries.shape[0] == keys.shape[0]:
         return False
@@ -187,11 +135,10 @@ def attention_scores(Q: np.ndarray, K: np.ndarray) -> np.ndarray:
     viewed as kv groups of h / kv heads, and each group meets its one K/V head by
     broadcasting, without copying K.
     """
-    Q, K = _require_heads("Q", Q), _require_heads("K", K)
-    if Q.shape[-1] != K.shape[-1]:
-        raise ValueError(f"queries {Q.shape} and keys {K.shape} must have the same head size")
+    Q = as_array("Q", Q, (2, 3, 4))
+    K = as_array("K", K, (2, 3, 4), columns=Q.shape[-1])
     scale = 1.0 / math.sqrt(Q.shape[-1])
-    if _is_grouped(Q, K):
+    if is_grouped(Q, K):
         h, T, dh = Q.shape
         groups = Q.reshape(K.shape[0], h // K.shape[0], T, dh)       # (kv, h/kv, T, dh)
         return ((groups @ K[:, None].swapaxes(-1, -2)) * scale).reshape(h, T, K.shape[1])
@@ -204,12 +151,8 @@ def apply_mask(scores: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
     -inf becomes exactly 0 after the softmax, so a forbidden position gets no weight.
     """
-    scores = numbers("scores", scores)
-    if not isinstance(mask, np.ndarray) or mask.dtype != bool:
-        raise TypeError(f"mask must be a bool array (True where a query may look), got "
-                        f"{getattr(mask, 'dtype', type(mask).__name__)}")
-    if scores.ndim < 2 or mask.shape != scores.shape[-2:]:
-        raise ValueError(f"mask {mask.shape} does not match scores {scores.shape[-2:]}")
+    scores = as_array("scores", scores, (2, 3, 4))
+    mask = as_mask(mask, scores.shape[-2:])
     return np.where(mask, scores, -np.inf)
 
 
@@ -218,14 +161,10 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
     Subtracting the row maximum first changes nothing mathematically and avoids overflow.
     """
-    x = numbers("x", x)
-    if x.ndim == 0 or x.size == 0:
-        raise ValueError(f"softmax needs an array with at least one axis and one number, got "
-                         f"shape {x.shape}")
-    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)) \
-            or not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis must be a whole number between {-x.ndim} and {x.ndim - 1} for "
-                         f"an array of shape {x.shape}, got {axis!r}")
+    x = as_array("x", x)
+    if not is_trusted() and x.size == 0:
+        raise ValueError(f"softmax needs at least one number, got shape {x.shape}")
+    axis = as_whole_number("axis", axis, -x.ndim, x.ndim - 1)
     shifted = np.exp(x - x.max(axis=axis, keepdims=True))
     return shifted / shifted.sum(axis=axis, keepdims=True)
 
@@ -245,11 +184,11 @@ def weighted_sum(weights: np.ndarray, V: np.ndarray) -> np.ndarray:
     With fewer K/V heads (grouped_query_attention), V is (kv, S, dh), shared by groups of h / kv
     heads.
     """
-    weights, V = _require_heads("weights", weights), _require_heads("V", V)
-    if weights.shape[-1] != V.shape[-2]:
+    weights, V = as_array("weights", weights, (2, 3, 4)), as_array("V", V, (2, 3, 4))
+    if not is_trusted() and weights.shape[-1] != V.shape[-2]:
         raise ValueError(f"weights {weights.shape} need one value per position: V must be "
                          f"(heads, {weights.shape[-1]}, head size), got {V.shape}")
-    if _is_grouped(weights, V):
+    if is_grouped(weights, V):
         h, T, S = weights.shape
         groups = weights.reshape(V.shape[0], h // V.shape[0], T, S)   # (kv, h/kv, T, S)
         return (groups @ V[:, None]).reshape(h, T, V.shape[-1])
@@ -264,10 +203,9 @@ def attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, mask: np.ndarray | No
 
 def output_projection(X: np.ndarray, Wo: np.ndarray, bo: np.ndarray | None = None):
     """Mix the concatenated heads (multi_head_attention): (T, d) @ Wo (d, d) (+ bo) -> (T, d)."""
-    Wo = numbers("Wo", Wo, 2)
-    _require_matrix("X", X, Wo.shape[0])
-    if bo is not None and numbers("bo", bo, 1).shape != (Wo.shape[1],):
-        raise ValueError(f"bo must have shape ({Wo.shape[1]},), got {np.shape(bo)}")
+    Wo = as_matrix("Wo", Wo)
+    X = as_matrix("X", X, Wo.shape[0])
+    bo = bo if bo is None else as_array("bo", bo, 1, Wo.shape[1])
     return _plus_bias(X @ Wo, bo)
 
 
@@ -277,7 +215,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     The cube is written x * x * x: numpy's x**3 on a float32 array goes through a general
     power function, about 100 times slower, which made this the slowest step of a decode.
     """
-    x = _numbers_or_scalar(x)
+    x = as_floats("x", x)
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
 
 
@@ -287,7 +225,7 @@ def gelu_mlp(X: np.ndarray, layer) -> np.ndarray:
 
     GPT-2 adds a bias after each product (real_model).
     """
-    _require_matrix("X", X, _require_layer(layer).W_up.shape[0])
+    X = as_matrix("X", X, as_instance("layer", layer, LAYERS, LAYER).W_up.shape[0])
     hidden = gelu(_plus_bias(X @ layer.W_up, getattr(layer, "b_up", None)))
     return _plus_bias(hidden @ layer.W_down, getattr(layer, "b_down", None))
 
@@ -298,7 +236,6 @@ def silu(x: np.ndarray) -> np.ndarray:
     sigmoid(x) = 1 / (1 + exp(-x)) overflows exp for x below about -88 in float32, so it is
     computed from z = exp(-|x|), which never does: 1 / (1 + z) for x >= 0, z / (1 + z) below.
     """
-    x = _numbers_or_scalar(x)
     z = np.exp(-np.abs(x))
     return x * np.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
 
@@ -310,17 +247,17 @@ def swiglu_mlp(X: np.ndarray, layer) -> np.ndarray:
     column, how much of the up projection passes. Three (d, f) matrices instead of two, so
     Llama-style models choose f about 8/3 d instead of 4 d (SmolLM2: 1536 for d = 576).
     """
-    if _require_layer(layer).W_gate is None:
-        raise ValueError("swiglu_mlp needs a layer with a gate, W_gate (a SwiGLU model, "
-                         "notebook 18); for GPT-2's MLP use gelu_mlp")
-    _require_matrix("X", X, layer.W_gate.shape[0])
+    if as_instance("layer", layer, LAYERS, LAYER).W_gate is None:
+        raise ValueError("swiglu_mlp needs a layer with a gate, W_gate (a SwiGLU model, the "
+                         "model_of_today lesson); for GPT-2's MLP use gelu_mlp")
+    X = as_matrix("X", X, layer.W_gate.shape[0])
     return (silu(X @ layer.W_gate) * (X @ layer.W_up)) @ layer.W_down
 
 
 def mlp(X: np.ndarray, layer) -> np.ndarray:
     """The block's MLP (mlp_residual_stream): X (T, d) -> (T, d). GPT-2's (gelu_mlp), or Llama's
     SwiGLU (swiglu_mlp, the model_of_today lesson) when the layer has a gate, W_gate."""
-    if _require_layer(layer).W_gate is not None:
+    if as_instance("layer", layer, LAYERS, LAYER).W_gate is not None:
         return swiglu_mlp(X, layer)
     return gelu_mlp(X, layer)
 
@@ -332,9 +269,9 @@ def layer_norm(X: np.ndarray, gain: np.ndarray, bias: np.ndarray, epsilon: float
     unembedding, so that the size of the residual stream, which grows block by block, does
     not reach the products. epsilon keeps the division finite for a constant row.
     """
-    if bias is None:
-        raise ValueError("layer_norm needs a bias (for a gain alone, RMSNorm: rms_norm)")
-    X, epsilon = _norm_input(X, gain, bias, epsilon)
+    X = as_array("X", X, (1, 2, 3))
+    gain, bias = as_array("gain", gain, 1, X.shape[-1]), as_array("bias", bias, 1, X.shape[-1])
+    epsilon = as_real_number("epsilon", epsilon, positive=True)
     mean = X.mean(axis=-1, keepdims=True)
     variance = ((X - mean) ** 2).mean(axis=-1, keepdims=True)
     return (X - mean) / np.sqrt(variance + epsilon) * gain + bias
@@ -344,24 +281,13 @@ def rms_norm(X: np.ndarray, gain: np.ndarray, epsilon: float = 1e-5) -> np.ndarr
     """RMSNorm (model_of_today; Llama): each row (T, d) divided by its root mean square, then *
     gain. No mean is subtracted and no bias added: LayerNorm without its centring, one
     reduction per row instead of two."""
-    X, epsilon = _norm_input(X, gain, None, epsilon)
+    X = as_array("X", X, (1, 2, 3))
+    gain = as_array("gain", gain, 1, X.shape[-1])
+    epsilon = as_real_number("epsilon", epsilon, positive=True)
     # sum / d rather than .mean(): the same number, without numpy's slower mean wrapper,
     # which a decode step of SmolLM2 calls 61 times
     mean_square = (X * X).sum(axis=-1, keepdims=True) * (1.0 / X.shape[-1])
     return X / np.sqrt(mean_square + epsilon) * gain
-
-
-def _norm_input(X, gain, bias, epsilon) -> tuple[np.ndarray, float]:
-    """X (..., d) with a gain (and a bias) of d numbers each, and epsilon > 0: checked."""
-    X = numbers("X", X)
-    if X.ndim < 1:
-        raise ValueError("X must have at least one axis: the features normalized together")
-    for name, vector in (("gain", gain), ("bias", bias)):
-        if (vector is not None or name == "gain") and \
-                numbers(name, vector, 1).shape != X.shape[-1:]:
-            raise ValueError(f"{name} must have one number per feature, shape "
-                             f"({X.shape[-1]},), got {np.shape(vector)}")
-    return X, real_number("epsilon", epsilon, positive=True)
 
 
 def normalize(X: np.ndarray, gain: np.ndarray | None, bias: np.ndarray | None,
@@ -399,42 +325,53 @@ def decoder_block(
     norm is RMSNorm, the model_of_today lesson); with rotary positions (positions_and_rope, a
     kvlib.positions.RotaryPositions) q and k are turned before K is cached; with fewer K/V
     heads (grouped_query_attention) K and V are narrower and split into fewer heads than Q; Llama's
-    MLP is SwiGLU (model_of_today).
+    MLP is SwiGLU (model_of_today). The block itself is block_with_attention, the skeleton
+    every path shares; what is this one's own is its attention, with the cache and the mask.
     """
-    _check_block_options(_require_layer(layer, LayerParams), n_heads, rotary, record_attention)
+    width = as_instance("layer", layer, LayerParams, LAYER).Wq.shape[1]
+    n_heads = as_divisor("n_heads", n_heads, width, "query columns")
+    rotary, record_attention = as_rotary(rotary), as_list_or_none(record_attention)
+    attend = _cached_attention(n_heads, mask, cache, layer_index, record_attention)
+    return block_with_attention(X, layer, attend, rotary=rotary, norm_epsilon=norm_epsilon)
+
+
+def block_with_attention(X: np.ndarray, layer: LayerParams, attend, *, rotary=None,
+                         norm_epsilon: float = 1e-5) -> np.ndarray:
+    """The decoder block around a given attention (mlp_residual_stream): X (T, d) -> (T, d).
+
+    The one skeleton of every path that runs blocks of K and V: norm -> q, k, v -> rotation
+    -> attend -> output projection -> residual -> norm -> MLP -> residual. The paths differ
+    only in attend(Q, K, V) -> (T, h x dh), which gets the rows' queries (T, d) and keys and
+    values (T, kv x dh), turned already, and returns the merged heads: kvlib.decoder_block
+    appends K and V to a cache and attends with a mask (kv_cached_decode); a batch attends each
+    row to its own sequence's cache (kvlib.serving.batch, batched_decoding); the engine
+    attends over paged blocks in place (kvlib.serving.engine, the_engine). Latent attention
+    has no K and V and a block of its own (kvlib.latent_decoder_block).
+
+    It trusts its caller: the doors (decoder_block, the inference loop) checked the inputs.
+    """
     Q, K, V = project_qkv(normalize(X, layer.ln_1_gain, layer.ln_1_bias, norm_epsilon), layer)
     if rotary is not None:
         Q, K = rotary.rotate(Q), rotary.rotate(K)
-    if cache is not None:
-        K, V = cache.append(layer_index, K, V)
-    n_kv_heads = K.shape[1] // (Q.shape[1] // n_heads)
-    weights = attention_weights(split_heads(Q, n_heads), split_heads(K, n_kv_heads), mask)
-    if record_attention is not None:
-        record_attention.append(weights)
-    heads = weighted_sum(weights, split_heads(V, n_kv_heads))
-    H = X + output_projection(merge_heads(heads), layer.Wo, layer.bo)
+    H = X + output_projection(attend(Q, K, V), layer.Wo, layer.bo)
     return H + mlp(normalize(H, layer.ln_2_gain, layer.ln_2_bias, norm_epsilon), layer)
 
 
-def _check_block_options(layer, n_heads, rotary, record_attention) -> None:
-    """What a decoder block needs beside X: heads that split the queries' columns evenly, a
-    rotation or None, a list or None to record the weights in."""
-    width = layer.Wq.shape[1]
-    if isinstance(n_heads, (bool, np.bool_)) or not isinstance(n_heads, (int, np.integer)) \
-            or not 1 <= n_heads <= width or width % n_heads:
-        raise ValueError(f"n_heads must be a whole number that divides the {width} query "
-                         f"columns, got {n_heads!r}")
-    if rotary is not None and not callable(getattr(rotary, "rotate", None)):
-        raise TypeError(f"rotary must be a RotaryPositions (kvlib.rotary_positions), or "
-                        f"anything with its rotate(X) method, or None; got "
-                        f"{type(rotary).__name__}")
-    if record_attention is not None and not isinstance(record_attention, list):
-        raise TypeError(f"record_attention must be a list or None, got "
-                        f"{type(record_attention).__name__}")
+def _cached_attention(n_heads: int, mask, cache, layer_index: int, record_attention):
+    """decoder_block's attend: the chunk's K and V appended to the cache first (when there is
+    one), then attention over every position it holds, with the mask -> (T, h x dh)."""
+    def attend(Q, K, V):
+        if cache is not None:
+            K, V = cache.append(layer_index, K, V)
+        n_kv_heads = K.shape[1] // (Q.shape[1] // n_heads)   # fewer with grouped K/V heads
+        weights = attention_weights(split_heads(Q, n_heads), split_heads(K, n_kv_heads), mask)
+        if record_attention is not None:
+            record_attention.append(weights)
+        return merge_heads(weighted_sum(weights, split_heads(V, n_kv_heads)))
+    return attend
 
 
 def unembed(X: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Logits with the tied unembedding (logits_next_token): X (T, d) @ table^T (d, V) -> (T, V)."""
-    table = numbers("table", table, 2)
-    _require_matrix("X", X, table.shape[1])
-    return X @ table.T
+    table = as_matrix("table", table)
+    return as_matrix("X", X, table.shape[1]) @ table.T

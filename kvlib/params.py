@@ -14,24 +14,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from .checks import as_config, as_instance, as_weights, as_whole_number
 from .config import ModelConfig
 
 DEFAULT_SEED = 1302
 """Seed of the article's example model; see init_params for how it was chosen."""
-
-
-def _check_fields(obj) -> None:
-    """Every weight of a block is a float array, the optional ones may be None: what Params
-    then checks against the config's shapes."""
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        optional = f.default is None
-        if value is None and optional:
-            continue
-        if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
-            raise TypeError(f"{type(obj).__name__}.{f.name} must be a numpy float array"
-                            f"{' or None' if optional else ''}, got "
-                            f"{getattr(value, 'dtype', type(value).__name__)}")
 
 
 def _present_arrays(obj) -> dict[str, np.ndarray]:
@@ -67,9 +54,6 @@ class LayerParams:
     ln_2_gain: np.ndarray | None = None
     ln_2_bias: np.ndarray | None = None
     W_gate: np.ndarray | None = None
-
-    def __post_init__(self):
-        _check_fields(self)
 
     @staticmethod
     def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -114,9 +98,6 @@ class LatentLayerParams:
     ln_2_bias: np.ndarray | None = None
     W_gate: np.ndarray | None = None
 
-    def __post_init__(self):
-        _check_fields(self)
-
     @staticmethod
     def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         d, dc, dr = config.d_model, config.latent_dim, config.rope_head_dim
@@ -146,8 +127,6 @@ def _norm_shapes(config: ModelConfig, *names: str) -> dict[str, tuple[int]]:
 
 def layer_class(config: ModelConfig) -> type:
     """LatentLayerParams for latent attention, LayerParams otherwise."""
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
     return LatentLayerParams if config.latent_dim is not None else LayerParams
 
 
@@ -166,23 +145,17 @@ class Params:
     ln_f_bias: np.ndarray | None = None
 
     def __post_init__(self):
-        config = self.config
-        if not isinstance(config, ModelConfig):
-            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-        if not isinstance(self.layers, (list, tuple)):
-            raise TypeError(f"layers must be a list of the blocks' weights, got "
-                            f"{type(self.layers).__name__}")
-        object.__setattr__(self, "layers", tuple(self.layers))
-        _check_arrays("", self, self.expected_shapes(config), config)
-        if len(self.layers) != config.n_layers:
-            raise ValueError(f"expected {config.n_layers} layers (config.n_layers), "
-                             f"got {len(self.layers)}")
+        config = as_config(self.config)
+        layers = tuple(as_instance("layers", self.layers, (list, tuple), "the blocks' weights"))
+        object.__setattr__(self, "layers", layers)
+        if len(layers) != config.n_layers:
+            raise ValueError(f"expected {config.n_layers} layers (config.n_layers), got "
+                             f"{len(layers)}")
+        as_weights("", _fields(self), self.expected_shapes(config), config)
         kind = layer_class(config)
-        for index, layer in enumerate(self.layers):
-            if not isinstance(layer, kind):
-                raise TypeError(f"layer {index} must be a {kind.__name__} for this config, "
-                                f"got {type(layer).__name__}")
-            _check_arrays(f"layer {index} ", layer, kind.expected_shapes(config), config)
+        for index, layer in enumerate(layers):
+            as_weights(f"layer {index} ", _fields(as_instance(f"layer {index}", layer, kind)),
+                       kind.expected_shapes(config), config)
 
     @staticmethod
     def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -215,40 +188,16 @@ class Params:
         early exit: its cache holds exactly the first n_layers layers of the whole model's,
         and its logits are what the unembedding reads from the stream at that depth (a
         self-speculative draft). The arrays are shared, not copied."""
-        if isinstance(n_layers, bool) or not isinstance(n_layers, (int, np.integer)):
-            raise TypeError(f"n_layers must be a whole number, got {n_layers!r}")
-        if not 1 <= n_layers <= self.config.n_layers:
-            raise ValueError(f"n_layers must be between 1 and the model's "
-                             f"{self.config.n_layers} layers, got {n_layers}")
-        n_layers = int(n_layers)
+        n_layers = as_whole_number("n_layers", n_layers, 1, self.config.n_layers)
         return Params(self.config.replace(n_layers=n_layers), self.embedding,
                       self.layers[:n_layers], self.position_table, self.ln_f_gain,
                       self.ln_f_bias)
 
 
-def _check_arrays(where: str, obj, shapes: dict, config: ModelConfig) -> None:
-    for f in fields(obj):
-        if f.name in ("config", "layers"):
-            continue
-        array = getattr(obj, f.name)
-        name = where + f.name
-        if f.name not in shapes:
-            if array is not None:
-                raise ValueError(f"{name} is given, but this config has no use for it "
-                                 f"(positions={config.positions!r}, norm={config.norm!r}, "
-                                 f"bias={config.bias}, mlp={config.mlp!r}, "
-                                 f"rope_head_dim={config.rope_head_dim})")
-            continue
-        if array is None:
-            raise ValueError(f"{name} is missing: this config needs an array of shape "
-                             f"{shapes[f.name]}")
-        if not isinstance(array, np.ndarray):
-            raise TypeError(f"{name} must be a numpy array, got {type(array).__name__}")
-        if array.shape != shapes[f.name]:
-            raise ValueError(f"{name} has shape {array.shape}; the config expects "
-                             f"{shapes[f.name]}")
-        if array.dtype != config.numpy_dtype:
-            raise TypeError(f"{name} has dtype {array.dtype}; the config expects {config.dtype}")
+def _fields(obj) -> dict:
+    """Every weight field of a block or of Params, by name: arrays, or None where absent."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)
+            if f.name not in ("config", "layers")}
 
 
 def init_params(config: ModelConfig | None = None, seed: int = DEFAULT_SEED) -> Params:
@@ -274,12 +223,8 @@ def init_params(config: ModelConfig | None = None, seed: int = DEFAULT_SEED) -> 
     Trained models start from zero biases and unit gains; random ones here make the tests
     notice a bias or a norm applied in the wrong place.
     """
-    config = ModelConfig() if config is None else config
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"config must be a kvlib ModelConfig (or None for the article's "
-                        f"toy), got {config!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise TypeError(f"seed must be a whole number >= 0, got {seed!r}")
+    config = ModelConfig() if config is None else as_config(config)
+    seed = as_whole_number("seed", seed)
     rng = np.random.default_rng(seed)
     extra = np.random.default_rng([int(seed), 1])
     dtype = config.numpy_dtype

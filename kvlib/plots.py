@@ -17,7 +17,7 @@ from matplotlib.collections import LineCollection, PatchCollection, PolyCollecti
 from matplotlib.patches import PathPatch, Rectangle
 from matplotlib.path import Path
 
-from .checks import whole_number
+from .checks import as_whole_number
 from .grouped import group_size, query_groups
 
 COLORMAP = "viridis"
@@ -460,7 +460,7 @@ def draw_query_groups(ax, n_heads: int, n_kv_heads: int, title: str | None = Non
     Each K/V head is drawn as wide as its group, under it: query head i sits above K/V
     head i // group. Draws into ax (cleared first).
     """
-    n_heads = whole_number("query heads", n_heads, 1, MAX_HEADS)
+    n_heads = as_whole_number("query heads", n_heads, 1, MAX_HEADS)
     group = group_size(n_heads, n_kv_heads)
     colors = group_colors(n_kv_heads)
     kv_head_of = query_groups(n_heads, n_kv_heads)

@@ -29,13 +29,13 @@ from __future__ import annotations
 import contextlib
 import json
 from dataclasses import dataclass, fields, replace
-from numbers import Integral
 from pathlib import Path
 
 import numpy as np
 
 from .cache import KVCache
-from .inference import _embed, _logits, _run_blocks, check_ids, decode_step, forward, prefill
+from .checks import as_count, as_matrix, as_one_of, as_params, as_token_ids, as_whole_number
+from .inference import decode_step, embed_tokens, final_logits, forward, prefill, run_blocks
 from .model import attention_mask
 from .params import Params
 from .wrapping import wrapped
@@ -52,21 +52,11 @@ ROUNDED = ("normalize", "project_qkv", "attention_weights", "weighted_sum",
 MEASURED = Path(__file__).parent / "models" / "precision.json"
 
 
-def _check_format(number_format) -> str:
-    if number_format not in FORMATS:
-        raise ValueError(f"number_format must be one of {', '.join(FORMATS)}, got "
-                         f"{number_format!r}")
-    return number_format
-
-
 def round_to(x, number_format: str) -> np.ndarray:
     """x (any shape, float32 or float64) with each value rounded to the nearest number of the
     format, to nearest even; same shape and dtype. float16 overflows to inf past 65504, as a
     real float16 would."""
-    _check_format(number_format)
     x = np.asarray(x)
-    if x.dtype.kind != "f":
-        raise TypeError(f"expected floating-point numbers, got dtype {x.dtype}")
     if number_format == "float64":
         return x
     if number_format == "bfloat16":
@@ -107,9 +97,7 @@ def _with_arrays(params: Params, convert, dtype: str) -> Params:
 def in_format(params: Params, number_format: str) -> Params:
     """The weights in a format: float64 widens them (a config of dtype float64); float32 keeps
     them; float16 and bfloat16 round them, still stored as float32 (a copy)."""
-    if not isinstance(params, Params):
-        raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
-    _check_format(number_format)
+    params, number_format = as_params(params), as_one_of("number_format", number_format, FORMATS)
     if number_format == "float64":
         return params if params.config.dtype == "float64" else \
             _with_arrays(params, lambda array: array.astype(np.float64), "float64")
@@ -143,8 +131,7 @@ def computed_in(number_format: str):
     """While the block runs, every building block's result is rounded to the format (see the
     module's docstring); float32 and float64 change nothing (the params' dtype decides). Put
     back afterwards, even if the block raises."""
-    _check_format(number_format)
-    if number_format in ("float64", "float32"):
+    if as_one_of("number_format", number_format, FORMATS) in ("float64", "float32"):
         yield
         return
     with wrapped(ROUNDED, _rounding(number_format)):
@@ -158,14 +145,14 @@ class RoundingCache(KVCache):
 
     def __init__(self, config, number_format: str, capacity: int | None = None):
         super().__init__(config, capacity)
-        self.number_format = _check_format(number_format)
+        self.number_format = number_format
 
     def _describe(self) -> str:
         return super()._describe().replace("KVCache(", f"RoundingCache({self.number_format}, ", 1)
 
-    def append(self, layer: int, K: np.ndarray, V: np.ndarray):
-        """Round K, V (n_new, kv_width) to the format, then append them (KVCache.append)."""
-        return super().append(layer, round_to(K, self.number_format),
+    def _store(self, layer: int, K: np.ndarray, V: np.ndarray):
+        """K, V (n_new, kv_width), checked by append, rounded to the format, then stored."""
+        return super()._store(layer, round_to(K, self.number_format),
                               round_to(V, self.number_format))
 
 
@@ -177,11 +164,8 @@ def teacher_forced(params: Params, ids, prompt_length: int, cache=None):
     rest one decode step at a time (into cache, a fresh KVCache when None); recomputed is one
     forward pass over ids[:-1]. Both see the same tokens (teacher forcing), so one flip cannot
     change the next step's input."""
-    ids = [int(i) for i in check_ids(ids, params)]
-    if isinstance(prompt_length, bool) or not isinstance(prompt_length, Integral) or \
-            not 1 <= prompt_length < len(ids):
-        raise ValueError(f"prompt_length must be a whole number from 1 to {len(ids) - 1} "
-                         f"(at least one token to predict), got {prompt_length!r}")
+    ids = as_token_ids(ids, as_params(params).config.vocab_size).tolist()
+    prompt_length = as_whole_number("prompt_length", prompt_length, 1, len(ids) - 1)
     logits, cache = prefill(params, ids[:prompt_length], cache, last_only=True)
     rows = [logits[0]]
     for token in ids[prompt_length:-1]:
@@ -195,23 +179,20 @@ def left_padded(params: Params, ids, padding: int, pad_id: int = 0):
     (as a left-padded batch row is run, the batched_decoding lesson; a window counts positions, not
     columns), against the ids alone -> (padded, alone), each (T, V). Equal in exact arithmetic: the
     pads' weights are exactly 0; only the order of the sums changes."""
-    ids = check_ids(ids, params)
-    if isinstance(padding, bool) or not isinstance(padding, Integral) or padding < 1:
-        raise ValueError(f"padding must be a whole number of pad tokens >= 1, got {padding!r}")
-    if len(ids) + padding > params.config.context_length:
-        raise ValueError(f"{len(ids)} tokens and {padding} pads are more than the context "
-                         f"length of {params.config.context_length}")
-    padded_ids = np.concatenate([check_ids([pad_id] * padding, params, what="pad_id"), ids])
+    ids = as_token_ids(ids, as_params(params).config.vocab_size)
+    padding = as_count("padding", padding, 1)
+    padded_ids = as_token_ids([pad_id] * padding + ids.tolist(), params.config.vocab_size,
+                              "padded prompt", limit=params.config.context_length)
     real = np.arange(len(padded_ids)) >= padding                        # (P + T,)
     positions = np.maximum(np.cumsum(real) - 1, 0)          # pads at 0, the tokens from 0
-    X = _embed(params, padded_ids, positions)
+    X = embed_tokens(params, padded_ids, positions)
     config = params.config
     # no query sees a pad; a pad's own row sees itself (its output is never read), as
     # kvlib.serving.batch.padded_prompt_mask does for a whole batch
     hidden_pads = np.tri(len(real), dtype=bool) & real[None, :] | np.diag(~real)
     mask = hidden_pads & attention_mask(positions, positions, config.window, config.sink_tokens)
-    X = _run_blocks(params, X, positions, mask, None, None)
-    return _logits(params, X, last_only=False)[padding:], forward(params, ids)
+    X = run_blocks(params, X, positions, mask)
+    return final_logits(params, X)[padding:], forward(params, ids)
 
 
 @dataclass(frozen=True)
@@ -237,8 +218,9 @@ class Comparison:
 
 def compare(a, b) -> Comparison:
     """Compare two sets of logits of one shape (n, V) (see Comparison)."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 2 or a.size == 0:
+    a = as_matrix("a", a).astype(np.float64)
+    b = as_matrix("b", b).astype(np.float64)
+    if a.shape != b.shape or a.size == 0:
         raise ValueError(f"expected two (n, V) arrays of logits of one shape, got {a.shape} "
                          f"and {b.shape}")
     difference = np.abs(a - b)

@@ -23,11 +23,18 @@ import glob
 import math
 import os
 import time
-from numbers import Integral, Real
 
 import numpy as np
 
-from .checks import LARGEST_COUNT, count, numbers, real_number, whole_numbers
+from .checks import (
+    as_array,
+    as_config,
+    as_count,
+    as_real_number,
+    as_sizes,
+    as_whole_number,
+    as_whole_numbers,
+)
 from .config import ModelConfig
 from .flops import MAX_PASSES, decode_step_multiply_adds, generation_step_flops
 from .memory import config_cache_bytes
@@ -39,18 +46,6 @@ MiB = 2**20
 # ----------------------------------------------------------------------------- bytes read
 
 
-def _check_config(config) -> None:
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"expected a kvlib ModelConfig, got {type(config).__name__}")
-
-
-def _check_count(name: str, value, minimum: int = 0) -> int:
-    """value as a Python int (numpy's small ints would overflow the sums), >= minimum."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def weights_bytes(config: ModelConfig) -> int:
     """Bytes of all the weights (counting_the_work and where_time_goes): for the toy's architecture
     (V d + L (4 d^2 + 2 d f)) x bytes a number; in general the sizes of every array the
@@ -59,7 +54,7 @@ def weights_bytes(config: ModelConfig) -> int:
     The lookup table is counted once: the unembedding reads the same table (tied weights).
     Equal to init_params(config).n_parameters x itemsize.
     """
-    _check_config(config)
+    config = as_config(config)
     shapes = list(Params.expected_shapes(config).values())
     shapes += config.n_layers * list(layer_class(config).expected_shapes(config).values())
     return sum(int(np.prod(shape)) for shape in shapes) * config.numpy_dtype.itemsize
@@ -71,24 +66,21 @@ def cache_bytes(config: ModelConfig, n_positions: int) -> int:
     kv_cache_bytes formula at batch 1
     (with fewer K/V heads, a latent or a window, what that cache holds:
     kvlib.config_cache_bytes)."""
-    _check_config(config)
-    return config_cache_bytes(config, _check_count("n_positions", n_positions))
+    return config_cache_bytes(config, n_positions)
 
 
 def decode_step_bytes(config: ModelConfig, position: int) -> int:
     """Bytes a cached decode step must read (where_time_goes) for the token at 0-based `position`:
     every weight once (each matrix meets the new row once; the unembedding reads the whole
     table), and the keys and values of the position + 1 positions it attends over."""
-    position = _check_count("position", position)
-    return weights_bytes(config) + cache_bytes(config, position + 1)
+    return weights_bytes(config) + cache_bytes(config, as_whole_number("position", position) + 1)
 
 
 def forward_bytes(config: ModelConfig, n_tokens: int) -> int:
     """Bytes a full recomputation over n_tokens must read at least once (where_time_goes): the
     weights, and the keys and values it computes and attends over. (The other activations
     are left out: they are small beside the weights and often stay in the CPU's caches.)"""
-    _check_count("n_tokens", n_tokens, minimum=1)
-    return weights_bytes(config) + cache_bytes(config, n_tokens)
+    return weights_bytes(config) + cache_bytes(config, as_whole_number("n_tokens", n_tokens, 1))
 
 
 def generation_step_bytes(config: ModelConfig, prompt_length: int, new_tokens: int,
@@ -102,14 +94,9 @@ def generation_step_bytes(config: ModelConfig, prompt_length: int, new_tokens: i
     positions): the cache changes the FLOPs, not the bytes. use_cache is accepted so that
     the call reads like its FLOP counterpart.
     """
-    prompt_length = _check_count("prompt_length", prompt_length, minimum=1)
-    new_tokens = _check_count("new_tokens", new_tokens, minimum=1)
-    if prompt_length > LARGEST_COUNT:
-        raise ValueError(f"prompt_length must be at most {LARGEST_COUNT:,}, got "
-                         f"{prompt_length:,}")
-    if new_tokens > MAX_PASSES:
-        raise ValueError(f"new_tokens is {new_tokens:,}: this lists the bytes of each pass, "
-                         f"for at most {MAX_PASSES:,} passes")
+    config = as_config(config)
+    prompt_length = as_count("prompt_length", prompt_length, 1)
+    new_tokens = as_whole_number("new_tokens", new_tokens, 1, MAX_PASSES)   # one count a pass
     weights = weights_bytes(config)                    # the same for every pass: count it once
     if config.window is None:           # every position held: the cache grows by one row a pass
         lengths = np.arange(prompt_length, prompt_length + new_tokens, dtype=np.int64)
@@ -126,35 +113,24 @@ def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
 
     flops and n_bytes may be numbers or arrays of the same shape; rates in FLOP/s and bytes/s.
     """
-    for name, rate in (("compute_rate", compute_rate), ("bandwidth", bandwidth)):
-        if isinstance(rate, bool) or not isinstance(rate, Real) or not rate > 0:
-            raise ValueError(f"{name} must be a positive number, got {rate!r}")
-        real_number(name, rate, positive=True)
-    flops = numbers("flops", flops).astype(np.float64)
-    n_bytes = numbers("n_bytes", n_bytes).astype(np.float64)
-    if not (np.isfinite(flops).all() and np.isfinite(n_bytes).all()):
-        raise ValueError("flops and n_bytes must be finite numbers")
-    if flops.shape != n_bytes.shape:
-        raise ValueError(f"flops {flops.shape} and n_bytes {n_bytes.shape} must have one shape")
-    if (flops < 0).any() or (n_bytes < 0).any():
-        raise ValueError("flops and n_bytes must not be negative")
-    with np.errstate(over="ignore"):
-        times = np.maximum(flops / compute_rate, n_bytes / bandwidth)
-    if not np.isfinite(times).all():
-        raise ValueError(f"rates of {compute_rate!r} FLOP/s and {bandwidth!r} bytes/s are too "
-                         "small: the time does not fit a float")
+    flops, n_bytes = as_array("flops", flops), as_array("n_bytes", n_bytes)
+    compute_rate = as_real_number("compute_rate", compute_rate, positive=True)
+    bandwidth = as_real_number("bandwidth", bandwidth, positive=True)
+    if flops.shape != n_bytes.shape and flops.ndim and n_bytes.ndim:
+        raise ValueError(f"flops and n_bytes must have one shape, got {flops.shape} and "
+                         f"{n_bytes.shape}")
+    times = np.maximum(flops.astype(np.float64) / compute_rate,
+                       n_bytes.astype(np.float64) / bandwidth)
     return float(times) if times.ndim == 0 else times
 
 
 def arithmetic_intensity(flops, n_bytes):
     """FLOPs per byte read (where_time_goes): above compute_rate / bandwidth, arithmetic sets the
     time; below it, memory does."""
-    flops = numbers("flops", flops).astype(np.float64)
-    n_bytes = numbers("n_bytes", n_bytes).astype(np.float64)
-    if not (np.isfinite(flops).all() and np.isfinite(n_bytes).all()):
-        raise ValueError("flops and n_bytes must be finite numbers")
-    if (n_bytes <= 0).any():
-        raise ValueError("n_bytes must be positive")
+    flops = as_array("flops", flops).astype(np.float64)
+    n_bytes = as_array("n_bytes", n_bytes).astype(np.float64)
+    if not np.isfinite(flops).all() or not (n_bytes > 0).all() or not np.isfinite(n_bytes).all():
+        raise ValueError("flops must be finite numbers and n_bytes finite positive ones")
     with np.errstate(over="ignore"):        # a tiny byte count overflows to inf, its limit
         result = flops / n_bytes
     return float(result) if result.ndim == 0 else result
@@ -164,10 +140,8 @@ def matmul_intensity(rows: int, inner: int, columns: int, itemsize: int = 4) -> 
     """FLOPs per byte of X (rows, inner) @ W (inner, columns) (where_time_goes): 2 rows inner
     columns FLOPs over the bytes of X, W and the result. About rows / 2 for one float32 row
     against a large matrix: decode (rows = 1) does 0.5 FLOP per byte."""
-    rows, inner, columns, itemsize = (
-        _check_count(name, value, minimum=1)
-        for name, value in (("rows", rows), ("inner", inner), ("columns", columns),
-                            ("itemsize", itemsize)))
+    rows, inner, columns, itemsize = as_sizes(1, rows=rows, inner=inner, columns=columns,
+                                              itemsize=itemsize)
     flops = 2 * rows * inner * columns
     n_bytes = itemsize * (rows * inner + inner * columns + rows * columns)
     return flops / n_bytes
@@ -176,6 +150,8 @@ def matmul_intensity(rows: int, inner: int, columns: int, itemsize: int = 4) -> 
 def generation_step_times(config: ModelConfig, prompt_length: int, new_tokens: int,
                           use_cache: bool, compute_rate: float, bandwidth: float) -> np.ndarray:
     """Roofline prediction of each pass's seconds (where_time_goes): an array (new_tokens,)."""
+    compute_rate = as_real_number("compute_rate", compute_rate, positive=True)
+    bandwidth = as_real_number("bandwidth", bandwidth, positive=True)
     flops = generation_step_flops(config, prompt_length, new_tokens, use_cache)
     n_bytes = generation_step_bytes(config, prompt_length, new_tokens, use_cache)
     return roofline_time(flops, n_bytes, compute_rate, bandwidth)
@@ -184,25 +160,11 @@ def generation_step_times(config: ModelConfig, prompt_length: int, new_tokens: i
 # ------------------------------------------------------------------ the roofline of a batch
 
 
-def _positions(positions) -> list[int]:
-    values = whole_numbers("positions", positions)
-    if values.size == 0:
-        raise ValueError(f"positions must be a non-empty list of whole numbers >= 0 (the "
-                         f"position of each sequence's new token), got {positions!r}")
-    return [count("a position", int(p)) for p in values]
-
-
-def _check_number_size(bytes_per_number) -> None:
-    if bytes_per_number is not None and (isinstance(bytes_per_number, bool) or not isinstance(
-            bytes_per_number, Integral) or not 1 <= bytes_per_number <= 64):
-        raise ValueError(f"bytes_per_number must be a whole number >= 1 (2 for BF16) or None "
-                         f"for the model's own dtype, got {bytes_per_number!r}")
-
-
 def batched_step_flops(config: ModelConfig, positions) -> int:
     """FLOPs of one batched decode step (batched_decoding): each sequence's decode step at its
     position, summed. Batching changes how the work is done, not how much there is."""
-    return sum(decode_step_multiply_adds(config, p).flops for p in _positions(positions))
+    positions = as_whole_numbers("positions", positions, empty=False).tolist()
+    return sum(decode_step_multiply_adds(config, p).flops for p in positions)
 
 
 def batched_step_bytes(config: ModelConfig, positions, bytes_per_number: int | None = None
@@ -213,8 +175,10 @@ def batched_step_bytes(config: ModelConfig, positions, bytes_per_number: int | N
     bytes_per_number gives the bytes of a stored number (2 for BF16 on an accelerator);
     by default the config's dtype (4 for float32).
     """
-    _check_number_size(bytes_per_number)
-    cached = sum(cache_bytes(config, p + 1) for p in _positions(positions))
+    if bytes_per_number is not None:
+        bytes_per_number = as_whole_number("bytes_per_number", bytes_per_number, 1, 64)
+    positions = as_whole_numbers("positions", positions, empty=False).tolist()
+    cached = sum(cache_bytes(config, p + 1) for p in positions)
     return _in_bytes_of(config, weights_bytes(config) + cached, bytes_per_number)
 
 
@@ -222,21 +186,19 @@ def batched_step_seconds(config: ModelConfig, positions, compute_rate: float,
                          bandwidth: float, bytes_per_number: int | None = None) -> float:
     """The roofline's time of one batched decode step (batched_decoding):
     max(FLOPs / compute_rate, bytes / bandwidth), in seconds."""
+    compute_rate = as_real_number("compute_rate", compute_rate, positive=True)
+    bandwidth = as_real_number("bandwidth", bandwidth, positive=True)
     return roofline_time(batched_step_flops(config, positions),
                          batched_step_bytes(config, positions, bytes_per_number),
                          compute_rate, bandwidth)
 
 
-def _check_rate(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return real_number(name, value, positive=True)
-
-
 def ridge_point(compute_rate: float, bandwidth: float) -> float:
     """FLOPs per byte at which a machine turns from memory-bound to compute-bound
     (batched_decoding): compute_rate / bandwidth. An H100 SXM: 989e12 / 3.35e12, about 295."""
-    return _check_rate("compute_rate", compute_rate) / _check_rate("bandwidth", bandwidth)
+    compute_rate = as_real_number("compute_rate", compute_rate, positive=True)
+    bandwidth = as_real_number("bandwidth", bandwidth, positive=True)
+    return compute_rate / bandwidth
 
 
 def compute_bound_batch_size(config: ModelConfig, position: int, compute_rate: float,
@@ -250,10 +212,11 @@ def compute_bound_batch_size(config: ModelConfig, position: int, compute_rate: f
     With B sequences, FLOPs = B f and bytes = W + B c (f, c: one sequence's FLOPs and cache
     bytes, W: the weights), so B >= (W / bandwidth) / (f / compute_rate - c / bandwidth).
     """
-    compute_rate = _check_rate("compute_rate", compute_rate)
-    bandwidth = _check_rate("bandwidth", bandwidth)
-    _check_number_size(bytes_per_number)
-    [position] = _positions([position])
+    compute_rate = as_real_number("compute_rate", compute_rate, positive=True)
+    bandwidth = as_real_number("bandwidth", bandwidth, positive=True)
+    if bytes_per_number is not None:
+        bytes_per_number = as_whole_number("bytes_per_number", bytes_per_number, 1, 64)
+    position = as_whole_number("position", position)
     flops_each = batched_step_flops(config, [position])
     weights = _weights_bytes(config, bytes_per_number)
     cache_each = batched_step_bytes(config, [position], bytes_per_number) - weights
@@ -292,10 +255,12 @@ def batched_step_cost(config: ModelConfig, batch: int, position: int,
     arithmetic intensity (FLOPs per byte). bytes_per_number: 4 for float32 (the config's
     own, by default), 2 for BF16 on an accelerator.
     """
-    positions = [count("position", position)] * count("batch", batch, 1)
-    flops = batched_step_flops(config, positions)
+    position, batch = as_whole_number("position", position), as_whole_number("batch", batch, 1)
+    if bytes_per_number is not None:
+        bytes_per_number = as_whole_number("bytes_per_number", bytes_per_number, 1, 64)
+    flops = batch * batched_step_flops(config, [position])       # every sequence alike
     weights = _weights_bytes(config, bytes_per_number)
-    total = batched_step_bytes(config, positions, bytes_per_number)
+    total = weights + batch * (batched_step_bytes(config, [position], bytes_per_number) - weights)
     return {"flops": float(flops), "weights": float(weights), "caches": float(total - weights),
             "bytes": float(total), "intensity": flops / total}
 
@@ -304,7 +269,6 @@ def batched_step_cost(config: ModelConfig, batch: int, position: int,
 
 
 def _seconds_of_each(function, repeats: int) -> np.ndarray:
-    _check_count("repeats", repeats, minimum=1)
     function()  # once to warm up (page faults, BLAS start-up)
     seconds = []
     for _ in range(repeats):
@@ -332,7 +296,8 @@ def measure_read_bandwidth(n_bytes: int = 256 * MiB, repeats: int = 5,
     n_bytes several times the CPU's last-level cache, or the cache is measured instead of
     memory.
     """
-    _check_count("n_bytes", n_bytes, minimum=4096)
+    n_bytes, repeats = as_whole_number("n_bytes", n_bytes, 4096), as_whole_number("repeats",
+                                                                                   repeats, 1)
     array = np.ones(n_bytes // 4, dtype=np.float32)
     seconds = _seconds_of_each(lambda: np.dot(array, array), repeats)
     return _median_rate(array.nbytes, seconds, record)
@@ -343,7 +308,7 @@ def measure_matmul_rate(size: int = 1024, dtype: str = "float32", repeats: int =
     """How fast numpy multiplies two square matrices (size, size), in FLOP/s (where_time_goes):
     2 size^3 FLOPs, the median of `repeats` products (each one's rate goes to `record`, a
     list, when given). This is the compute rate of the roofline."""
-    _check_count("size", size, minimum=1)
+    size, repeats = as_sizes(1, size=size, repeats=repeats)
     rng = np.random.default_rng(0)
     A = rng.standard_normal((size, size)).astype(dtype)
     B = rng.standard_normal((size, size)).astype(dtype)
@@ -355,9 +320,7 @@ def measure_matmul_rows(weight: np.ndarray, rows: int, repeats: int = 5,
     """FLOP/s of X (rows, inner) @ weight (inner, columns) (where_time_goes): how the rate grows
     with the number of rows multiplied at once (1 for decode, the prompt length for prefill).
     The median of `repeats`; each one's rate goes to `record` (a list) when given."""
-    if not isinstance(weight, np.ndarray) or weight.ndim != 2:
-        raise ValueError("weight must be a 2-D numpy array (inner, columns)")
-    _check_count("rows", rows, minimum=1)
+    weight, (rows, repeats) = as_array("weight", weight, 2), as_sizes(1, rows=rows, repeats=repeats)
     X = np.ones((rows, weight.shape[0]), dtype=weight.dtype)
     seconds = _seconds_of_each(lambda: X @ weight, repeats)
     return _median_rate(2 * rows * weight.size, seconds, record)
@@ -375,8 +338,7 @@ def time_cached_generation(params, prompt, new_tokens: int, cache=None, repeats:
     from .cache import make_cache
     from .inference import decode_step, prefill
 
-    _check_count("new_tokens", new_tokens, minimum=1)
-    _check_count("repeats", repeats, minimum=1)
+    new_tokens, repeats = as_sizes(1, new_tokens=new_tokens, repeats=repeats)
     if cache is not None and len(cache) != 0:
         raise ValueError("give an empty cache: the generation starts from the prompt")
     best, new_ids = None, []
@@ -409,11 +371,10 @@ def time_recomputation(params, sequence, lengths, repeats: int = 1,
     `repeats`; with return_tokens=True also the greedy token each forward chose."""
     from .inference import forward
 
-    _check_count("repeats", repeats, minimum=1)
+    repeats = as_whole_number("repeats", repeats, 1)
     sequence = list(sequence)
     seconds, tokens = [], []
-    for n in lengths:
-        _check_count("a length", int(n), minimum=1)
+    for n in as_whole_numbers("lengths", lengths, minimum=1).tolist():
         if n > len(sequence):
             raise ValueError(f"length {n} is longer than the sequence ({len(sequence)} tokens)")
         best = float("inf")
@@ -431,9 +392,7 @@ def time_appends(config: ModelConfig, cache_class, cached: int, repeats: int = 5
     """Seconds to append one token's K and V to every layer of a cache that already holds
     `cached` positions (where_time_goes, the benchmark), the median of `repeats` appends.
     cache_class is kvlib.KVCache (in place) or kvlib.ConcatenatingKVCache (a copy)."""
-    _check_config(config)
-    _check_count("cached", cached, minimum=1)
-    _check_count("repeats", repeats, minimum=1)
+    config, (cached, repeats) = as_config(config), as_sizes(1, cached=cached, repeats=repeats)
     if cached + repeats > config.context_length:
         raise ValueError(f"{cached} cached positions and {repeats} appends need a context "
                          f"length of {cached + repeats}; the config has {config.context_length}")
@@ -498,7 +457,7 @@ def blas_threads() -> int | None:
 def set_blas_threads(n_threads: int) -> int | None:
     """Ask OpenBLAS to use n_threads from now on (where_time_goes); returns the count now in
     effect, or None (nothing changed) when numpy is not linked to OpenBLAS."""
-    _check_count("n_threads", n_threads, minimum=1)
+    n_threads = as_whole_number("n_threads", n_threads, 1)
     found = _openblas_library()
     if found is None:
         return None

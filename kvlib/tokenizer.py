@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
-
-from .checks import contains_bool
+from .checks import as_flag, as_instance, as_token_ids
 
 BOS = "<bos>"
 
@@ -14,13 +12,6 @@ TOY_VOCABULARY = (BOS, "you", "am", "How", "fine", "I", "thanks", "are", ".", "?
 """Token id -> word. "How are you?" is BOS 3 7 1 9, and 5 ("I") is the article's prediction."""
 
 _WORD_OR_PUNCTUATION = re.compile(r"<bos>|\w+|[^\w\s]")
-
-
-def _iterable(value):
-    try:
-        return list(value)
-    except TypeError:
-        return [None]
 
 
 class ToyTokenizer:
@@ -36,10 +27,10 @@ class ToyTokenizer:
     """
 
     def __init__(self, vocabulary: tuple[str, ...] = TOY_VOCABULARY):
-        if isinstance(vocabulary, (str, bytes)) or not all(
-                isinstance(word, str) and word for word in _iterable(vocabulary)):
-            raise TypeError("the vocabulary must be a sequence of words (non-empty strings), "
-                            f"got {vocabulary!r}")
+        if not isinstance(vocabulary, (list, tuple)) or not all(
+                isinstance(word, str) and word for word in vocabulary):
+            raise TypeError("the vocabulary must be a list of words (non-empty strings), got "
+                            f"{vocabulary!r}")
         self.vocabulary = tuple(vocabulary)
         lowered = [word.lower() for word in self.vocabulary]
         repeated = sorted({w for w in lowered if lowered.count(w) > 1})
@@ -56,10 +47,7 @@ class ToyTokenizer:
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         """Text -> ids, with the BOS id in front unless add_bos is False."""
-        if not isinstance(text, str):
-            raise TypeError(f"encode expects a string, got {type(text).__name__}")
-        if not isinstance(add_bos, (bool, np.bool_)):
-            raise TypeError(f"add_bos must be True or False, got {add_bos!r}")
+        text, add_bos = as_instance("text", text, str), as_flag("add_bos", add_bos)
         words = _WORD_OR_PUNCTUATION.findall(text)
         unknown = [word for word in words if word.lower() not in self._ids]
         if unknown:
@@ -71,7 +59,8 @@ class ToyTokenizer:
 
     def tokens(self, ids) -> list[str]:
         """Ids -> the token strings, BOS included (for labelling plots)."""
-        return [self.vocabulary[i] for i in self._check_ids(ids)]
+        ids = as_token_ids(ids, len(self.vocabulary), what="ids", empty=True)
+        return [self.vocabulary[i] for i in ids]
 
     def decode(self, ids) -> str:
         """Ids -> text; BOS is left out and punctuation is attached to the word before it."""
@@ -85,20 +74,3 @@ class ToyTokenizer:
 
     def words(self) -> list[str]:
         return [word for word in self.vocabulary if word != BOS]
-
-    def _check_ids(self, ids) -> list[int]:
-        if isinstance(ids, (str, bytes, dict, set)) or contains_bool(ids):
-            raise TypeError(f"ids must be a sequence of integers, got {ids!r}")
-        try:
-            ids = np.atleast_1d(np.asarray(ids))
-        except ValueError:
-            raise TypeError(f"ids must be a flat sequence of integers, got {ids!r}") from None
-        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise TypeError(f"ids must be a sequence of integers, got {ids.tolist()!r}")
-        bad = [int(i) for i in ids if not 0 <= i < len(self.vocabulary)]
-        if bad:
-            raise ValueError(
-                f"id(s) {bad} are outside the vocabulary: valid ids are 0 to "
-                f"{len(self.vocabulary) - 1} ({dict(enumerate(self.vocabulary))})"
-            )
-        return [int(i) for i in ids]

@@ -1,7 +1,8 @@
-"""Every public function of kvlib, kvlib.serving, kvlib.gpt2 and kvlib.checkpoints.safetensors
-with a valid call of each, for the fuzz in tests/test_fuzz_api.py: the fuzz swaps one argument
-of a valid call for an odd value (a string, None, a bool, nan, a huge int, an object array,
-a wrong shape) and requires a result or kvlib's own clear error, with nothing changed.
+"""A valid call of every name a learner calls (tests/fuzz_scope.py: the notebooks' code cells
+and the exercises' solutions), and of kvlib.serving's public functions (its worker decides its
+scope), for the fuzz in tests/test_fuzz.py: the fuzz swaps one argument of a valid call for an
+odd value (a string, None, a bool, nan, a huge int, an object array, a wrong shape) and
+requires a result or kvlib's own clear error, with nothing changed.
 
 A case is built fresh for each call (CASES[name]() -> Case), so that a stateful method runs
 on new objects and its state can be compared before and after a failing call.
@@ -19,21 +20,17 @@ from typing import Any, Callable
 import numpy as np
 
 import kvlib
-from kvlib import bpe, gpt2, grouped, latent, positions, roofline
-from kvlib.checkpoints import safetensors
-from kvlib.flops import chunk_multiply_adds, generation_step_multiply_adds
+from kvlib import chat, debug, gpt2, grouped, heads, latent, positions, precision, roofline
+from kvlib.checkpoints import gguf, llama, safetensors, smollm2
+from kvlib.flops import generation_step_multiply_adds
 from kvlib.memory import ModelPreset, tokens_that_fit
-from kvlib.memory import weights_bytes as memory_weights_bytes
-from kvlib.params import layer_class
 from kvlib.roofline import (
     arithmetic_intensity,
     cache_bytes,
     decode_step_bytes,
     forward_bytes,
-    generation_step_bytes,
     generation_step_times,
     matmul_intensity,
-    roofline_time,
 )
 from kvlib.roofline import weights_bytes as roofline_weights_bytes
 from kvlib.serving import (
@@ -54,6 +51,7 @@ from kvlib.serving import (
     scheduler,
     speculative,
 )
+from kvlib.stories import StoryTokenizer, corpus, grammar
 
 # ------------------------------------------------------------------------------ models
 
@@ -176,8 +174,6 @@ pure("weighted_sum", kvlib.weighted_sum, np.full((2, 3, 3), 1 / 3), HEADS)
 pure("attention", kvlib.attention, HEADS, HEADS, HEADS, kvlib.causal_mask(3))
 pure("output_projection", kvlib.output_projection, X, layer.Wo, np.zeros(4))
 pure("gelu", kvlib.gelu, X)
-pure("gelu_mlp", kvlib.gelu_mlp, X, layer)
-pure("silu", kvlib.silu, X)
 pure("swiglu_mlp", kvlib.swiglu_mlp, X, LLAMA.layers[0])
 pure("mlp", kvlib.mlp, X, layer)
 pure("layer_norm", kvlib.layer_norm, X, np.ones(4), np.zeros(4), 1e-5)
@@ -185,7 +181,6 @@ pure("rms_norm", kvlib.rms_norm, X, np.ones(4), 1e-5)
 pure("normalize", kvlib.normalize, X, np.ones(4), np.zeros(4), 1e-5)
 pure("decoder_block", kvlib.decoder_block, X, layer, 2, kvlib.causal_mask(3))
 pure("unembed", kvlib.unembed, X, TOY.embedding)
-pure("check_ids", kvlib.check_ids, PROMPT, TOY, "prompt")
 pure("forward", kvlib.forward, TOY, PROMPT, last_only=False, record_attention=[])
 pure("next_token_probabilities", kvlib.next_token_probabilities, [1.0, 2.0, 0.5], 1.0, 2)
 pure("next_token_losses", kvlib.next_token_losses, np.zeros((3, 12)), [0, 3, 7])
@@ -194,23 +189,16 @@ pure("choose_next_token", kvlib.choose_next_token, [1.0, 2.0, 0.5], 1.0, 2,
 pure("generate", kvlib.generate, TOY, PROMPT, 3, True, 1.0, 4, 0)
 pure("init_params", kvlib.init_params, CONFIG, 3)
 pure("ModelConfig", kvlib.ModelConfig, 12, 4, 2, 3, 8, 32)
-pure("Params", kvlib.Params, CONFIG, TOY.embedding, TOY.layers)
-pure("LayerParams", kvlib.LayerParams, **TOY.layers[0].arrays())
-pure("LatentLayerParams", kvlib.LatentLayerParams, **LATENT.layers[0].arrays())
-pure("layer_class", layer_class, CONFIG)
 pure("with_config", TOY.with_config, window=4)
 pure("kv_cache_bytes", kvlib.kv_cache_bytes, 2, 8, 10, 1, 2)
 pure("latent_cache_bytes", kvlib.latent_cache_bytes, 2, 8, 2, 10, 1, 2)
 pure("config_cache_bytes", kvlib.config_cache_bytes, CONFIG, 10, 2, 4)
-pure("memory.weights_bytes", memory_weights_bytes, 1000, 2)
 pure("tokens_that_fit", tokens_that_fit, 10**6, 10**5, 100)
-pure("ModelPreset", ModelPreset, "m", 2, 8, 2, 1, 4, 16, 100, "here")
 PRESET = ModelPreset("m", 2, 8, 2, 1, 4, 16, 100, "here", window=6)
 pure("ModelPreset.kv_cache_bytes", PRESET.kv_cache_bytes, 10, 1, 2)
 pure("ModelPreset.kv_bytes_per_token", PRESET.kv_bytes_per_token, 2)
 pure("ModelPreset.mha_bytes_per_token", PRESET.mha_bytes_per_token, 2)
 pure("ModelPreset.weights_bytes", PRESET.weights_bytes, 2)
-pure("chunk_multiply_adds", chunk_multiply_adds, CONFIG, 2, 5, 1)
 pure("forward_multiply_adds", kvlib.forward_multiply_adds, CONFIG, 5, False)
 pure("prefill_multiply_adds", kvlib.prefill_multiply_adds, CONFIG, 5, 2, False)
 pure("decode_step_multiply_adds", kvlib.decode_step_multiply_adds, CONFIG, 5)
@@ -221,8 +209,6 @@ pure("roofline.weights_bytes", roofline_weights_bytes, CONFIG)
 pure("cache_bytes", cache_bytes, CONFIG, 5)
 pure("decode_step_bytes", decode_step_bytes, CONFIG, 5)
 pure("forward_bytes", forward_bytes, CONFIG, 5)
-pure("generation_step_bytes", generation_step_bytes, CONFIG, 5, 3, True)
-pure("roofline_time", roofline_time, 1e6, 1e5, 1e9, 1e8)
 pure("arithmetic_intensity", arithmetic_intensity, 1e6, 1e5)
 pure("matmul_intensity", matmul_intensity, 4, 8, 16, 4)
 pure("generation_step_times", generation_step_times, CONFIG, 5, 3, True, 1e9, 1e8)
@@ -231,15 +217,6 @@ pure("ToyTokenizer.encode", TOY_TOKENIZER.encode, "How are you?", True)
 pure("ToyTokenizer.decode", TOY_TOKENIZER.decode, PROMPT)
 pure("ToyTokenizer.tokens", TOY_TOKENIZER.tokens, PROMPT)
 pure("Tokenizer.encode", GPT2_TOKENIZER.encode, "Hello there")
-pure("Tokenizer.encode_ordinary", GPT2_TOKENIZER.encode_ordinary, "Hello there")
-pure("Tokenizer.bpe", GPT2_TOKENIZER.bpe, "Ġthere")
-pure("Tokenizer", kvlib.Tokenizer, {"a": 0, "b": 1, "ab": 2, "Ġ": 3}, [("a", "b")],
-     pretokenize=bpe.smollm_words, special_tokens=("Ġ",), chat_template=None)
-pure("gpt2_words", bpe.gpt2_words, "Hello, I am")
-pure("smollm_words", bpe.smollm_words, "in 2024.")
-pure("merge_by_rank", bpe.merge_by_rank, ["a", "b", "c"], {("a", "b"): 0})
-pure("read_vocabulary", bpe.read_vocabulary, bpe.DATA / "encoder.json")
-pure("read_merges", bpe.read_merges, bpe.DATA / "vocab.bpe")
 pure("Tokenizer.decode", GPT2_TOKENIZER.decode, [15496, 612])
 pure("Tokenizer.tokens", GPT2_TOKENIZER.tokens, [15496, 612])
 pure("make_cache", kvlib.make_cache, CONFIG, 8)
@@ -282,12 +259,6 @@ def _():
                 state=lambda: cache_state(cache))
 
 
-@case("SlidingWindowCache.slot")
-def _():
-    cache = prefilled(WINDOWED)
-    return Case(cache.slot, (6,), state=lambda: cache_state(cache))
-
-
 @case("prefill")
 def _():
     cache = prefilled()
@@ -317,7 +288,6 @@ def _():
 # ---- positions, grouped-query and latent attention (notebooks 12-17) ----------------------
 
 ANGLES = positions.rotary_angles([0, 1, 2], 2)
-pure("check_positions", positions.check_positions, [0, 1, 2], 8)
 pure("add_positions", kvlib.add_positions, X, GPT.position_table, [0, 1, 2])
 pure("rotary_angles", kvlib.rotary_angles, [0, 1, 2], 2, 10000.0)
 pure("rotate_pairs", kvlib.rotate_pairs, X, ANGLES)
@@ -344,30 +314,113 @@ pure("per_head", latent.per_head, LATENT_LAYER.W_up_k, 2)
 pure("absorb_queries", latent.absorb_queries, HEADS, LATENT_LAYER, 2)
 pure("latent_attention_scores", latent.latent_attention_scores, np.zeros((2, 3, 3)), LATENTS,
      np.zeros((2, 3, 2)), np.zeros((3, 2)), 0.5)
-pure("latent_weighted_sum", latent.latent_weighted_sum, np.full((2, 3, 3), 1 / 3), LATENTS)
 pure("expand_values", latent.expand_values, np.zeros((2, 3, 3)), LATENT_LAYER, 2)
 pure("latent_attention", latent.latent_attention, X, LATENT_LAYER, 2, kvlib.causal_mask(3),
      rotary=ROTATION)
 pure("latent_attention_rebuilt", latent.latent_attention_rebuilt, X, LATENT_LAYER, 2,
      kvlib.causal_mask(3), rotary=ROTATION)
-pure("latent_decoder_block", kvlib.latent_decoder_block, X, LATENT_LAYER, 2,
-     kvlib.causal_mask(3), rotary=ROTATION)
 
-# ---- checkpoints (notebook 12) ----------------------------------------------------------
+# ---- checkpoints (notebooks 12, 14, 18) ---------------------------------------------------
 
-pure("config_from_hub", gpt2.config_from_hub, {"n_embd": 4, "n_head": 2, "n_layer": 1,
-                                                "vocab_size": 12, "n_positions": 8}, "float64")
 pure("gpt2.load", gpt2.load, CHECKPOINT, "float64")
-CASES["gpt2.save"] = lambda: Case(gpt2.save, (GPT, output_path("saved")),
-                                  dict(prefix="", stored_dtype="F16"))
 pure("find_weights", gpt2.find_weights, _FILES)
-pure("read_header", safetensors.read_header, TENSORS)
 pure("read_safetensors", safetensors.read_safetensors, TENSORS, memory_map=False)
-pure("bfloat16_to_float32", safetensors.bfloat16_to_float32, np.array([16256], np.uint16))
-pure("float32_to_bfloat16", safetensors.float32_to_bfloat16, np.array([1.5], np.float32))
-CASES["write_safetensors"] = lambda: Case(
-    safetensors.write_safetensors, (output_path("w.safetensors"), {"x": np.zeros(2)},
-                                    {"a": "b"}), dict(bfloat16=()))
+GGUF_METADATA = {"general.architecture": "llama", "llama.attention.head_count": 2,
+                 "llama.attention.head_count_kv": 1, "llama.embedding_length": 8,
+                 "llama.block_count": 2, "llama.feed_forward_length": 16,
+                 "llama.context_length": 32, "llama.attention.layer_norm_rms_epsilon": 1e-5,
+                 "llama.vocab_size": 12}
+pure("config_from_gguf", gguf.config_from_gguf, GGUF_METADATA, "float64")
+pure("bits_per_number", gguf.bits_per_number, "Q4_1")
+pure("converted_directory", gguf.converted_directory, _FILES / "model.gguf")
+pure("find_gguf", smollm2.find_gguf, _FILES)
+pure("smollm2.measured", smollm2.measured)
+pure("to_interleaved_columns", llama.to_interleaved_columns, np.arange(16.0).reshape(2, 8), 2)
+pure("to_half_columns", llama.to_half_columns, np.arange(16.0).reshape(2, 8), 2)
+pure("with_rope_pairing", llama.with_rope_pairing, LLAMA, "interleaved")
+
+# ---- what the notebooks use beside the model: chat, debugging, precision (notebooks 09-25) --
+
+pure("ModelConfig.replace", CONFIG.replace, d_model=8, n_heads=4)
+pure("Params.arrays", TOY.arrays)
+pure("LayerParams.arrays", TOY.layers[0].arrays)
+pure("LatentLayerParams.arrays", LATENT.layers[0].arrays)
+pure("MultiplyAdds.as_dict", kvlib.forward_multiply_adds(CONFIG, 3).as_dict)
+pure("Tokenizer.gpt2", kvlib.Tokenizer.gpt2)
+pure("batched_step_cost", roofline.batched_step_cost, CONFIG, 4, 5, 2)
+pure("reusable_prefix", chat.reusable_prefix, [1, 2, 3], [1, 2, 4])
+pure("relative_difference", debug.relative_difference, np.ones((1, 3)), np.full((1, 3), 2.0))
+pure("first_divergence", debug.first_divergence, ROTARY, PROMPT, 3, tolerance=1e-6)
+pure("rows_computed", debug.rows_computed, TOY, PROMPT, 3)
+pure("compare", precision.compare, np.eye(3), np.eye(3)[::-1])
+pure("Comparison.as_dict", precision.compare(np.eye(3), np.eye(3)).as_dict)
+pure("computed_in", precision.computed_in, "bfloat16")
+pure("in_format", precision.in_format, TOY, "bfloat16")
+pure("left_padded", precision.left_padded, TOY, PROMPT, 2, 0)
+pure("teacher_forced", precision.teacher_forced, TOY, PROMPT, 3)
+pure("story_sequences", corpus.story_sequences, 2, 0, 8)
+pure("generate_stories", grammar.generate_stories, 2, 0)
+STORY = grammar.generate_stories(1, 0)[0]
+pure("first_error", grammar.first_error, STORY, False)
+pure("is_grammatical", grammar.is_grammatical, STORY, False)
+pure("text_to_words", grammar.text_to_words, STORY)
+pure("forced_repeats", grammar.forced_repeats, grammar.text_to_words(STORY),
+     sorted(grammar.REPEATED_SLOTS)[0])
+STORY_TOKENIZER = StoryTokenizer()
+pure("StoryTokenizer", StoryTokenizer)
+pure("StoryTokenizer.encode", STORY_TOKENIZER.encode, STORY, True)
+pure("StoryTokenizer.decode", STORY_TOKENIZER.decode, STORY_TOKENIZER.encode(STORY))
+pure("StoryTokenizer.tokens", STORY_TOKENIZER.tokens, STORY_TOKENIZER.encode(STORY))
+pure("stories.load_model", kvlib.stories.load_model, "stories-draft", "float32")
+
+TWICE = PROMPT[:3] * 2                                   # a piece of 3 tokens said twice
+TWICE_RECORDED: list = []
+TWICE_LOGITS = kvlib.forward(TOY, TWICE, record_attention=TWICE_RECORDED)
+STORY_WORDS = grammar.text_to_words(STORY)
+STORY_WEIGHTS = np.tril(np.ones((len(STORY_WORDS),) * 2))
+STORY_WEIGHTS = [np.broadcast_to(STORY_WEIGHTS / STORY_WEIGHTS.sum(-1, keepdims=True),
+                                 (2, *STORY_WEIGHTS.shape))]      # one layer of 2 heads
+pure("previous_token_scores", heads.previous_token_scores, TWICE_RECORDED)
+pure("induction_scores", heads.induction_scores, TWICE_RECORDED, 3)
+pure("copied_fraction", heads.copied_fraction, TWICE_LOGITS, TWICE, 3)
+pure("forced_name_weights", heads.forced_name_weights, STORY_WEIGHTS,
+     grammar.forced_repeats(STORY_WORDS, "name"))
+pure("best_head", heads.best_head, np.arange(6.0).reshape(3, 2))
+pure("distances_read", heads.distances_read, TWICE_RECORDED[0][0], [1, 2])
+pure("roofline_time", roofline.roofline_time, 1e9, 1e8, 1e12, 1e9)
+
+
+def _cache_state_cases(label: str, make, params=TOY) -> None:
+    """checkpoint, restore and reset of a prefilled cache of one kind."""
+    def build_checkpoint():
+        cache = make()
+        kvlib.prefill(params, PROMPT, cache)
+        return Case(cache.checkpoint, state=lambda: cache_state(cache))
+
+    def build_restore():
+        cache = make()
+        kvlib.prefill(params, PROMPT, cache)
+        saved = cache.checkpoint()
+        kvlib.decode_step(params, 2, cache)
+        return Case(cache.restore, (saved,), state=lambda: cache_state(cache))
+
+    CASES[f"{label}.checkpoint"] = build_checkpoint
+    CASES[f"{label}.restore"] = build_restore
+
+
+_cache_state_cases("KVCache", lambda: kvlib.KVCache(CONFIG))
+_cache_state_cases("SlidingWindowCache", lambda: kvlib.SlidingWindowCache(WINDOWED.config),
+                   WINDOWED)
+_cache_state_cases("ConcatenatingKVCache", lambda: kvlib.ConcatenatingKVCache(CONFIG))
+CASES["KVCache.reset"] = lambda: Case(prefilled().reset)
+CASES["RoundingCache.append"] = lambda: (lambda cache: Case(
+    cache.append, (0, np.ones((1, 4), np.float32), np.ones((1, 4), np.float32)),
+    state=lambda: cache_state(cache)))(precision.RoundingCache(CONFIG, "bfloat16"))
+for _name, _args in (("keys", (1,)), ("values", (1,)), ("truncate", (2,))):
+    def _build(name=_name, args=_args):
+        cache = prefilled(LATENT)
+        return Case(getattr(cache, name), args, state=lambda: cache_state(cache))
+    CASES[f"LatentKVCache.{_name}"] = _build
 
 # ---- serving: the paged cache (notebook 19) ----------------------------------------------
 
@@ -728,7 +781,6 @@ pure("Engine", engine_module.Engine, ENGINE_MODEL, 4, 8, 16)
 pure("StaticBatchingEngine", engine_module.StaticBatchingEngine, ENGINE_MODEL, block_size=4,
      n_blocks=8)
 pure("BlockManager", BlockManager, ENGINE_MODEL.config, 8, 4)
-pure("in_dtype", safetensors.in_dtype, np.ones(3, np.float32), "F32", "float64")
 
 
 def _engine():

@@ -31,18 +31,18 @@ def entry(dtype="F32", shape=(1,), offsets=(0, 4)):
 HOSTILE_HEADERS = {
     # name: (header bytes, data, words the error must contain)
     "a dtype that is a list": (json.dumps({"w": entry(["F32"])}).encode(), b"\0" * 4,
-                               "has dtype ['F32']"),
+                               "got {'dtype': ['F32']"),
     "a dtype that is an object": (json.dumps({"w": entry({"F": 32})}).encode(), b"\0" * 4,
-                                  "has dtype"),
-    "100,000 nested brackets": (b"[" * 100_000 + b"]" * 100_000, b"", "nested"),
+                                  "got {'dtype': {'F': 32}"),
+    "100,000 nested brackets": (b"[" * 100_000 + b"]" * 100_000, b"", "RecursionError"),
     "a 5,001-digit integer": (b'{"w": {"dtype": "F32", "shape": [' + b"9" * 5001 + b'], '
                               b'"data_offsets": [0, 4]}}', b"\0" * 4, "not valid JSON"),
     "shape [0, 2**62]": (json.dumps({"w": entry(shape=(0, 2**62), offsets=(0, 0))}).encode(),
-                         b"", "too large"),
+                         b"", "'shape': [0, 4611686018427387904]"),
     "65 dimensions": (json.dumps({"w": entry(shape=(1,) * 65)}).encode(), b"\0" * 4,
-                      "dimensions"),
+                      "a list of at most 64 sizes"),
     "offsets of 400 digits": (json.dumps({"w": entry(offsets=(0, 10**400))}).encode(),
-                              b"\0" * 4, "has"),
+                              b"\0" * 4, "'data_offsets': [0, 1000"),
     "a name that is not text": (b'{"w": 1, "\\ud800": 2}', b"", "valid"),
 }
 
@@ -82,17 +82,12 @@ def test_any_json_header_is_read_or_refused_in_words(tmp_path_factory, header, d
 
 
 def test_odd_paths_and_flags_are_refused():
-    for bad in (None, 3, ["a"], b"\0"):
+    for bad in (None, 3, ["a"], b"\0", "", "a\0b"):
         for read in (read_header, read_safetensors, gpt2.load):
-            with pytest.raises(TypeError, match="path"):
+            with pytest.raises(TypeError, match="a non-empty str or a pathlib.Path"):
                 read(bad)
-    for read in (read_header, read_safetensors, gpt2.load):
-        with pytest.raises(ValueError, match="empty"):
-            read("")
     with pytest.raises(TypeError, match="True or False"):
         read_safetensors("x.safetensors", memory_map="no")
-    with pytest.raises(TypeError, match="bfloat16"):
-        write_safetensors("x.safetensors", {"w": np.zeros(1)}, bfloat16=None)
 
 
 # ------------------------------------------------------------------ GPT-2's folder
@@ -115,11 +110,11 @@ def test_load_refuses_weights_that_are_not_finite(checkpoint, bad):
 
 
 @pytest.mark.parametrize("content, words", [
-    ("{not json", "not valid JSON"),
-    ("[1, 2, 3]", "not a JSON object"),
-    ('"gpt2"', "not a JSON object"),
-    ("", "not valid JSON"),
-    (b"\xff\xfe", "not UTF-8"),
+    ("{not json", "is not a config.json, a JSON object in UTF-8 .*JSONDecodeError"),
+    ("[1, 2, 3]", "is not a config.json, a JSON object in UTF-8: it holds a JSON list"),
+    ('"gpt2"', "is not a config.json, a JSON object in UTF-8: it holds a JSON str"),
+    ("", "is not a config.json, a JSON object in UTF-8"),
+    (b"\xff\xfe", "is not a config.json, a JSON object in UTF-8 .*UnicodeDecodeError"),
 ])
 def test_a_config_that_is_not_a_json_object_is_named(checkpoint, content, words):
     path = checkpoint / "config.json"
@@ -132,24 +127,18 @@ def test_a_config_that_is_not_a_json_object_is_named(checkpoint, content, words)
 def test_config_values_of_the_wrong_kind_get_kvlibs_errors(checkpoint):
     path = checkpoint / "config.json"
     config = json.loads(path.read_text())
-    for key, value in (("n_embd", "4"), ("n_layer", None), ("vocab_size", 2.5),
-                       ("activation_function", ["gelu_new"]), ("model_type", {"a": 1})):
+    # named by the file's key, or by the ModelConfig field it becomes (n_embd: d_model)
+    for key, value, name in (("n_embd", "4", "d_model"), ("n_layer", None, "n_layers"),
+                             ("vocab_size", 2.5, "vocab_size"),
+                             ("activation_function", ["gelu_new"], "activation_function"),
+                             ("model_type", {"a": 1}, "model_type")):
         path.write_text(json.dumps(config | {key: value}))
-        with pytest.raises((ValueError, TypeError), match=key):
+        with pytest.raises((ValueError, TypeError), match=name):
             gpt2.load(checkpoint)
-    with pytest.raises(TypeError, match="dict"):
-        gpt2.config_from_hub(["n_embd", 4])
 
 
-def test_save_refuses_what_it_cannot_write(tmp_path):
-    with pytest.raises(TypeError, match="Params"):
-        gpt2.save(None, tmp_path)
-    with pytest.raises(TypeError, match="path"):
-        gpt2.save(GPT, None)
-    with pytest.raises(ValueError, match="prefix"):
-        gpt2.save(GPT, tmp_path, prefix=np.array(["a", "b"]))
-    with pytest.raises(ValueError, match="stored_dtype"):
-        gpt2.save(GPT, tmp_path, stored_dtype=["F32"])
+def test_load_refuses_a_dtype_it_cannot_compute_in(tmp_path):
+    # (gpt2.save, a tool for tests, trusts its caller)
     with pytest.raises(ValueError, match="dtype must be one of"):
         gpt2.load(gpt2.save(GPT, tmp_path / "ok"), dtype=np.array(["a", "b"]))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok"]

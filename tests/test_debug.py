@@ -138,7 +138,6 @@ def test_the_recorder_puts_kvlibs_functions_back():
 @pytest.mark.parametrize("call, error, words", [
     (lambda p: debug.first_divergence(p, "hi", 3), TypeError, "token ids"),
     (lambda p: debug.first_divergence(p, [1], 0), ValueError, "n_new_tokens"),
-    (lambda p: debug.first_divergence(p, [1], 3, decode_step=3), TypeError, "a function"),
     (lambda p: debug.first_divergence(p, [1], 3, tolerance=-1), ValueError, "tolerance"),
     (lambda p: debug.first_divergence(p, [1] * 30, 20), ValueError, "context length"),
     (lambda p: debug.first_divergence("params", [1], 3), TypeError, "Params"),
@@ -146,6 +145,12 @@ def test_the_recorder_puts_kvlibs_functions_back():
 def test_bad_input_is_refused_in_words(call, error, words):
     with pytest.raises(error, match=words):
         call(rotary_model())
+
+
+def test_a_step_that_is_no_function_is_a_finding_in_words():
+    found = debug.first_divergence(rotary_model(), [1], 3, decode_step=3)
+    assert found.step == 0 and "the step raised TypeError" in found.reading
+    assert "not callable" in found.reading
 
 
 def test_every_bug_of_the_zoo_names_its_source():

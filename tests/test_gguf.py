@@ -178,7 +178,7 @@ def test_not_a_gguf_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no GGUF file"):
         kvgguf.load_gguf(tmp_path / "missing.gguf")
     with pytest.raises(TypeError, match="must be a path"):
-        kvgguf.load_gguf(3)
+        kvgguf.read_gguf(3)
 
 
 @pytest.mark.parametrize("kind, bits", [("Q4_1", 5.0), ("Q8_0", 8.5), ("Q4_0", 4.5),

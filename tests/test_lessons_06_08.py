@@ -149,7 +149,7 @@ def test_06_readout_lists_only_tokens_that_can_be_drawn():
 def test_06_temperature_zero_is_greedy_and_bad_input_is_refused(last_logits):
     greedy = kvlib.next_token_probabilities(last_logits, 0.0)
     assert greedy[5] == 1.0 and greedy.sum() == 1.0
-    with pytest.raises(ValueError, match="temperature must be 0"):
+    with pytest.raises(ValueError, match="temperature must be at least 0"):
         kvlib.next_token_probabilities(last_logits, -1.0)
     with pytest.raises(ValueError, match="one row of logits"):
         kvlib.next_token_probabilities(np.zeros((2, 12)), 1.0)

@@ -213,8 +213,6 @@ def test_float32_weights_stay_memory_mapped_transposed_views(narrow):
 def test_an_interleaved_model_must_be_turned_before_saving(tmp_path, narrow):
     with pytest.raises(ValueError, match="with_rope_pairing"):
         llama.save(llama.with_rope_pairing(narrow, "interleaved"), tmp_path)
-    with pytest.raises(ValueError, match="only a Llama architecture"):
-        llama.save(kvlib.init_params(), tmp_path)
 
 
 def _rewrite(tmp_path, change):
@@ -233,9 +231,9 @@ def _rewrite(tmp_path, change):
     (lambda t, c: t.update({"model.norm.weight": np.zeros(31, np.float32)}),
      r"'model.norm.weight' has shape \(31,\)"),
     (lambda t, c: t.update({"model.layers.0.self_attn.q_proj.bias": np.zeros(32, np.float32)}),
-     "does not know: 'model.layers.0.self_attn.q_proj.bias'"),
+     "does not read: 'model.layers.0.self_attn.q_proj.bias'"),
     (lambda t, c: t.update({"lm_head.weight": np.ones((300, 32), np.float32)}),
-     "lm_head.weight differs"),
+     "'lm_head.weight' \\(an lm_head.weight must equal the token table"),
     (lambda t, c: t["model.layers.2.mlp.up_proj.weight"].__setitem__((0, 0), np.nan),
      "holds 1 NaN or infinite"),
     (lambda t, c: c.update(hidden_act="gelu"), "hidden_act"),
@@ -255,10 +253,10 @@ def test_a_folder_without_its_files_or_with_bad_json_is_named(tmp_path):
         llama.load(tmp_path)
     shutil.copy(REFERENCE / "model.safetensors", tmp_path)
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="config.json is not JSON"):
+    with pytest.raises(ValueError, match="config.json is not a config.json, a JSON object"):
         llama.load(tmp_path)
     (tmp_path / "config.json").write_text("[1, 2]")
-    with pytest.raises(ValueError, match="must hold a JSON object"):
+    with pytest.raises(ValueError, match="it holds a JSON list"):
         llama.load(tmp_path)
     with pytest.raises(TypeError, match="must be a path"):
         llama.load(None)

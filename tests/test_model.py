@@ -1,12 +1,16 @@
 """The pure steps: softmax, mask, heads, dtype."""
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvlib
-from kvlib import causal_mask, merge_heads, softmax, split_heads
+from kvlib import causal_mask, checks, merge_heads, softmax, split_heads
+from kvlib.wrapping import wrapped
 
 
 @given(st.integers(1, 6), st.integers(1, 9), st.integers(0, 2**31))
@@ -93,3 +97,47 @@ def test_every_array_stays_in_the_config_dtype(dtype):
                kvlib.next_token_probabilities(logits[-1], 0.7, top_k=3)]
     for array in arrays:
         assert array.dtype == np.dtype(dtype)
+
+
+# ------------------------------------------------------------ one skeleton, checks at the door
+
+def test_the_block_skeleton_is_written_once():
+    """norm -> q, k, v -> rotation -> attend -> output projection -> residual -> norm -> MLP ->
+    residual: outside the lesson modules (whose blocks by hand are teaching), only
+    kvlib.model.block_with_attention calls both project_qkv and mlp; decoder_block, the batch
+    and the engine pass it their attention. Latent attention's block has its own architecture
+    (no q, k, v) and calls mlp without project_qkv."""
+    root = Path(kvlib.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.parent.name in ("exercises", "widgets"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef):
+                called = {getattr(call.func, "id", getattr(call.func, "attr", None))
+                          for call in ast.walk(node) if isinstance(call, ast.Call)}
+                if {"project_qkv", "mlp"} <= called:
+                    found.append(f"{path.relative_to(root)}:{node.name}")
+    assert found == ["model.py:block_with_attention"]
+
+
+def test_the_building_blocks_check_a_learners_call_and_trust_the_loop():
+    params = kvlib.init_params()
+    with pytest.raises(ValueError, match="X must have 4 columns"):
+        kvlib.project_qkv(np.zeros((2, 3)), params.layers[0])
+    trusted = []
+
+    def spy(name, original):
+        def watched(*args, **kwargs):
+            trusted.append(checks.is_trusted())
+            return original(*args, **kwargs)
+        return watched
+
+    with wrapped(("project_qkv",), spy):
+        kvlib.project_qkv(np.zeros((2, 4)), params.layers[0])       # a learner's call
+        _, cache = kvlib.prefill(params, [0, 3, 7])                   # the loop: 3 layers
+        kvlib.decode_step(params, 1, cache)
+    assert trusted == [False] + [True] * 6
+    assert not checks.is_trusted()
+    with checks.trusted():
+        assert checks.as_matrix("X", "not checked") == "not checked"

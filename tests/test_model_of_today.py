@@ -95,7 +95,7 @@ def test_reset_and_bad_input(params, tokenizer):
     assert conversation.messages == [{"role": "system", "content": "Be brief."}]
     with pytest.raises(ValueError, match="chat model's tokenizer"):
         Conversation(params, kvlib.Tokenizer.gpt2())
-    with pytest.raises(TypeError, match="system must be text"):
+    with pytest.raises(TypeError, match="system must be a str or None"):
         Conversation(params, tokenizer, system=3)
 
 

@@ -59,8 +59,8 @@ def test_float64_and_float32_change_nothing_they_cannot_hold():
 
 
 @pytest.mark.parametrize("call, error, words", [
-    (lambda: precision.round_to(np.ones(2), "int8"), ValueError, "float16, bfloat16"),
-    (lambda: precision.round_to(np.arange(3), "float16"), TypeError, "floating-point"),
+    (lambda: precision.in_format(kvlib.init_params(), "int8"), ValueError, "float16', 'bf"),
+    (lambda: precision.computed_in("float8").__enter__(), ValueError, "number_format"),
     (lambda: precision.in_format("params", "float16"), TypeError, "Params"),
     (lambda: precision.compare(np.ones((2, 3)), np.ones((3, 2))), ValueError, "one shape"),
 ])
@@ -109,8 +109,6 @@ def test_the_rounding_cache_stores_what_a_16_bit_buffer_would():
     for layer in range(1, config.n_layers):
         cache.append(layer, K, K)
     assert "RoundingCache(bfloat16, 2 of " in repr(cache)
-    with pytest.raises(ValueError, match="number_format"):
-        precision.RoundingCache(config, "float8")
 
 
 @settings(max_examples=25, deadline=None)
@@ -130,9 +128,9 @@ def test_in_float64_cached_equals_recomputed_and_padded_equals_alone(config, see
 def test_teacher_forcing_checks_its_prompt_length():
     params = kvlib.init_params(seed=0)
     for bad in (0, 3, 2.0, True):
-        with pytest.raises(ValueError, match="prompt_length must be"):
+        with pytest.raises((TypeError, ValueError), match="prompt_length must be"):
             precision.teacher_forced(params, [1, 2, 3], bad)
-    with pytest.raises(ValueError, match="padding must be"):
+    with pytest.raises(ValueError, match="padding must be at least 1"):
         precision.left_padded(params, [1, 2], 0)
 
 

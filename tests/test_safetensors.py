@@ -297,41 +297,43 @@ def entry(dtype="F32", shape=(1,), offsets=(0, 4)):
 F4 = b"\0" * 4
 BROKEN_FILES = {
     # name: (file bytes, words the error must contain, the tensor it must name or None)
-    "empty file": (b"", "it has 0 bytes; a safetensors file starts with an 8-byte", None),
+    "empty file": (b"", "it has 0 bytes: 8 for the header's length", None),
     "shorter than 8 bytes": (b"\x05\0\0", "it has 3 bytes", None),
     "header length past the end": (file_bytes({}, length=1000),
-                                   "give a header of 1,000 bytes, but only 2 bytes follow", None),
-    "header not UTF-8": (file_bytes(b'{"\xff": 1}'), "its header is not UTF-8", None),
+                                   "it has 10 bytes: 8 for the header's length, which they give "
+                                   "as 1,000", None),
+    "header not UTF-8": (file_bytes(b'{"\xff": 1}'), "its header is not valid JSON in UTF-8",
+                         None),
     "header not JSON": (file_bytes(b'{"a": '), "its header is not valid JSON", None),
     "header a JSON list": (file_bytes(b"[1, 2]"), "its header is a JSON list, not an object",
                            None),
-    "entry not an object": (file_bytes({"w": 5}), "must be an object with dtype, shape and",
-                            "w"),
+    "entry not an object": (file_bytes({"w": 5}), "shape}, got 5", "w"),
     "entry without offsets": (file_bytes({"w": {"dtype": "F32", "shape": [1]}}, F4),
-                              "must be an object with dtype, shape and data_offsets", "w"),
+                              "must be {'dtype': one of BOOL", "w"),
     "a dtype numpy lacks": (file_bytes({"w": entry("F8_E4M3", (4,))}, F4),
-                            "has dtype 'F8_E4M3', which kvlib does not read (it reads BOOL",
-                            "w"),
-    "no dtype at all": (file_bytes({"w": entry("F33")}, F4), "has dtype 'F33'", "w"),
-    "negative size": (file_bytes({"w": entry(shape=[-1])}, F4), "not a list of sizes >= 0",
-                      "w"),
-    "fractional size": (file_bytes({"w": entry(shape=[1.5])}, F4), "has shape [1.5]", "w"),
-    "shape a number": (file_bytes({"w": entry() | {"shape": 1}}, F4), "has shape 1", "w"),
+                            "must be {'dtype': one of BOOL, U8, I8, I16", "w"),
+    "no dtype at all": (file_bytes({"w": entry("F33")}, F4), "'dtype': 'F33'", "w"),
+    "negative size": (file_bytes({"w": entry(shape=[-1])}, F4), "'shape': [-1]", "w"),
+    "fractional size": (file_bytes({"w": entry(shape=[1.5])}, F4), "'shape': [1.5]", "w"),
+    "shape a number": (file_bytes({"w": entry() | {"shape": 1}}, F4), "'shape': 1", "w"),
     "offsets reversed": (file_bytes({"w": entry(offsets=(4, 0))}, F4),
-                         "has data_offsets [4, 0], not [begin, end]", "w"),
-    "one offset": (file_bytes({"w": entry(offsets=(4,))}, F4), "has data_offsets [4]", "w"),
+                         "'data_offsets': [4, 0]", "w"),
+    "one offset": (file_bytes({"w": entry(offsets=(4,))}, F4), "'data_offsets': [4]", "w"),
     "byte count not dtype x shape": (file_bytes({"w": entry(shape=(2, 2), offsets=(0, 12))},
                                                 F4 * 3),
-                                     "has 12 bytes (data_offsets [0, 12]), but F32 of shape "
-                                     "[2, 2] takes 16", "w"),
+                                     "end - begin the bytes of that dtype and shape}, got "
+                                     "{'dtype': 'F32', 'shape': [2, 2], 'data_offsets': [0, 12]}",
+                                     "w"),
     "overlap": (file_bytes(f32("a", [2], 0) | f32("b", [2], 4), F4 * 3),
-                "tensor 'b' (bytes 4 to 12) overlaps tensor 'a', which ends at byte 8", "b"),
+                "tensor 'b' takes bytes 4 to 12, and the tensors before it end at byte 8", "b"),
     "gap": (file_bytes(f32("a", [1], 0) | f32("b", [1], 8), F4 * 3),
-            "4 bytes before tensor 'b' belong to no tensor (a gap from byte 4 to 8)", "b"),
+            "tensor 'b' takes bytes 8 to 12, and the tensors before it end at byte 4", "b"),
     "runs past the file": (file_bytes(f32("a", [1], 0) | f32("b", [4], 4), F4 * 2),
-                           "tensor 'b' ends at byte 20 of the data, but the data has 8", "b"),
+                           "tensor 'b' takes bytes 4 to 20, and the tensors before it end at "
+                           "byte 4: the tensors must tile the 8 bytes of data", "b"),
     "bytes after the last tensor": (file_bytes(f32("a", [1], 0), F4 * 2),
-                                    "its last 4 bytes belong to no tensor", None),
+                                    "the tensors end at byte 4: the tensors must tile the 8 "
+                                    "bytes of data one after the other", None),
     "metadata not strings": (file_bytes({"__metadata__": {"n": 1}}),
                              "__metadata__ must map strings to strings", None),
     "a name twice": (file_bytes(b'{"w":' + json.dumps(entry()).encode() + b',"w":'
@@ -367,7 +369,7 @@ def test_header_longer_than_the_references_limit(tmp_path):
     with open(path, "wb") as file:  # a sparse file: nothing is written past the 8 bytes
         file.write((100_000_001).to_bytes(8, "little"))
         file.truncate(8 + 100_000_001)
-    with pytest.raises(ValueError, match="longer than 100,000,000, the limit"):
+    with pytest.raises(ValueError, match="at most 100,000,000 bytes, the reference"):
         read_header(path)
 
 
@@ -385,15 +387,7 @@ BAD_WRITES = [
     ({"c": np.zeros(2, np.complex64)}, None, (), TypeError, "has dtype complex64"),
     ({"q": np.zeros(2, np.longdouble)}, None, (), TypeError, "has dtype float128"),
     ({"w": np.zeros(2, np.float32)}, None, ["w"], TypeError,
-     "tensor 'w' is listed in bfloat16, so it must hold uint16 bits"),
-    ({"w": np.zeros(2, np.uint16)}, None, ["v"], ValueError,
-     "bfloat16 names 'v', which are not among the tensors"),
-    ({"__metadata__": np.zeros(1)}, None, (), ValueError,
-     "tensor names must be strings other than '__metadata__'"),
-    ({3: np.zeros(1)}, None, (), ValueError, "tensor names must be strings"),
-    ({"w": np.zeros(1)}, {"n": 1}, (), TypeError, "metadata must map strings to strings"),
-    ({"w": np.zeros(1)}, ["n"], (), TypeError, "metadata must map strings to strings"),
-    ([np.zeros(1)], None, (), TypeError, "tensors must be a dict of name -> array, got list"),
+     "tensor 'w' has dtype float32, .* bfloat16 as uint16 bits"),
 ]
 
 

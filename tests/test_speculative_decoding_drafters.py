@@ -108,8 +108,8 @@ def test_the_first_layers_cache_what_the_whole_model_caches_there(data):
 
 
 @pytest.mark.parametrize("n, error, words", [
-    (0, ValueError, "between 1 and the model's 3 layers"),
-    (4, ValueError, "between 1 and the model's 3 layers"),
+    (0, ValueError, "n_layers must be at least 1"),
+    (4, ValueError, "n_layers must be at most 3"),
     (1.0, TypeError, "whole number"), (True, TypeError, "whole number"),
 ])
 def test_first_layers_refuses_what_is_not_a_depth(n, error, words):

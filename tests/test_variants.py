@@ -308,7 +308,7 @@ def test_a_window_mask_with_sinks():
 @pytest.mark.parametrize("options, rule", [
     (dict(n_heads=2, n_kv_heads=3), "multiple of n_kv_heads"),
     (dict(n_kv_heads=0), "at least 1"),
-    (dict(window=33), "larger than the context"),
+    (dict(window=33), "cannot exceed the context length"),
     (dict(window=30, sink_tokens=4), "cannot exceed the context"),
     (dict(sink_tokens=2), "give a window"),
     (dict(positions="absolute"), "positions must be one of"),

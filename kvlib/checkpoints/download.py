@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..checks import as_path
+
 REPOSITORY = "openai-community/gpt2"
 FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt")
 ENVIRONMENT_VARIABLE = "KVLIB_GPT2_DIR"
@@ -21,12 +23,7 @@ ENVIRONMENT_VARIABLE = "KVLIB_GPT2_DIR"
 
 def _directory(directory) -> Path:
     """The folder given, or the default one for None."""
-    if directory is None:
-        return default_directory()
-    if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"directory must be a path (a str or a pathlib.Path) or None, got "
-                        f"{directory!r}")
-    return Path(directory)
+    return default_directory() if directory is None else as_path(directory, "directory")
 
 
 def default_directory() -> Path:

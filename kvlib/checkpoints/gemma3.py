@@ -56,9 +56,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checks import count, real_number
+from ..checks import as_count, as_finite, as_real_number
 from ..sentencepiece import SentencePieceTokenizer
-from .gguf import check_finite, converted_directory, read_gguf
+from .gguf import converted_directory, read_gguf
 from .safetensors import in_dtype, read_header, read_safetensors
 
 CHUNKS = (
@@ -140,10 +140,10 @@ class Gemma3Config:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim", "sliding_window",
                      "max_position_embeddings"):
-            count(f"Gemma3Config.{name}", getattr(self, name), 1)
+            as_count(f"Gemma3Config.{name}", getattr(self, name), 1)
         for name in ("rope_theta", "rope_local_base_freq", "query_pre_attn_scalar",
                      "rms_norm_eps"):
-            real_number(f"Gemma3Config.{name}", getattr(self, name), positive=True)
+            as_real_number(f"Gemma3Config.{name}", getattr(self, name), positive=True)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"{self.num_attention_heads} query heads cannot share "
                              f"{self.num_key_value_heads} K/V heads equally")
@@ -159,7 +159,7 @@ class Gemma3Config:
         for name in ("bos_token_id", "eos_token_id"):
             value = getattr(self, name)
             if value is not None:
-                count(f"Gemma3Config.{name}", value, 0)
+                as_count(f"Gemma3Config.{name}", value, 0)
 
     @property
     def numpy_dtype(self) -> np.dtype:
@@ -363,7 +363,7 @@ def params_from_tensors(config: Gemma3Config, tensors: dict[str, np.ndarray],
             array = array.astype(config.numpy_dtype)
         if layout == "hub" and ours.split(" ")[-1] in _NORMS:
             array = array + np.asarray(1.0, dtype=array.dtype)
-        check_finite(array, theirs, where)
+        as_finite(array, theirs, where)
         arrays[ours] = array.view(np.ndarray)
     if "lm_head.weight" in tensors and not np.array_equal(
             np.asarray(tensors["lm_head.weight"], dtype=arrays["embedding"].dtype),
@@ -589,7 +589,7 @@ def convert_gguf(path) -> Path:
         for start in range(0, len(data), ROWS_AT_ONCE):
             rows = dequantize(data[start:start + ROWS_AT_ONCE], kind).astype(np.float32,
                                                                              copy=False)
-            check_finite(rows, name, str(path))
+            as_finite(rows, name, str(path))
             yield rows
 
     _write_float32_safetensors(partial / "model.safetensors", shapes, float32,

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checks import as_finite, as_instance, as_one_of, as_path
 from ..config import ModelConfig
 from ..params import LayerParams, Params
 from .safetensors import read_safetensors, write_safetensors
@@ -93,7 +94,7 @@ def _reader(path):
     except ImportError:
         raise ImportError("reading a GGUF file needs llama.cpp's gguf package: "
                           "pip install gguf") from None
-    path = Path(path)
+    path = as_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
     try:
@@ -128,6 +129,7 @@ def config_from_gguf(metadata: dict, dtype: str = "float32") -> ModelConfig:
     Anything kvlib does not compute (another architecture, RoPE scaling, untied output) is
     refused, naming the setting.
     """
+    metadata = as_instance("metadata", metadata, dict, "read_gguf's first result")
     architecture = metadata.get("general.architecture")
     if architecture != "llama":
         raise ValueError(f"this GGUF file holds a {architecture!r} model; kvlib reads the "
@@ -193,21 +195,12 @@ def params_from_gguf_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]
                              f"reads it, but the config needs {expected[ours]}")
         if array.dtype != config.numpy_dtype:
             array = array.astype(config.numpy_dtype)
-        check_finite(array, theirs, where)
+        as_finite(array, theirs, where)
         arrays[ours] = array.view(np.ndarray)
     layers = [LayerParams(**{name: arrays[f"layer {i} {name}"] for name in block})
               for i in range(config.n_layers)]
     return Params(config=config, layers=layers,
                   **{name: arrays[name] for name in Params.expected_shapes(config)})
-
-
-def check_finite(array: np.ndarray, name: str, where: str) -> None:
-    """Refuse a tensor with NaN or inf at load: the damage would show far later, as NaN
-    logits, with nothing pointing back to the file."""
-    if not np.isfinite(array).all():
-        bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
-        raise ValueError(f"{where}: tensor {name!r} holds {bad} NaN or infinite numbers; a "
-                         "model's weights are finite (a damaged or wrongly converted file?)")
 
 
 # ------------------------------------------------------------------------------ converted folder
@@ -225,7 +218,7 @@ def _source_stamp(path: Path) -> dict:
 
 def converted_directory(path) -> Path:
     """Where convert keeps a GGUF file's float32 weights: <name>.float32/ beside the file."""
-    path = Path(path)
+    path = as_path(path)
     return path.with_name(path.stem + ".float32")
 
 
@@ -287,11 +280,7 @@ def convert(path) -> Path:
 
 def read_converted_metadata(folder) -> dict:
     """metadata.json of a converted folder (without the tokenizer's lists)."""
-    path = Path(folder) / "metadata.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as error:
-        raise ValueError(f"{path} is not JSON ({error}): convert the GGUF file again") from None
+    return json.loads((Path(folder) / "metadata.json").read_text(encoding="utf-8"))
 
 
 def load_converted(folder, dtype: str = "float32") -> Params:
@@ -305,8 +294,6 @@ def load_converted(folder, dtype: str = "float32") -> Params:
 def load_gguf(path, dtype: str = "float32") -> Params:
     """kvlib Params of a Llama-architecture GGUF file (model_of_today): converted once into
     <name>.float32/ beside it (about 5 s for SmolLM2), then memory-mapped from there."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a path to a .gguf file, got {path!r}")
     if not is_converted(path):
         convert(path)
     return load_converted(converted_directory(path), dtype)
@@ -318,13 +305,11 @@ def bits_per_number(kind: str) -> float:
     per_block = {"Q4_0": (32, 2 + 16), "Q4_1": (32, 2 + 2 + 16), "Q5_0": (32, 2 + 4 + 16),
                  "Q5_1": (32, 2 + 2 + 4 + 16), "Q8_0": (32, 2 + 32), "F16": (1, 2),
                  "F32": (1, 4)}
-    if kind not in per_block:
-        raise ValueError(f"unknown quantization type {kind!r}; kvlib knows {sorted(per_block)}")
-    numbers, n_bytes = per_block[kind]
+    numbers, n_bytes = per_block[as_one_of("kind", kind, per_block)]
     return 8 * n_bytes / numbers
 
 
 __all__ = ["CONVERTED_FILES", "GGUF_BLOCK_NAMES", "GGUF_NAMES", "bits_per_number",
-           "check_finite", "config_from_gguf", "convert", "converted_directory",
+           "config_from_gguf", "convert", "converted_directory",
            "dequantize_tensors", "is_converted", "load_converted", "load_gguf",
            "params_from_gguf_tensors", "read_converted_metadata", "read_gguf"]

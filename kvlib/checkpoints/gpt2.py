@@ -31,13 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checks import as_finite, as_known_tensors, as_path
 from ..config import ModelConfig
 from ..params import LayerParams, Params
-from .gguf import check_finite
 from .safetensors import (
-    _as_path,
-    bfloat16_to_float32,
     float32_to_bfloat16,
+    in_dtype,
     read_header,
     read_safetensors,
     write_safetensors,
@@ -60,9 +59,6 @@ def config_from_hub(hub_config: dict, dtype: str = "float32") -> ModelConfig:
     Refuses, naming the setting, what kvlib's GPT-2 does not compute: another activation
     than the tanh GeLU, unscaled or per-layer-scaled attention, untied embeddings.
     """
-    if not isinstance(hub_config, dict):
-        raise TypeError(f"hub_config must be the dict of a config.json, got "
-                        f"{type(hub_config).__name__}")
     if hub_config.get("model_type", "gpt2") != "gpt2":
         raise ValueError(f"config.json describes a {hub_config['model_type']!r} model "
                          "(model_type); kvlib.gpt2 reads GPT-2 checkpoints only")
@@ -76,12 +72,6 @@ def config_from_hub(hub_config: dict, dtype: str = "float32") -> ModelConfig:
         if hub_config.get(setting, expected) != expected:
             raise ValueError(f"config.json sets {setting} = {hub_config[setting]}; kvlib's "
                              f"GPT-2 computes {setting} = {expected} only")
-    for key in ("n_embd", "n_head", "n_layer", "vocab_size", "n_positions", "n_ctx", "n_inner"):
-        if key not in hub_config or (key == "n_inner" and hub_config[key] is None):
-            continue                                 # n_inner null: 4 x n_embd
-        value = hub_config[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"config.json's {key} must be a whole number >= 1, got {value!r}")
     try:
         d_model = hub_config["n_embd"]
         return ModelConfig(
@@ -131,15 +121,6 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _as_dtype(array: np.ndarray, stored: str, dtype: np.dtype) -> np.ndarray:
-    """The tensor in the config's dtype: a view of the mapped file when it already is."""
-    if stored == "BF16":
-        array = bfloat16_to_float32(array)
-    if array.dtype == dtype:
-        return array.view(np.ndarray)
-    return array.astype(dtype)
-
-
 def load(directory, dtype: str = "float32") -> Params:
     """kvlib params from a GPT-2 checkpoint folder (config.json + model.safetensors) (real_model).
 
@@ -151,7 +132,7 @@ def load(directory, dtype: str = "float32") -> Params:
     are named in the error, with the shape expected and the shape found; so is a
     config.json that is not a JSON object.
     """
-    directory = _as_path(directory, "directory")
+    directory = as_path(directory, "directory")
     for needed in ("config.json", "model.safetensors"):
         if not (directory / needed).is_file():
             raise FileNotFoundError(f"{directory} has no {needed}: a GPT-2 checkpoint folder "
@@ -173,9 +154,9 @@ def load(directory, dtype: str = "float32") -> Params:
         if tensor.shape != shapes[ours]:
             raise ValueError(f"{path}: tensor {theirs!r} has shape {tensor.shape}, but "
                              f"config.json's sizes need {shapes[ours]}")
-        arrays[ours] = _as_dtype(tensor, header[theirs]["dtype"], config.numpy_dtype)
-        check_finite(arrays[ours], theirs, str(path))
-    _check_nothing_else(path, tensors, set(names.values()), prefix, arrays["embedding"])
+        arrays[ours] = in_dtype(tensor, header[theirs]["dtype"], config.numpy_dtype)
+        as_finite(arrays[ours], theirs, str(path))
+    as_known_tensors(path, tensors, set(names.values()), arrays["embedding"], _SKIPPED)
     return _params(config, arrays)
 
 
@@ -183,28 +164,13 @@ def read_config(path: Path) -> dict:
     """A config.json as a dict; a ValueError naming the file when it is not a JSON object."""
     try:
         config = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not UTF-8 text: is it a config.json?") from None
-    except RecursionError:
-        raise ValueError(f"{path} is not valid JSON: nested too deeply") from None
-    except ValueError as error:
-        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    except (ValueError, RecursionError) as error:    # not UTF-8, not JSON, nested too deeply
+        raise ValueError(f"{path} is not a config.json, a JSON object in UTF-8 "
+                         f"({error!r:.200})") from None
     if not isinstance(config, dict):
-        raise ValueError(f"{path} holds a JSON {type(config).__name__}, not a JSON object "
-                         "({\"n_embd\": ..., ...}): is it a config.json?")
+        raise ValueError(f"{path} is not a config.json, a JSON object in UTF-8: it holds a JSON "
+                         f"{type(config).__name__}")
     return config
-
-
-def _check_nothing_else(path, tensors, used: set[str], prefix: str, embedding) -> None:
-    for name in tensors:
-        if name in used or name.endswith(_SKIPPED):
-            continue
-        if name == "lm_head.weight":
-            if not np.array_equal(tensors[name], embedding):
-                raise ValueError(f"{path}: lm_head.weight differs from wte.weight; kvlib's "
-                                 "GPT-2 ties the unembedding to the lookup table")
-            continue
-        raise ValueError(f"{path} has a tensor kvlib's GPT-2 does not know: {name!r}")
 
 
 def _params(config: ModelConfig, arrays: dict[str, np.ndarray]) -> Params:
@@ -228,18 +194,8 @@ def save(params: Params, directory, *, prefix: str = "", stored_dtype: str = "F3
     prefix "" names tensors as the hub's GPT-2 file does, "transformer." as save_pretrained
     does. stored_dtype "F32", "F16" or "BF16".
     """
-    if not isinstance(params, Params):
-        raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
     config = params.config
-    if (config.positions, config.norm, config.bias) != ("learned", "layer", True) or \
-            config.n_kv_heads is not None:
-        raise ValueError("only a GPT-2 architecture (learned positions, layer norms, biases, "
-                         "as many K/V heads as heads) can be saved as a GPT-2 checkpoint")
-    if not isinstance(prefix, str) or prefix not in ("", "transformer."):
-        raise ValueError(f"prefix must be '' or 'transformer.', got {prefix!r}")
-    if not isinstance(stored_dtype, str) or stored_dtype not in ("F32", "F16", "BF16"):
-        raise ValueError(f"stored_dtype must be 'F32', 'F16' or 'BF16', got {stored_dtype!r}")
-    directory = _as_path(directory, "directory")
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     arrays = dict(params.arrays())
     for i, layer in enumerate(params.layers):
@@ -258,10 +214,8 @@ def save(params: Params, directory, *, prefix: str = "", stored_dtype: str = "F3
         elif stored_dtype == "BF16":
             value = float32_to_bfloat16(value.astype(np.float32))
             bfloat16.add(theirs)
-        elif stored_dtype == "F32":
-            value = value.astype(np.float32)
         else:
-            raise ValueError(f"stored_dtype must be 'F32', 'F16' or 'BF16', got {stored_dtype!r}")
+            value = value.astype(np.float32)
         tensors[theirs] = value
     write_safetensors(directory / "model.safetensors", tensors, {"format": "pt"},
                       bfloat16=bfloat16)

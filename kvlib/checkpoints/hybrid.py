@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checks import as_finite, as_path
 from ..deltanet import LAYER_PARAMS, HybridConfig, HybridParams
-from .gguf import check_finite
 from .gpt2 import read_config
-from .safetensors import _as_path, in_dtype, read_header, read_safetensors
+from .safetensors import in_dtype, read_header, read_safetensors
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 """The folder of the models that ship with kvlib."""
@@ -135,7 +135,7 @@ def model_directory(name) -> Path:
     """A model that ships with kvlib, by name ("stories-hybrid"), or any folder by its path."""
     if isinstance(name, str) and "/" not in name and "\\" not in name and name:
         return MODELS / name
-    return _as_path(name, "name")
+    return as_path(name, "name")
 
 
 def load_hybrid(name="stories-hybrid", dtype: str = "float32") -> HybridParams:
@@ -165,7 +165,7 @@ def load_hybrid(name="stories-hybrid", dtype: str = "float32") -> HybridParams:
             raise ValueError(f"{path}: tensor {theirs!r} has shape {tensors[theirs].shape}, "
                              f"but config.json's sizes need {shapes[ours]}")
         array = in_dtype(tensors[theirs], header[theirs]["dtype"], dtype)
-        check_finite(array, theirs, str(path))
+        as_finite(array, theirs, str(path))
         arrays[ours] = _as_kvlib(ours, array)
     unexpected = sorted(set(tensors) - set(names.values()))
     if unexpected:

@@ -23,14 +23,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from ..checks import (
+    as_array,
+    as_divisor,
+    as_finite,
+    as_known_tensors,
+    as_one_of,
+    as_params,
+    as_path,
+)
 from ..config import ModelConfig
 from ..params import LayerParams, Params
-from .gguf import check_finite
+from .gpt2 import read_config
 from .safetensors import (
     float32_to_bfloat16,
     in_dtype,
@@ -72,8 +80,6 @@ def config_from_hub(hub_config: dict, dtype: str = "float32") -> ModelConfig:
     Refuses, naming the setting, what kvlib's Llama does not compute: another model type or
     activation, biases, untied embeddings, RoPE scaling, a head size other than d / heads.
     """
-    if not isinstance(hub_config, dict):
-        raise ValueError(f"config.json must hold a JSON object, got {type(hub_config).__name__}")
     if hub_config.get("model_type", "llama") != "llama":
         raise ValueError(f"config.json describes a {hub_config['model_type']!r} model; "
                          "kvlib.checkpoints.llama reads Llama-architecture checkpoints")
@@ -109,13 +115,6 @@ def _names(n_layers: int) -> dict[str, str]:
     return names
 
 
-def _read_config(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is not JSON ({error})") from None
-
-
 def load(directory, dtype: str = "float32") -> Params:
     """kvlib Params from a Llama checkpoint folder in the hub's layout (model_of_today).
 
@@ -123,14 +122,12 @@ def load(directory, dtype: str = "float32") -> Params:
     hub's SmolLM2 is BF16) are converted. Missing, misshapen, unknown or non-finite tensors are
     named in the error.
     """
-    if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"directory must be a path (a str or a pathlib.Path), got {directory!r}")
-    directory = Path(directory)
+    directory = as_path(directory, "directory")
     for needed in ("config.json", "model.safetensors"):
         if not (directory / needed).is_file():
             raise FileNotFoundError(f"{directory} has no {needed}: a Llama checkpoint folder "
                                     "holds config.json and model.safetensors")
-    config = config_from_hub(_read_config(directory / "config.json"), dtype)
+    config = config_from_hub(read_config(directory / "config.json"), dtype)
     path = directory / "model.safetensors"
     header, _ = read_header(path)
     tensors = read_safetensors(path)
@@ -149,22 +146,11 @@ def load(directory, dtype: str = "float32") -> Params:
         if array.shape != expected[ours]:
             raise ValueError(f"{path}: tensor {theirs!r} has shape {array.shape} as kvlib reads "
                              f"it, but config.json's sizes need {expected[ours]}")
-        check_finite(array, theirs, str(path))
+        as_finite(array, theirs, str(path))
         arrays[ours] = array
-    _check_nothing_else(path, tensors, set(names.values()), arrays["embedding"])
+    as_known_tensors(path, tensors, set(names.values()), arrays["embedding"],
+                     ("rotary_emb.inv_freq",))   # a buffer, not a weight
     return _params(config, arrays)
-
-
-def _check_nothing_else(path, tensors, used: set[str], embedding) -> None:
-    for name in tensors:
-        if name in used or name.endswith("rotary_emb.inv_freq"):   # a buffer, not a weight
-            continue
-        if name == "lm_head.weight":
-            if not np.array_equal(np.asarray(tensors[name], dtype=embedding.dtype), embedding):
-                raise ValueError(f"{path}: lm_head.weight differs from the token table; "
-                                 "kvlib's Llama ties the unembedding to the lookup table")
-            continue
-        raise ValueError(f"{path} has a tensor kvlib's Llama does not know: {name!r}")
 
 
 def _params(config: ModelConfig, arrays: dict[str, np.ndarray]) -> Params:
@@ -181,16 +167,9 @@ def save(params: Params, directory, *, stored_dtype: str = "F32") -> Path:
     stored_dtype "F32", "F16" or "BF16". A GGUF model (interleaved) is turned first with
     with_rope_pairing(params, "half")."""
     config = params.config
-    if (config.positions, config.norm, config.mlp, config.bias) != ("rotary", "rms", "swiglu",
-                                                                   False) \
-            or config.latent_dim is not None or config.window is not None:
-        raise ValueError("only a Llama architecture (rotary positions, RMSNorm, SwiGLU, no "
-                         "biases, no latent or window) can be saved as a Llama checkpoint")
     if config.rope_pairing != "half":
         raise ValueError("the hub's layout expects q and k rows for the half pairing: save "
                          "with_rope_pairing(params, 'half') instead")
-    if stored_dtype not in ("F32", "F16", "BF16"):
-        raise ValueError(f"stored_dtype must be 'F32', 'F16' or 'BF16', got {stored_dtype!r}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     arrays = dict(params.arrays())
@@ -231,6 +210,11 @@ def to_interleaved_columns(W: np.ndarray, n_heads: int) -> np.ndarray:
     i + dh/2. After it, turning neighbouring pairs (rotate_pairs) does what turning halves
     (rotate_halves) did before. (llama.cpp's `permute` in convert_hf_to_gguf.py does this to the
     rows of (out, in).)"""
+    W = as_array("W", W, (1, 2))
+    n_heads = as_divisor("n_heads", n_heads, W.shape[-1], "columns of W")
+    if (W.shape[-1] // n_heads) % 2:
+        raise ValueError(f"each head's {W.shape[-1] // n_heads} columns must pair up: an even "
+                         "head size")
     *rest, width = W.shape
     head_dim = width // n_heads
     return W.reshape(*rest, n_heads, 2, head_dim // 2).swapaxes(-1, -2).reshape(W.shape)
@@ -238,6 +222,11 @@ def to_interleaved_columns(W: np.ndarray, n_heads: int) -> np.ndarray:
 
 def to_half_columns(W: np.ndarray, n_heads: int) -> np.ndarray:
     """The inverse of to_interleaved_columns: from a GGUF's order back to the hub's."""
+    W = as_array("W", W, (1, 2))
+    n_heads = as_divisor("n_heads", n_heads, W.shape[-1], "columns of W")
+    if (W.shape[-1] // n_heads) % 2:
+        raise ValueError(f"each head's {W.shape[-1] // n_heads} columns must pair up: an even "
+                         "head size")
     *rest, width = W.shape
     head_dim = width // n_heads
     return W.reshape(*rest, n_heads, head_dim // 2, 2).swapaxes(-1, -2).reshape(W.shape)
@@ -248,9 +237,8 @@ def with_rope_pairing(params: Params, pairing: str) -> Params:
     their biases, if any) reordered within each head, the config's rope_pairing changed. Its
     logits equal the original's (up to rounding); only the order of the columns q and k hold
     differs, in the cache too."""
-    config = params.config
-    if pairing not in ("interleaved", "half"):
-        raise ValueError(f"pairing must be 'interleaved' or 'half', got {pairing!r}")
+    config = as_params(params).config
+    pairing = as_one_of("pairing", pairing, ("interleaved", "half"))
     if config.positions != "rotary" or config.latent_dim is not None:
         raise ValueError("only a model with rotary positions on whole heads has a pairing")
     if pairing == config.rope_pairing:

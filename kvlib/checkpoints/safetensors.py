@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checks import as_flag, as_path
+
 DTYPES = {
     "BOOL": np.dtype("?"),
     "U8": np.dtype("u1"),
@@ -63,20 +65,6 @@ def _invalid(path, message: str) -> ValueError:
     return ValueError(f"{path} is not a valid safetensors file: {message}")
 
 
-def _as_path(path, what: str = "path") -> Path:
-    """A file's path (a str or a pathlib.Path, not empty)."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{what} must be a path (a str or a pathlib.Path), got {path!r}")
-    name = os.fspath(path)
-    if isinstance(name, bytes):
-        raise TypeError(f"{what} must be a path (a str or a pathlib.Path), got {path!r}")
-    if name == "":
-        raise ValueError(f"{what} is empty: give the name of a file")
-    if "\0" in name:
-        raise ValueError(f"{what} {name!r} holds a NUL character, which no file name has")
-    return Path(name)
-
-
 def read_header(path) -> tuple[dict, int]:
     """The header of a safetensors file, checked, and where its tensor bytes start (real_model).
 
@@ -87,21 +75,15 @@ def read_header(path) -> tuple[dict, int]:
     tensor whose byte count is not dtype size x shape, and offsets that overlap, leave gaps or
     run past the end of the file.
     """
-    path = _as_path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder, not a safetensors file")
+    path = as_path(path)
     file_size = path.stat().st_size
-    if file_size < 8:
-        raise _invalid(path, f"it has {file_size} bytes; a safetensors file starts with an "
-                            "8-byte header length")
     with open(path, "rb") as file:
         header_length = int.from_bytes(file.read(8), "little")
-        if header_length > file_size - 8:
-            raise _invalid(path, f"its first 8 bytes give a header of {header_length:,} bytes, "
-                                f"but only {file_size - 8:,} bytes follow them")
-        if header_length > MAX_HEADER_BYTES:
-            raise _invalid(path, f"its header of {header_length:,} bytes is longer than "
-                                f"{MAX_HEADER_BYTES:,}, the limit of the reference implementation")
+        if file_size < 8 or header_length > min(file_size - 8, MAX_HEADER_BYTES):
+            raise _invalid(path, f"it has {file_size:,} bytes: 8 for the header's length, which "
+                                f"they give as {header_length:,}, then the header (at most "
+                                f"{MAX_HEADER_BYTES:,} bytes, the reference implementation's "
+                                "limit) and the data")
         header = _parse_header(path, file.read(header_length))
     _check_layout(path, header, file_size - 8 - header_length)
     return header, 8 + header_length
@@ -111,19 +93,12 @@ def _parse_header(path, raw: bytes) -> dict:
     """The header's bytes -> its JSON object, each entry checked on its own."""
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys(path))
-    except UnicodeDecodeError as error:
-        raise _invalid(path, f"its header is not UTF-8 ({error})") from None
-    except RecursionError:
-        raise _invalid(path, "its header's JSON is nested too deeply to read") from None
-    except ValueError as error:       # JSONDecodeError, or an integer of thousands of digits
-        raise _invalid(path, f"its header is not valid JSON ({error})") from None
+    except (ValueError, RecursionError) as error:   # not UTF-8, not JSON, nested too deeply
+        raise _invalid(path, f"its header is not valid JSON in UTF-8 ({error!r:.200})") from None
     if not isinstance(header, dict):
         raise _invalid(path, f"its header is a JSON {type(header).__name__}, not an object")
     for name, entry in header.items():
-        if name == METADATA_KEY:
-            _check_metadata(path, entry)
-        else:
-            _check_entry(path, name, entry)
+        _check_entry(path, name, entry)
     return header
 
 
@@ -137,37 +112,25 @@ def _unique_keys(path):
     return to_dict
 
 
-def _check_metadata(path, metadata) -> None:
-    if not isinstance(metadata, dict) or not all(
-            isinstance(value, str) for value in metadata.values()):
-        raise _invalid(path, f"{METADATA_KEY} must map strings to strings, got {metadata!r}")
-
-
 def _check_entry(path, name: str, entry) -> None:
-    where = f"tensor {name!r}"
-    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
-        raise _invalid(path, f"{where} must be an object with dtype, shape and data_offsets, "
-                            f"got {entry!r}")
-    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise _invalid(path, f"{where} has dtype {dtype!r}, which kvlib does not read "
-                            f"(it reads {', '.join(DTYPES)})")
-    if not isinstance(shape, list) or not all(_is_count(size) for size in shape):
-        raise _invalid(path, f"{where} has shape {shape!r}, not a list of sizes >= 0")
-    if len(shape) > MAX_DIMENSIONS:
-        raise _invalid(path, f"{where} has {len(shape)} dimensions; numpy arrays have at most "
-                            f"{MAX_DIMENSIONS}")
-    if math.prod(size for size in shape if size) * DTYPES[dtype].itemsize >= 2**63:
-        raise _invalid(path, f"{where} has shape {shape}, too large for any array (even "
-                            "with no elements, numpy refuses such sizes)")
-    if (not isinstance(offsets, list) or len(offsets) != 2
-            or not all(_is_count(offset) for offset in offsets) or offsets[0] > offsets[1]):
-        raise _invalid(path, f"{where} has data_offsets {offsets!r}, not [begin, end] with "
-                            "0 <= begin <= end")
-    needed = math.prod(shape) * DTYPES[dtype].itemsize
-    if offsets[1] - offsets[0] != needed:
-        raise _invalid(path, f"{where} has {offsets[1] - offsets[0]:,} bytes (data_offsets "
-                            f"{offsets}), but {dtype} of shape {shape} takes {needed:,}")
+    """One tensor's entry: {"dtype": a name of DTYPES, "shape": [sizes], "data_offsets":
+    [begin, end]}, with end - begin the bytes of that dtype and shape; or the metadata."""
+    if name == METADATA_KEY:
+        if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+            raise _invalid(path, f"{METADATA_KEY} must map strings to strings, got {entry!r}")
+        return
+    dtype, shape, offsets = (entry.get(key) if isinstance(entry, dict) else None
+                             for key in ("dtype", "shape", "data_offsets"))
+    valid = isinstance(dtype, str) and dtype in DTYPES and isinstance(shape, list) \
+        and len(shape) <= MAX_DIMENSIONS and all(_is_count(size) for size in shape) \
+        and math.prod(size for size in shape if size) * DTYPES[dtype].itemsize < 2**63 \
+        and isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets)) \
+        and offsets[1] - offsets[0] == math.prod(shape) * DTYPES[dtype].itemsize
+    if not valid:
+        raise _invalid(path, f"tensor {name!r} must be {{'dtype': one of {', '.join(DTYPES)}, "
+                            f"'shape': a list of at most {MAX_DIMENSIONS} sizes >= 0, "
+                            "'data_offsets': [begin, end], end - begin the bytes of that dtype "
+                            f"and shape}}, got {entry!r:.200}")
 
 
 def _is_count(value) -> bool:
@@ -178,20 +141,14 @@ def _check_layout(path, header: dict, buffer_size: int) -> None:
     """The tensors must tile the data part exactly: no overlap, no gap, nothing past the end."""
     entries = sorted((entry["data_offsets"], name) for name, entry in header.items()
                      if name != METADATA_KEY)
-    covered, previous = 0, None
-    for (begin, end), name in entries:
-        if end > buffer_size:
-            raise _invalid(path, f"tensor {name!r} ends at byte {end:,} of the data, but the "
-                                f"data has {buffer_size:,} bytes (the file is too short)")
-        if begin < covered:
-            raise _invalid(path, f"tensor {name!r} (bytes {begin:,} to {end:,}) overlaps "
-                                f"tensor {previous!r}, which ends at byte {covered:,}")
-        if begin > covered:
-            raise _invalid(path, f"{begin - covered:,} bytes before tensor {name!r} belong to "
-                                f"no tensor (a gap from byte {covered:,} to {begin:,})")
-        covered, previous = end, name
-    if covered < buffer_size:
-        raise _invalid(path, f"its last {buffer_size - covered:,} bytes belong to no tensor")
+    covered = 0
+    for (begin, end), name in entries + [((buffer_size, buffer_size), None)]:
+        if begin != covered or end > buffer_size:
+            where = f"tensor {name!r} takes bytes {begin:,} to {end:,}, and the tensors before " \
+                f"it end at byte {covered:,}" if name else f"the tensors end at byte {covered:,}"
+            raise _invalid(path, f"{where}: the tensors must tile the {buffer_size:,} bytes of "
+                                "data one after the other, without a gap or an overlap")
+        covered = end
 
 
 def read_safetensors(path, *, memory_map: bool = True) -> dict[str, np.ndarray]:
@@ -202,8 +159,7 @@ def read_safetensors(path, *, memory_map: bool = True) -> dict[str, np.ndarray]:
     BF16 tensors come back as uint16 bits (see bfloat16_to_float32); the file's
     "__metadata__" is in read_header(path)[0]. Raises ValueError as read_header does.
     """
-    if not isinstance(memory_map, (bool, np.bool_)):
-        raise TypeError(f"memory_map must be True or False, got {memory_map!r}")
+    memory_map = as_flag("memory_map", memory_map)
     header, data_offset = read_header(path)
     buffer_size = os.path.getsize(path) - data_offset
     if buffer_size == 0:  # mmap refuses a region of 0 bytes; every tensor here is empty
@@ -239,18 +195,10 @@ def bfloat16_to_float32(bits) -> np.ndarray:
     23 mantissa bits. Shifting its 16 bits up and filling the rest with zeros gives that
     float32 exactly. Same shape in and out; the result is a new array.
     """
-    bits = _array(bits, "bits")
-    if bits.dtype != np.uint16:
+    bits = np.asarray(bits)
+    if bits.dtype != np.uint16:          # other bits would be read as numbers without a word
         raise TypeError(f"bfloat16 bits must be a uint16 array, got dtype {bits.dtype}")
     return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def _array(value, name: str) -> np.ndarray:
-    try:
-        return np.asarray(value)
-    except ValueError:
-        raise ValueError(f"{name} must be an array, not nested lists of different lengths") \
-            from None
 
 
 def float32_to_bfloat16(values) -> np.ndarray:
@@ -260,8 +208,8 @@ def float32_to_bfloat16(values) -> np.ndarray:
     (quiet) NaN of the same sign. Same shape in and out. write_safetensors stores the result
     as BF16 when its name is in bfloat16=.
     """
-    values = _array(values, "values")
-    if values.dtype != np.float32:
+    values = np.asarray(values)
+    if values.dtype != np.float32:    # a float64's bits would be halved without a word
         raise TypeError(f"expected a float32 array, got dtype {values.dtype}: convert it "
                         "first (.astype(np.float32)) to say that this rounding is intended")
     bits = values.view(np.uint32).astype(np.uint64)  # 64 bits: the rounding may carry
@@ -275,18 +223,6 @@ def in_dtype(array: np.ndarray, stored: str, dtype) -> np.ndarray:
     """A tensor read by read_safetensors, as numbers of dtype (real_model and model_of_today): BF16
     bits become float32 first; a view of the mapped file when nothing needs converting, a copy
     otherwise. stored is the header's dtype name ("F32", "F16", "BF16", ...)."""
-    if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
-        raise TypeError(f"array must be a numpy array of numbers read from a file, got "
-                        f"{type(array).__name__}")
-    if not isinstance(stored, str) or stored not in DTYPES:
-        raise ValueError(f"stored must be a safetensors dtype name ({', '.join(DTYPES)}), got "
-                         f"{stored!r}")
-    try:
-        wanted = np.dtype(dtype) if isinstance(dtype, (str, type, np.dtype)) else None
-    except TypeError:
-        wanted = None
-    if wanted is None or wanted.name not in ("float32", "float64"):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
     if stored == "BF16":
         array = bfloat16_to_float32(array)
     if array.dtype == np.dtype(dtype):
@@ -309,16 +245,11 @@ def write_safetensors(path, tensors: Mapping[str, np.ndarray], metadata=None, *,
     checked before the file is touched, and the file appears complete or not at all (it is
     written under a temporary name, then renamed).
     """
-    path = _as_path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder: give the name of the file to write")
-    if not isinstance(bfloat16, (list, tuple, set, frozenset, dict)) or \
-            not all(isinstance(name, str) for name in bfloat16):
-        raise TypeError(f"bfloat16 must be a list of tensor names, got {bfloat16!r}")
+    path = Path(path)
     entries = _prepare_tensors(tensors, set(bfloat16))
     header = {}
     if metadata is not None:
-        header[METADATA_KEY] = _prepare_metadata(metadata)
+        header[METADATA_KEY] = dict(sorted(metadata.items()))
     offset = 0
     for name, dtype_name, array in entries:
         header[name] = {"dtype": dtype_name, "shape": list(array.shape),
@@ -340,37 +271,16 @@ def write_safetensors(path, tensors: Mapping[str, np.ndarray], metadata=None, *,
 
 def _prepare_tensors(tensors, bfloat16: set[str]) -> list[tuple[str, str, np.ndarray]]:
     """(name, dtype name, contiguous little-endian array) in the order the file stores them."""
-    if not isinstance(tensors, Mapping):
-        raise TypeError(f"tensors must be a dict of name -> array, got {type(tensors).__name__}")
-    unknown = sorted(map(repr, bfloat16 - tensors.keys()))
-    if unknown:
-        raise ValueError(f"bfloat16 names {', '.join(unknown)}, which are not among the tensors")
     entries = []
     for name, tensor in tensors.items():
-        if not isinstance(name, str) or name == METADATA_KEY:
-            raise ValueError(f"tensor names must be strings other than {METADATA_KEY!r}, "
-                             f"got {name!r}")
         array = np.asarray(tensor)
         little_endian = array.dtype.newbyteorder("<")
-        if name in bfloat16:
-            if array.dtype != np.uint16:
-                raise TypeError(f"tensor {name!r} is listed in bfloat16, so it must hold "
-                                f"uint16 bits (float32_to_bfloat16), not {array.dtype}")
-            dtype_name = "BF16"
-        elif little_endian in _NAMES_OF_DTYPES:
-            dtype_name = _NAMES_OF_DTYPES[little_endian]
-        else:
+        if little_endian not in _NAMES_OF_DTYPES or (name in bfloat16 and array.dtype != np.uint16):
             raise TypeError(f"tensor {name!r} has dtype {array.dtype}, which safetensors does "
                             "not store (bool, (u)int8-64, float16/32/64; bfloat16 as uint16 "
                             "bits with bfloat16=[name])")
+        dtype_name = "BF16" if name in bfloat16 else _NAMES_OF_DTYPES[little_endian]
         entries.append((name, dtype_name, np.asarray(array, little_endian, order="C")))
     order = list(DTYPES)
     entries.sort(key=lambda entry: (-order.index(entry[1]), entry[0]))
     return entries
-
-
-def _prepare_metadata(metadata) -> dict[str, str]:
-    if not isinstance(metadata, Mapping) or not all(
-            isinstance(key, str) and isinstance(value, str) for key, value in metadata.items()):
-        raise TypeError(f"metadata must map strings to strings, got {metadata!r}")
-    return dict(sorted(metadata.items()))

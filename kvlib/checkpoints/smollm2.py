@@ -39,6 +39,7 @@ from pathlib import Path
 
 from ..bpe import Tokenizer, smollm_words
 from ..chat import ChatTemplate
+from ..checks import as_path
 from ..config import ModelConfig
 from ..params import Params
 from . import llama
@@ -77,11 +78,8 @@ def default_directory() -> Path:
 
 
 def _directory(directory) -> Path:
-    if directory is None:
-        return default_directory()
-    if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"directory must be a path or None, got {directory!r}")
-    return Path(directory)
+    """The folder given, or the default one for None."""
+    return default_directory() if directory is None else as_path(directory, "directory")
 
 
 def sha256_of(path) -> str:

@@ -253,14 +253,14 @@ with np.repeat. (Scoring already repeated heads with kvlib's helpers is fine.)""
 def _run_watching_kvlib(function, *args):
     """function(*args), and the first kvlib shortcut it took, or None: kvlib.attention, the
     reference grouped attention, or kvlib's scores or weighted sum given fewer K/V heads
-    than query heads (which broadcast the grouping, kvlib.model._is_grouped). A profile
+    than query heads (which broadcast the grouping, kvlib.model.is_grouped). A profile
     hook sees the calls however the student named the functions."""
     taken = []
 
     def watch(frame, event, arg):
         if event == "call" and frame.f_code in SHORTCUTS:
             taken.append(SHORTCUTS[frame.f_code])
-        elif event == "return" and frame.f_code is kvlib_model._is_grouped.__code__ and \
+        elif event == "return" and frame.f_code is kvlib_model.is_grouped.__code__ and \
                 arg is True:
             taken.append("kvlib's grouped attention (attention_scores or weighted_sum given "
                          "the K/V heads as they are)")

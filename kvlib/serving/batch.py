@@ -34,20 +34,18 @@ from numbers import Integral
 import numpy as np
 
 from ..cache import BaseKVCache
-from ..checks import count, numbers, whole_numbers
+from ..checks import as_instance, count, numbers, whole_numbers
 from ..config import ModelConfig
 from ..inference import check_ids
 from ..model import (
-    _require_layer,
+    LAYER,
     attention_mask,
     attention_scores,
     attention_weights,
+    block_with_attention,
     embed,
     merge_heads,
-    mlp,
     normalize,
-    output_projection,
-    project_qkv,
     softmax,
     split_heads,
     unembed,
@@ -290,14 +288,15 @@ def batched_decoder_block(X: np.ndarray, layer, config: ModelConfig, caches, lay
                           masks: list, rotary=None, attend=attend_per_sequence) -> np.ndarray:
     """One decoder block for a batch of decode steps (batched_decoding): X (B, d) -> (B, d).
 
-    The block of kvlib.model.decoder_block, with the batch as its rows: the projections, the
-    output projection and the MLP are one product each for the whole batch; row b's k and
-    v are appended to sequence b's cache, and attend (attend_per_sequence or attend_padded)
-    lets each query see its own sequence only. With rotary positions each row is turned to
-    its own sequence's position.
+    kvlib.model.block_with_attention, the skeleton of kvlib.decoder_block, with the batch as
+    its rows: the projections, the output projection and the MLP are one product each for the
+    whole batch; row b's k and v are appended to sequence b's cache, and attend
+    (attend_per_sequence or attend_padded) lets each query see its own sequence only. With
+    rotary positions each row is turned to its own sequence's position. If the block fails,
+    every cache is left as it was.
     """
     _check_config(config)
-    _require_layer(layer, LayerParams)
+    as_instance("layer", layer, LayerParams, LAYER)
     caches = _check_caches(caches)
     if numbers("X", X, 2).shape[0] != len(caches) or not isinstance(masks, (list, tuple)) \
             or len(masks) != len(caches):
@@ -311,22 +310,22 @@ def batched_decoder_block(X: np.ndarray, layer, config: ModelConfig, caches, lay
     if not callable(attend):
         raise TypeError("attend must be attend_per_sequence, attend_padded or a function "
                         "like them")
-    eps = config.norm_epsilon
-    Q, K, V = project_qkv(normalize(X, layer.ln_1_gain, layer.ln_1_bias, eps), layer)
-    if rotary is not None:
-        Q, K = rotary.rotate(Q), rotary.rotate(K)
-    saved = [cache.checkpoint() for cache in caches]
-    try:
+
+    def each_to_its_own(Q, K, V):
+        """Row b's k and v appended to cache b; then attend over each cache."""
         attended = [cache.append(layer_index, K[b:b + 1], V[b:b + 1])
                     for b, cache in enumerate(caches)]
-        heads = attend(Q, [keys for keys, _ in attended], [vals for _, vals in attended],
-                       masks, config)
+        return attend(Q, [keys for keys, _ in attended], [vals for _, vals in attended],
+                      masks, config)
+
+    saved = [cache.checkpoint() for cache in caches]
+    try:
+        return block_with_attention(X, layer, each_to_its_own, rotary=rotary,
+                                    norm_epsilon=config.norm_epsilon)
     except BaseException:         # a mask of the wrong width, say: every cache as it was
         for cache, state in zip(caches, saved):
             cache.restore(state)
         raise
-    H = X + output_projection(heads, layer.Wo, layer.bo)
-    return H + mlp(normalize(H, layer.ln_2_gain, layer.ln_2_bias, eps), layer)
 
 
 def batched_decode_step(params: Params, token_ids, caches, *, attend=attend_per_sequence):

@@ -38,19 +38,10 @@ from numbers import Integral, Real
 import numpy as np
 
 from ..checks import whole_number
-from ..inference import check_ids, choose_next_token
-from ..model import (
-    embed,
-    merge_heads,
-    mlp,
-    normalize,
-    output_projection,
-    project_qkv,
-    split_heads,
-    unembed,
-)
+from ..inference import check_ids, choose_next_token, embed_tokens, final_logits
+from ..model import block_with_attention, merge_heads, split_heads
 from ..params import Params
-from ..positions import add_positions, rotary_positions
+from ..positions import rotary_positions
 from .block_attention import block_attention
 from .block_manager import BlockManager
 
@@ -492,8 +483,9 @@ def forward_step(params: Params, allocator: BlockManager, batch):
     -> ({request id: logits (V,)} for each request whose tokens reach their end, the new
     K and V rows [(layer, blocks, slots, K, V)] to write into the pool afterwards).
 
-    The rows of all requests go through each projection and the MLP as one matrix; attention
-    is per request, over its own blocks and its new rows (block_attention), at its own
+    Each layer is kvlib.model.block_with_attention, the skeleton of kvlib.decoder_block: the
+    rows of all requests go through each projection and the MLP as one matrix; attention is
+    per request, over its own blocks and its new rows (block_attention), at its own
     positions. Nothing is written into the pool here.
     """
     config = params.config
@@ -504,36 +496,37 @@ def forward_step(params: Params, allocator: BlockManager, batch):
         positions += range(start, start + n_new)
         spans.append((request, len(ids) - n_new, len(ids)))
     ids, positions = np.asarray(ids), np.asarray(positions)
-    X = embed(ids, params.embedding)                                       # (N, d)
-    if config.positions == "learned":
-        X = add_positions(X, params.position_table, positions)
+    X = embed_tokens(params, ids, positions)                               # (N, d)
     rotary = rotary_positions(config, positions)
     blocks = np.array([request.block_table[p // allocator.block_size]
                        for (request, first, end) in spans for p in positions[first:end]])
     slots = positions % allocator.block_size
     new_rows = []
+
+    def over_blocks(index):
+        """Layer index's attend: each request's queries over its blocks in place and its new
+        rows (block_attention); the new rows are kept to be written after the step."""
+        def attend(Q, K, V):
+            heads = np.empty_like(Q)
+            for request, first, end in spans:
+                attended = block_attention(
+                    split_heads(Q[first:end], config.n_heads), positions[first:end],
+                    allocator.keys[index], allocator.values[index], request.block_table,
+                    request.num_computed_tokens, K[first:end], V[first:end])
+                heads[first:end] = merge_heads(attended)
+            new_rows.append((index, blocks, slots, K, V))
+            return heads
+        return attend
+
     for index, layer in enumerate(params.layers):
-        Q, K, V = project_qkv(normalize(X, layer.ln_1_gain, layer.ln_1_bias,
-                                        config.norm_epsilon), layer)
-        if rotary is not None:
-            Q, K = rotary.rotate(Q), rotary.rotate(K)
-        heads = np.empty_like(Q)
-        for request, first, end in spans:
-            attended = block_attention(
-                split_heads(Q[first:end], config.n_heads), positions[first:end],
-                allocator.keys[index], allocator.values[index], request.block_table,
-                request.num_computed_tokens, K[first:end], V[first:end])
-            heads[first:end] = merge_heads(attended)
-        new_rows.append((index, blocks, slots, K, V))
-        H = X + output_projection(heads, layer.Wo, layer.bo)
-        X = H + mlp(normalize(H, layer.ln_2_gain, layer.ln_2_bias, config.norm_epsilon), layer)
+        X = block_with_attention(X, layer, over_blocks(index), rotary=rotary,
+                                 norm_epsilon=config.norm_epsilon)
     last_rows = [(request, end - 1) for request, first, end in spans
                  if request.num_computed_tokens + end - first == len(request.tokens)]
     logits = {}
     if last_rows:
-        rows = X[[row for _, row in last_rows]]
-        rows = normalize(rows, params.ln_f_gain, params.ln_f_bias, config.norm_epsilon)
-        for (request, _), row in zip(last_rows, unembed(rows, params.embedding)):
+        rows = final_logits(params, X[[row for _, row in last_rows]])
+        for (request, _), row in zip(last_rows, rows):
             logits[request.request_id] = row
     return logits, new_rows
 

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .grammar import generate_story
+from ..checks import as_whole_number
+from .grammar import MAX_STORIES, generate_story
 from .tokenizer import StoryTokenizer
 
 CONTEXT_LENGTH = 256
@@ -47,7 +48,9 @@ def pack(stories: Iterable[list[int]], length: int = CONTEXT_LENGTH,
 
 def story_sequences(n_sequences: int, seed: int, length: int = CONTEXT_LENGTH) -> np.ndarray:
     """n_sequences packed sequences of stories from one seeded generator: (n, length)."""
-    rng = np.random.default_rng(seed)
+    n_sequences = as_whole_number("n_sequences", n_sequences, 0, MAX_STORIES)
+    length = as_whole_number("length", length, 2, 2**16)
+    rng = np.random.default_rng(as_whole_number("seed", seed))
     tokenizer = StoryTokenizer()
     stories = (tokenizer.encode(generate_story(rng)) for _ in itertools.count())
     return pack(stories, length, n_sequences)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..checks import as_flag, as_instance, as_one_of, as_whole_number
 from ..tokenizer import BOS
 
 GIRL_NAMES = (
@@ -299,10 +300,13 @@ def generate_story(rng: np.random.Generator) -> str:
     return words_to_text(generate_story_words(rng))
 
 
+MAX_STORIES = 100_000
+"""More stories than any lesson or test asks for (minutes of generation): refused."""
+
+
 def generate_stories(n: int, seed: int) -> list[str]:
     """n stories from one seeded generator: the same seed gives the same stories."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"n must be a whole number of stories (0 or more), got {n!r}")
+    n, seed = as_whole_number("n", n, 0, MAX_STORIES), as_whole_number("seed", seed)
     rng = np.random.default_rng(seed)
     return [generate_story(rng) for _ in range(n)]
 
@@ -471,7 +475,7 @@ def first_error(text: str, allow_unfinished: bool = False) -> str | None:
     allow_unfinished=True accepts a last sentence that stops early (a continuation cut off
     after a fixed number of tokens), as long as it is the start of a grammatical sentence.
     """
-    return _parse(text_to_words(text), allow_unfinished)[1]
+    return _parse(text_to_words(text), as_flag("allow_unfinished", allow_unfinished))[1]
 
 
 def is_grammatical(text: str, allow_unfinished: bool = False) -> bool:
@@ -521,9 +525,10 @@ def forced_repeats(words, kind: str) -> list[Repeat]:
 
     words: a grammatical list of words (from text_to_words, or a tokenizer's tokens).
     """
-    if kind not in REPEATED_SLOTS:
-        raise ValueError(f"kind must be one of {sorted(REPEATED_SLOTS)}, got {kind!r}")
-    words = list(words)
+    kind = as_one_of("kind", kind, sorted(REPEATED_SLOTS))
+    words = list(as_instance("words", words, (list, tuple), "text_to_words(text)"))
+    if not all(isinstance(word, str) for word in words):
+        raise TypeError(f"words must be words (str), as text_to_words gives, got {words!r:.80}")
     same_kind = {"name": GIRL_NAMES + BOY_NAMES, "thing": THINGS, "song": SONG_WORDS}[kind]
     repeats = []
     story_start = 0

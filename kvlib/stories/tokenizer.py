@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
+from ..checks import as_flag, as_token_ids
 from ..tokenizer import ToyTokenizer
 from . import grammar
 
@@ -53,7 +52,7 @@ class StoryTokenizer(ToyTokenizer):
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         """Text -> ids: BOS in front of every story (stories are separated by a blank line);
         add_bos=False leaves it out in front of the first one (to continue a story)."""
-        words = grammar.text_to_words(text)
+        words, add_bos = grammar.text_to_words(text), as_flag("add_bos", add_bos)
         unknown = list(dict.fromkeys(w for w in words if w.lower() not in self._ids))
         if unknown:
             raise ValueError(f"unknown word(s) {unknown}: the story vocabulary has "
@@ -63,13 +62,7 @@ class StoryTokenizer(ToyTokenizer):
 
     def tokens(self, ids) -> list[str]:
         """Ids -> token strings, BOS included (for labelling plots)."""
-        array = np.atleast_1d(np.asarray(ids))
-        if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
-            raise TypeError(f"ids must be a flat sequence of integers, got {array.tolist()!r}")
-        outside = sorted({int(i) for i in array if not 0 <= i < len(self)})
-        if outside:
-            raise ValueError(f"id(s) {outside} are outside the story vocabulary: "
-                             f"valid ids are 0 to {len(self) - 1}")
+        array = as_token_ids(ids, len(self), what="ids", empty=True)
         return [self.vocabulary[int(i)] for i in array]
 
     def decode(self, ids) -> str:
