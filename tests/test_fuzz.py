@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fuzz_api_cases import CASES, same
+from fuzz_api_cases import CASES, SERVING_NOT_FUZZED, same
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -280,6 +280,7 @@ NOT_FUZZED = {
                     "records that kvlib's functions build (serve() builds a Timeline)"),
     **dict.fromkeys(["PerTokenStore", "PerChannelStore"],
                     "QuantizedKVCache's stores, called by it after its own checks"),
+    **SERVING_NOT_FUZZED,
 }
 
 
