@@ -352,8 +352,7 @@ def test_draw_pool_labels_owners_shared_and_free_blocks():
 def test_draw_gather_has_one_arrow_per_block_and_a_row_per_position():
     fig = plt.figure()
     tables, lengths = {"A": [0, 2, 4], "B": [1, 3]}, {"A": 9, "B": 7}
-    pool_ax, table_ax, rows_ax = w19.draw_gather(fig, counting_pool(12, 4), tables, lengths,
-                                                 "A")
+    pool_ax, table_ax, rows_ax = w19.draw_gather(fig, 12, 4, tables, lengths, "A")
     arrows = [a for a in fig.artists if a.get_gid() == "gather"]
     assert len(arrows) == 3
     rows = [t.get_text() for t in rows_ax.texts if t.get_gid() == "gathered"]
@@ -362,7 +361,7 @@ def test_draw_gather_has_one_arrow_per_block_and_a_row_per_position():
     assert sorted(t.get_text() for t in table_ax.texts if t.get_gid() == "table A") == \
         ["0", "2", "4"]
     with pytest.raises(ValueError, match="no sequence 'C'"):
-        w19.draw_gather(fig, counting_pool(12, 4), tables, lengths, "C")
+        w19.draw_gather(fig, 12, 4, tables, lengths, "C")
 
 
 def test_owner_colors_follow_the_request():

@@ -19,7 +19,7 @@ from matplotlib.ticker import MaxNLocator
 
 import kvlib
 from kvlib.plots import block_holders, block_place, draw_pool
-from kvlib.serving import PoolTimeline, Request, request_mix
+from kvlib.serving import BlockPool, PoolTimeline, Request, request_mix
 
 from .base import OneRenderFigure, plural, safely
 
@@ -91,14 +91,15 @@ def draw_block_tables(ax, block_tables: dict, lengths: dict, block_size: int,
     return ax
 
 
-def draw_gather(figure, pool, block_tables: dict, lengths: dict, reader: str):
+def draw_gather(figure, n_blocks: int, block_size: int, block_tables: dict, lengths: dict,
+                reader: str):
     """The gather attention does (paged_cache), drawn into `figure` (cleared first): left
-    the pool (a BlockPool), middle the block tables, right `reader`'s keys as attention sees
-    them, one row per position, with an arrow from each block it reads. Returns (pool ax,
-    tables ax, gathered ax)."""
+    the pool, middle the block tables, right `reader`'s keys as attention sees them, one
+    row per position, with an arrow from each block it reads. Returns (pool ax, tables ax,
+    gathered ax)."""
     if reader not in block_tables:
         raise ValueError(f"no sequence {reader!r}; the tables are for {list(block_tables)}")
-    n_blocks, block_size = pool.n_blocks, pool.block_size
+    pool = BlockPool(None, n_blocks, block_size)      # block ids only: the lesson's own pool
     figure.clear()
     grid = figure.add_gridspec(1, 3, width_ratios=[2.6, 1.6, 0.7], wspace=0.3)
     pool_ax, table_ax, rows_ax = (figure.add_subplot(grid[0, i]) for i in range(3))
