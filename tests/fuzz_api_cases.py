@@ -465,30 +465,12 @@ def _():
                 state=lambda: [cache_state(c) for c in caches])
 
 
-@case("decode_each_alone")
-def _():
-    caches = _batch()
-    return Case(batch.decode_each_alone, (TOY, [1, 2], caches),
-                state=lambda: [cache_state(c) for c in caches])
-
-
-@case("check_batch")
-def _():
-    caches = _batch()
-    return Case(batch.check_batch, (TOY, [1, 2], caches))
-
-
 QUERIES = np.linspace(-1, 1, 8).reshape(2, 4)
 KEYS = [np.ones((5, 4)), np.ones((2, 4))]
-pure("batch_positions", batch.batch_positions, _batch())
-pure("embed_batch", batch.embed_batch, GPT, np.array([1, 2]), np.array([5, 2]))
-pure("sequence_masks", batch.sequence_masks, WINDOWED.config,
-     [prefilled(WINDOWED), prefilled(WINDOWED, [0, 3])], np.array([5, 2]))
 pure("attend_per_sequence", batch.attend_per_sequence, QUERIES, KEYS, KEYS, [None, None],
      CONFIG)
 pure("attend_padded", batch.attend_padded, QUERIES, KEYS, KEYS, [None, None], CONFIG)
 pure("padding_mask", batch.padding_mask, [3, 1])
-pure("pad_left", batch.pad_left, KEYS, 5)
 pure("left_pad", batch.left_pad, [[1, 2, 3], [4]], 0)
 pure("padded_prompt_mask", batch.padded_prompt_mask, np.array([[True, True], [False, True]]))
 pure("padded_prompt_positions", batch.padded_prompt_positions,
@@ -498,14 +480,6 @@ pure("batched_step_bytes", roofline.batched_step_bytes, CONFIG, [3, 5], 2)
 pure("batched_step_seconds", roofline.batched_step_seconds, CONFIG, [3, 5], 1e9, 1e8, 2)
 pure("ridge_point", roofline.ridge_point, 1e12, 1e9)
 pure("compute_bound_batch_size", roofline.compute_bound_batch_size, CONFIG, 5, 1e12, 1e9, 2)
-
-
-@case("batched_decoder_block")
-def _():
-    caches = _batch()
-    masks = [None, None]
-    return Case(batch.batched_decoder_block, (QUERIES, TOY.layers[0], CONFIG, caches, 0, masks),
-                state=lambda: [c.lengths for c in caches])
 
 
 WORKLOAD = workloads.make_workload(4, seed=1)
@@ -523,7 +497,6 @@ pure("serve with a model", scheduler.serve, WORKLOAD, scheduler.StaticBatching(2
 ROWS = np.linspace(-1, 1, 12).reshape(3, 4)
 SCALES = quantized.symmetric_scales(ROWS, 8, 1)
 CODES = quantized.quantize(ROWS, SCALES, 8)
-pure("max_code", quantized.max_code, 4)
 pure("symmetric_scales", quantized.symmetric_scales, ROWS, 8, 1)
 pure("quantize", quantized.quantize, ROWS, SCALES, 8)
 pure("dequantize", quantized.dequantize, CODES, SCALES, "float32")
@@ -536,8 +509,6 @@ pure("PerChannel", PerChannel, 4, 2)
 pure("PerToken.round_trip", PerToken(4).round_trip, ROWS)
 pure("PerChannel.round_trip", PerChannel(4, 2).round_trip, ROWS)
 pure("PerChannel.nbytes", PerChannel(4, 2).nbytes, 5, 4, 2)
-pure("PerToken.bytes_per_token", PerToken(4).bytes_per_token, 4)
-pure("PerChannel.quantized_positions", PerChannel(4, 2).quantized_positions, 5)
 pure("QuantizedKVCache", QuantizedKVCache, CONFIG, PerChannel(4, 2), PerToken(8), 8)
 pure("quantized_cache_bytes", quantized.quantized_cache_bytes, CONFIG, 5, PerChannel(4, 2),
      PerToken(8), 2)
@@ -549,7 +520,6 @@ pure("greedy_agreement", quantized.greedy_agreement, np.eye(3), np.eye(3))
 pure("plain_logits", quantized.plain_logits, TOY, [PROMPT])
 pure("measure_quality", quantized.measure_quality, TOY, [PROMPT], PerChannel(4, 2),
      PerToken(8))
-pure("quantization_step", quantized.quantization_step, ROWS, 8, 0)
 
 
 @case("decoded_logits")
@@ -570,18 +540,9 @@ def _():
 
 P = np.array([0.5, 0.3, 0.2])
 Q = np.array([0.2, 0.3, 0.5])
-pure("check_speculation_length", speculative.check_speculation_length, 3)
-pure("check_pair", speculative.check_pair, TOY, DRAFT)
 pure("acceptance_probability", speculative.acceptance_probability, P, Q, 2)
 pure("residual_distribution", speculative.residual_distribution, P, Q)
-pure("GreedyAcceptance.choose", speculative.GreedyAcceptance().choose, [1.0, 3.0, 2.0])
-pure("GreedyAcceptance.verdict", speculative.GreedyAcceptance().verdict, (1, 2),
-     np.eye(3)[[1, 2]], np.eye(3))
 pure("SamplingAcceptance", speculative.SamplingAcceptance, 0.8, 2, 0)
-pure("SamplingAcceptance.choose", speculative.SamplingAcceptance(seed=0).choose, [1.0, 3.0])
-pure("SamplingAcceptance.verdict", speculative.SamplingAcceptance(seed=0).verdict, (1, 2),
-     np.full((2, 3), 1 / 3), np.zeros((3, 3)))
-pure("summarize", speculative.summarize, [])
 pure("speculative_generate", speculative.speculative_generate, TOY, DRAFT, PROMPT, 4, 2, 1.0,
      5, 0)
 pure("expected_tokens_per_pass", speculative.expected_tokens_per_pass, 0.7, 4)
@@ -611,25 +572,11 @@ for _name, _args in (("step", (2,)), ("generate", (3,))):
 # drafters (notebook 23, on SmolLM2): prompt lookup, a model and its cache, an early exit
 SEQUENCE = [1, 2, 3, 1, 2]
 pure("first_layers", TOY.first_layers, 2)
-pure("certain", speculative.certain, 2, 3)
-pure("check_model", speculative.check_model, "draft", DRAFT)
 pure("prompt_lookup", speculative.prompt_lookup, SEQUENCE, 2, 3, 1)
-pure("Drafter", speculative.Drafter)
 pure("PromptLookupDrafter", speculative.PromptLookupDrafter, 3, 1)
 pure("PromptLookupDrafter.propose", speculative.PromptLookupDrafter().propose, SEQUENCE, 2)
-pure("ModelDrafter", speculative.ModelDrafter, DRAFT)
-pure("as_drafter", speculative.as_drafter, DRAFT)
 pure("SpeculativeDecoder with prompt lookup", speculative.SpeculativeDecoder, TOY,
      speculative.PromptLookupDrafter(), SEQUENCE, 2)
-
-
-for _name, _args in (("propose", (PROMPT, 2, speculative.GreedyAcceptance().choose)),
-                     ("truncate", (3,)), ("room", (4,)), ("check", (TOY, 5))):
-    def _build(name=_name, args=_args):
-        drafter = speculative.ModelDrafter(DRAFT)
-        kvlib.prefill(DRAFT, PROMPT[:-1], drafter.cache)     # it holds the prompt but one
-        return Case(getattr(drafter, name), args, state=lambda: cache_state(drafter.cache))
-    CASES[f"ModelDrafter.{_name}"] = _build
 
 
 for _name, _args in (("step", (2,)), ("generate", (3,))):
@@ -706,8 +653,13 @@ def _():
 
 SERVING_NOT_FUZZED = {
     **dict.fromkeys(["PrefixCache", "Scheduler", "SchedulerConfig", "block_key",
-                     "paged_memory", "request_name"],
-                    "serving's inside, called by kvlib only: it trusts its callers"),
+                     "paged_memory", "request_name", "batch_positions", "embed_batch",
+                     "sequence_masks", "pad_left", "check_batch", "decode_each_alone",
+                     "batched_decoder_block", "max_code", "quantization_step",
+                     "check_speculation_length", "check_pair", "check_model", "certain",
+                     "summarize", "Drafter", "ModelDrafter", "as_drafter"],
+                    "serving's inside, called by kvlib (no notebook calls it): it trusts its "
+                    "callers"),
     **dict.fromkeys(["Request", "requests_of_lengths"],
                     "requests that kvlib's workloads and engine build"),
 }

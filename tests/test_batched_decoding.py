@@ -240,14 +240,15 @@ def test_left_padding_mask_and_positions(prompts):
 
 def test_left_pad_refuses_bad_prompts():
     for bad, words in [([], "non-empty list"), ("How", "non-empty list"),
-                       ([[0, 1], "How"], "prompt 1 is text"), ([[0, 1], []], "prompt 1"),
+                       ([[0, 1], "How"], "encode a text first"),
+                       ([[0, 1], []], "non-empty list of token ids"),
                        ([[0.5]], "prompt 0")]:
         with pytest.raises((ValueError, TypeError), match=words):
             batch.left_pad(bad)
     with pytest.raises(ValueError, match="pad_id"):
         batch.left_pad([[1]], pad_id=-1)
     for bad in ([], [0, 2], [[1, 2]], [1.5]):
-        with pytest.raises(ValueError, match="lengths must be"):
+        with pytest.raises((ValueError, TypeError), match="lengths must be"):
             batch.padding_mask(bad)
     with pytest.raises(ValueError, match="real must be"):
         batch.padded_prompt_mask(np.ones(3, dtype=bool))
@@ -350,11 +351,11 @@ def test_a_batch_from_two_models_is_refused(toy_batch):
 
 
 @pytest.mark.parametrize("make, words", [
-    (lambda p, c: (p, [1, 2], c[0]), "list of caches"),
+    (lambda p, c: (p, [1, 2], c[0]), "list of kvlib caches"),
     (lambda p, c: (p, [1, 2], {"a": c[0]}), "list of kvlib caches"),
     (lambda p, c: (p, [], []), "batch is empty"),
-    (lambda p, c: (p, [1, 2], [c[0], "cache"]), "sequence 1's cache must be a kvlib cache"),
-    (lambda p, c: (p, [1, 2], [c[0], c[0]]), "share one cache object"),
+    (lambda p, c: (p, [1, 2], [c[0], "cache"]), "list of kvlib caches"),
+    (lambda p, c: (p, [1, 2], [c[0], c[0]]), "another sequence's cache object"),
     (lambda p, c: (p, [1, 2], [c[0], kvlib.KVCache(p.config)]), "sequence 1's cache is empty"),
     (lambda p, c: (p, [1], c), "1 token ids for 2 caches"),
     (lambda p, c: (p, [1, 12], c), "outside the vocabulary"),
@@ -374,7 +375,7 @@ def test_full_caches_inconsistent_caches_and_latent_models_are_refused(toy_batch
     params, caches = toy_batch
     full = kvlib.KVCache(params.config, capacity=3)
     kvlib.prefill(params, [0, 3, 7], full)
-    with pytest.raises(ValueError, match="sequence 1's cache is full"):
+    with pytest.raises(ValueError, match="sequence 1's cache is empty or full"):
         batch.batched_decode_step(params, [1, 2], [caches[0], full])
     caches[1].append(0, np.zeros((1, 4)), np.zeros((1, 4)))
     with pytest.raises(ValueError, match="layers of this cache hold different numbers"):

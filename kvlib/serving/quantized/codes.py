@@ -6,11 +6,9 @@ scales in float16, rounded up. Codes of 4 and 2 bits packed two and four to a by
 
 from __future__ import annotations
 
-from numbers import Integral
-
 import numpy as np
 
-from ...checks import contains_bool, count, numbers
+from ...checks import count, numbers, whole_number
 
 SUPPORTED_BITS = (2, 4, 8)
 
@@ -25,9 +23,7 @@ LARGEST_SCALE = float(np.finfo(np.float16).max)
 
 
 def _check_bits(bits) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, Integral):
-        raise TypeError(f"bits must be a whole number, one of {SUPPORTED_BITS}, got {bits!r}")
-    if bits not in SUPPORTED_BITS:
+    if whole_number("bits", bits, 2, 8) not in SUPPORTED_BITS:
         raise ValueError(f"bits must be one of {SUPPORTED_BITS} (codes that pack whole into "
                          f"a byte), got {bits}")
     return int(bits)
@@ -35,10 +31,9 @@ def _check_bits(bits) -> int:
 
 def _as_float_array(x, name: str = "x") -> np.ndarray:
     array = numbers(name, x)
-    if array.ndim == 0 or array.size == 0:
-        raise ValueError(f"{name} must be a non-empty array, got shape {array.shape}")
-    if not np.isfinite(array).all():
-        raise ValueError(f"{name} holds NaN or infinite values: they cannot be quantized")
+    if array.ndim == 0 or array.size == 0 or not np.isfinite(array).all():
+        raise ValueError(f"{name} must be a non-empty array of finite numbers (NaN and "
+                         f"infinity cannot be quantized), got shape {array.shape}")
     return array
 
 
@@ -56,11 +51,8 @@ def symmetric_scales(x, bits: int, axis: int) -> np.ndarray:
     A group of zeros gets the scale 0 (its codes are 0).
     """
     x = _as_float_array(x)
-    if isinstance(axis, bool) or not isinstance(axis, Integral) or \
-            not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis must be a whole number between {-x.ndim} and {x.ndim - 1} "
-                         f"(for rows (n, w): 1 gives a scale per row, 0 one per column), "
-                         f"got {axis!r}")
+    axis = whole_number("axis (for rows (n, w): 1 a scale per row, 0 per column)", axis,
+                        -x.ndim, x.ndim - 1)
     largest = np.max(np.abs(x), axis=axis, keepdims=True).astype(np.float64)
     scales = largest / max_code(bits)
     if scales.max() > LARGEST_SCALE:
@@ -73,17 +65,13 @@ def symmetric_scales(x, bits: int, axis: int) -> np.ndarray:
 
 
 def _as_scales(scales, shape: tuple[int, ...]) -> np.ndarray:
-    """Scales as a float array that broadcasts against numbers of the given shape."""
-    if isinstance(scales, (bool, np.bool_, str, bytes)) or scales is None:
-        raise TypeError(f"scales must be numbers, got {scales!r}")
+    """Scales as a float array (finite, >= 0) that broadcasts against numbers of shape."""
     scales = numbers("scales", scales).astype(np.float64)
-    if not np.isfinite(scales).all() or (scales < 0).any():
-        raise ValueError("scales must be finite numbers >= 0")
-    try:
-        np.broadcast_shapes(shape, scales.shape)
-    except ValueError:
-        raise ValueError(f"scales of shape {scales.shape} do not match numbers of shape "
-                         f"{shape}: one per row is (n, 1), one per column (1, w)") from None
+    if not np.isfinite(scales).all() or (scales < 0).any() or any(
+            a != b and 1 not in (a, b) for a, b in zip(shape[::-1], scales.shape[::-1])):
+        raise ValueError(f"scales must be finite numbers >= 0 that match numbers of shape "
+                         f"{shape}: one per row is (n, 1), one per column (1, w); got shape "
+                         f"{scales.shape}")
     return scales
 
 
@@ -102,20 +90,9 @@ def quantize(x, scales, bits: int) -> np.ndarray:
 def dequantize(codes, scales, dtype="float64") -> np.ndarray:
     """What quantized numbers are read back as (quantized_cache): codes x scales, in dtype."""
     codes = _codes(codes)
-    if isinstance(dtype, str) and dtype not in ("float16", "float32", "float64"):
+    if getattr(dtype, "__name__", str(dtype)) not in ("float16", "float32", "float64"):
         raise TypeError(f"dtype must be a float dtype such as 'float32', got {dtype!r}")
-    if not isinstance(dtype, (str, type, np.dtype)) or isinstance(dtype, bool):
-        raise TypeError(f"dtype must be a float dtype such as 'float32', got {dtype!r}")
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"dtype must be a float dtype such as 'float32', got {dtype!r}") from None
-    if dtype.kind != "f":
-        raise TypeError(f"dtype must be a float dtype such as 'float32', got {dtype}")
-    if codes.ndim == 0 or not np.issubdtype(codes.dtype, np.integer):
-        raise TypeError(f"codes must be an array of whole numbers, got {codes.dtype} of shape "
-                        f"{codes.shape}")
-    scales = _as_scales(scales, codes.shape)
+    dtype, scales = np.dtype(dtype), _as_scales(scales, codes.shape)
     values = codes.astype(np.float64) * scales
     # int8 codes and float16 scales always fit; only larger ones can overflow the dtype
     largest = np.finfo(dtype).max
@@ -135,7 +112,7 @@ def round_trip(x, bits: int, axis: int) -> np.ndarray:
 def quantization_step(x, bits: int, axis: int) -> np.ndarray:
     """The quantization step of every number of x (quantized_cache): its group's stored scale,
     broadcast to x's shape. The round trip error of each number is at most half of it."""
-    x = _as_float_array(x)
+    x = np.asarray(x)
     return np.broadcast_to(symmetric_scales(x, bits, axis).astype(np.float64), x.shape)
 
 
@@ -151,12 +128,7 @@ def pack_codes(codes, bits: int) -> np.ndarray:
     its own `bits` bits of a byte, the first code in the lowest bits; a row whose width is
     not a multiple of 8 // bits is padded with zero bits.
     """
-    bits = _check_bits(bits)
-    codes = _codes(codes)
-    limit = max_code(bits)
-    if codes.ndim == 0 or not np.issubdtype(codes.dtype, np.integer):
-        raise TypeError(f"codes must be an array of whole numbers, got {codes.dtype} "
-                        f"of shape {codes.shape}")
+    codes, limit = _codes(codes), max_code(bits)
     if codes.size and (codes.min() < -limit or codes.max() > limit):
         raise ValueError(f"{bits}-bit codes must lie between -{limit} and {limit}, got "
                          f"{codes.min()} .. {codes.max()}")
@@ -171,14 +143,12 @@ def pack_codes(codes, bits: int) -> np.ndarray:
 
 
 def _codes(codes) -> np.ndarray:
-    """codes as an array (not nested lists of different lengths, not text)."""
-    if isinstance(codes, (str, bytes)) or codes is None or contains_bool(codes):
-        raise TypeError(f"codes must be an array of whole numbers, got {codes!r}")
-    try:
-        return np.asarray(codes)
-    except ValueError:
-        raise ValueError("codes must be an array of whole numbers with rows of one length") \
-            from None
+    """codes as an array of whole numbers, at least 1-D."""
+    codes = numbers("codes", codes)
+    if codes.ndim == 0 or codes.dtype.kind not in "iu":
+        raise TypeError(f"codes must be an array of whole numbers, got {codes.dtype} of shape "
+                        f"{codes.shape}")
+    return codes
 
 
 def _byte_table(bits: int) -> np.ndarray:
@@ -194,11 +164,7 @@ BYTE_TABLES = {bits: _byte_table(bits) for bits in SUPPORTED_BITS}
 
 def unpack_codes(packed, bits: int, width: int) -> np.ndarray:
     """Bytes from pack_codes (..., packed_width(width, bits)) -> codes (..., width), int8."""
-    bits, width = _check_bits(bits), count("width", width, 1)
-    try:
-        packed = np.asarray(packed)
-    except ValueError:
-        raise ValueError("packed must be an array of bytes with rows of one length") from None
+    bits, width, packed = _check_bits(bits), count("width", width, 1), numbers("packed", packed)
     if packed.dtype != np.uint8 or packed.ndim == 0 or \
             packed.shape[-1] != packed_width(width, bits):
         raise ValueError(f"expected uint8 bytes (..., {packed_width(width, bits)}) for {width} "

@@ -81,7 +81,7 @@ class PerToken:
 
     def quantized_positions(self, n_positions: int) -> int:
         """How many of n_positions are read back quantized: all but the newest `residual`."""
-        return max(0, whole_number("n_positions", n_positions, 0) - self.residual)
+        return max(0, n_positions - self.residual)
 
     def truncation_hint(self) -> str:
         return f"Truncate only while the cache holds at most {self.residual} positions"
@@ -104,7 +104,7 @@ class PerToken:
     def nbytes(self, n_positions: int, width: int, residual_bytes: int) -> int:
         """Bytes held for n_positions rows of width numbers: codes and scales of the quantized
         rows, and the residual rows at residual_bytes a number."""
-        old = self.quantized_positions(n_positions)
+        old = self.quantized_positions(whole_number("n_positions", n_positions, 0))
         residual_bytes = whole_number("residual_bytes", residual_bytes, 1)
         return old * int(self.bytes_per_token(width)) + (n_positions - old) * width * \
             residual_bytes
@@ -148,7 +148,7 @@ class PerChannel:
 
     def quantized_positions(self, n_positions: int) -> int:
         """How many of n_positions are quantized: the whole residuals (the rest is held)."""
-        return whole_number("n_positions", n_positions, 0) // self.residual * self.residual
+        return n_positions // self.residual * self.residual
 
     def truncation_hint(self) -> str:
         return f"Truncate to a multiple of {self.residual}"

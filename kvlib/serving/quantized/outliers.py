@@ -9,7 +9,7 @@ from numbers import Integral
 
 import numpy as np
 
-from ...checks import real_number, whole_number, whole_numbers
+from ...checks import real_number, whole_numbers
 from ...params import Params
 
 
@@ -24,32 +24,20 @@ def with_outlier_key_channels(params: Params, channels, factor: float, layers=No
     channel meets one query column in each head of its group. Needs learned or no positions
     (rotary positions turn pairs of channels together) and K and V (not a latent).
     """
-    if not isinstance(params, Params):
-        raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
-    config = params.config
-    if config.latent_dim is not None or config.positions == "rotary":
-        raise ValueError("with_outlier_key_channels needs a model with K and V and learned "
-                         "or no positions: rotary positions turn pairs of channels together, "
-                         "and a latent has no key channels")
-    try:
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
-            raise TypeError
-        factor = real_number("factor", factor, positive=True)
-    except (TypeError, ValueError):
-        raise ValueError(f"factor must be a positive number (finite), got {factor!r}") from None
-    if isinstance(channels, (Integral, np.ndarray)) and not isinstance(channels, bool):
-        channels = np.atleast_1d(channels)          # one channel, or an array of them
-    channels = np.unique(whole_numbers("channels", channels))
-    if channels.size == 0 or channels.max() >= config.kv_width:
-        raise ValueError(f"channels must be whole numbers between 0 and {config.kv_width - 1}, "
-                         f"got {channels.tolist()}")
-    layers = range(config.n_layers) if layers is None else layers
-    if not isinstance(layers, (list, tuple, range, set)):
-        raise TypeError(f"layers must be a list of layer indices or None (all), got {layers!r}")
-    layers = {whole_number("layer", layer, 0) for layer in layers}
-    if max(layers, default=0) >= config.n_layers:
-        raise ValueError(f"layers must be between 0 and {config.n_layers - 1}, got "
-                         f"{sorted(layers)}")
+    if not isinstance(params, Params) or params.config.latent_dim is not None or \
+            params.config.positions == "rotary":
+        raise ValueError("with_outlier_key_channels needs kvlib Params of a model with K and V "
+                         "and learned or no positions: rotary positions turn pairs of channels "
+                         "together, and a latent has no key channels")
+    config, factor = params.config, real_number("factor", factor, positive=True)
+    channels = np.unique(whole_numbers("channels", np.atleast_1d(channels)
+                                       if isinstance(channels, Integral) else channels))
+    layers = set(whole_numbers("layers", range(config.n_layers) if layers is None else
+                               list(layers) if isinstance(layers, (set, range)) else layers))
+    if not channels.size or channels.max() >= config.kv_width or \
+            max(layers, default=0) >= config.n_layers:
+        raise ValueError(f"channels must be between 0 and {config.kv_width - 1} (at least one), "
+                         f"layers between 0 and {config.n_layers - 1}")
     dh, group = config.head_dim, config.n_heads // config.kv_heads
     # key channel g*dh + i meets query column h*dh + i of every head h in K/V head g's group
     queries = np.array([(c // dh * group + member) * dh + c % dh

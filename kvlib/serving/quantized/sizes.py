@@ -5,7 +5,7 @@ its groups are full (bytes_per_token).
 
 from __future__ import annotations
 
-from ...checks import count
+from ...checks import count, whole_number
 from ...config import ModelConfig
 from .groupings import _check_grouping
 
@@ -18,6 +18,7 @@ def quantized_cache_bytes(config: ModelConfig, n_positions: int, keys, values,
     if not isinstance(config, ModelConfig):
         raise TypeError(f"quantized_cache_bytes needs a ModelConfig, got {type(config).__name__}")
     keys, values = _check_grouping("keys", keys), _check_grouping("values", values)
+    n_positions = whole_number("n_positions", n_positions, 0)
     residual_bytes = config.numpy_dtype.itemsize if residual_bytes is None else residual_bytes
     per_layer = (keys.nbytes(n_positions, config.kv_width, residual_bytes)
                  + values.nbytes(n_positions, config.kv_width, residual_bytes))

@@ -13,13 +13,11 @@ Each gives a Verdict on one round: how many guesses are kept, and the next token
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Real
 
 import numpy as np
 
-from ...checks import count, numbers, real_number, whole_number, whole_numbers
+from ...checks import numbers, real_number, whole_number
 from ...inference import (
-    _check_logits_row,
     next_token_probabilities,
 )
 
@@ -28,18 +26,12 @@ PROBABILITY_TOLERANCE = 1e-6
 
 
 def _probabilities(name: str, values) -> np.ndarray:
-    """A probability vector (V,) as float64, or a ValueError that says what is wrong."""
-    try:
-        array = numbers(name, values).astype(np.float64)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a vector of probabilities, got {values!r}") from None
-    if array.ndim != 1 or array.size == 0:
-        raise ValueError(f"{name} must be a vector of probabilities (V,), got shape "
-                         f"{array.shape}")
-    if not np.isfinite(array).all() or (array < 0).any():
-        raise ValueError(f"{name} must hold finite, non-negative probabilities")
-    if abs(array.sum() - 1) > PROBABILITY_TOLERANCE:
-        raise ValueError(f"{name} must sum to 1, got {array.sum():.6g}")
+    """A probability vector (V,) as float64, or an error that says what is wrong."""
+    array = numbers(name, values, 1).astype(np.float64)
+    if not array.size or not np.isfinite(array).all() or (array < 0).any() or \
+            abs(array.sum() - 1) > PROBABILITY_TOLERANCE:
+        raise ValueError(f"{name} must be a vector (V,) of finite, non-negative probabilities "
+                         f"that sum to 1, got {values!r:.60}")
     return array
 
 
@@ -61,9 +53,7 @@ def acceptance_probability(p, q, token: int) -> float:
     min(p(x), q(x)) overall.
     """
     p, q = _pair_of_distributions(p, q)
-    token = whole_number("token", token, 0)
-    if token >= p.size:
-        raise ValueError(f"token must be between 0 and {p.size - 1}, got {token}")
+    token = whole_number("token", token, 0, p.size - 1)
     if q[token] == 0:
         raise ValueError(f"the draft gives token {token} probability 0: it cannot have "
                          "proposed it")
@@ -88,8 +78,6 @@ def residual_distribution(p, q) -> np.ndarray:
 def certain(token: int, vocab_size: int) -> np.ndarray:
     """The distribution of a guess made without doubt (speculative_decoding): one-hot (V,) at token.
     Greedy drafts and prompt lookup's guesses have it."""
-    vocab_size = count("vocab_size", vocab_size, 1)
-    token = whole_number("token", token, 0, vocab_size - 1)
     distribution = np.zeros(vocab_size)
     distribution[token] = 1.0
     return distribution
@@ -126,14 +114,12 @@ class GreedyAcceptance:
     def choose(self, logits_row) -> tuple[int, np.ndarray]:
         """The draft's proposal from its logits row (V,): (argmax, its distribution, one-hot:
         next_token_probabilities at temperature 0, built directly, as it runs every pass)."""
-        logits_row = _check_logits_row(logits_row)
         token = int(np.argmax(logits_row))
         return token, certain(token, len(logits_row))
 
     def verdict(self, proposals, draft_probabilities, target_logits) -> Verdict:
         """Keep proposals while each is the argmax of the target's row before it; then the
         target's argmax. target_logits (k + 1, V)."""
-        proposals, target_logits = _check_round(proposals, target_logits)
         choices = np.argmax(target_logits, axis=-1)
         accepted, acceptance = 0, []
         for proposal, choice in zip(proposals, choices):
@@ -142,19 +128,6 @@ class GreedyAcceptance:
                 break
             accepted += 1
         return Verdict(accepted, int(choices[accepted]), tuple(acceptance))
-
-
-def _check_round(proposals, target_logits) -> tuple[list[int], np.ndarray]:
-    """k proposals (token ids) and the target's k + 1 rows of logits (k + 1, V) over them."""
-    proposals = [int(p) for p in whole_numbers("proposals", proposals)]
-    target_logits = numbers("target_logits", target_logits, 2)
-    if len(target_logits) != len(proposals) + 1 or target_logits.shape[1] == 0:
-        raise ValueError(f"target_logits must be (k + 1, V) = ({len(proposals) + 1}, V) for "
-                         f"{len(proposals)} proposals, got {target_logits.shape}")
-    if proposals and max(proposals) >= target_logits.shape[1]:
-        raise ValueError(f"proposals must be token ids below {target_logits.shape[1]}, got "
-                         f"{max(proposals)}")
-    return proposals, target_logits
 
 
 class SamplingAcceptance:
@@ -171,21 +144,16 @@ class SamplingAcceptance:
 
     def __init__(self, temperature: float = 1.0, top_k: int | None = None,
                  seed: int | None = None):
-        if isinstance(temperature, bool) or not isinstance(temperature, Real) or \
-                not temperature > 0:
-            raise ValueError(f"temperature must be a positive number (for temperature 0 use "
-                             f"GreedyAcceptance), got {temperature!r}")
-        real_number("temperature", temperature, positive=True)
-        if top_k is not None:
-            top_k = whole_number("top_k", top_k, 1)
-        if seed is not None:
-            seed = whole_number("seed", seed, 0)
-        self.temperature, self.top_k = float(temperature), top_k
+        temperature = real_number("temperature (for temperature 0 use GreedyAcceptance)",
+                                  temperature, positive=True)
+        top_k, seed = (None if value is None else whole_number(name, value, low)
+                       for name, value, low in (("top_k", top_k, 1), ("seed", seed, 0)))
+        self.temperature, self.top_k = temperature, top_k
         self.rng = np.random.default_rng(seed)
 
     def distribution(self, logits_row) -> np.ndarray:
         """The sampling distribution of a logits row (V,), float64 (logits_next_token)."""
-        return next_token_probabilities(_check_logits_row(logits_row), self.temperature,
+        return next_token_probabilities(logits_row, self.temperature,
                                         self.top_k)
 
     def choose(self, logits_row) -> tuple[int, np.ndarray]:
@@ -199,14 +167,9 @@ class SamplingAcceptance:
         draft_probabilities None: a drafter without a distribution (prompt lookup) is
         certain of its guesses, q one-hot, so each is kept with chance p(x) (vLLM's ngram
         drafts are judged the same way, with a draft probability of 1)."""
-        proposals, target_logits = _check_round(proposals, target_logits)
         if draft_probabilities is None:
             draft_probabilities = np.zeros((len(proposals), target_logits.shape[1]))
             draft_probabilities[np.arange(len(proposals)), proposals] = 1.0
-        draft_probabilities = numbers("draft_probabilities", draft_probabilities, 2)
-        if draft_probabilities.shape != (len(proposals), target_logits.shape[1]):
-            raise ValueError(f"draft_probabilities must be (k, V) = ({len(proposals)}, "
-                             f"{target_logits.shape[1]}), got {draft_probabilities.shape}")
         accepted, acceptance = 0, []
         for proposal, q, row in zip(proposals, draft_probabilities, target_logits):
             p = self.distribution(row)

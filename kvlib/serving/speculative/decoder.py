@@ -115,10 +115,6 @@ class SpeculativeStats:
 
 def summarize(steps) -> SpeculativeStats:
     """SpeculativeStats of a list of SpeculativeStep."""
-    if not isinstance(steps, (list, tuple)) or \
-            not all(isinstance(step, SpeculativeStep) for step in steps):
-        raise TypeError(f"steps must be a list of SpeculativeStep (decoder.steps), got "
-                        f"{steps!r:.80}")
     steps = list(steps)
     return SpeculativeStats(
         rounds=len(steps), proposed=sum(len(s.proposals) for s in steps),

@@ -18,7 +18,7 @@ from numbers import Integral
 import numpy as np
 
 from ...cache import BaseKVCache, make_cache
-from ...checks import LARGEST_COUNT, count, whole_number, whole_numbers
+from ...checks import count, whole_numbers
 from ...inference import (
     check_ids,
     decode_step,
@@ -28,18 +28,9 @@ from ...params import Params
 
 
 def check_speculation_length(k) -> int:
-    """k, the number of tokens the draft proposes a round: a whole number of at least 1."""
-    if isinstance(k, bool) or not isinstance(k, Integral):
-        raise TypeError(f"k (tokens the draft proposes a round) must be a whole number, "
-                        f"got {k!r}")
-    if k < 1:
-        raise ValueError(f"k (tokens the draft proposes a round) must be at least 1, got {k}: "
-                         "with no proposals there is nothing to verify (that is plain "
-                         "decoding, kvlib.generate)")
-    if k > LARGEST_COUNT:
-        raise ValueError(f"k (tokens the draft proposes a round) must be at most "
-                         f"{LARGEST_COUNT:,}, got {k:,}")
-    return int(k)
+    """k, the number of tokens the draft proposes a round: a whole number of at least 1
+    (with none there is nothing to verify: that is plain decoding, kvlib.generate)."""
+    return count("k (tokens the draft proposes a round)", k, 1)
 
 
 def check_model(name: str, params: Params) -> None:
@@ -77,23 +68,16 @@ class Proposal:
 
 
 def _check_proposal(proposal, k: int, vocab_size: int) -> None:
-    """Refuse, in words, what a drafter returned if the round cannot use it."""
-    if not isinstance(proposal, Proposal):
-        raise TypeError(f"a drafter's propose must return a Proposal(tokens, probabilities), "
-                        f"got {type(proposal).__name__}")
-    tokens = proposal.tokens
-    if len(tokens) > k:
-        raise ValueError(f"the drafter proposed {len(tokens)} tokens where at most {k} "
-                         "were asked for")
-    if any(isinstance(t, bool) or not isinstance(t, Integral) or not 0 <= t < vocab_size
-           for t in tokens):
-        raise ValueError(f"the drafter's proposals must be token ids between 0 and "
-                         f"{vocab_size - 1}, got {list(tokens)}")
-    probabilities = proposal.probabilities
-    if probabilities is not None and np.shape(probabilities) != (len(tokens), vocab_size):
-        raise ValueError(f"the drafter's probabilities must be (proposals, V) = "
-                         f"({len(tokens)}, {vocab_size}) or None, got shape "
-                         f"{np.shape(probabilities)}")
+    """Refuse, in words, what a drafter (a learner's, perhaps) returned if the round cannot
+    use it."""
+    tokens = getattr(proposal, "tokens", ())
+    if not isinstance(proposal, Proposal) or len(tokens) > k or any(
+            isinstance(t, bool) or not isinstance(t, Integral) or not 0 <= t < vocab_size
+            for t in tokens) or proposal.probabilities is not None and \
+            np.shape(proposal.probabilities) != (len(tokens), vocab_size):
+        raise ValueError(f"a drafter's propose must return a Proposal of at most {k} token ids "
+                         f"below {vocab_size} and their probabilities, (proposals, "
+                         f"{vocab_size}) or None; got {proposal!r:.80}")
 
 
 def propose(draft: Params, cache: BaseKVCache, unseen, k: int, choose) -> Proposal:
@@ -105,13 +89,11 @@ def propose(draft: Params, cache: BaseKVCache, unseen, k: int, choose) -> Propos
     proposal, and each proposal is fed back for the next: k passes, after which the cache holds the
     sequence and the first k - 1 proposals. choose: logits row -> (token, distribution).
     """
-    k = check_speculation_length(k)
-    if not callable(choose):
+    k, unseen = check_speculation_length(k), check_ids(unseen, draft, what="unseen tokens")
+    if not callable(choose) or not isinstance(cache, BaseKVCache):
         raise TypeError(f"choose must be a function logits row -> (token, distribution), such "
-                        f"as GreedyAcceptance().choose, got {choose!r}")
-    if not isinstance(cache, BaseKVCache):
-        raise TypeError(f"cache must be a kvlib cache, got {type(cache).__name__}")
-    unseen = check_ids(unseen, draft, what="unseen tokens")
+                        f"as GreedyAcceptance().choose, and cache a kvlib cache; got "
+                        f"{choose!r:.40} and {type(cache).__name__}")
     room = draft.config.context_length if cache.capacity is None else cache.capacity
     if len(cache) + len(unseen) + k - 1 > room:
         raise ValueError(f"{len(unseen)} unseen tokens and {k} proposals need "
@@ -201,7 +183,6 @@ class ModelDrafter(Drafter):
 
     def check(self, target: Params, prompt_length: int) -> None:
         check_pair(target, self.params)
-        prompt_length = whole_number("prompt_length", prompt_length, 1)
         if prompt_length > self.params.config.context_length:
             raise ValueError(f"the prompt has {prompt_length} tokens but the draft's context "
                              f"length is {self.params.config.context_length}")
@@ -209,20 +190,16 @@ class ModelDrafter(Drafter):
     def room(self, n_tokens: int) -> int:
         """Proposals the draft can make after a sequence of n_tokens: its context (or its
         cache's capacity) minus what it must hold; it never feeds its last proposal."""
-        return _room(self.params, self.cache) - whole_number("n_tokens", n_tokens, 0) + 1
+        return _room(self.params, self.cache) - n_tokens + 1
 
     def propose(self, sequence, k: int, choose) -> Proposal:
         """k guesses after the sequence (ids, (n,)): feed what the cache lacks, then decode
         (``propose``). choose: the acceptance rule's logits row -> (token, distribution)."""
-        sequence = whole_numbers("sequence (token ids)", sequence)
-        if len(sequence) <= len(self.cache):
-            raise ValueError(f"the draft's cache holds {len(self.cache)} positions, the sequence "
-                             f"{len(sequence)} tokens: it must hold fewer, a prefix of it")
         return propose(self.params, self.cache, sequence[len(self.cache):], k, choose)
 
     def truncate(self, n_tokens: int) -> None:
         """Keep at most the sequence's first n_tokens positions in the cache."""
-        self.cache.truncate(min(len(self.cache), whole_number("n_tokens", n_tokens, 0)))
+        self.cache.truncate(min(len(self.cache), n_tokens))
 
     @property
     def cached(self) -> int:
@@ -303,12 +280,9 @@ def as_drafter(draft, cache: BaseKVCache | None = None) -> Drafter:
 def _empty_cache(name: str, cache, params: Params) -> BaseKVCache:
     if cache is None:
         return make_cache(params.config)
-    if not isinstance(cache, BaseKVCache):
-        raise TypeError(f"{name}_cache must be a kvlib cache, got {type(cache).__name__}")
-    if cache.config != params.config:
-        raise ValueError(f"{name}_cache was made for another model than the {name}")
-    if len(cache) != 0:
-        raise ValueError(f"{name}_cache must be empty; it holds {len(cache)} positions")
+    if not isinstance(cache, BaseKVCache) or cache.config != params.config or len(cache):
+        raise ValueError(f"{name}_cache must be an empty kvlib cache made for the {name} "
+                         f"(not for another model), got {cache!r:.80}")
     return cache
 
 

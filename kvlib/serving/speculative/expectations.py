@@ -8,7 +8,6 @@ outcome (outcome_probabilities).
 from __future__ import annotations
 
 import math
-from numbers import Real
 
 import numpy as np
 
@@ -23,9 +22,8 @@ from .drafters import check_pair, check_speculation_length
 
 
 def _check_alpha(alpha) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0 <= alpha <= 1:
-        raise ValueError(f"alpha (the acceptance rate) must be a number between 0 and 1, "
-                         f"got {alpha!r}")
+    if real_number("alpha (the acceptance rate)", alpha, minimum=0) > 1:
+        raise ValueError(f"alpha (the acceptance rate) must be between 0 and 1, got {alpha!r}")
     return float(alpha)
 
 
@@ -42,9 +40,6 @@ def predicted_speedup(alpha: float, k: int, draft_cost: float) -> float:
     in target steps, (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), where c = draft_cost is a
     draft pass's time relative to a target pass, and the target's pass over k + 1 tokens is
     taken to cost one decode step (true while decoding is limited by reading the weights)."""
-    if isinstance(draft_cost, bool) or not isinstance(draft_cost, Real) or \
-            not draft_cost >= 0:
-        raise ValueError(f"draft_cost (c) must be a number >= 0, got {draft_cost!r}")
     draft_cost = real_number("draft_cost (c)", draft_cost, minimum=0)
     return expected_tokens_per_pass(alpha, k) / (k * draft_cost + 1)
 
@@ -91,16 +86,13 @@ def replay_greedy(agreements, k: int) -> list[int]:
 
 def _agreements(agreements) -> list[bool]:
     """A flat sequence of True/False (greedy_agreements gives one), as a list of bools."""
-    if isinstance(agreements, np.ndarray):
-        if agreements.dtype != bool or agreements.ndim != 1:
-            raise TypeError(f"agreements must be a flat sequence of True or False, got an "
-                            f"array of {agreements.dtype} {agreements.shape}")
-        return agreements.tolist()
-    if not isinstance(agreements, (list, tuple)) or \
-            not all(isinstance(a, (bool, np.bool_)) for a in agreements):
+    flat = agreements.tolist() if isinstance(agreements, np.ndarray) and agreements.ndim == 1 \
+        else agreements
+    if not isinstance(flat, (list, tuple)) or not all(isinstance(a, (bool, np.bool_))
+                                                      for a in flat):
         raise TypeError(f"agreements must be a flat sequence of True or False (as "
                         f"greedy_agreements gives), got {agreements!r:.80}")
-    return [bool(a) for a in agreements]
+    return [bool(a) for a in flat]
 
 
 MAX_OUTCOME_PATHS = 10**6
