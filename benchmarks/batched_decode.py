@@ -113,7 +113,7 @@ import numpy as np  # noqa: E402
 import kvlib  # noqa: E402
 from kvlib import roofline  # noqa: E402
 from kvlib.gpt2 import GPT2_124M  # noqa: E402
-from kvlib.serving import batch, scheduler  # noqa: E402
+from kvlib.serving import batch, scheduler, workloads  # noqa: E402
 
 # ----------------------------------------------------------------------------- the batch table
 
@@ -200,22 +200,21 @@ def batch_table(config, best, lengths, args, compute_rate, bandwidth):
 
 
 def serve_table(params, args, seconds_per_step, rng):
-    config = params.config
-    workload = scheduler.make_workload(args.requests, seed=0, mean_gap=args.mean_gap,
+    workload = workloads.make_workload(args.requests, seed=0, mean_gap=args.mean_gap,
                                        prompt_lengths=tuple(args.prompt_lengths),
                                        output_lengths=tuple(args.output_lengths))
-    requests = scheduler.arrivals_in_seconds(workload, seconds_per_step)
-    prompts = scheduler.random_prompts(requests, config.vocab_size, seed=1)
+    requests = workloads.arrivals_in_seconds(workload, seconds_per_step)
     policies = [scheduler.StaticBatching(args.max_batch),
                 scheduler.ContinuousBatching(args.max_batch)]
     runs = 1 if args.quick else 2
     summaries, outputs = {p.name: [] for p in policies}, {}
     for _ in range(runs):                                  # interleaved: S, C, S, C
         for policy in policies:
-            runner = scheduler.ModelRunner(params, prompts)
-            timeline = scheduler.serve(requests, policy, execute=runner)
+            timeline = scheduler.serve(requests, policy, scheduler.ModelRunner(params),
+                                       clock="seconds")
             summaries[policy.name].append(timeline.summary())
-            outputs.setdefault(policy.name, runner.outputs)
+            outputs.setdefault(policy.name, {i: r.output_token_ids
+                                             for i, r in timeline.requests.items()})
     rows = []
     for name, runs_of_policy in summaries.items():
         mean = {key: float(np.mean([s[key] for s in runs_of_policy]))
@@ -296,7 +295,7 @@ def main(args) -> None:
     print()
     print(rows)
     print()
-    print(f"- workload: kvlib.serving.scheduler.make_workload({args.requests}, seed=0, "
+    print(f"- workload: kvlib.serving.workloads.make_workload({args.requests}, seed=0, "
           f"mean_gap={args.mean_gap}), prompts {args.prompt_lengths[0]}-"
           f"{args.prompt_lengths[1]} tokens, outputs {args.output_lengths[0]}-"
           f"{args.output_lengths[1]}; arrivals at their step times {one_step * 1e3:.1f} ms "

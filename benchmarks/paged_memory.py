@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     per_position = preset.kv_bytes_per_token()
     context = preset.context_length
     requests = request_mix(args.requests, context, seed=args.seed)
-    lengths = [r.length for r in requests]
+    lengths = [r.max_num_tokens for r in requests]
     budget = int(args.budget_gib * GiB)
     print(f"mode: {'quick' if args.quick else 'full'}")
     print(f"workload: {len(requests)} requests (seed {args.seed}), prompt and output lengths "

@@ -431,8 +431,3 @@ def contains_bool(value) -> bool:
 def _short(value, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-# The names kvlib.serving still imports (its own worker moves it to the ones above).
-whole_number, count, real_number, flag = as_whole_number, as_count, as_real_number, as_flag
-numbers, whole_numbers = as_array, as_whole_numbers

@@ -492,3 +492,115 @@ def draw_query_groups(ax, n_heads: int, n_kv_heads: int, title: str | None = Non
         ax.spines[side].set_visible(False)
     ax.set_title(title or f"{plural(n_heads, 'query head')}, {plural(n_kv_heads, 'K/V head')}: "
                           f"groups of {group}")
+
+
+# ------------------------------------------------------------- the block pool (serving)
+
+POOL_COLUMNS = 8
+ROW_PITCH = 1.3
+"""Rows of a drawn pool this far apart: room for the labels above a block and the numbers
+below the row over it, so that the two never share a line."""
+POOL_STATE_COLORS = {"free": "#eeeeee", "cached": "#bdbdbd", "held": "#21918c",
+                     "cached, held": "#3b528b", "shared": "#fde725"}
+POOL_STATE_LABELS = {"free": "free", "cached": "cached, idle (reusable)",
+                     "held": "held by one request", "cached, held": "cached, held by a request",
+                     "shared": "held by several (hatched)"}
+
+
+def pool_columns(n_blocks: int) -> int:
+    """Blocks in a row of the drawn pool: 8, or 16 for a large pool (96 blocks of 1), which
+    would otherwise need too many rows to read."""
+    return POOL_COLUMNS if n_blocks <= 4 * POOL_COLUMNS else 2 * POOL_COLUMNS
+
+
+def block_place(block: int, n_blocks: int, columns: int | None = None) -> tuple[float, float]:
+    """Where draw_pool puts a block: the lower-left corner (x, y) of its slots, row by row
+    from the top."""
+    columns = columns or pool_columns(n_blocks)
+    rows = -(-n_blocks // columns)
+    return float(block % columns), (rows - 1 - block // columns) * ROW_PITCH
+
+
+def block_holders(block_tables: dict, lengths: dict | None, block_size: int) -> dict:
+    """For each block some table holds: (holder names, positions filled). A shared block
+    lists every table that holds it, as full as the fullest of them (full without lengths)."""
+    holders = {}
+    for name, table in block_tables.items():
+        for index, block in enumerate(table):
+            names, filled = holders.get(block, ((), 0))
+            used = block_size if lengths is None else \
+                min(block_size, lengths[name] - index * block_size)
+            holders[block] = (names + (name,), max(filled, used))
+    return holders
+
+
+def draw_pool(ax, pool, block_tables: dict, lengths: dict | None = None, *, colors=None,
+              copied=(), title: str | None = None, columns: int | None = None,
+              legend: bool | None = None):
+    """The one block pool (kvlib.serving.BlockPool) as a grid of blocks, each cut into
+    block_size slots (paged_cache, prefix_caching, the_engine).
+
+    block_tables {name: [block ids]} are the holders' tables, lengths {name: positions held}
+    how far each filled its blocks (None: full). A block no table holds is free (light grey)
+    or cached and idle (grey, it keeps a prefix's key in the pool); a held block is filled up
+    to its positions in its first holder's colour (colors(name), or the state's colour: held,
+    cached and held), hatched and labelled "shared xN" when N tables hold it, outlined in
+    black when just made by copy-on-write (copied). Each block's label (its holders, "free"
+    or "cached") is a text with gid "block b", its number one with gid "number b", so that
+    tests can read the pool back. legend (by default when colours are the states') names the
+    states below. Returns ax.
+    """
+    for artist in [*ax.patches, *ax.texts, *ax.collections, *ax.lines]:
+        artist.remove()
+    n_blocks, size = pool.n_blocks, pool.block_size
+    columns = columns or pool_columns(n_blocks)
+    small = columns > POOL_COLUMNS                     # narrower blocks: smaller labels
+    holders = block_holders(block_tables, lengths, size)
+    slot = 0.9 / size
+    plain, plain_colors, hatched, hatched_colors, outlines, widths = [], [], [], [], [], []
+    for block in range(n_blocks):
+        x, y = block_place(block, n_blocks, columns)
+        names, filled = holders.get(block, ((), 0))
+        cached = pool.key_of[block] is not None
+        state = ("shared" if len(names) > 1 else "cached, held" if cached else "held") \
+            if names else ("cached" if cached else "free")
+        color = colors(names[0]) if colors and names else POOL_STATE_COLORS[state]
+        for position in range(size):
+            rectangle = Rectangle((x + position * slot, y), slot, 0.62)
+            if len(names) > 1 and position < filled:
+                hatched.append(rectangle)
+                hatched_colors.append(color)
+            else:
+                plain.append(rectangle)
+                plain_colors.append(color if position < filled or not names else "white")
+        outlines.append(Rectangle((x, y), 0.9, 0.62))
+        widths.append(2.4 if block in copied else 0.8)
+        label = f"shared x{len(names)}" if len(names) > 1 else ",".join(map(str, names)) or \
+            ("cached" if cached else "" if small else "free")
+        ax.text(x + 0.45, y + 0.68, label, ha="center", va="bottom", fontsize=5 if small else 7,
+                color="black" if names else "#888888", gid=f"block {block}")
+        ax.text(x + 0.02, y - 0.05, str(block), ha="left", va="top", fontsize=5 if small else 6,
+                color="#333333", gid=f"number {block}")
+    for patches, options in ((plain, dict(facecolors=plain_colors, edgecolors="#aaaaaa")),
+                             (hatched, dict(facecolors=hatched_colors, edgecolors="#555555",
+                                            hatch="///"))):
+        if patches:
+            ax.add_collection(PatchCollection(patches, linewidths=0.4, **options),
+                              autolim=False)
+    ax.add_collection(PatchCollection(outlines, facecolors="none", linewidths=widths,
+                                      edgecolors=["black" if w > 1 else "#555555"
+                                                  for w in widths]), autolim=False)
+    rows = -(-n_blocks // columns)
+    ax.set_xlim(-0.1, columns)
+    ax.set_ylim(-0.3, (rows - 1) * ROW_PITCH + 0.95)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(title or f"The pool: {n_blocks} blocks of {size} positions (block id below "
+                          "each)", fontsize=10)
+    if legend or (legend is None and colors is None):
+        if ax.get_legend() is None:
+            ax.legend([Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="#555555")
+                       for c in POOL_STATE_COLORS.values()], POOL_STATE_LABELS.values(),
+                      loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=5, fontsize=7,
+                      frameon=False)
+    return ax

@@ -33,7 +33,17 @@ from kvlib import roofline  # noqa: E402
 from kvlib.exercises import batched_decoding as ex21  # noqa: E402
 from kvlib.exercises.base import Feedback  # noqa: E402
 from kvlib.gpt2 import GPT2_124M  # noqa: E402
-from kvlib.serving import BlockAllocator, PagedKVCache, batch, scheduler  # noqa: E402
+from kvlib.serving import (  # noqa: E402
+    BlockAllocator,
+    Engine,
+    PagedKVCache,
+    Request,
+    SamplingParams,
+    StaticBatchingEngine,
+    batch,
+    scheduler,
+)
+from kvlib.serving.workloads import arrivals_in_seconds, make_workload  # noqa: E402
 from kvlib.widgets import batched_decoding as w21  # noqa: E402
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "21_batched_decoding.ipynb"
@@ -230,14 +240,15 @@ def test_left_padding_mask_and_positions(prompts):
 
 def test_left_pad_refuses_bad_prompts():
     for bad, words in [([], "non-empty list"), ("How", "non-empty list"),
-                       ([[0, 1], "How"], "prompt 1 is text"), ([[0, 1], []], "prompt 1"),
+                       ([[0, 1], "How"], "encode a text first"),
+                       ([[0, 1], []], "non-empty list of token ids"),
                        ([[0.5]], "prompt 0")]:
         with pytest.raises((ValueError, TypeError), match=words):
             batch.left_pad(bad)
     with pytest.raises(ValueError, match="pad_id"):
         batch.left_pad([[1]], pad_id=-1)
     for bad in ([], [0, 2], [[1, 2]], [1.5]):
-        with pytest.raises(ValueError, match="lengths must be"):
+        with pytest.raises((ValueError, TypeError), match="lengths must be"):
             batch.padding_mask(bad)
     with pytest.raises(ValueError, match="real must be"):
         batch.padded_prompt_mask(np.ones(3, dtype=bool))
@@ -340,11 +351,11 @@ def test_a_batch_from_two_models_is_refused(toy_batch):
 
 
 @pytest.mark.parametrize("make, words", [
-    (lambda p, c: (p, [1, 2], c[0]), "list of caches"),
+    (lambda p, c: (p, [1, 2], c[0]), "list of kvlib caches"),
     (lambda p, c: (p, [1, 2], {"a": c[0]}), "list of kvlib caches"),
     (lambda p, c: (p, [], []), "batch is empty"),
-    (lambda p, c: (p, [1, 2], [c[0], "cache"]), "sequence 1's cache must be a kvlib cache"),
-    (lambda p, c: (p, [1, 2], [c[0], c[0]]), "share one cache object"),
+    (lambda p, c: (p, [1, 2], [c[0], "cache"]), "list of kvlib caches"),
+    (lambda p, c: (p, [1, 2], [c[0], c[0]]), "another sequence's cache object"),
     (lambda p, c: (p, [1, 2], [c[0], kvlib.KVCache(p.config)]), "sequence 1's cache is empty"),
     (lambda p, c: (p, [1], c), "1 token ids for 2 caches"),
     (lambda p, c: (p, [1, 12], c), "outside the vocabulary"),
@@ -364,7 +375,7 @@ def test_full_caches_inconsistent_caches_and_latent_models_are_refused(toy_batch
     params, caches = toy_batch
     full = kvlib.KVCache(params.config, capacity=3)
     kvlib.prefill(params, [0, 3, 7], full)
-    with pytest.raises(ValueError, match="sequence 1's cache is full"):
+    with pytest.raises(ValueError, match="sequence 1's cache is empty or full"):
         batch.batched_decode_step(params, [1, 2], [caches[0], full])
     caches[1].append(0, np.zeros((1, 4)), np.zeros((1, 4)))
     with pytest.raises(ValueError, match="layers of this cache hold different numbers"):
@@ -415,7 +426,7 @@ def test_a_step_that_fails_half_way_leaves_every_cache_as_it_was(toy_batch, atte
 
 @st.composite
 def workloads(draw, max_requests=14):
-    return scheduler.make_workload(
+    return make_workload(
         draw(st.integers(1, max_requests)), draw(st.integers(0, 10**6)),
         draw(st.sampled_from([0.0, 0.5, 1.0, 2.0, 4.0])),
         prompt_lengths=(1, draw(st.integers(1, 12))),
@@ -430,11 +441,18 @@ def policies(draw):
     return kind(size, budget)
 
 
+def with_prompts(requests, vocab_size, seed):
+    """The same requests with seeded prompts below vocab_size."""
+    rng = np.random.default_rng(seed)
+    return [Request(r.request_id, rng.integers(0, vocab_size, r.num_prompt_tokens).tolist(),
+                    r.sampling_params, r.arrival) for r in requests]
+
+
 @PROPERTY
 @given(workloads(), policies())
 def test_the_scheduler_keeps_its_rules(requests, policy):
     timeline = scheduler.serve(requests, policy)
-    produced = {r.id: 0 for r in requests}
+    produced = {r.request_id: 0 for r in requests}
     clock, order = 0.0, []
     for step in timeline.steps:
         assert step.start >= clock and step.duration == 1.0
@@ -448,22 +466,23 @@ def test_the_scheduler_keeps_its_rules(requests, policy):
         for i in step.batch:
             produced[i] += 1
         for i in step.finished:
-            assert produced[i] == timeline.requests[i].output_length
-        if policy.max_batched_tokens is not None:
-            assert sum(timeline.requests[i].prompt_length for i in step.admitted) + \
-                len(step.decoded) <= policy.max_batched_tokens
-        if isinstance(policy, scheduler.StaticBatching) and step.admitted:
+            assert produced[i] == timeline.requests[i].max_tokens
+        if policy.max_num_batched_tokens is not None:
+            assert sum(timeline.requests[i].num_prompt_tokens for i in step.admitted) + \
+                len(step.decoded) <= policy.max_num_batched_tokens
+        if policy.static and step.admitted:
             assert not step.decoded                       # a new batch only when empty
         order += list(step.admitted)
         _check_no_slot_left_idle(timeline, policy, step)
-    assert produced == {r.id: r.output_length for r in requests}
-    arrival = {r.id: (r.arrival, r.id) for r in requests}
+    assert produced == {r.request_id: r.max_tokens for r in requests}
+    arrival = {r.request_id: (r.arrival, r.request_id) for r in requests}
     assert order == sorted(order, key=arrival.get)        # first come, first served
     for r in requests:
-        assert timeline.time_to_first_token(r.id) >= 1
-        assert timeline.latency(r.id) == timeline.time_to_first_token(r.id) + \
-            r.output_length - 1
-        assert timeline.time_per_output_token(r.id) in (None, 1.0)
+        assert timeline.time_to_first_token(r.request_id) >= 1
+        assert timeline.latency(r.request_id) == timeline.time_to_first_token(r.request_id) + \
+            r.max_tokens - 1
+        assert timeline.time_per_output_token(r.request_id) in (None, 1.0)
+        assert not r.output_token_ids and r.status == "waiting"   # served copies, not these
     summary = timeline.summary()
     assert summary["steps"] == len(timeline.steps)
     assert 0 < summary["mean_occupancy"] <= 1
@@ -476,20 +495,21 @@ def test_the_scheduler_keeps_its_rules(requests, policy):
 def _check_no_slot_left_idle(timeline, policy, step):
     """Continuous batching: when a step leaves a slot free while a request waits, the head
     of the queue did not fit the token budget."""
-    if not isinstance(policy, scheduler.ContinuousBatching):
+    if policy.static:
         return
     waiting = [r for r in timeline.requests.values()
-               if r.arrival <= step.start and timeline.admitted_at(r.id) > step.start]
+               if r.arrival <= step.start and timeline.admitted_at(r.request_id) > step.start]
     if waiting and len(step.batch) < policy.max_batch:
-        head = min(waiting, key=lambda r: (r.arrival, r.id))
-        left = policy.max_batched_tokens - len(step.decoded) - sum(
-            timeline.requests[i].prompt_length for i in step.admitted)
-        assert head.prompt_length > left
+        head = min(waiting, key=lambda r: (r.arrival, r.request_id))
+        left = policy.max_num_batched_tokens - len(step.decoded) - sum(
+            timeline.requests[i].num_prompt_tokens for i in step.admitted)
+        assert head.num_prompt_tokens > left
 
 
 def test_the_lessons_workload_and_its_numbers():
-    requests = scheduler.make_workload(12, seed=0)
-    assert requests == scheduler.make_workload(12, seed=0)          # seeded
+    requests = make_workload(12, seed=0)
+    assert [(repr(r), r.prompt_token_ids) for r in requests] == \
+        [(repr(r), r.prompt_token_ids) for r in make_workload(12, seed=0)]      # seeded
     static = scheduler.serve(requests, scheduler.StaticBatching(4)).summary()
     continuous = scheduler.serve(requests, scheduler.ContinuousBatching(4)).summary()
     assert (static["steps"], continuous["steps"]) == (46, 36)          # steps run
@@ -499,83 +519,97 @@ def test_the_lessons_workload_and_its_numbers():
 
 
 @PROPERTY
+@given(workloads(), policies())
+def test_the_batching_lesson_is_the_engines_scheduler(requests, policy):
+    """serve() with a policy and the Engine (or the StaticBatchingEngine) with the same
+    options admit every request at the same step and give it the same tokens."""
+    params = kvlib.init_params(kvlib.ModelConfig(context_length=48), seed=1)
+    timeline = scheduler.serve(requests, policy, scheduler.ModelRunner(params))
+    engine = (StaticBatchingEngine if policy.static else Engine)(
+        params, block_size=4, n_blocks=200, max_num_seqs=policy.max_batch,
+        max_num_batched_tokens=policy.max_num_batched_tokens or 10**6,
+        enable_chunked_prefill=False, enable_prefix_caching=False)
+    pending, ids = sorted(requests, key=lambda r: (r.arrival, r.request_id)), {}
+    steps_run = 0
+    while pending or engine.has_unfinished_requests():
+        if not engine.has_unfinished_requests() and pending[0].arrival > \
+                timeline.steps[steps_run].start:
+            raise AssertionError("the engine idles where serve() does not")
+        while pending and pending[0].arrival <= timeline.steps[min(steps_run, len(
+                timeline.steps) - 1)].start:
+            request = pending.pop(0)
+            ids[request.request_id] = engine.add_request(request.prompt_token_ids,
+                                                         request.sampling_params)
+        engine.step()
+        assert sorted(engine.last_step.scheduled_tokens) == sorted(
+            ids[i] for i in timeline.steps[steps_run].batch)
+        steps_run += 1
+    assert steps_run == len(timeline.steps)
+    for r in requests:
+        assert engine.requests[ids[r.request_id]].output_token_ids == \
+            timeline.requests[r.request_id].output_token_ids
+
+
+@PROPERTY
 @given(models(latent=False, window=False), workloads(max_requests=6), policies(),
        st.booleans())
 def test_served_by_a_model_every_request_gets_its_own_tokens(model, requests, policy, paged):
     params, config = model
-    prompts = scheduler.random_prompts(requests, config.vocab_size, seed=3)
+    requests = with_prompts(requests, config.vocab_size, seed=3)
     pool = BlockAllocator(config, n_blocks=200, block_size=3)
     runner = scheduler.ModelRunner(
-        params, prompts, attend=batch.attend_padded if paged else batch.attend_per_sequence,
+        params, attend=batch.attend_padded if paged else batch.attend_per_sequence,
         make_cache=(lambda r: PagedKVCache(pool)) if paged else None)
     counted = scheduler.serve(requests, policy)
-    timeline = scheduler.serve(requests, policy, execute=runner.step)
+    timeline = scheduler.serve(requests, policy, runner)
     assert [s.batch for s in timeline.steps] == [s.batch for s in counted.steps]
     for r in requests:
-        assert runner.outputs[r.id] == kvlib.generate(params, prompts[r.id], r.output_length)
+        assert timeline.requests[r.request_id].output_token_ids == \
+            kvlib.generate(params, r.prompt_token_ids, r.max_tokens)
     assert not runner.caches and pool.n_free == pool.n_blocks      # every cache given back
 
 
 def test_on_a_clock_of_seconds_the_steps_last_what_the_model_took():
     params = kvlib.init_params(kvlib.ModelConfig(context_length=48))
-    requests = scheduler.arrivals_in_seconds(scheduler.make_workload(6, seed=2), 1e-4)
-    prompts = scheduler.random_prompts(requests, 12, seed=0)
-    runner = scheduler.ModelRunner(params, prompts)
-    timeline = scheduler.serve(requests, scheduler.ContinuousBatching(3), execute=runner)
+    requests = arrivals_in_seconds(make_workload(6, seed=2), 1e-4)
+    runner = scheduler.ModelRunner(params)
+    timeline = scheduler.serve(requests, scheduler.ContinuousBatching(3), runner,
+                               clock="seconds")
     assert [s.duration for s in timeline.steps] == pytest.approx(runner.step_seconds)
     assert all(s > 0 for s in runner.step_seconds)
     for r in requests:
-        assert runner.outputs[r.id] == kvlib.generate(params, prompts[r.id], r.output_length)
+        assert timeline.requests[r.request_id].output_token_ids == \
+            kvlib.generate(params, r.prompt_token_ids, r.max_tokens)
+
+
+def request(request_id, arrival, prompt_length, output_length):
+    return Request(request_id, [1] * prompt_length, SamplingParams(max_tokens=output_length),
+                   arrival)
 
 
 @pytest.mark.parametrize("call, words", [
-    (lambda: scheduler.Request(-1, 0, 3, 3), "Request.id"),
-    (lambda: scheduler.Request(0, -1, 3, 3), "arrival"),
-    (lambda: scheduler.Request(0, float("nan"), 3, 3), "arrival"),
-    (lambda: scheduler.Request(0, 0, 0, 3), "prompt_length"),
-    (lambda: scheduler.Request(0, 0, 3, 0), "output_length"),
-    (lambda: scheduler.Request(0, 0, 3.5, 3), "prompt_length"),
-    (lambda: scheduler.make_workload(0), "n_requests"),
-    (lambda: scheduler.make_workload(3, seed=-1), "seed"),
-    (lambda: scheduler.make_workload(3, mean_gap=-1), "mean_gap"),
-    (lambda: scheduler.make_workload(3, mean_gap=float("inf")), "mean_gap"),
-    (lambda: scheduler.make_workload(3, prompt_lengths=(5, 2)), "shortest <= longest"),
-    (lambda: scheduler.make_workload(3, output_lengths=7), "output_lengths"),
-    (lambda: scheduler.StaticBatching(0), "max_batch"),
+    (lambda: request(0, 0, 3, 0), "max_tokens"),
+    (lambda: make_workload(0), "n_requests"),
+    (lambda: make_workload(3, seed=-1), "seed"),
+    (lambda: make_workload(3, mean_gap=-1), "mean_gap"),
+    (lambda: make_workload(3, mean_gap=float("inf")), "mean_gap"),
+    (lambda: make_workload(3, output_lengths=7.5), "output_lengths"),
+    (lambda: scheduler.StaticBatching(0), "max_num_seqs"),
     (lambda: scheduler.ContinuousBatching(4, max_batched_tokens=3), "at least max_batch"),
     (lambda: scheduler.serve([], scheduler.StaticBatching(2)), "non-empty list"),
-    (lambda: scheduler.serve(["request"], scheduler.StaticBatching(2)), "Request objects"),
-    (lambda: scheduler.serve(scheduler.make_workload(2), "static"), "policy must be"),
-    (lambda: scheduler.serve([scheduler.Request(0, 0, 3, 3), scheduler.Request(0, 1, 3, 3)],
+    (lambda: scheduler.serve(["request"], scheduler.StaticBatching(2)), "list of kvlib"),
+    (lambda: scheduler.serve(make_workload(2), "static"), "policy must be"),
+    (lambda: scheduler.serve(make_workload(2), scheduler.StaticBatching(2), clock="hours"),
+     "clock"),
+    (lambda: scheduler.serve([request(0, 0, 3, 3), request(0, 1, 3, 3)],
                              scheduler.StaticBatching(2)), "unique"),
-    (lambda: scheduler.serve([scheduler.Request(0, 0, 30, 3)],
-                             scheduler.ContinuousBatching(2, 20)), "longer than"),
-    (lambda: scheduler.arrivals_in_seconds(scheduler.make_workload(2), 0), "seconds_per_step"),
-    (lambda: scheduler.random_prompts(scheduler.make_workload(2), 0), "vocab_size"),
+    (lambda: scheduler.serve([request(0, 0, 30, 3)], scheduler.ContinuousBatching(2, 20)),
+     "could never be prefilled"),
+    (lambda: arrivals_in_seconds(make_workload(2), 0), "seconds_per_step"),
 ])
 def test_the_scheduler_refuses_bad_input_in_words(call, words):
     with pytest.raises((ValueError, TypeError), match=words):
         call()
-
-
-@pytest.mark.parametrize("duration", [0, -1.0, float("nan"), float("inf"), "1", True])
-def test_execute_must_return_a_duration(duration):
-    with pytest.raises(ValueError, match="duration"):
-        scheduler.serve(scheduler.make_workload(3), scheduler.StaticBatching(2),
-                        execute=lambda admitted, decoded: duration)
-
-
-def test_the_model_runner_refuses_missing_or_wrong_prompts():
-    params = kvlib.init_params()
-    requests = [scheduler.Request(0, 0, 3, 2), scheduler.Request(1, 0, 3, 40)]
-    for prompts, words in [({}, "no prompt was given for request 0"),
-                           ({0: [0, 1]}, "2 ids were given"),
-                           ({0: [0, 1, 2], 1: [0, 1, 2]}, "context length")]:
-        runner = scheduler.ModelRunner(params, prompts)
-        with pytest.raises(ValueError, match=words):
-            scheduler.serve(requests, scheduler.StaticBatching(2), execute=runner.step)
-    with pytest.raises(TypeError, match="dict"):
-        scheduler.ModelRunner(params, [[0, 1, 2]])
 
 
 # ---------------------------------------------------------------------------------------------

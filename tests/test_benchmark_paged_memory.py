@@ -40,7 +40,7 @@ def quick():
 
 
 def test_the_memory_table_is_complete_and_exact(quick):
-    lengths = [r.length for r in request_mix(32, CONTEXT, seed=0)]
+    lengths = [r.max_num_tokens for r in request_mix(32, CONTEXT, seed=0)]
     assert "mode: quick" in quick and "workload: 32 requests (seed 0)" in quick
     assert f"{PER_POSITION:,} bytes a position" in quick
     assert f"positions written: {sum(lengths):,}" in quick

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from strategies import configs
 
@@ -16,7 +16,7 @@ import kvlib
 from kvlib.serving import Engine, SamplingParams
 from kvlib.serving import engine as engine_module
 from kvlib.serving.block_attention import attention_bytes, block_attention, gather_attention
-from kvlib.serving.block_manager import BlockManager
+from kvlib.serving.block_pool import BlockPool
 
 PROPERTY = settings(max_examples=40, deadline=None)
 STORIES = Path(kvlib.__file__).parent / "models" / "stories"
@@ -91,8 +91,8 @@ def run(engine, requests):
         assert sum(engine.last_step.scheduled_tokens.values()) <= engine.max_num_batched_tokens
         step += 1
         assert step < 2000, "the engine made no progress"
-    assert engine.allocator.n_held == 0, "blocks leaked"
-    return [engine.requests[ids[i]].output for i in range(len(requests))]
+    assert engine.pool.n_used == 0, "blocks leaked"
+    return [engine.requests[ids[i]].output_token_ids for i in range(len(requests))]
 
 
 @settings(max_examples=80, deadline=None)
@@ -184,7 +184,7 @@ def test_a_pool_too_small_preempts_the_newest_and_its_output_is_unchanged():
     assert preempted and preempted[0] == ids[-1], "the newest goes first"
     assert engine.stats["preemptions"] == len(preempted)
     for i, prompt in zip(ids, prompts):
-        assert engine.requests[i].output == kvlib.generate(params, prompt, 12)
+        assert engine.requests[i].output_token_ids == kvlib.generate(params, prompt, 12)
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_of_the_budget():
@@ -209,30 +209,42 @@ def test_a_request_that_does_not_fit_waits_and_is_never_skipped():
     assert engine.requests[small].status == "waiting"            # small waits behind it
     while engine.has_unfinished_requests():
         engine.step()
-    assert engine.requests[big].first_admitted_step <= engine.requests[small].first_admitted_step
+    assert engine.requests[big].first_scheduled_step <= \
+        engine.requests[small].first_scheduled_step
 
 
 def test_finished_requests_free_their_blocks_and_cached_ones_stay():
     engine = Engine(toy(), block_size=4, n_blocks=16)
     engine.generate([SYSTEM], SamplingParams(max_tokens=3))
-    assert engine.allocator.n_held == 0
-    assert len(engine.allocator.cached) == 4 and len(engine.allocator.idle) == 4
+    assert engine.pool.n_used == 0
+    assert len(engine.pool.cached) == 4 and len(engine.pool.idle) == 4
     without = Engine(toy(), block_size=4, n_blocks=16, enable_prefix_caching=False)
     without.generate([SYSTEM], SamplingParams(max_tokens=3))
-    assert not without.allocator.cached and without.allocator.n_free == 16
+    assert not without.pool.cached and without.pool.n_free == 16
 
 
 def test_never_cached_blocks_are_taken_before_cached_ones_then_least_recent_first():
-    manager = BlockManager(toy().config, n_blocks=3, block_size=2)
-    a, _ = manager.take()
-    b, _ = manager.take()
-    manager.cache(a, b"key a")
-    manager.cache(b, b"key b")
-    manager.release(b)              # b idle first, then a: b is the least recently released
-    manager.release(a)
-    assert manager.take() == (2, None)          # the free block before any cached one
-    assert manager.take() == (b, b)             # then the least recently released
-    assert b"key b" not in manager.cached and b"key a" in manager.cached
+    pool = BlockPool(toy().config, n_blocks=3, block_size=2)
+    a, b = pool.allocate(), pool.allocate()
+    pool.cache(a, b"key a")
+    pool.cache(b, b"key b")
+    pool.release(b)                 # b idle first, then a: b is the least recently released
+    pool.release(a)
+    assert not pool.evicting() and pool.allocate() == 2    # the free block before any cached
+    assert pool.evicting() and pool.allocate() == b        # then the least recently released
+    assert b"key b" not in pool.cached and b"key a" in pool.cached
+    pool.check_invariants({a: 0, b: 1, 2: 1})
+
+
+def state(engine):
+    """Everything a step may change, as plain values."""
+    pool = engine.pool
+    return (pool.ref_counts.tolist(), pool.generations.tolist(), list(pool.free),
+            list(pool.idle), list(pool.key_of), dict(pool.cached),
+            [r.request_id for r in engine.waiting], [r.request_id for r in engine.running],
+            {i: {name: value for name, value in r.snapshot().items()}
+             for i, r in engine.requests.items()},
+            dict(engine.stats), engine.step_count, engine.last_step)
 
 
 def test_a_step_that_fails_changes_nothing(monkeypatch):
@@ -242,11 +254,7 @@ def test_a_step_that_fails_changes_nothing(monkeypatch):
            ([1, 2, 3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14, 15])]
     for _ in range(3):
         engine.step()
-    before = (engine.allocator.ref_counts[:], dict(engine.allocator.cached),
-              list(engine.allocator.free), [(r.request_id, r.num_computed_tokens,
-                                             list(r.block_table), list(r.tokens), r.status)
-                                            for r in engine.requests.values()],
-              dict(engine.stats))
+    before = state(engine)
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -254,18 +262,85 @@ def test_a_step_that_fails_changes_nothing(monkeypatch):
     monkeypatch.setattr(engine_module, "forward_step", interrupted)
     with pytest.raises(KeyboardInterrupt):
         engine.step()
-    after = (engine.allocator.ref_counts[:], dict(engine.allocator.cached),
-             list(engine.allocator.free), [(r.request_id, r.num_computed_tokens,
-                                            list(r.block_table), list(r.tokens), r.status)
-                                           for r in engine.requests.values()],
-             dict(engine.stats))
-    assert after == before
+    assert state(engine) == before
     monkeypatch.undo()
     while engine.has_unfinished_requests():
         engine.step()
         engine.check()
     for i, prompt in zip(ids, ([1, 2, 3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14, 15])):
-        assert engine.requests[i].output == kvlib.generate(params, prompt, 5)
+        assert engine.requests[i].output_token_ids == kvlib.generate(params, prompt, 5)
+
+
+class Failure(Exception):
+    pass
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs(latent=False, window=False, context_length=48), st.data())
+def test_a_step_that_fails_anywhere_changes_nothing_and_the_run_goes_on(config, data):
+    """Over random workloads and pools: at a random step, the model step, the sampling or the
+    bookkeeping after it fails; the engine is as before the step, and the rest of the run
+    gives every request the tokens it would have had."""
+    params = kvlib.init_params(config, seed=data.draw(st.integers(0, 99)))
+    requests = data.draw(workloads(config.vocab_size))
+    block_size = data.draw(st.integers(1, 6))
+    longest = max(len(p) + s.max_tokens for _, p, s in requests)
+    engine = Engine(params, block_size=block_size,
+                    n_blocks=data.draw(st.integers(-(-longest // block_size),
+                                                   2 * -(-longest // block_size))),
+                    max_num_batched_tokens=data.draw(st.integers(1, 16)),
+                    max_num_seqs=data.draw(st.integers(1, 4)))
+    fail_at = data.draw(st.integers(1, 12))
+    where = data.draw(st.sampled_from(["forward_step", "choose_next_token", "write_rows",
+                                       "update"]))
+    ids, step, failed = {}, 0, False
+    pending = sorted(range(len(requests)), key=lambda i: requests[i][0])
+    while pending or engine.has_unfinished_requests():
+        while pending and requests[pending[0]][0] <= step:
+            index = pending.pop(0)
+            ids[index] = engine.add_request(requests[index][1], requests[index][2])
+        if step >= fail_at and not failed and engine.has_unfinished_requests():
+            before = state(engine)
+
+            def failing(*args, **kwargs):
+                if where == "update":         # half-way through the bookkeeping
+                    engine.scheduler.running.clear()
+                raise Failure
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(engine.scheduler if where == "update" else engine_module, where,
+                              failing)
+                try:
+                    engine.step()             # a step that never reaches `where` just runs
+                except Failure:
+                    failed = True
+            if failed:
+                assert state(engine) == before
+                continue
+            engine.check()
+            step += 1
+            continue
+        engine.step()
+        engine.check()
+        step += 1
+    event(f"failed in {where}" if failed else "no step reached the failure")
+    for index, (_, prompt, sampling) in enumerate(requests):
+        assert engine.requests[ids[index]].output_token_ids == alone(params, prompt, sampling)
+
+
+def test_a_checkpoint_copies_only_what_a_step_may_touch():
+    """However many requests the engine has served, a step saves the running requests and
+    at most max_num_seqs waiting ones: never the finished ones."""
+    engine = Engine(toy(), block_size=4, n_blocks=32, max_num_batched_tokens=32,
+                    max_num_seqs=4)
+    for n in range(60):
+        engine.add_request([1 + n % 20, 2, 3], SamplingParams(max_tokens=2))
+        engine.step()
+        saved = engine._checkpoint()
+        assert len(saved.requests) <= engine.max_num_seqs
+        assert {r.request_id for r, _ in saved.requests} >= \
+            {r.request_id for r in engine.running}
+    assert sum(r.status == "finished" for r in engine.requests.values()) > 50
 
 
 @pytest.mark.parametrize("call, error, words", [
@@ -282,7 +357,7 @@ def test_bad_requests_are_refused_in_words_and_change_nothing(call, error, words
     engine = Engine(toy(), block_size=4, n_blocks=8)
     with pytest.raises(error, match=words):
         call(engine)
-    assert not engine.has_unfinished_requests() and engine.allocator.n_free == 8
+    assert not engine.has_unfinished_requests() and engine.pool.n_free == 8
 
 
 @pytest.mark.parametrize("options, error, words", [
@@ -300,7 +375,8 @@ def test_bad_sampling_params_are_refused_in_words(options, error, words):
 @pytest.mark.parametrize("options, error, words", [
     (dict(n_blocks=0), ValueError, "n_blocks"), (dict(block_size=1.5), TypeError, "block_size"),
     (dict(max_num_batched_tokens=0), ValueError, "max_num_batched_tokens"),
-    (dict(n_blocks=2**40), ValueError, "far more cache"),
+    (dict(n_blocks=2**40), ValueError, "n_blocks must be at most"),
+    (dict(n_blocks=2**30, block_size=2**20), ValueError, "far more cache"),
     (dict(enable_prefix_caching="yes"), TypeError, "True or False"),
 ])
 def test_bad_engine_settings_are_refused_in_words(options, error, words):

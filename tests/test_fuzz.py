@@ -11,20 +11,23 @@ kvlib.serving's cases), one argument at a time. Other functions trust their call
 
 import contextlib
 import copy
+import importlib
 import math
 import os
+import pkgutil
 import sys
 import traceback
 from pathlib import Path
 
 import numpy as np
 import pytest
-from fuzz_api_cases import CASES, same
+from fuzz_api_cases import CASES, SERVING_NOT_FUZZED, same
 from fuzz_scope import LEARNER_NAMES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvlib
+import kvlib.serving
 from kvlib import gpt2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
@@ -313,6 +316,20 @@ def test_the_table_covers_the_scope_and_only_it():
     outside = sorted(name for name in covered - scope if not name.startswith("kvlib.serving"))
     assert not outside, f"cases for names no learner calls: {outside}"
     assert not NOT_FUZZED.keys() - set(LEARNER_NAMES), "NOT_FUZZED names outside the scope"
+
+
+def test_the_table_has_every_public_function_of_serving():
+    """kvlib.serving's scope is every public function and class of its modules: each gets a
+    valid call in tests/fuzz_api_cases.py, or a reason in SERVING_NOT_FUZZED."""
+    covered = {getattr(build().function, "__func__", build().function) for build in CASES.values()}
+    modules = [importlib.import_module(info.name) for info in
+               pkgutil.walk_packages(kvlib.serving.__path__, "kvlib.serving.")]
+    public = {value: name for module in modules for name, value in vars(module).items()
+              if not name.startswith("_") and callable(value)
+              and getattr(value, "__module__", "") == module.__name__}
+    missing = sorted(name for value, name in public.items()
+                     if value not in covered and name not in SERVING_NOT_FUZZED)
+    assert not missing, f"no valid call in tests/fuzz_api_cases.py for {missing}"
 
 
 def test_every_valid_call_of_the_table_succeeds():

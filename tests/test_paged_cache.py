@@ -26,15 +26,17 @@ from hypothesis import strategies as st  # noqa: E402
 from strategies import models  # noqa: E402
 
 import kvlib  # noqa: E402
+from kvlib import plots  # noqa: E402
 from kvlib.exercises import paged_cache as ex19  # noqa: E402
 from kvlib.serving import (  # noqa: E402
     BlockAllocator,
     ContiguousArena,
     PagedKVCache,
     PoolTimeline,
-    Request,
+    SamplingParams,
     memory_plan,
 )
+from kvlib.serving.request import requests_of_lengths  # noqa: E402
 from kvlib.widgets import paged_cache as w19  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -45,6 +47,11 @@ TOLERANCE = 1e-10
 def close_figures():
     yield
     plt.close("all")
+
+
+def req(prompt_length, output_length, arrival=0):
+    """A request of these lengths (its prompt seeded ids of the toy's vocabulary)."""
+    return requests_of_lengths([prompt_length], [output_length], [arrival])[0]
 
 
 def counting_pool(n_blocks, block_size, context_length=64):
@@ -100,7 +107,7 @@ def test_parallel_sampling_blocks_equal_live_forks(prompt, new, n, block_size):
 
 
 def test_memory_table_rows_and_their_ratios():
-    requests = [Request(10, 5), Request(3, 1), Request(30, 34)]
+    requests = [req(10, 5), req(3, 1), req(30, 34)]
     rows = memory_plan.memory_table(requests, [1, 4, 16], 64, bytes_per_position=10)
     assert [r.block_size for r in rows] == [1, 4, 16]
     assert [r.block_table_entries for r in rows] == [83, 4 + 1 + 16, 1 + 1 + 4]
@@ -116,14 +123,18 @@ def test_memory_table_rows_and_their_ratios():
 
 def test_request_mix_is_seeded_and_bounded():
     mix = memory_plan.request_mix(200, 1024, seed=5, mean_gap=2)
-    assert mix == memory_plan.request_mix(200, 1024, seed=5, mean_gap=2)
-    assert mix != memory_plan.request_mix(200, 1024, seed=6, mean_gap=2)
-    assert all(16 <= r.prompt_length <= 512 and 16 <= r.output_length <= 512 for r in mix)
+    assert list(map(repr, mix)) == list(map(repr, memory_plan.request_mix(200, 1024, seed=5,
+                                                                          mean_gap=2)))
+    assert [r.prompt_token_ids for r in mix] == \
+        [r.prompt_token_ids for r in memory_plan.request_mix(200, 1024, seed=5, mean_gap=2)]
+    assert list(map(repr, mix)) != list(map(repr, memory_plan.request_mix(200, 1024, seed=6,
+                                                                          mean_gap=2)))
+    assert all(16 <= r.num_prompt_tokens <= 512 and 16 <= r.max_tokens <= 512 for r in mix)
     arrivals = [r.arrival for r in mix]
     assert arrivals[0] == 0 and arrivals == sorted(arrivals) and arrivals[-1] > 0
     assert all(r.arrival == 0 for r in memory_plan.request_mix(5, 32))
     toy = memory_plan.request_mix(50, 32, seed=0, shortest=3)
-    assert all(3 <= r.prompt_length <= 16 and r.length <= 32 for r in toy)
+    assert all(3 <= r.num_prompt_tokens <= 16 and r.max_num_tokens <= 32 for r in toy)
 
 
 @pytest.mark.parametrize("call, error, words", [
@@ -134,13 +145,13 @@ def test_request_mix_is_seeded_and_bounded():
     (lambda: memory_plan.blocks_for(5, 0), ValueError, "block_size must be at least 1"),
     (lambda: memory_plan.blocks_for(2.5, 4), TypeError, "n_tokens must be a whole number"),
     (lambda: memory_plan.paged_memory([], 4, 32), ValueError, "lengths is empty"),
-    (lambda: memory_plan.paged_memory("abc", 4, 32), TypeError, "list of sequence lengths"),
+    (lambda: memory_plan.paged_memory("abc", 4, 32), TypeError, "lengths must be"),
     (lambda: memory_plan.paged_memory([40], 4, 32), ValueError, "longer than max_length"),
-    (lambda: memory_plan.paged_memory([0], 4, 32), ValueError, "a sequence length"),
-    (lambda: memory_plan.memory_table([4], [], 32), ValueError, "block_sizes is empty"),
-    (lambda: memory_plan.memory_table([4], 4, 32), TypeError, "block_sizes must be a list"),
-    (lambda: Request(0, 4), ValueError, "prompt_length must be at least 1"),
-    (lambda: Request(3, True), TypeError, "output_length must be a whole number"),
+    (lambda: memory_plan.paged_memory([0], 4, 32), ValueError, "lengths must be >= 1"),
+    (lambda: memory_plan.memory_table([4], [0], 32), ValueError, "block_sizes must be >= 1"),
+    (lambda: memory_plan.memory_table([4], "4", 32), TypeError, "block_sizes must be"),
+    (lambda: requests_of_lengths([0], [4]), ValueError, "prompt_lengths must be >= 1"),
+    (lambda: SamplingParams(max_tokens=True), TypeError, "max_tokens must be a whole number"),
     (lambda: memory_plan.parallel_sampling_blocks(4, 2, 0, 4), ValueError, "n_samples"),
 ])
 def test_memory_plan_refuses_bad_input(call, error, words):
@@ -210,9 +221,11 @@ def timelines(draw):
     for _ in range(n):
         prompt = draw(st.integers(1, 10))
         output = draw(st.integers(1, 10))
-        requests.append(Request(prompt, output, draw(st.integers(0, 6))))
+        requests.append((prompt, output, draw(st.integers(0, 6))))
+    requests = requests_of_lengths(*zip(*requests), seed=draw(st.integers(0, 99)),
+                                   vocab_size=config.vocab_size)
     block_size = draw(st.integers(1, 5))
-    largest = max(memory_plan.blocks_for(r.length, block_size) for r in requests)
+    largest = max(memory_plan.blocks_for(r.max_num_tokens, block_size) for r in requests)
     n_blocks = draw(st.integers(largest, largest + 12))
     forks = draw(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 10)), max_size=3))
     return params, requests, n_blocks, block_size, forks, draw(st.integers(0, 1000))
@@ -231,27 +244,29 @@ def test_timeline_steps_equal_contiguous_caches_and_never_leak(case):
             break
         for step, which in forks:
             if step == timeline.step_number and timeline.running:
-                forked.add(timeline.fork(timeline.running[which % len(timeline.running)].name))
+                forked.add(timeline.fork(
+                    timeline.running[which % len(timeline.running)].request_id))
         timeline.step()
         assert timeline.check() < TOLERANCE         # includes: no block leaked
         snapshot = timeline.history[-1]
-        assert snapshot.blocks_in_use == timeline.allocator.n_used
+        assert snapshot.blocks_in_use == timeline.pool.n_used
         assert 0 <= snapshot.paged_positions - snapshot.used_positions <= \
             (block_size - 1) * len(timeline.running)
     assert timeline.all_done
-    timeline.allocator.check_invariants()
-    assert timeline.allocator.n_free == n_blocks                 # every block given back
-    outputs = {seq.name: seq.output for seq in timeline.finished}
-    assert outputs.keys() - forked == {seq.name for seq in ample.finished}
+    timeline.pool.check_invariants()
+    assert timeline.pool.n_free == n_blocks                 # every block given back
+    outputs = {seq.request_id: seq.output_token_ids for seq in timeline.finished}
+    assert outputs.keys() - forked == {seq.request_id for seq in ample.finished}
     for seq in ample.finished:                   # preempted or not: the same greedy tokens
-        assert outputs[seq.name] == seq.output
-        prompt = seq.tokens[: requests[seq.request].prompt_length]
-        assert seq.output == kvlib.generate(params, prompt, requests[seq.request].output_length)
+        assert outputs[seq.request_id] == seq.output_token_ids
+        assert seq.output_token_ids == kvlib.generate(params, seq.prompt_token_ids,
+                                                      seq.max_tokens)
     for name in forked:          # greedy: a fork continues from the shared blocks exactly
         assert outputs[name] == outputs[name.split(".")[0]]
     for seq in timeline.finished:
-        assert len(seq.tokens) == seq.target_length == requests[seq.request].length
-        assert len(seq.output) == requests[seq.request].output_length
+        request = requests[timeline.parent[seq.request_id]]
+        assert seq.num_tokens == seq.max_num_tokens == request.max_num_tokens
+        assert len(seq.output_token_ids) == request.max_tokens
 
 
 def test_a_small_pool_preempts_and_recomputes_the_same_sampled_tokens():
@@ -261,20 +276,20 @@ def test_a_small_pool_preempts_and_recomputes_the_same_sampled_tokens():
     large = PoolTimeline(params, requests, n_blocks=60, block_size=4, seed=0)
     small.run(), large.run()
     assert small.preemptions > 0 and large.preemptions == 0
-    assert {s.name: s.output for s in small.finished} == \
-        {s.name: s.output for s in large.finished}
+    assert {s.request_id: s.output_token_ids for s in small.finished} == \
+        {s.request_id: s.output_token_ids for s in large.finished}
     assert all(s.blocks_in_use <= 10 for s in small.history)
 
 
 def test_fork_shares_blocks_then_copies_on_write():
     params = kvlib.init_params()
-    timeline = PoolTimeline(params, [Request(6, 8)], n_blocks=12, block_size=4, seed=1)
+    timeline = PoolTimeline(params, [req(6, 8)], n_blocks=12, block_size=4, seed=1)
     timeline.step()                              # A prefilled: 6 positions, blocks [0, 1]
     child = timeline.fork("A")
     assert child == "A.1" and "nothing copied" in timeline.events[0]
     tables = timeline.block_tables()
     assert tables["A"] == tables["A.1"] == [0, 1]
-    assert list(timeline.allocator.ref_counts[:2]) == [2, 2]
+    assert list(timeline.pool.ref_counts[:2]) == [2, 2]
     assert timeline.history[-1].blocks_in_use == 2
     timeline.step()                              # both write position 6, in block 1
     tables = timeline.block_tables()
@@ -284,20 +299,20 @@ def test_fork_shares_blocks_then_copies_on_write():
     assert any("copy-on-write" in event for event in timeline.events)
     assert timeline.check() < TOLERANCE
     timeline.run()
-    assert {s.name for s in timeline.finished} == {"A", "A.1"}
-    assert timeline.allocator.n_free == 12
+    assert {s.request_id for s in timeline.finished} == {"A", "A.1"}
+    assert timeline.pool.n_free == 12
 
 
 @pytest.mark.parametrize("call, error, words", [
-    (lambda p: PoolTimeline("params", [Request(2, 2)], 4), TypeError, "kvlib Params"),
-    (lambda p: PoolTimeline(p, [], 4), TypeError, "non-empty list"),
+    (lambda p: PoolTimeline("params", [req(2, 2)], 4), TypeError, "kvlib Params"),
+    (lambda p: PoolTimeline(p, [], 4), ValueError, "at least one request"),
     (lambda p: PoolTimeline(p, "AB", 4), TypeError, "list of kvlib.serving.Request"),
-    (lambda p: PoolTimeline(p, [(2, 2)], 4), TypeError, "non-empty list"),
-    (lambda p: PoolTimeline(p, [Request(20, 20)], 40), ValueError, "context length is 32"),
-    (lambda p: PoolTimeline(p, [Request(10, 10)], 2, 4), ValueError, "the pool has only 2"),
-    (lambda p: PoolTimeline(p, [Request(2, 2)], 4, seed=-1), TypeError, "seed"),
-    (lambda p: PoolTimeline(p, [Request(2, 2)], 4, temperature=-1), ValueError, "temperature"),
-    (lambda p: PoolTimeline(p, [Request(2, 2)], 4).fork("A"), ValueError, "no running"),
+    (lambda p: PoolTimeline(p, [(2, 2)], 4), TypeError, "list of kvlib.serving.Request"),
+    (lambda p: PoolTimeline(p, [req(20, 20)], 40), ValueError, "context length 32"),
+    (lambda p: PoolTimeline(p, [req(10, 10)], 2, 4), ValueError, "the pool's 2"),
+    (lambda p: PoolTimeline(p, [req(2, 2)], 4, seed=-1), ValueError, "seed"),
+    (lambda p: PoolTimeline(p, [req(2, 2)], 4, temperature=-1), ValueError, "temperature"),
+    (lambda p: PoolTimeline(p, [req(2, 2)], 4).fork("A"), ValueError, "no running"),
 ])
 def test_timeline_refuses_bad_input(call, error, words):
     with pytest.raises(error, match=words):
@@ -314,7 +329,12 @@ def labels(ax, prefix):
 
 def test_draw_pool_labels_owners_shared_and_free_blocks():
     fig, ax = plt.subplots()
-    w19.draw_pool(ax, 6, 4, {"A": [0, 2], "A.1": [0, 3], "B": [1]}, {"A": 6, "A.1": 7, "B": 3})
+    pool = counting_pool(6, 4)
+
+    def draw(tables, lengths):
+        plots.draw_pool(ax, pool, tables, lengths, colors=w19.owner_color)
+
+    draw({"A": [0, 2], "A.1": [0, 3], "B": [1]}, {"A": 6, "A.1": 7, "B": 3})
     assert labels(ax, "block") == {"block 0": "shared x2", "block 1": "B", "block 2": "A",
                                    "block 3": "A.1", "block 4": "free", "block 5": "free"}
     plain, hatched, outlines = ax.collections
@@ -323,9 +343,9 @@ def test_draw_pool_labels_owners_shared_and_free_blocks():
     assert len(outlines.get_paths()) == 6
     count = len(ax.texts) + len(ax.collections)
     for _ in range(5):                           # a redraw replaces, never accumulates
-        w19.draw_pool(ax, 6, 4, {"A": [0]}, {"A": 2})
+        draw({"A": [0]}, {"A": 2})
     assert len(ax.texts) == 12 and len(ax.collections) == 2      # no shared block now
-    w19.draw_pool(ax, 6, 4, {"A": [0, 2], "A.1": [0, 3], "B": [1]}, {"A": 6, "A.1": 7, "B": 3})
+    draw({"A": [0, 2], "A.1": [0, 3], "B": [1]}, {"A": 6, "A.1": 7, "B": 3})
     assert len(ax.texts) + len(ax.collections) == count
 
 
@@ -401,11 +421,11 @@ def test_pool_explorer_fork_and_copy_on_write():
 def test_pool_explorer_block_size_reset_and_the_end():
     widget = w19.pool_explorer()
     widget.block_size.value = 1
-    assert widget.timeline().allocator.n_blocks == 96
+    assert widget.timeline().pool.n_blocks == 96
     widget.next_step.click()
     assert len(labels(widget.axes["pool"], "block")) == 96
     widget.block_size.value = 8
-    assert widget.timeline().allocator.n_blocks == 12 and widget.timeline().step_number == 0
+    assert widget.timeline().pool.n_blocks == 12 and widget.timeline().step_number == 0
     before = plt.get_fignums()
     for _ in range(80):
         widget.next_step.click()
@@ -423,7 +443,7 @@ def test_pool_explorer_keeps_a_sequence_chosen_to_fork():
     widget = w19.pool_explorer()
     for _ in range(6):
         widget.next_step.click()
-        running = [seq.name for seq in widget.timeline().running]
+        running = [seq.request_id for seq in widget.timeline().running]
         assert widget.fork_of.value in running
     widget.fork_of.value = running[-1]
     widget.next_step.click()
@@ -469,7 +489,7 @@ def test_pool_labels_never_sit_on_the_block_numbers():
                         (t.get_window_extent() for t in texts
                          if (t.get_gid() or "").startswith(kind))]
                  for kind in ("block", "number")}
-        n_blocks = widget.timeline().allocator.n_blocks
+        n_blocks = widget.timeline().pool.n_blocks
         assert len(spans["number"]) == n_blocks and spans["block"]
         assert not [(a, b) for a in spans["block"] for b in spans["number"]
                     if a[0] < b[1] and b[0] < a[1]]

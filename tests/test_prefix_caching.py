@@ -30,11 +30,9 @@ from kvlib.exercises import prefix_caching as ex20  # noqa: E402
 from kvlib.exercises.base import Feedback  # noqa: E402
 from kvlib.serving import (  # noqa: E402
     ROOT_KEY,
-    BlockAllocator,
     CachedBlock,
-    PagedKVCache,
-    PrefixCache,
     PrefixServer,
+    Request,
     block_key,
     block_keys,
 )
@@ -87,15 +85,15 @@ def cached_rows(pool, entries, layer):
 def check_accounting(server: PrefixServer):
     """Every reference is accounted for: a block's count is the running requests that list
     it plus one if the prefix cache keeps it; the pool and the prefix cache are consistent."""
-    server.allocator.check_invariants()
+    server.pool.check_invariants()
     server.prefix_cache.check_invariants()
-    expected = np.zeros(server.allocator.n_blocks, dtype=np.int64)
+    expected = np.zeros(server.pool.n_blocks, dtype=np.int64)
     for running in server.running.values():
-        for block in running.cache.block_table:
+        for block in running.block_table:
             expected[block] += 1
     for entry in server.prefix_cache.entries:
         expected[entry.block] += 1
-    np.testing.assert_array_equal(server.allocator.ref_counts, expected)
+    np.testing.assert_array_equal(server.pool.ref_counts, expected)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,7 +122,7 @@ def test_match_returns_exactly_the_kv_of_the_longest_stored_prefix(model, block_
     if longest:
         _, alone = kvlib.prefill(params, query[:longest])
         for layer in range(config.n_layers):
-            keys, values = cached_rows(server.allocator, found, layer)
+            keys, values = cached_rows(server.pool, found, layer)
             np.testing.assert_allclose(keys, alone.keys(layer), rtol=0, atol=TOLERANCE)
             np.testing.assert_allclose(values, alone.values(layer), rtol=0, atol=TOLERANCE)
     reusable = server.prefix_cache.reusable(query)
@@ -152,12 +150,12 @@ def test_random_request_streams_with_evictions(model, block_size, data):
         held = server.held_blocks()
         if action == "admit" or not server.running:
             ids = draw()
-            before = server.allocator.ref_counts.copy(), len(server.prefix_cache)
+            before = server.pool.ref_counts.copy(), len(server.prefix_cache)
             try:
                 admission = server.admit(ids)
             except MemoryError:
                 # nothing is held and nothing evicted when a request does not fit
-                np.testing.assert_array_equal(server.allocator.ref_counts, before[0])
+                np.testing.assert_array_equal(server.pool.ref_counts, before[0])
                 assert len(server.prefix_cache) == before[1]
                 continue
             assert not set(admission.evicted_blocks) & held
@@ -175,7 +173,7 @@ def test_random_request_streams_with_evictions(model, block_size, data):
             try:
                 logits = server.decode(request, token)
             except MemoryError:
-                assert len(server.running[request].cache) == len(texts[request])
+                assert len(server.caches[request]) == len(texts[request])
                 continue
             texts[request].append(token)
             np.testing.assert_allclose(logits, kvlib.forward(params, texts[request])[-1:],
@@ -186,21 +184,22 @@ def test_random_request_streams_with_evictions(model, block_size, data):
             del texts[request]
         check_accounting(server)
         for request, running in server.running.items():
-            assert running.ids == texts[request]
+            assert running.all_token_ids == texts[request]
             _, reference = kvlib.prefill(params, texts[request])
+            cache = server.caches[request]
             for layer in range(config.n_layers):
-                np.testing.assert_allclose(running.cache.keys(layer), reference.keys(layer),
+                np.testing.assert_allclose(cache.keys(layer), reference.keys(layer),
                                            rtol=0, atol=TOLERANCE)
-                np.testing.assert_allclose(running.cache.values(layer), reference.values(layer),
+                np.testing.assert_allclose(cache.values(layer), reference.values(layer),
                                            rtol=0, atol=TOLERANCE)
     event(f"blocks evicted: {'none' if not server.prefix_cache.n_evicted else 'some'}")
     for request in list(server.running):
         server.finish(request)
     check_accounting(server)
-    assert server.allocator.n_used == len(server.prefix_cache)     # only the cache holds any
+    assert server.pool.n_used == len(server.prefix_cache)     # only the cache holds any
     assert server.prefix_cache.n_evicted >= evictions              # decode steps evict too
     server.prefix_cache.make_room(n_blocks)                        # everything can go now
-    assert len(server.prefix_cache) == 0 and server.allocator.n_free == n_blocks
+    assert len(server.prefix_cache) == 0 and server.pool.n_free == n_blocks
     check_accounting(server)
 
 
@@ -268,9 +267,9 @@ def test_eviction_never_takes_a_held_block_and_goes_leaves_first(model, block_si
         cache.evict()
     check_accounting(server)
     for running in server.running.values():
-        _, reference = kvlib.prefill(params, running.ids)
-        np.testing.assert_allclose(running.cache.keys(0), reference.keys(0), rtol=0,
-                                   atol=TOLERANCE)
+        _, reference = kvlib.prefill(params, running.all_token_ids)
+        np.testing.assert_allclose(server.caches[running.request_id].keys(0), reference.keys(0),
+                                   rtol=0, atol=TOLERANCE)
 
 
 @given(models(latent=False, window=False), st.integers(1, 4), st.data())
@@ -284,7 +283,7 @@ def test_prefix_cache_bytes_equal_their_formula(model, block_size, data):
     itemsize = np.dtype(config.dtype).itemsize
     per_block = 2 * config.n_layers * block_size * config.kv_width * itemsize
     assert server.prefix_cache.nbytes == len(server.prefix_cache) * per_block
-    assert server.allocator.nbytes_in_use == server.prefix_cache.nbytes
+    assert server.pool.nbytes_in_use == server.prefix_cache.nbytes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,13 +340,13 @@ def test_a_reused_block_is_never_written_into(toy):
     ids = tokens("I am good . How are you ?")
     server.finish(server.admit(ids).request)
     cached = [e.block for e in server.prefix_cache.entries]
-    before = server.allocator.keys[:, cached].copy()
+    before = server.pool.keys[:, cached].copy()
     admission = server.admit(ids[:8] + [2, 2])
-    running = server.running[admission.request]
-    running.cache.truncate(6)                                      # back into cached block 1
-    kvlib.decode_step(toy, 10, running.cache)
-    np.testing.assert_array_equal(server.allocator.keys[:, cached], before)
-    assert running.cache.block_table[0] == cached[0] and running.cache.block_table[1] != cached[1]
+    cache = server.caches[admission.request]
+    cache.truncate(6)                                      # back into cached block 1
+    kvlib.decode_step(toy, 10, cache)
+    np.testing.assert_array_equal(server.pool.keys[:, cached], before)
+    assert cache.block_table[0] == cached[0] and cache.block_table[1] != cached[1]
     check_accounting(server)
 
 
@@ -439,14 +438,14 @@ def test_a_block_computed_twice_is_cached_once(toy):
     assert b.reused_tokens == 4 and len(b.cached_blocks) == 1
     for token in ids[6:8]:                          # a fills its own block 1: already cached
         server.decode(a.request, token)
-    a_table = list(server.running[a.request].cache.block_table)
-    b_table = server.running[b.request].cache.block_table
+    a_table = list(server.caches[a.request].block_table)
+    b_table = server.caches[b.request].block_table
     assert a_table[0] == b_table[0] and a_table[1] != b_table[1]
     assert len(server.prefix_cache) == 2
     assert [e.block for e in server.finish(a.request)] == b_table[:2]
-    assert server.allocator.ref_counts[a_table[1]] == 0          # a's copy went back
+    assert server.pool.ref_counts[a_table[1]] == 0          # a's copy went back
     server.finish(b.request)
-    assert len(server.prefix_cache) == 2 and server.allocator.n_used == 2
+    assert len(server.prefix_cache) == 2 and server.pool.n_used == 2
     check_accounting(server)
 
 
@@ -477,12 +476,12 @@ def test_eviction_order_rules_by_hand():
     before = cache.eviction_order(4)
     evicted = cache.make_room(ex20.LRU_NEEDED)
     assert evicted == before and [e.block for e in evicted] == [2, 6, 9, 1]
-    assert server.allocator.n_free == ex20.LRU_NEEDED
+    assert server.pool.n_free == ex20.LRU_NEEDED
     assert cache.make_room(ex20.LRU_NEEDED) == []
-    ref_counts, cached = server.allocator.ref_counts.copy(), len(cache)
+    ref_counts, cached = server.pool.ref_counts.copy(), len(cache)
     with pytest.raises(MemoryError, match="held by running requests"):
-        cache.make_room(server.allocator.n_blocks)
-    np.testing.assert_array_equal(server.allocator.ref_counts, ref_counts)
+        cache.make_room(server.pool.n_blocks)
+    np.testing.assert_array_equal(server.pool.ref_counts, ref_counts)
     assert len(cache) == cached
     check_accounting(server)
 
@@ -492,23 +491,15 @@ def test_eviction_order_rules_by_hand():
 # ---------------------------------------------------------------------------------------------
 
 def test_bad_input_gets_clear_errors(toy):
-    with pytest.raises(TypeError, match="needs a BlockAllocator"):
-        PrefixCache(toy.config)
     with pytest.raises(TypeError, match="needs kvlib Params"):
         PrefixServer(toy.config, 8)
-    with pytest.raises(TypeError, match="parent_key must be"):
-        block_key((), [1, 2])
-    with pytest.raises(ValueError, match="at least one token"):
-        block_key(ROOT_KEY, [])
-    with pytest.raises(TypeError, match="the text"):
+    with pytest.raises(TypeError, match="whole numbers"):
         block_keys("How are you", 2)
     with pytest.raises(TypeError, match="whole numbers"):
         block_keys([1.5, 2], 2)
     with pytest.raises(ValueError, match="block_size must be"):
         block_keys([1, 2], 0)
     server = PrefixServer(toy, n_blocks=4, block_size=4)
-    with pytest.raises(ValueError, match="context length"):
-        server.admit([0] * 65)
     with pytest.raises(MemoryError, match="the pool has 4 in all"):
         server.admit([0] * 20)
     with pytest.raises(ValueError, match="outside the vocabulary"):
@@ -517,44 +508,20 @@ def test_bad_input_gets_clear_errors(toy):
         server.finish(3)
     with pytest.raises(ValueError, match="running request"):
         server.decode(True, 1)
-    with pytest.raises(ValueError, match="n_blocks must be"):
-        server.prefix_cache.make_room(-1)
-    assert server.allocator.n_free == 4 and not server.running
+    with pytest.raises(TypeError, match="whole numbers"):
+        server.prefix_cache.match("How")
+    assert server.pool.n_free == 4 and not server.running
 
 
 def test_a_request_that_does_not_fit_holds_nothing(toy):
     server = PrefixServer(toy, n_blocks=6, block_size=4)
     ids = tokens("I am good . How are you ? I am fine . thanks")     # 14 tokens: 4 blocks
     running = server.admit(ids)                      # its 3 full blocks cached, all held
-    before = server.allocator.ref_counts.copy()
+    before = server.pool.ref_counts.copy()
     with pytest.raises(MemoryError, match="held by running requests"):
         server.admit(tokens("you are good . thanks . I am"))         # 9 tokens: 3 blocks
-    np.testing.assert_array_equal(server.allocator.ref_counts, before)
+    np.testing.assert_array_equal(server.pool.ref_counts, before)
     assert list(server.running) == [running.request]
-    check_accounting(server)
-
-
-def test_insert_and_attach_refuse_what_does_not_match(toy):
-    server = PrefixServer(toy, n_blocks=12, block_size=4)
-    ids = tokens("I am good . How are you ?")
-    admission = server.admit(ids)
-    cache = server.running[admission.request].cache
-    with pytest.raises(ValueError, match="the cache holds 9"):
-        server.prefix_cache.insert(ids[:5], cache)
-    other_pool = BlockAllocator(toy.config, 4, 4)
-    with pytest.raises(TypeError, match="this prefix cache's allocator"):
-        server.prefix_cache.insert(ids[:1], PagedKVCache(other_pool))
-    server.finish(admission.request)
-    second = server.admit(ids)
-    with pytest.raises(ValueError, match="cached for other tokens"):
-        server.prefix_cache.insert([1] * 9, server.running[second.request].cache)
-    server.finish(second.request)
-    entries = server.prefix_cache.match(ids)
-    with pytest.raises(ValueError, match="a cached prefix, from the first block"):
-        server.prefix_cache.attach(entries[1:])
-    server.prefix_cache.make_room(12)
-    with pytest.raises(ValueError, match="evicted since it was looked up"):
-        server.prefix_cache.attach(entries)
     check_accounting(server)
 
 
@@ -563,11 +530,11 @@ def test_check_invariants_notices_a_broken_tree(toy):
     server.finish(server.admit(tokens("I am good . How are you ?")).request)
     entry = server.prefix_cache.entries[0]
     entry.children += 1
-    with pytest.raises(AssertionError, match="counts 2 children, has 1"):
+    with pytest.raises(AssertionError, match="counts its cached children wrong"):
         server.prefix_cache.check_invariants()
     entry.children -= 1
-    server.allocator.release(entry.block)           # a bug: the cache's reference dropped
-    with pytest.raises(AssertionError, match="free in the pool"):
+    server.pool.release(entry.block)           # a bug: the cache's reference dropped
+    with pytest.raises(AssertionError, match="not held by the cache"):
         server.prefix_cache.check_invariants()
 
 
@@ -614,9 +581,12 @@ def test_widget_starts_empty_and_serves_a_request_per_click(toy):
         # the request strip: reused cells first
         strip = np.asarray(widget.figure.axes[1].images[0].get_array())[0]
         assert strip.sum() == admission.reused_tokens and (np.diff(strip) <= 0).all()
-        # the pool: one cell per block, states as the server says
-        pool = np.asarray(widget.figure.axes[2].images[0].get_array())[0]
-        np.testing.assert_array_equal(pool, w20.pool_states(run.server))
+        # the pool: one block each, labelled by its state as the server says
+        labels = {int(t.get_gid().split()[1]): t.get_text() for t in widget.figure.axes[2].texts
+                  if (t.get_gid() or "").startswith("block")}
+        states = w20.pool_states(run.server)
+        assert [labels[b] == "" for b in range(len(states))] == list(states == 0)
+        assert [labels[b] == "cached" for b in range(len(states))] == list(states == 1)
     assert widget.run().reused_tokens > 0
 
 
@@ -658,8 +628,12 @@ def test_widget_redraws_in_place(toy):
     assert widget.figure.axes == axes
     tree_ax = axes[0]
     assert len(tree_ax.texts) == len(widget.run().server.prefix_cache)
-    assert len(axes[1].images) == len(axes[2].images) == 1
+    assert len(axes[1].images) == 1 and len(axes[2].collections) in (2, 3)   # the pool
     assert tree_ax.get_legend() is not None and axes[2].get_legend() is not None
+
+
+def as_values(stream):
+    return [(item.ids, item.system, item.lifetime) for item in stream]
 
 
 def test_widget_controls_start_a_new_stream(toy):
@@ -670,7 +644,7 @@ def test_widget_controls_start_a_new_stream(toy):
     assert widget.run() is not first and widget.run().server.block_size == 8
     assert "No request yet" in widget.status.value
     widget.seed.value = 5
-    assert widget.run().stream == w20.request_stream(40, 5)
+    assert as_values(widget.run().stream) == as_values(w20.request_stream(40, 5))
     widget.arrive.click()
     widget.reset.click()
     assert widget.run().position == 0
@@ -689,14 +663,14 @@ def test_widget_offers_only_pools_the_stream_fits_in(toy):
     for size in (2, 8, 4):
         widget.block.value = size
         assert widget.pool.min == smallest()
-        assert widget.run().server.allocator.n_blocks == widget.pool.value >= smallest()
+        assert widget.run().server.pool.n_blocks == widget.pool.value >= smallest()
         assert widget.message.value == ""
     widget.pool.value = widget.pool.min - 2               # clamped to the minimum
-    assert widget.pool.value == widget.pool.min == widget.run().server.allocator.n_blocks
+    assert widget.pool.value == widget.pool.min == widget.run().server.pool.n_blocks
     widget.block.value = 2                                # a larger minimum moves it up
-    assert widget.pool.value == widget.pool.min == widget.run().server.allocator.n_blocks
+    assert widget.pool.value == widget.pool.min == widget.run().server.pool.n_blocks
     widget.pool.value = 40
-    assert widget.run().server.allocator.n_blocks == 40 and widget.message.value == ""
+    assert widget.run().server.pool.n_blocks == 40 and widget.message.value == ""
     for seed in range(6):
         widget.seed.value = seed
         assert widget.pool.min == smallest() and widget.message.value == ""
@@ -726,8 +700,8 @@ def test_widget_stream_end_disables_the_button_and_nothing_leaks(toy):
 
 
 def test_a_request_that_does_not_fit_waits(toy):
-    first = w20.StreamRequest("", tuple(tokens("I am good . How are you ? and you")), 2)
-    other = w20.StreamRequest("", tuple(tokens("you are good . thanks . I am fine")), 2)
+    first = w20.Arrival(Request(0, tokens("I am good . How are you ? and you")), "", 2)
+    other = w20.Arrival(Request(0, tokens("you are good . thanks . I am fine")), "", 2)
     stream = [first, other, first]                   # 11 and 10 tokens: 3 blocks each
     run = w20.StreamRun(PrefixServer(toy, n_blocks=5, block_size=4), stream)
     assert run.arrive() is not None
@@ -777,7 +751,8 @@ def test_cache_table_lists_every_block():
 
 def test_request_stream_is_seeded_and_shares_system_prompts():
     stream = w20.request_stream(40, seed=0)
-    assert stream == w20.request_stream(40, seed=0) != w20.request_stream(40, seed=1)
+    assert as_values(stream) == as_values(w20.request_stream(40, seed=0)) != \
+        as_values(w20.request_stream(40, seed=1))
     systems = [item.system for item in stream]
     assert {"A", "B", ""} == set(systems) and systems.count("") < 15
     for item in stream:
@@ -961,7 +936,7 @@ def test_exercise2_valid_keys_in_other_forms(block_key_function):
 
 def test_exercise3_scenario_is_what_the_notebook_says():
     server = ex20.lru_scenario()
-    assert server.allocator.n_free == 3 and ex20.lru_to_evict(server) == 4
+    assert server.pool.n_free == 3 and ex20.lru_to_evict(server) == 4
     assert list(server.running) == [2]
     held = {e.block for e in server.prefix_cache.entries if server.prefix_cache.is_held(e)}
     assert held == {4, 5, 8}            # the two it reused and its own, cached when it filled
@@ -1050,9 +1025,9 @@ FUZZ_MODEL = w20.example_model()
 
 
 def server_state(server):
-    return (server.allocator.ref_counts.tolist(), len(server.prefix_cache),
+    return (server.pool.ref_counts.tolist(), len(server.prefix_cache),
             sorted(server.running), server.prefix_cache.clock,
-            {r: list(run.ids) for r, run in server.running.items()})
+            {r: list(run.all_token_ids) for r, run in server.running.items()})
 
 
 @given(value=st.one_of(student_answers, st.integers(-3, 70)))
@@ -1061,7 +1036,6 @@ def test_the_prefix_api_answers_odd_input_with_clear_errors(value):
     server = PrefixServer(FUZZ_MODEL, n_blocks=12, block_size=4)
     server.finish(server.admit(tokens("I am good . How are you ?")).request)
     running = server.admit(tokens("I am good . thanks"))
-    cache = server.running[running.request].cache
     calls = {
         "admit": lambda: server.admit(value),
         "decode request": lambda: server.decode(value, 1),
@@ -1069,10 +1043,6 @@ def test_the_prefix_api_answers_odd_input_with_clear_errors(value):
         "finish": lambda: server.finish(value),
         "match": lambda: server.prefix_cache.match(value),
         "reusable": lambda: server.prefix_cache.reusable(value),
-        "make_room": lambda: server.prefix_cache.make_room(value),
-        "insert": lambda: server.prefix_cache.insert(value, cache),
-        "attach": lambda: server.prefix_cache.attach(value),
-        "block_key": lambda: block_key(ROOT_KEY, value),
         "block_keys": lambda: block_keys(value, 4),
         "block size": lambda: block_keys([1, 2, 3], value),
     }

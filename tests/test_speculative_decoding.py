@@ -277,7 +277,8 @@ def test_the_exact_check_catches_a_wrong_residual(monkeypatch):
     target, draft = tiny_fixed_pair()
     p_of, q_of = distribution_of(target, TINY_T), distribution_of(draft, TINY_T)
     right = completed_by_the_target(sp.outcome_probabilities(p_of, q_of, (0,), 2), p_of, (0,), 3)
-    monkeypatch.setattr(sp, "residual_distribution", lambda p, q: np.asarray(p, float))
+    monkeypatch.setattr(sp.expectations, "residual_distribution",
+                        lambda p, q: np.asarray(p, float))
     wrong = completed_by_the_target(sp.outcome_probabilities(p_of, q_of, (0,), 2), p_of, (0,), 3)
     expected = target_sequences(p_of, (0,), 3)
     assert max(abs(right[t] - expected[t]) for t in expected) < TOLERANCE
@@ -339,7 +340,7 @@ def test_the_sampling_rule_on_fixed_rows():
         sp.acceptance_probability([0.5, 0.6], [0.5, 0.5], 0)
     with pytest.raises(ValueError, match="same vocabulary"):
         sp.residual_distribution([0.5, 0.5], [1, 0, 0])
-    with pytest.raises(ValueError, match="between 0 and 3"):
+    with pytest.raises(ValueError, match="token must be at most 3"):
         sp.acceptance_probability(p, q, 4)
     with pytest.raises(ValueError, match="non-negative"):
         sp.residual_distribution([1.5, -0.5], [0.5, 0.5])
@@ -454,7 +455,7 @@ def test_other_bad_input_is_refused_in_words():
     with pytest.raises(ValueError, match="positive number"):
         sp.speculative_generate(TOY, TOY_DRAFT, PROMPT, 4, temperature=-1)
     _, full = kvlib.prefill(TOY, PROMPT)
-    with pytest.raises(ValueError, match="must be empty"):
+    with pytest.raises(ValueError, match="must be an empty kvlib cache"):
         sp.SpeculativeDecoder(TOY, TOY_DRAFT, PROMPT, target_cache=full)
     with pytest.raises(ValueError, match="another model"):
         sp.SpeculativeDecoder(TOY, TOY_DRAFT, PROMPT, draft_cache=kvlib.KVCache(TOY.config))

@@ -18,7 +18,7 @@ from numbers import Integral
 import numpy as np
 
 from kvlib import roofline
-from kvlib.serving import batch, scheduler
+from kvlib.serving import BlockPool, Request, SamplingParams, batch, scheduler
 
 from .base import (
     Feedback,
@@ -227,14 +227,20 @@ def check_compute_bound_batch(answer) -> Feedback:
 QUESTION_STEP = 7
 MAX_BATCH = 4
 TOKEN_BUDGET = 24
-RUNNING = (scheduler.Request(0, 0, 6, 30), scheduler.Request(1, 1, 9, 25))
+def _request(request_id: int, arrival: int, prompt_length: int, output_length: int) -> Request:
+    """A request of the exercise: only its lengths matter (its prompt is token 1 repeated)."""
+    return Request(request_id, [1] * prompt_length, SamplingParams(max_tokens=output_length),
+                   arrival)
+
+
+RUNNING = (_request(0, 0, 6, 30), _request(1, 1, 9, 25))
 """Still generating at step 7: they decode one token each (they do not enter again)."""
-FINISHED = (scheduler.Request(3, 2, 5, 3),)
+FINISHED = (_request(3, 2, 5, 3),)
 """Request 3 got its last token in step 6."""
-WAITING = (scheduler.Request(4, 3, 12, 8), scheduler.Request(5, 5, 20, 6),
-           scheduler.Request(6, 6, 4, 5))
+WAITING = (_request(4, 3, 12, 8), _request(5, 5, 20, 6),
+           _request(6, 6, 4, 5))
 """Arrived, not yet admitted: ids 4, 5, 6 (arrivals 3, 5, 6; prompts 12, 20, 4 tokens)."""
-LATER = (scheduler.Request(7, 8, 3, 4),)
+LATER = (_request(7, 8, 3, 4),)
 """Arrives at step 8, after the question's step."""
 
 
@@ -242,23 +248,30 @@ def situation() -> str:
     """The state of the batch at the start of step 7, as the notebook prints it."""
     lines = [f"max_batch (vLLM's --max-num-seqs) = {MAX_BATCH}; start of step {QUESTION_STEP}",
              "running (each decodes one token this step):"]
-    lines += [f"  request {r.id}: arrived at step {r.arrival}, prompt {r.prompt_length} "
-              f"tokens" for r in RUNNING]
+    lines += [f"  request {r.request_id}: arrived at step {r.arrival}, prompt "
+              f"{r.num_prompt_tokens} tokens" for r in RUNNING]
     lines += ["finished (its last token came out in step 6):"]
-    lines += [f"  request {r.id}" for r in FINISHED]
+    lines += [f"  request {r.request_id}" for r in FINISHED]
     lines += ["waiting:"]
-    lines += [f"  request {r.id}: arrived at step {r.arrival}, prompt {r.prompt_length} "
-              f"tokens" for r in WAITING]
+    lines += [f"  request {r.request_id}: arrived at step {r.arrival}, prompt "
+              f"{r.num_prompt_tokens} tokens" for r in WAITING]
     lines += ["not arrived yet:"]
-    lines += [f"  request {r.id}: arrives at step {r.arrival}, prompt {r.prompt_length} "
-              f"tokens" for r in LATER]
+    lines += [f"  request {r.request_id}: arrives at step {r.arrival}, prompt "
+              f"{r.num_prompt_tokens} tokens" for r in LATER]
     return "\n".join(lines)
 
 
 def admitted(max_batched_tokens: int | None = None) -> list[int]:
     """The ids ContinuousBatching admits at step 7: computed by kvlib's scheduler."""
-    policy = scheduler.ContinuousBatching(MAX_BATCH, max_batched_tokens)
-    return sorted(r.id for r in policy.admit(list(WAITING), list(RUNNING)))
+    server = scheduler.Scheduler(BlockPool(None, 64, 16, enable_prefix_caching=False),
+                                 scheduler.ContinuousBatching(MAX_BATCH, max_batched_tokens))
+    for request in RUNNING:                         # admitted before: now they decode
+        server.add_request(request.fresh())
+    record = server.schedule(QUESTION_STEP - 1)
+    server.update(record, dict.fromkeys(record.scheduled_tokens, 0))
+    for request in WAITING:
+        server.add_request(request.fresh())
+    return sorted(server.schedule(QUESTION_STEP).admitted)
 
 
 def _take(order, slots: int, tokens: int | None, overtake: bool = False) -> list[int]:
@@ -268,12 +281,12 @@ def _take(order, slots: int, tokens: int | None, overtake: bool = False) -> list
     for request in order:
         if len(taken) == slots:
             break
-        if tokens is not None and request.prompt_length > tokens:
+        if tokens is not None and request.num_prompt_tokens > tokens:
             if overtake:
                 continue
             break
-        tokens = None if tokens is None else tokens - request.prompt_length
-        taken.append(request.id)
+        tokens = None if tokens is None else tokens - request.num_prompt_tokens
+        taken.append(request.request_id)
     return sorted(taken)
 
 
@@ -281,9 +294,9 @@ def _variants(budget: int | None) -> list[tuple[list[int], str]]:
     """What the usual wrong rules admit, each with what to say about it."""
     free = MAX_BATCH - len(RUNNING)
     tokens = None if budget is None else budget - len(RUNNING)
-    by_arrival = sorted(WAITING, key=lambda r: (r.arrival, r.id))
-    shortest = sorted(WAITING, key=lambda r: (r.prompt_length, r.id))
-    latest = sorted(WAITING, key=lambda r: (-r.arrival, r.id))
+    by_arrival = sorted(WAITING, key=lambda r: (r.arrival, r.request_id))
+    shortest = sorted(WAITING, key=lambda r: (r.num_prompt_tokens, r.request_id))
+    latest = sorted(WAITING, key=lambda r: (-r.arrival, r.request_id))
     return [
         ([], "that is static batching's answer: it admits nobody until requests 0 and 1 have "
              "finished too. Continuous batching refills a free slot at the next step."),
@@ -349,7 +362,7 @@ def _check_admitted(answer, budget: int | None) -> Feedback:
     ids = _ids(answer)
     if isinstance(ids, Feedback):
         return ids
-    known = {r.id for r in RUNNING + FINISHED + WAITING + LATER}
+    known = {r.request_id for r in RUNNING + FINISHED + WAITING + LATER}
     unknown = [i for i in ids if i not in known]
     if unknown:
         return Feedback(False, f"there is no request {unknown[0]}: the ids are 0, 1, 3 to 7.")
@@ -361,14 +374,15 @@ def _check_admitted(answer, budget: int | None) -> Feedback:
                f"the {budget} tokens; request 4 takes 12, request 5's 20 do not fit in the "
                "10 left, and request 6 may not overtake it")
         return Feedback(True, f"{expected}: {why}.")
-    inside = sorted(set(ids) & {r.id for r in RUNNING})
+    inside = sorted(set(ids) & {r.request_id for r in RUNNING})
     if inside:
         return Feedback(False, f"request{'s' if len(inside) > 1 else ''} {inside} "
                         f"{'are' if len(inside) > 1 else 'is'} already in the batch: running "
                         "requests decode one token this step; they do not enter again.")
-    if any(r.id in ids for r in LATER):
-        return Feedback(False, f"request {LATER[0].id} arrives at step {LATER[0].arrival}: at "
-                        f"step {QUESTION_STEP} it is not there yet, so it cannot enter.")
+    if any(r.request_id in ids for r in LATER):
+        return Feedback(False, f"request {LATER[0].request_id} arrives at step "
+                        f"{LATER[0].arrival}: at step {QUESTION_STEP} it is not there yet, so "
+                        "it cannot enter.")
     if 3 in ids:
         return Feedback(False, "request 3 has finished (its last token came out in step 6): "
                         "it leaves the batch, and its slot goes to a waiting request.")

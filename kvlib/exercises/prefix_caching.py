@@ -338,7 +338,7 @@ def lru_scenario() -> PrefixServer:
 
 def lru_to_evict(server: PrefixServer) -> int:
     """How many blocks must go so that LRU_NEEDED are free."""
-    return LRU_NEEDED - server.allocator.n_free
+    return LRU_NEEDED - server.pool.n_free
 
 
 def lru_expected() -> list[int]:
@@ -450,7 +450,7 @@ answer = block_key_fixed
 # candidates: held by no running request and no cached child; least recently used first,
 # the deeper block first between equal ticks; a parent joins when its last child goes
 server = exercises.lru_scenario()
-to_evict = exercises.LRU_NEEDED - server.allocator.n_free          # 7 needed, 3 free: 4
+to_evict = exercises.LRU_NEEDED - server.pool.n_free          # 7 needed, 3 free: 4
 answer = [entry.block for entry in server.prefix_cache.eviction_order(to_evict)]
 """,
 }

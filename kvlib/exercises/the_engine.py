@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import kvlib
-from kvlib.serving.engine import Engine, SamplingParams, StepRecord
+from kvlib.serving import Engine, SamplingParams
 
 from .base import (
     Feedback,
@@ -48,23 +48,21 @@ def describe_exercise1() -> str:
     """What exercise 1 shows the student about the engine's state."""
     engine = exercise1_engine()
     lines = [f"budget: {engine.max_num_batched_tokens} tokens a step; blocks of "
-             f"{engine.block_size}; {engine.allocator.n_free} blocks free or idle"]
+             f"{engine.block_size}; {engine.pool.n_free} blocks free or idle"]
     for request in engine.running:
-        lines.append(f"running {request.request_id}: {len(request.tokens)} tokens, "
+        lines.append(f"running {request.request_id}: {request.num_tokens} tokens, "
                      f"{request.num_computed_tokens} of them in the cache, block table "
                      f"{request.block_table}")
     for request in engine.waiting:
-        cached = len(engine.allocator.lookup(request.tokens[:-1])) * engine.block_size
-        lines.append(f"waiting {request.request_id}: prompt {request.tokens} "
+        cached = len(engine.pool.lookup(request.all_token_ids[:-1])) * engine.block_size
+        lines.append(f"waiting {request.request_id}: prompt {request.all_token_ids} "
                      f"({cached} tokens of it in the prefix cache)")
     return "\n".join(lines)
 
 
 def exercise1_answer() -> dict[int, int]:
     engine = exercise1_engine()
-    record = StepRecord(step=engine.step_count + 1)
-    engine.schedule(record)
-    return dict(record.scheduled_tokens)
+    return dict(engine.scheduler.schedule(engine.step_count + 1).scheduled_tokens)
 
 
 def _as_schedule(answer):

@@ -29,12 +29,12 @@ S_b positions in sequence b's cache after the new token, S_max the longest.
 
 from __future__ import annotations
 
-from numbers import Integral
+import math
 
 import numpy as np
 
 from ..cache import BaseKVCache
-from ..checks import as_instance, count, numbers, whole_numbers
+from ..checks import as_array, as_count, as_instance, as_whole_number, as_whole_numbers
 from ..config import ModelConfig
 from ..inference import check_ids
 from ..model import (
@@ -75,47 +75,27 @@ def check_batch(params: Params, token_ids, caches) -> np.ndarray:
     caches come from models of different shapes or architectures is refused here; two models
     of one config with different weights cannot be told apart by their caches.
     """
-    if not isinstance(params, Params):
-        raise TypeError(f"params must be kvlib Params (from init_params), "
-                        f"got {type(params).__name__}")
-    if isinstance(caches, BaseKVCache):
-        raise TypeError("caches must be a list of caches, one per sequence; for a single "
-                        "sequence use kvlib.decode_step, or put the cache in a list")
-    if not isinstance(caches, (list, tuple)):
-        raise TypeError(f"caches must be a list of kvlib caches, one per sequence, "
-                        f"got {type(caches).__name__}")
-    if not caches:
-        raise ValueError("the batch is empty: give at least one sequence (one token id and "
-                         "its cache)")
-    config = params.config
-    if config.latent_dim is not None:
-        raise ValueError("batched decoding here runs models that cache K and V (MHA, GQA, "
-                         "MQA, sliding windows); latent attention (notebook 16) has a block of "
-                         "its own: decode its sequences with kvlib.decode_step")
+    if not isinstance(params, Params) or not isinstance(caches, (list, tuple)) or not caches \
+            or not all(isinstance(cache, BaseKVCache) for cache in caches):
+        raise TypeError("params must be kvlib Params and caches a list of kvlib caches, one per "
+                        "sequence: not one cache (use kvlib.decode_step, or put it in a list), "
+                        "and not none (the batch is empty)")
+    if params.config.latent_dim is not None:
+        raise ValueError("batched decoding here runs models that cache K and V; latent "
+                         "attention (notebook 16): decode its sequences with kvlib.decode_step")
     for index, cache in enumerate(caches):
-        if not isinstance(cache, BaseKVCache):
-            raise TypeError(f"sequence {index}'s cache must be a kvlib cache, got "
-                            f"{type(cache).__name__}")
-        if cache.config != config:
-            raise ValueError(
-                f"sequence {index}'s cache comes from another model: its config differs from "
-                f"the params' in {_config_differences(cache.config, config)}. A batch runs one "
-                "model's weights over every sequence, so every cache in it must have been "
-                "filled by that model")
+        if cache.config != params.config:
+            raise ValueError(f"sequence {index}'s cache comes from another model: its config "
+                             f"differs from the params' in "
+                             f"{_config_differences(cache.config, params.config)}. A batch "
+                             "runs one model's weights over every sequence, so every cache in "
+                             "it must have been filled by that model")
         cache.check_consistent()
-        if len(cache) == 0:
-            raise ValueError(f"sequence {index}'s cache is empty: prefill its prompt first "
-                             "(kvlib.prefill), then decode it in a batch")
-        if cache.capacity is not None and len(cache) >= cache.capacity:
-            raise ValueError(f"sequence {index}'s cache is full ({len(cache)} of "
-                             f"{cache.capacity} positions): retire it from the batch")
-    seen: dict[int, int] = {}
-    for index, cache in enumerate(caches):
-        if id(cache) in seen:
-            raise ValueError(f"sequences {seen[id(cache)]} and {index} share one cache object: "
-                             "each sequence needs its own (a fork of a paged cache shares "
-                             "blocks, not the cache)")
-        seen[id(cache)] = index
+        if not 0 < len(cache) < (cache.capacity or math.inf) or \
+                any(other is cache for other in caches[:index]):
+            raise ValueError(f"sequence {index}'s cache is empty or full, or another sequence's "
+                             "cache object: each sequence needs its own, holding its prompt "
+                             "(kvlib.prefill) and room for one more position")
     ids = check_ids(token_ids, params, what="batch's token ids")
     if len(ids) != len(caches):
         raise ValueError(f"{len(ids)} token ids for {len(caches)} caches: give one new token "
@@ -128,7 +108,7 @@ def check_batch(params: Params, token_ids, caches) -> np.ndarray:
 
 def batch_positions(caches) -> np.ndarray:
     """The position of each sequence's new token (batched_decoding): len(cache) each, (B,)."""
-    return np.array([len(cache) for cache in _check_caches(caches)], dtype=np.intp)
+    return np.array([len(cache) for cache in caches], dtype=np.intp)
 
 
 def _check_caches(caches) -> list:
@@ -152,8 +132,6 @@ def embed_batch(params: Params, token_ids: np.ndarray, positions: np.ndarray) ->
     A lookup per row, as for a prompt; with learned positions (GPT-2) each row gets its own
     sequence's position, not its row number in the batch.
     """
-    if not isinstance(params, Params):
-        raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
     X = embed(token_ids, params.embedding)
     if params.config.positions == "learned":
         X = add_positions(X, params.position_table, positions)
@@ -163,12 +141,6 @@ def embed_batch(params: Params, token_ids: np.ndarray, positions: np.ndarray) ->
 def sequence_masks(config: ModelConfig, caches, positions: np.ndarray) -> list:
     """Which cached positions each new query may see (batched_decoding): for sequence b a bool
     (1, S_b), or None when it sees them all (no window). Read before any layer appends."""
-    _check_config(config)
-    caches = _check_caches(caches)
-    positions = whole_numbers("positions", positions)
-    if len(positions) != len(caches):
-        raise ValueError(f"{len(positions)} positions for {len(caches)} caches: give one per "
-                         "sequence")
     masks = []
     for cache, position in zip(caches, positions):
         mask = attention_mask([position], cache.key_positions(1), config.window,
@@ -195,25 +167,21 @@ def attend_per_sequence(queries: np.ndarray, keys: list, values: list, masks: li
 
 def _check_attend_arguments(queries, keys, values, masks, config) -> None:
     """queries (B, d); B keys and B values (S_b, kv_width) each; B masks, each None or bool
-    (1, S_b): what both ways of attending need."""
-    config = _check_config(config)
-    queries = numbers("queries", queries, 2)
-    if queries.shape[1] != config.d_model:
-        raise ValueError(f"queries must be (B, {config.d_model}), got {queries.shape}")
-    B = len(queries)
-    for name, rows in (("keys", keys), ("values", values), ("masks", masks)):
-        if not isinstance(rows, (list, tuple)) or len(rows) != B:
-            raise ValueError(f"{name} must be a list of {B} entries, one per query row, got "
-                             f"{rows!r:.80}")
+    (1, S_b): what both ways of attending need (the lesson calls them itself)."""
+    queries, config = as_array("queries", queries, 2), _check_config(config)
+    if queries.shape[1] != config.d_model or not all(
+            isinstance(rows, (list, tuple)) and len(rows) == len(queries)
+            for rows in (keys, values, masks)):
+        raise ValueError(f"queries must be (B, {config.d_model}), and keys, values and masks "
+                         f"lists of B entries, one per query row")
     for b, (K, V, mask) in enumerate(zip(keys, values, masks)):
-        K, V = numbers(f"keys[{b}]", K, 2), numbers(f"values[{b}]", V, 2)
-        if K.shape != V.shape or K.shape[1] != config.kv_width or len(K) == 0:
+        K, V = as_array(f"keys[{b}]", K, 2), as_array(f"values[{b}]", V, 2)
+        if K.shape != V.shape or K.shape[1] != config.kv_width or len(K) == 0 or not (
+                mask is None or isinstance(mask, np.ndarray) and mask.dtype == bool
+                and mask.shape == (1, len(K))):
             raise ValueError(f"keys[{b}] and values[{b}] must both be (S, {config.kv_width}) "
-                             f"with S >= 1, got {K.shape} and {V.shape}")
-        if mask is not None and (not isinstance(mask, np.ndarray) or mask.dtype != bool
-                                 or mask.shape != (1, len(K))):
-            raise ValueError(f"masks[{b}] must be None or a bool array (1, {len(K)}), got "
-                             f"{mask!r:.80}")
+                             f"with S >= 1 (got {K.shape} and {V.shape}), and masks[{b}] None "
+                             f"or a bool array (1, S)")
 
 
 def padding_mask(lengths) -> np.ndarray:
@@ -224,30 +192,14 @@ def padding_mask(lengths) -> np.ndarray:
     sequence's newest position sits in the same, last column; the first S_max - S_b columns
     of row b are padding, and no query may attend to them.
     """
-    try:
-        lengths = whole_numbers("lengths", lengths, minimum=1)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"lengths must be a flat, non-empty list of whole numbers >= 1: "
-                         f"{error}") from None
-    if lengths.size == 0:
-        raise ValueError("lengths must be a flat, non-empty list of whole numbers >= 1, got []")
-    longest = count("the longest length", int(lengths.max()), 1)
+    lengths = as_whole_numbers("lengths", lengths, minimum=1)
+    longest = as_count("lengths must be non-empty: the longest", int(lengths.max(initial=0)), 1)
     return np.arange(longest)[None, :] >= (longest - lengths)[:, None]
 
 
 def pad_left(rows: list, width: int) -> np.ndarray:
     """Sequences of rows (S_b, n) each, copied into one zero-filled array (B, width, n),
     every sequence in its last S_b rows (batched_decoding)."""
-    if not isinstance(rows, (list, tuple)) or not rows:
-        raise TypeError(f"rows must be a non-empty list of arrays (S_b, n), got {rows!r:.80}")
-    rows = [numbers(f"rows[{b}]", block, 2) for b, block in enumerate(rows)]
-    if len({block.shape[1] for block in rows}) > 1:
-        raise ValueError(f"rows must all have one number of columns, got shapes "
-                         f"{[block.shape for block in rows]}")
-    width = count("width", width)
-    if width < max(len(block) for block in rows):
-        raise ValueError(f"width {width} is shorter than the longest sequence, "
-                         f"{max(len(block) for block in rows)} rows")
     padded = np.zeros((len(rows), width, rows[0].shape[1]), dtype=rows[0].dtype)
     for b, block in enumerate(rows):
         padded[b, width - len(block):] = block
@@ -298,7 +250,7 @@ def batched_decoder_block(X: np.ndarray, layer, config: ModelConfig, caches, lay
     _check_config(config)
     as_instance("layer", layer, LayerParams, LAYER)
     caches = _check_caches(caches)
-    if numbers("X", X, 2).shape[0] != len(caches) or not isinstance(masks, (list, tuple)) \
+    if as_array("X", X, 2).shape[0] != len(caches) or not isinstance(masks, (list, tuple)) \
             or len(masks) != len(caches):
         raise ValueError(f"X, caches and masks must have one entry per sequence: got "
                          f"{np.shape(X)[0]} rows, {len(caches)} caches and masks {masks!r:.60}")
@@ -380,21 +332,13 @@ def left_pad(prompts, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     Each prompt's last token sits in the last column, so the next token of every prompt is
     read from logits[:, -1], and the first new token of every sequence goes in column T.
     """
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) \
-            or not prompts:
+    if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of prompts, each a list of ids")
-    if isinstance(pad_id, bool) or not isinstance(pad_id, Integral) or \
-            not 0 <= pad_id <= LARGEST_ID:
-        raise ValueError(f"pad_id must be a token id (a whole number >= 0), got {pad_id!r}")
-    rows = []
-    for index, prompt in enumerate(prompts):
-        if isinstance(prompt, (str, bytes)):
-            raise TypeError(f"prompt {index} is text: encode it into ids first")
-        row = whole_numbers(f"prompt {index}", prompt)
-        if row.size == 0 or row.max() > LARGEST_ID:
-            raise ValueError(f"prompt {index} must be a non-empty flat list of token ids, got "
-                             f"{prompt!r}")
-        rows.append(row)
+    pad_id = as_whole_number("pad_id", pad_id, 0, LARGEST_ID)
+    rows = [as_whole_numbers(f"prompt {index} (token ids: encode a text first)", prompt)
+            for index, prompt in enumerate(prompts)]
+    if any(row.size == 0 or row.max() > LARGEST_ID for row in rows):
+        raise ValueError("every prompt must be a non-empty list of token ids")
     longest = max(len(row) for row in rows)
     ids = np.full((len(rows), longest), pad_id, dtype=np.intp)
     for b, row in enumerate(rows):
@@ -429,9 +373,8 @@ def _check_real(real) -> np.ndarray:
     """A (B, T) array of True/False (left_pad's second result)."""
     try:
         array = np.asarray(real)
-    except ValueError:
-        raise ValueError("real must be a (B, T) array of True/False, not rows of different "
-                         "lengths") from None
+    except ValueError:                       # rows of different lengths
+        array = np.asarray(real, dtype=object)
     if array.dtype != bool or array.ndim != 2 or array.size == 0:
         raise ValueError(f"real must be a (B, T) array of True/False (left_pad gives it), got "
                          f"{array.dtype} of shape {array.shape}")

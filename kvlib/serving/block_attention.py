@@ -26,7 +26,29 @@ import math
 
 import numpy as np
 
+from ..checks import as_array, as_flag, as_matrix, as_whole_number, as_whole_numbers, is_trusted
 from ..model import split_heads
+
+
+def _check_attention_inputs(Q, positions, keys, values, block_table, n_cached, new_keys,
+                            new_values) -> None:
+    """The door of block_attention and gather_attention: the shapes of their docstring."""
+    h, T, dh = as_array("Q", Q, 3).shape
+    n_blocks, block_size, width = as_array("keys", keys, 3).shape
+    if as_array("values", values, 3).shape != keys.shape:
+        raise ValueError(f"values must have the shape of keys {keys.shape}, got {values.shape}")
+    if dh == 0 or width % dh or h % max(width // dh, 1) or width == 0:
+        raise ValueError(f"keys' rows ({width} numbers) must be K/V heads of Q's {dh} columns, "
+                         f"as many as divide Q's {h} heads")
+    block_table = as_whole_numbers("block_table", block_table)
+    if block_table.size and block_table.max() >= n_blocks:
+        raise ValueError(f"block_table names blocks of a pool of {n_blocks}: {block_table}")
+    as_whole_number("n_cached", n_cached, 0, block_size * block_table.size)
+    if as_whole_numbers("positions", positions).shape != (T,):
+        raise ValueError(f"positions must give the {T} queries' positions, got {positions}")
+    for name, rows in (("new_keys", new_keys), ("new_values", new_values)):
+        if as_matrix(name, rows, width).shape[0] != T:
+            raise ValueError(f"{name} must have one row for each of the {T} queries")
 
 
 class OnlineSoftmax:
@@ -77,6 +99,9 @@ def block_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndarr
     new_values (T, kv x dh). Equal to gathering the rows and attending with a causal mask
     (gather_attention), whatever the block size, the last block's filling or the grouping.
     """
+    if not is_trusted():                     # the engine's forward_step has checked its batch
+        _check_attention_inputs(Q, positions, keys, values, block_table, n_cached, new_keys,
+                                new_values)
     h, T, dh = Q.shape
     block_size = keys.shape[1]
     kv = keys.shape[2] // dh
@@ -101,6 +126,8 @@ def gather_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndar
     array, append the new rows, and attend with a causal mask -> (h, T, dh)."""
     from ..model import attention
 
+    _check_attention_inputs(Q, positions, keys, values, block_table, n_cached, new_keys,
+                            new_values)
     h, T, dh = Q.shape
     block_size = keys.shape[1]
     kv = keys.shape[2] // dh
@@ -116,5 +143,7 @@ def attention_bytes(n_cached: int, width: int, itemsize: int, gather: bool) -> i
     """Bytes one layer's attention moves for a sequence of n_cached cached positions
     (the_engine): reading its K and V rows once (in place), or, with a gather, reading them,
     writing the contiguous copy and reading the copy again: three times as many."""
+    n_cached, width = as_whole_number("n_cached", n_cached), as_whole_number("width", width)
+    itemsize, gather = as_whole_number("itemsize", itemsize, 1), as_flag("gather", gather)
     once = 2 * n_cached * width * itemsize
     return 3 * once if gather else once

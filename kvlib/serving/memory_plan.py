@@ -7,7 +7,8 @@ block_size positions whenever the last one is full, so a sequence of n tokens ho
 ceil(n / B) blocks and wastes fewer than B positions. This module counts both for a mix of
 requests; benchmarks/paged_memory.py prints the table for GPT-2 small's shapes.
 
-- Request, request_mix: a seeded mix of requests of different prompt and output lengths;
+- request_mix: a seeded mix of requests (kvlib.serving.Request) of different prompt and
+  output lengths;
 - blocks_for, slack: blocks a sequence needs, and the empty positions of its last block;
 - PagedMemory, paged_memory, memory_table: used, paged and reserved positions and bytes at
   one or several block sizes;
@@ -20,56 +21,33 @@ requests; benchmarks/paged_memory.py prints the table for GPT-2 small's shapes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Integral
 
 import numpy as np
 
-from ..checks import count, whole_number
+from ..checks import as_count, as_real_number, as_whole_number, as_whole_numbers
+from .request import Request, requests_of_lengths
 
 # ------------------------------------------------------------------ requests
-
-@dataclass(frozen=True)
-class Request:
-    """One request: prompt_length tokens in, output_length tokens generated (the model's
-    last chosen token is never fed back, but a server does not know which token is last, so
-    the cache is counted for prompt + output positions), arriving at step `arrival`."""
-
-    prompt_length: int
-    output_length: int
-    arrival: int = 0
-
-    def __post_init__(self):
-        whole_number("prompt_length", self.prompt_length, 1)
-        whole_number("output_length", self.output_length, 1)
-        whole_number("arrival", self.arrival, 0)
-
-    @property
-    def length(self) -> int:
-        """Positions the request's cache holds at its end: prompt + output."""
-        return self.prompt_length + self.output_length
 
 
 def request_mix(n_requests: int, max_length: int, seed: int = 0, mean_gap: float = 0.0,
                 shortest: int | None = None) -> list[Request]:
     """A seeded mix of n_requests requests (paged_cache; benchmarks/paged_memory.py).
 
-    Prompt and output lengths are each drawn log-uniformly between shortest (by default
-    max_length // 64, at least 1) and max_length // 2, so that short requests are common and
-    long ones occur, as in chat traffic; every request fits in max_length positions. Arrival
-    steps grow by geometric gaps of mean mean_gap (0, the default: all arrive at step 0).
+    Prompt and output (max_tokens) lengths are each drawn log-uniformly between shortest (by
+    default max_length // 64, at least 1) and max_length // 2, so that short requests are
+    common and long ones occur, as in chat traffic; every request fits in max_length
+    positions (its max_num_tokens). Arrival steps grow by geometric gaps of mean mean_gap (0,
+    the default: all arrive at step 0). Prompts are seeded random ids of the toy's
+    vocabulary.
     """
-    n_requests = count("n_requests", n_requests, 1)
-    max_length = count("max_length", max_length, 2)
+    n_requests = as_count("n_requests", n_requests, 1)
+    max_length = as_count("max_length", max_length, 2)
     half = max_length // 2
-    shortest = max(1, max_length // 64) if shortest is None else shortest
-    shortest = whole_number("shortest", shortest, 1)
-    if shortest > half:
-        raise ValueError(f"shortest must be at most max_length // 2 = {half}, got {shortest}")
-    if isinstance(mean_gap, bool) or not isinstance(mean_gap, (Integral, float)) or \
-            not 0 <= mean_gap < 1e6:
-        raise ValueError(f"mean_gap must be a number of steps >= 0, got {mean_gap!r}")
-    mean_gap = float(mean_gap)                  # numpy's small ints overflow 1 + mean_gap
-    rng = np.random.default_rng(whole_number("seed", seed, 0))
+    shortest = as_whole_number("shortest", max(1, max_length // 64) if shortest is None else
+                            shortest, 1, half)
+    rng = np.random.default_rng(as_whole_number("seed", seed, 0))
+    mean_gap = as_real_number("mean_gap", mean_gap, minimum=0)
 
     def lengths():
         drawn = np.exp(rng.uniform(np.log(shortest), np.log(half + 1), n_requests))
@@ -81,16 +59,15 @@ def request_mix(n_requests: int, max_length: int, seed: int = 0, mean_gap: float
     else:
         gaps = rng.geometric(1 / (1 + mean_gap), n_requests) - 1
         gaps[0] = 0
-    arrivals = np.cumsum(gaps)
-    return [Request(int(p), int(o), int(a)) for p, o, a in zip(prompts, outputs, arrivals)]
+    return requests_of_lengths(prompts, outputs, np.cumsum(gaps).tolist(), seed)
 
 
 # ------------------------------------------------------------------ blocks of one sequence
 
 def blocks_for(n_tokens: int, block_size: int) -> int:
     """Blocks a sequence of n_tokens positions holds: ceil(n_tokens / block_size)."""
-    n_tokens = whole_number("n_tokens", n_tokens, 0)
-    block_size = whole_number("block_size", block_size, 1)
+    n_tokens = as_whole_number("n_tokens", n_tokens, 0)
+    block_size = as_count("block_size", block_size, 1)
     return -(-n_tokens // block_size)
 
 
@@ -150,14 +127,13 @@ class PagedMemory:
 
 
 def _lengths(lengths) -> list[int]:
-    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__") or \
-            (isinstance(lengths, np.ndarray) and lengths.ndim != 1):
-        raise TypeError(f"lengths must be a list of sequence lengths (or Requests), got "
-                        f"{type(lengths).__name__}")
-    values = [item.length if isinstance(item, Request) else item for item in lengths]
-    if not values:
+    """Sequence lengths, or Requests at their max_num_tokens, as a list of ints >= 1."""
+    if isinstance(lengths, (list, tuple)):
+        lengths = [r.max_num_tokens if isinstance(r, Request) else r for r in lengths]
+    lengths = as_whole_numbers("lengths", lengths, 1).tolist()
+    if not lengths:
         raise ValueError("lengths is empty: give at least one sequence")
-    return [whole_number("a sequence length", value, 1) for value in values]
+    return lengths
 
 
 def paged_memory(lengths, block_size: int, max_length: int,
@@ -167,10 +143,7 @@ def paged_memory(lengths, block_size: int, max_length: int,
     layer for one position (kvlib.config_cache_bytes(config, 1), or
     ModelPreset.kv_bytes_per_token())."""
     lengths = _lengths(lengths)
-    block_size = whole_number("block_size", block_size, 1)
-    max_length = whole_number("max_length", max_length, 1)
-    bytes_per_position = whole_number("bytes_per_position", bytes_per_position, 1)
-    if max(lengths) > max_length:
+    if max(lengths, default=0) > max_length:
         raise ValueError(f"a sequence of {max(lengths)} positions is longer than max_length "
                          f"{max_length}, the most a contiguous cache would reserve")
     blocks = [blocks_for(n, block_size) for n in lengths]
@@ -185,14 +158,10 @@ def paged_memory(lengths, block_size: int, max_length: int,
 def memory_table(lengths, block_sizes, max_length: int,
                  bytes_per_position: int = 1) -> list[PagedMemory]:
     """paged_memory at each block size, in the order given (paged_cache)."""
-    if isinstance(block_sizes, (str, bytes)) or not hasattr(block_sizes, "__iter__") or \
-            (isinstance(block_sizes, np.ndarray) and block_sizes.ndim != 1):
-        raise TypeError(f"block_sizes must be a list of whole numbers, got "
-                        f"{type(block_sizes).__name__}")
-    block_sizes = list(block_sizes)
-    if not block_sizes:
-        raise ValueError("block_sizes is empty: give at least one block size")
+    block_sizes = as_whole_numbers("block_sizes", block_sizes, 1).tolist()
     lengths = _lengths(lengths)
+    max_length = as_whole_number("max_length", max_length, max(lengths, default=1))
+    bytes_per_position = as_whole_number("bytes_per_position", bytes_per_position, 1)
     return [paged_memory(lengths, size, max_length, bytes_per_position)
             for size in block_sizes]
 
@@ -208,10 +177,9 @@ def parallel_sampling_blocks(prompt_length: int, new_tokens: int, n_samples: int
     sample that writes into it but the last one still holding it (copy-on-write), so from
     there on each sample has blocks of its own: ceil((P + k) / B) - P // B of them.
     """
-    prompt_length = whole_number("prompt_length", prompt_length, 1)
-    new_tokens = whole_number("new_tokens", new_tokens, 0)
-    n_samples = whole_number("n_samples", n_samples, 1)
-    block_size = whole_number("block_size", block_size, 1)
+    prompt_length, new_tokens = as_whole_numbers("lengths", [prompt_length, new_tokens]).tolist()
+    n_samples, block_size = as_whole_numbers("n_samples and block_size", [n_samples, block_size],
+                                          1).tolist()
     if new_tokens == 0:
         return blocks_for(prompt_length, block_size)
     shared = prompt_length // block_size
@@ -222,9 +190,10 @@ def parallel_sampling_blocks(prompt_length: int, new_tokens: int, n_samples: int
 def separate_sampling_blocks(prompt_length: int, new_tokens: int, n_samples: int,
                              block_size: int) -> int:
     """Blocks of n_samples caches of their own, each holding the prompt and new_tokens."""
-    n_samples = whole_number("n_samples", n_samples, 1)
-    return n_samples * blocks_for(whole_number("prompt_length", prompt_length, 1)
-                                  + whole_number("new_tokens", new_tokens, 0), block_size)
+    n_samples = as_whole_number("n_samples", n_samples, 1)
+    prompt_length = as_whole_number("prompt_length", prompt_length, 0)
+    new_tokens = as_whole_number("new_tokens", new_tokens, 0)
+    return n_samples * blocks_for(prompt_length + new_tokens, block_size)
 
 
 # ------------------------------------------------------------------ contiguous reservations
@@ -241,7 +210,7 @@ class ContiguousArena:
     FREE = -1
 
     def __init__(self, n_positions: int):
-        n_positions = count("n_positions", n_positions, 1)
+        n_positions = as_count("n_positions", n_positions, 1)
         self.owners = np.full(n_positions, self.FREE, dtype=np.int64)
 
     def __repr__(self) -> str:
@@ -265,8 +234,8 @@ class ContiguousArena:
     def reserve(self, owner: int, n_positions: int) -> int:
         """Reserve n_positions contiguous positions for owner at the first hole that fits;
         return where they start. MemoryError when no hole is large enough."""
-        owner = count("owner", owner)
-        n_positions = whole_number("n_positions", n_positions, 1)
+        owner = as_count("owner", owner)
+        n_positions = as_whole_number("n_positions", n_positions, 1)
         if (self.owners == owner).any():
             raise ValueError(f"request {owner} already holds a reservation")
         for start, length in self.holes():
@@ -279,7 +248,7 @@ class ContiguousArena:
 
     def release(self, owner: int) -> None:
         """Free the positions of owner's reservation."""
-        owner = count("owner", owner)
+        owner = as_count("owner", owner)
         held = self.owners == owner
         if not held.any():
             raise ValueError(f"request {owner} holds no reservation")

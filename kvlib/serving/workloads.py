@@ -1,14 +1,46 @@
-"""Workloads for the serving lessons and their benchmarks: the engine lesson's chat requests
-to SmolLM2 (a shared system message, questions arriving over six steps, one long passage), how
-they arrive at an engine, the engine variants the lesson compares, and what a run measures.
+"""Workloads for the serving lessons and their benchmarks: the batching lesson's seeded stream
+of requests (make_workload), and the engine lesson's chat requests to SmolLM2 (a shared system
+message, questions arriving over six steps, one long passage), how they arrive at an engine,
+the engine variants the lesson compares, and what a run measures.
 
 The lesson (the_engine), the batching lesson, benchmarks/engine.py, benchmarks/
-smollm2_batching.py and tools/measure_smollm2.py all serve this one workload.
+smollm2_batching.py and tools/measure_smollm2.py all serve the chat workload.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..checks import as_count, as_real_number, as_whole_number, as_whole_numbers
 from .engine import Engine, SamplingParams, StaticBatchingEngine, summarize
+from .request import Request, requests_of_lengths
+
+
+def make_workload(n_requests: int = 12, seed: int = 0, mean_gap: float = 2.0,
+                  prompt_lengths=(4, 16), output_lengths=(2, 20)) -> tuple[Request, ...]:
+    """A seeded stream of requests (batched_decoding): arrivals a random number of steps apart
+    (exponential gaps of mean mean_gap, rounded down to whole steps: a Poisson stream), the
+    first at step 0; prompt and output lengths uniform between their (shortest, longest),
+    prompts seeded random ids of the toy's vocabulary. The same seed gives the same requests."""
+    n_requests, seed = as_count("n_requests", n_requests, 1), as_whole_number("seed", seed, 0)
+    mean_gap = as_real_number("mean_gap", mean_gap, minimum=0)
+    (low_p, high_p), (low_o, high_o) = (as_whole_numbers(name, bounds, 1) for name, bounds in
+                                        (("prompt_lengths", prompt_lengths),
+                                         ("output_lengths", output_lengths)))
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(mean_gap, n_requests) if mean_gap > 0 else np.zeros(n_requests)
+    arrivals = np.floor(np.cumsum(gaps) - gaps[0]).astype(int).tolist()
+    prompts = rng.integers(low_p, high_p + 1, n_requests)
+    outputs = rng.integers(low_o, high_o + 1, n_requests)
+    return tuple(requests_of_lengths(prompts, outputs, arrivals, seed))
+
+
+def arrivals_in_seconds(requests, seconds_per_step: float) -> list[Request]:
+    """The requests with their arrival steps turned into seconds (batched_decoding's benchmark):
+    arrival x seconds_per_step, so that a workload keeps its shape on a clock of seconds."""
+    seconds_per_step = as_real_number("seconds_per_step", seconds_per_step, positive=True)
+    return [r.fresh(arrival=r.arrival * seconds_per_step) for r in requests]
+
 
 SYSTEM_PROMPT = ("You are a patient tutor. Answer in one short sentence, with a number when "
                  "the question asks for one.")
@@ -99,5 +131,5 @@ def run_variant(engine: Engine, requests) -> dict:
     numbers["computed_prompt_tokens"] = engine.stats["prompt_tokens"] - \
         engine.stats["prefix_hit_tokens"]
     numbers["largest_step"] = largest
-    numbers["outputs"] = [engine.requests[i].output for i in ids]
+    numbers["outputs"] = [engine.requests[i].output_token_ids for i in ids]
     return numbers

@@ -23,7 +23,8 @@ from matplotlib.colors import ListedColormap
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator, NullLocator
 
-from kvlib.serving import scheduler
+from kvlib.serving import scheduler, workloads
+from kvlib.serving.timeline import Timeline
 
 from .base import LiveFigure, explorer
 
@@ -271,8 +272,7 @@ def draw_timelines(figure, static, continuous, now: float | None = None) -> dict
     below, and the requests in the batch over time under both; a black line at `now`, the
     future greyed (None: the whole run). The first call on a figure makes the artists; later
     calls change them. Returns the three Axes and the end of the longer run."""
-    if not (isinstance(static, scheduler.Timeline) and isinstance(continuous,
-                                                                  scheduler.Timeline)):
+    if not (isinstance(static, Timeline) and isinstance(continuous, Timeline)):
         raise TypeError("draw_timelines needs two Timelines (kvlib.serving.serve)")
     artists = getattr(figure, "_timeline_artists", None)
     if artists is None or artists.occupancy not in figure.axes:
@@ -360,7 +360,7 @@ def timeline_explorer(n_requests: int = 12, seed: int = 0, max_batch: int = 4,
 
     def _rebuild(workload_key) -> None:
         seed_value, count, size, gap = workload_key
-        requests = scheduler.make_workload(count, seed_value, gap)
+        requests = workloads.make_workload(count, seed_value, gap)
         static = scheduler.serve(requests, scheduler.StaticBatching(size))
         continuous = scheduler.serve(requests, scheduler.ContinuousBatching(size))
         state.update(static=static, continuous=continuous, key=workload_key,

@@ -18,7 +18,8 @@ from matplotlib.patches import ConnectionPatch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 import kvlib
-from kvlib.serving import PoolTimeline, Request, request_mix
+from kvlib.plots import block_holders, block_place, draw_pool
+from kvlib.serving import BlockPool, PoolTimeline, Request, request_mix
 
 from .base import OneRenderFigure, plural, safely
 
@@ -26,26 +27,6 @@ from .base import OneRenderFigure, plural, safely
 # request and its forks share a colour, and every block also carries the sequence's name
 OWNER_COLORS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
 FREE_COLOR = "#eeeeee"
-POOL_COLUMNS = 8
-# rows of the pool this far apart: room for the labels above a block and the numbers below
-# the row over it, so that the two never share a line
-ROW_PITCH = 1.3
-
-
-def pool_columns(n_blocks: int) -> int:
-    """Blocks in a row of the drawn pool: 8, or 16 for a large pool (96 blocks of 1), which
-    would otherwise need too many rows to read."""
-    return POOL_COLUMNS if n_blocks <= 4 * POOL_COLUMNS else 2 * POOL_COLUMNS
-
-
-def block_place(block: int, n_blocks: int, columns: int | None = None) -> tuple[float, float]:
-    """Where draw_pool puts a block: the lower-left corner (x, y) of its slots, row by row
-    from the top."""
-    columns = columns or pool_columns(n_blocks)
-    rows = -(-n_blocks // columns)
-    return float(block % columns), (rows - 1 - block // columns) * ROW_PITCH
-
-
 def owner_color(name: str) -> str:
     """The colour of a sequence: PoolTimeline's request names (A, B, ..., Z, A1, ...) take
     the palette in order, and forks (A.1, A.2) share their request's colour; any other name
@@ -59,18 +40,6 @@ def owner_color(name: str) -> str:
     return OWNER_COLORS[index % len(OWNER_COLORS)]
 
 
-def block_owners(block_tables: dict, lengths: dict, block_size: int) -> dict:
-    """For each block in use: (owner names, positions filled). A shared block lists every
-    sequence whose table holds it; it is as full as the fullest of them."""
-    owners = {}
-    for name, table in block_tables.items():
-        for index, block in enumerate(table):
-            names, filled = owners.get(block, ((), 0))
-            used = min(block_size, lengths[name] - index * block_size)
-            owners[block] = (names + (name,), max(filled, used))
-    return owners
-
-
 def _wipe(ax) -> None:
     """Remove what an earlier draw put on ax, keeping its axis settings: much faster than
     ax.clear(), which rebuilds the ticks, so that a widget redraws at once."""
@@ -82,60 +51,6 @@ def _rectangles(ax, rectangles, **options):
     """Many rectangles as one PatchCollection (one artist to draw, not hundreds)."""
     if rectangles:
         ax.add_collection(PatchCollection(rectangles, **options), autolim=False)
-
-
-def draw_pool(ax, n_blocks: int, block_size: int, block_tables: dict, lengths: dict,
-              copied=(), title: str | None = None, columns: int | None = None):
-    """The pool as a grid of blocks (paged_cache), each cut into block_size slots: the
-    filled slots in the owner's colour, shared blocks hatched with their reference count
-    ("x2"), free blocks grey, blocks just made by copy-on-write outlined in black.
-
-    block_tables: {name: [block ids]}; lengths: {name: positions held}. The label above
-    block b (its owners, or "free"; empty for a free block of a pool drawn 16 blocks a row)
-    is a text with gid "block b", its number below it one with gid "number b", so that
-    tests can read the pool back. Returns ax.
-    """
-    _wipe(ax)
-    columns = columns or pool_columns(n_blocks)
-    small = columns > POOL_COLUMNS                 # narrower blocks: smaller labels
-    owners = block_owners(block_tables, lengths, block_size)
-    rows = -(-n_blocks // columns)
-    slot = 0.9 / block_size
-    plain, plain_colors, hatched, hatched_colors, outlines, widths = [], [], [], [], [], []
-    for block in range(n_blocks):
-        x, y = block_place(block, n_blocks, columns)
-        names, filled = owners.get(block, ((), 0))
-        color = owner_color(names[0]) if names else FREE_COLOR
-        for position in range(block_size):
-            rectangle = Rectangle((x + position * slot, y), slot, 0.62)
-            if len(names) > 1 and position < filled:
-                hatched.append(rectangle)
-                hatched_colors.append(color)
-            else:
-                plain.append(rectangle)
-                plain_colors.append(color if position < filled or not names else "white")
-        outlines.append(Rectangle((x, y), 0.9, 0.62))
-        widths.append(2.4 if block in copied else 0.8)
-        if len(names) > 1:
-            label = f"shared x{len(names)}"
-        else:         # a large pool's free blocks go unlabelled: grey says it, with fewer texts
-            label = names[0] if names else ("" if small else "free")
-        ax.text(x + 0.45, y + 0.68, label, ha="center", va="bottom", fontsize=5 if small else 7,
-                color="black" if names else "#888888", gid=f"block {block}")
-        ax.text(x + 0.02, y - 0.05, str(block), ha="left", va="top", fontsize=5 if small else 6,
-                color="#333333", gid=f"number {block}")
-    _rectangles(ax, plain, facecolors=plain_colors, edgecolors="#aaaaaa", linewidths=0.4)
-    _rectangles(ax, hatched, facecolors=hatched_colors, edgecolors="#555555",
-                linewidths=0.4, hatch="///")
-    _rectangles(ax, outlines, facecolors="none", linewidths=widths,
-                edgecolors=["black" if w > 1 else "#555555" for w in widths])
-    ax.set_xlim(-0.1, columns)
-    ax.set_ylim(-0.3, (rows - 1) * ROW_PITCH + 0.95)
-    ax.set_aspect("equal")
-    ax.axis("off")
-    ax.set_title(title or f"The pool: {n_blocks} blocks of {block_size} positions "
-                          "(block id below each)", fontsize=10)
-    return ax
 
 
 def draw_block_tables(ax, block_tables: dict, lengths: dict, block_size: int,
@@ -184,12 +99,13 @@ def draw_gather(figure, n_blocks: int, block_size: int, block_tables: dict, leng
     gathered ax)."""
     if reader not in block_tables:
         raise ValueError(f"no sequence {reader!r}; the tables are for {list(block_tables)}")
+    pool = BlockPool(None, n_blocks, block_size)      # block ids only: the lesson's own pool
     figure.clear()
     grid = figure.add_gridspec(1, 3, width_ratios=[2.6, 1.6, 0.7], wspace=0.3)
     pool_ax, table_ax, rows_ax = (figure.add_subplot(grid[0, i]) for i in range(3))
-    shared = {b for b, (names, _) in block_owners(block_tables, lengths, block_size).items()
+    shared = {b for b, (names, _) in block_holders(block_tables, lengths, block_size).items()
               if len(names) > 1}
-    draw_pool(pool_ax, n_blocks, block_size, block_tables, lengths)
+    draw_pool(pool_ax, pool, block_tables, lengths, colors=owner_color)
     draw_block_tables(table_ax, block_tables, lengths, block_size, shared)
     table, n = block_tables[reader], lengths[reader]
     for position in range(n):
@@ -315,14 +231,14 @@ def pool_explorer(params=None, n_blocks: int = 24, block_size: int = 4, requests
     def draw():
         timeline = state["timeline"]
         tables = timeline.block_tables()
-        lengths = {seq.name: len(seq.tokens) for seq in timeline.running}
-        allocator = timeline.allocator
-        shared = {b for b in range(allocator.n_blocks) if allocator.ref_counts[b] > 1}
-        draw_pool(axes["pool"], allocator.n_blocks, allocator.block_size, tables, lengths,
+        lengths = {seq.request_id: seq.num_tokens for seq in timeline.running}
+        pool = timeline.pool
+        shared = {b for b in range(pool.n_blocks) if pool.ref_counts[b] > 1}
+        draw_pool(axes["pool"], pool, tables, lengths, colors=owner_color,
                   copied=timeline.copied_blocks,
-                  title=f"The pool at step {timeline.step_number}: {allocator.n_used} of "
-                        f"{allocator.n_blocks} blocks in use")
-        draw_block_tables(axes["tables"], tables, lengths, allocator.block_size, shared)
+                  title=f"The pool at step {timeline.step_number}: {pool.n_used} of "
+                        f"{pool.n_blocks} blocks in use")
+        draw_block_tables(axes["tables"], tables, lengths, pool.block_size, shared)
         plot_timeline(axes["memory"], timeline.history, per_position)
         snapshot = timeline.history[-1]
         fits = pool_positions // params.config.context_length
@@ -334,7 +250,7 @@ def pool_explorer(params=None, n_blocks: int = 24, block_size: int = 4, requests
             f"{forks}; {timeline.requests_done} of {len(requests)} requests done; "
             f"{plural(timeline.preemptions, 'preemption')}. "
             f"Paged: {snapshot.paged_positions * per_position:,} bytes in "
-            f"{allocator.n_used} blocks for {snapshot.used_positions} positions. Contiguous "
+            f"{pool.n_used} blocks for {snapshot.used_positions} positions. Contiguous "
             f"caches of {params.config.context_length} positions would reserve "
             f"{snapshot.reserved_positions * per_position:,} bytes for the same sequences; "
             f"the pool's {pool_positions * per_position:,} bytes hold {fits} of them.")
@@ -349,7 +265,7 @@ def pool_explorer(params=None, n_blocks: int = 24, block_size: int = 4, requests
                        if difference < 1e-10 else
                        f"<b>A sequence's K and V differ from a contiguous cache</b> "
                        f"(max difference {difference:.1e})")
-        chosen, names = fork_of.value, [seq.name for seq in timeline.running]
+        chosen, names = fork_of.value, [seq.request_id for seq in timeline.running]
         fork_of.options = names            # new options clear the choice: keep it, or the first
         fork_of.value = chosen if chosen in names else (names[0] if names else None)
         next_step.disabled = timeline.all_done

@@ -20,7 +20,8 @@ from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
 import kvlib
-from kvlib.serving import ROOT_KEY, Admission, PrefixServer
+from kvlib.plots import draw_pool
+from kvlib.serving import ROOT_KEY, Admission, PrefixServer, Request
 
 from .base import OneRenderFigure, plural, safely
 
@@ -34,8 +35,6 @@ FREE_COLOR = "#ffffff"
 PRIVATE_COLOR = _VIRIDIS(0.05)      # dark purple: a running request's own, not cached
 POOL_STATES = ("free", "cached, idle", "cached, held by a running request",
                "a running request's own")
-POOL_SHORT_NAMES = ("free", "cached and idle", "cached and held", "a request's own")
-POOL_COLORS = (FREE_COLOR, IDLE_COLOR, HELD_COLOR, PRIVATE_COLOR)
 MAX_TOKEN_LABELS = 40
 MAX_TWO_LINE_ROWS = 8
 
@@ -53,17 +52,22 @@ def example_model() -> kvlib.Params:
 
 
 @dataclass(frozen=True)
-class StreamRequest:
-    """One request of a generated stream: which system prompt it starts with ("" for
-    none), its token ids (BOS first), and how many further arrivals it runs for."""
+class Arrival:
+    """One arrival of a generated stream: the request (kvlib.serving.Request, its prompt BOS
+    first), which system prompt it starts with ("" for none), and how many further arrivals
+    it runs for."""
 
+    request: Request
     system: str
-    ids: tuple[int, ...]
     lifetime: int
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(self.request.prompt_token_ids)
 
 
 def request_stream(n_requests: int, seed: int = 0, tokenizer=None,
-                   system_share: float = 0.8, n_questions: int = 6) -> list[StreamRequest]:
+                   system_share: float = 0.8, n_questions: int = 6) -> list[Arrival]:
     """A seeded stream of requests (prefix_caching): most start with system prompt A or B, then
     one question from a small pool (so whole requests repeat too); the rest are a question
     alone.
@@ -77,12 +81,12 @@ def request_stream(n_requests: int, seed: int = 0, tokenizer=None,
         length = int(rng.integers(2, 6))
         questions.append(" ".join(rng.choice(words, size=length)) + " ?")
     stream = []
-    for _ in range(n_requests):
+    for index in range(n_requests):
         system = str(rng.choice(["A", "B"])) if rng.random() < system_share else ""
         question = questions[int(rng.integers(len(questions)))]
         text = f"{SYSTEM_PROMPTS[system]} {question}" if system else question
-        stream.append(StreamRequest(system, tuple(tokenizer.encode(text)),
-                                    int(rng.integers(1, 3))))
+        stream.append(Arrival(Request(index, tokenizer.encode(text), arrival=index), system,
+                              int(rng.integers(1, 3))))
     return stream
 
 
@@ -234,36 +238,23 @@ def draw_reuse_bars(ax, names, lengths, reused, block_size: int, title=None):
 def pool_states(server: PrefixServer) -> np.ndarray:
     """Each pool block's state (prefix_caching), an index into POOL_STATES: free, cached and
     idle, cached and held by a running request, or a running request's own block."""
-    states = np.zeros(server.allocator.n_blocks, dtype=int)
+    states = np.zeros(server.pool.n_blocks, dtype=int)
     held = server.held_blocks()
-    for block in range(server.allocator.n_blocks):
-        if server.allocator.ref_counts[block] == 0:
+    for block in range(server.pool.n_blocks):
+        if server.pool.ref_counts[block] == 0:
             continue
-        cached = server.prefix_cache.entry(block) is not None
+        cached = server.pool.key_of[block] is not None
         states[block] = (2 if block in held else 1) if cached else 3
     return states
 
 
-def draw_pool(ax, states, title=None):
-    """The pool, one cell per block, coloured by its state
-    (pool_states; the prefix_caching lesson)."""
-    states = np.asarray(states)
-    _show_cells(ax, states[None, :], ListedColormap(POOL_COLORS), -0.5,
-                len(POOL_COLORS) - 0.5)
-    n = len(states)
-    ax.add_collection(LineCollection([((b - 0.5, -0.5), (b - 0.5, 0.5)) for b in range(1, n)],
-                                     colors="#999999", linewidths=0.8))
-    ax.set_yticks([])
-    ax.set_xticks(range(n), [str(b) if n <= MAX_TOKEN_LABELS or b % 5 == 0 else ""
-                             for b in range(n)], fontsize=7)
-    counts = np.bincount(states, minlength=len(POOL_STATES))
-    ax.set_title(title or f"Pool of {n} blocks: " + ", ".join(
-        f"{c} {name}" for c, name in zip(counts, POOL_SHORT_NAMES)), fontsize=10)
-    if ax.get_legend() is None:
-        ax.legend(handles=[Patch(facecolor=c, edgecolor="#999999") for c in POOL_COLORS],
-                  labels=list(POOL_STATES), loc="upper center", bbox_to_anchor=(0.5, -0.8),
-                  ncol=4, frameon=False, fontsize=8)
-    return ax
+def draw_server_pool(ax, server: PrefixServer):
+    """The server's pool (plots.draw_pool), each running request's blocks labelled with its
+    number, cached blocks nobody runs with in grey (prefix_caching)."""
+    counts = np.bincount(pool_states(server), minlength=len(POOL_STATES))
+    return draw_pool(ax, server.pool, {str(i): r.block_table for i, r in server.running.items()},
+                     columns=24, title=f"Pool of {server.pool.n_blocks} blocks: " + ", ".join(
+                         f"{c} {name}" for c, name in zip(counts, POOL_STATES)))
 
 
 def _state_layout(figure) -> list[tuple[float, float, float, float]]:
@@ -271,7 +262,7 @@ def _state_layout(figure) -> list[tuple[float, float, float, float]]:
     width, height), from fixed room in inches for the titles, tick labels and legends: the
     figure then needs no tight bounding box, which would draw it twice."""
     height = figure.get_size_inches()[1]
-    pool_bottom, pool_height = 0.6, 0.3           # inches; the pool's legend below
+    pool_bottom, pool_height = 0.55, 0.7          # inches; the pool's legend below
     request_bottom = pool_bottom + pool_height + 1.15    # its title, the strip's labels
     request_height = 0.4
     tree_bottom = request_bottom + request_height + 0.75  # the strip's title, tree legend
@@ -306,7 +297,7 @@ def draw_prefix_state(figure, server: PrefixServer, admission: Admission | None,
                      admission.block_size,
                      title=f"Request {admission.request}: {admission.reused_tokens} tokens "
                            f"reused (yellow), {admission.prefilled_tokens} prefilled (purple)")
-    draw_pool(pool_ax, pool_states(server))
+    draw_server_pool(pool_ax, server)
     return tree_ax, request_ax, pool_ax
 
 
@@ -462,8 +453,8 @@ def prefix_stream_explorer(params=None, seed: int = 0, n_blocks: int = 20, block
             state["adjusting"] = False
         server = PrefixServer(params, int(pool.value), size)
         longest = max(server.blocks_needed(len(item.ids)) for item in stream)
-        if 2 * longest > server.allocator.n_blocks:   # two requests may hold blocks at once
-            raise ValueError(f"a pool of {server.allocator.n_blocks} blocks of {size} is too "
+        if 2 * longest > server.pool.n_blocks:   # two requests may hold blocks at once
+            raise ValueError(f"a pool of {server.pool.n_blocks} blocks of {size} is too "
                              f"small for this stream: its longest request needs {longest} "
                              f"blocks, and two may run at once; take at least {2 * longest}")
         state["run"] = StreamRun(server, stream)

@@ -1,6 +1,7 @@
 """The engine lesson's pictures, step by step (its workload is kvlib.serving.workloads).
 
-- draw_pool: every block of the pool, free, cached and idle, held, or shared;
+- draw_engine_pool: every block of the pool, free, cached and idle, held, or shared
+  (kvlib.plots.draw_pool);
 - draw_batch: what one step computed for each request (a prefill chunk or a decode), and who
   was preempted;
 - engine_widget: Step / Run to the end / Reset on an engine, redrawing both, the queue and the
@@ -12,58 +13,22 @@ from __future__ import annotations
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
+from kvlib.plots import draw_pool
 from kvlib.serving.engine import Engine, summarize
 from kvlib.serving.workloads import add_arrivals
 
 from .base import LiveFigure, as_html, plural, safely
 
-STATE_COLOURS = {"free": "#F2F2F2", "cached": "#56B4E9", "held": "#E69F00",
-                 "shared": "#D55E00"}       # Okabe-Ito, light grey for free
-STATE_LABELS = {"free": "free", "cached": "cached, idle (reusable)", "held": "held by 1 request",
-                "shared": "held by 2 or more"}
 
-
-def block_states(engine: Engine) -> list[str]:
-    """free, cached (idle, reusable), held (one request) or shared (several), per block."""
-    manager = engine.allocator
-    states = []
-    for block in range(manager.n_blocks):
-        count = manager.ref_counts[block]
-        states.append("shared" if count > 1 else "held" if count == 1 else
-                      "cached" if manager.key_of[block] is not None else "free")
-    return states
-
-
-def draw_pool(ax, engine: Engine, columns: int = 16) -> None:
-    """The pool as a grid of blocks, coloured by state, each held block labelled with the
-    requests that hold it."""
-    ax.clear()
-    states = block_states(engine)
-    holders: dict[int, list[int]] = {}
-    for request in engine.running:
-        for block in request.block_table:
-            holders.setdefault(block, []).append(request.request_id)
-    rows = -(-len(states) // columns)
-    for block, state in enumerate(states):
-        row, column = divmod(block, columns)
-        ax.add_patch(plt.Rectangle((column, rows - 1 - row), 0.92, 0.92,
-                                   color=STATE_COLOURS[state], ec="0.6", lw=0.5))
-        if block in holders:
-            ax.text(column + 0.46, rows - 1 - row + 0.46,
-                    ",".join(str(i) for i in holders[block]), ha="center", va="center",
-                    fontsize=7)
-    ax.set_xlim(0, columns)
-    ax.set_ylim(0, rows)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    handles = [plt.Rectangle((0, 0), 1, 1, color=STATE_COLOURS[s], ec="0.6")
-               for s in STATE_COLOURS]
-    ax.legend(handles, [STATE_LABELS[s] for s in STATE_COLOURS], loc="upper center",
-              bbox_to_anchor=(0.5, -0.02), ncol=4, fontsize=8, frameon=False)
-    counts = {s: states.count(s) for s in STATE_COLOURS}
-    ax.set_title(f"The pool after step {engine.step_count}: {counts['free']} free, "
-                 f"{counts['cached']} cached, {counts['held'] + counts['shared']} held "
-                 f"({counts['shared']} shared); the numbers are request ids", fontsize=10)
+def draw_engine_pool(ax, engine: Engine):
+    """The engine's pool (plots.draw_pool): free, cached and idle, held or shared blocks, each
+    held block labelled with the ids of the requests that hold it."""
+    tables = {request.request_id: request.block_table for request in engine.running}
+    pool = engine.pool
+    cached = sum(key is not None for key in pool.key_of)
+    return draw_pool(ax, pool, tables, columns=16,
+                     title=f"The pool after step {engine.step_count}: {len(pool.free)} free, "
+                           f"{cached} cached, {pool.n_used} held; the labels are request ids")
 
 
 def draw_batch(ax, engine: Engine) -> None:
@@ -129,7 +94,7 @@ def engine_widget(make_engine, requests):
 
     def redraw() -> None:
         engine = state["engine"]
-        draw_pool(pool_ax, engine)
+        draw_engine_pool(pool_ax, engine)
         draw_batch(batch_ax, engine)
         queue.value = as_html(queue_status(engine))
         service.value = as_html(service_status(engine))
@@ -166,4 +131,4 @@ def engine_widget(make_engine, requests):
     return box
 
 
-__all__ = ["draw_batch", "draw_pool", "engine_widget"]
+__all__ = ["draw_batch", "draw_engine_pool", "engine_widget"]
