@@ -2,19 +2,16 @@
 float64, 1e-10), the grouping explorer driven headless as a student would drive it, and the
 exercise checkers with tables of wrong answers, valid answers in other forms and a fuzz."""
 
+import json
+import math
+import re
+from pathlib import Path
+
 import matplotlib
-
-matplotlib.use("Agg")
-
-import json  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     case_id,
     correct,
@@ -22,31 +19,25 @@ from checker_cases import (  # noqa: E402
     odd_answers,
     student_answers,
 )
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from matplotlib.collections import LineCollection, PatchCollection  # noqa: E402
-from strategies import models, token_lists  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from matplotlib.collections import LineCollection, PatchCollection
+from strategies import models, token_lists
 
-import kvlib  # noqa: E402
-from kvlib import (  # noqa: E402
+import kvlib
+from kvlib import (
     grouped,
-    plots,  # noqa: E402
+    plots,
     roofline,
 )
-from kvlib.exercises import grouped_query_attention as ex15  # noqa: E402
-from kvlib.memory import PRESETS, GiB  # noqa: E402
-from kvlib.model import attention as attention_by_another_name  # noqa: E402
-from kvlib.widgets import grouped_query_attention as w15  # noqa: E402
+from kvlib.exercises import grouped_query_attention as ex15
+from kvlib.memory import PRESETS, GiB
+from kvlib.model import attention as attention_by_another_name
+from kvlib.widgets import grouped_query_attention as w15
 
 TOLERANCE = 1e-10
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / \
     "15_grouped_query_attention.ipynb"
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 def text_of(html):
@@ -453,9 +444,6 @@ def test_grouping_summary():
 # ---------------------------------------------------------------------------------------------
 # Exercise checkers
 # ---------------------------------------------------------------------------------------------
-
-
-
 
 
 QWEN = ex15.qwen2_cache_bytes()

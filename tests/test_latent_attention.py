@@ -3,18 +3,14 @@
 head; what each path costs), the published numbers it shows, its widget driven headless, and
 its exercise checkers with tables of wrong and valid answers and a fuzz."""
 
-import matplotlib
+import json
+import math
+from pathlib import Path
 
-matplotlib.use("Agg")
-
-import json  # noqa: E402
-import math  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     case_id,
     correct,
@@ -22,28 +18,18 @@ from checker_cases import (  # noqa: E402
     odd_answers,
     student_answers,
 )
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import models  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import models
 
-import kvlib  # noqa: E402
-from kvlib import latent, memory  # noqa: E402
-from kvlib.exercises import latent_attention as ex16  # noqa: E402
-from kvlib.widgets import latent_attention as w16  # noqa: E402
+import kvlib
+from kvlib import latent, memory
+from kvlib.exercises import latent_attention as ex16
+from kvlib.widgets import latent_attention as w16
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOK = "16_latent_attention"
 TOLERANCE = 1e-10
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
-
-
-
-
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,14 +2,10 @@
 widget, the figures, and the exercise checkers with their tables of typical wrong answers and
 of valid answers in other forms."""
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     case_id,
     correct,
@@ -17,11 +13,11 @@ from checker_cases import (  # noqa: E402
     odd_answers,
 )
 
-import kvlib  # noqa: E402
-from kvlib.chat import Conversation, reusable_prefix  # noqa: E402
-from kvlib.checkpoints.llama import to_half_columns, to_interleaved_columns  # noqa: E402
-from kvlib.exercises import model_of_today as ex18  # noqa: E402
-from kvlib.widgets import model_of_today as w18  # noqa: E402
+import kvlib
+from kvlib.chat import Conversation, reusable_prefix
+from kvlib.checkpoints.llama import to_half_columns, to_interleaved_columns
+from kvlib.exercises import model_of_today as ex18
+from kvlib.widgets import model_of_today as w18
 
 
 @pytest.fixture(scope="module")

@@ -2,19 +2,15 @@
 over random inputs, its widget driven headless, and its exercise checkers with tables of
 wrong answers, valid answers in other forms and a fuzz of odd inputs."""
 
-import matplotlib
+import json
+import math
+import re
+from pathlib import Path
 
-matplotlib.use("Agg")
-
-import json  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     case_id,
     correct,
@@ -22,25 +18,19 @@ from checker_cases import (  # noqa: E402
     odd_answers,
     student_answers,
 )
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import models, token_lists  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import models, token_lists
 
-import kvlib  # noqa: E402
-from kvlib.exercises import positions_and_rope as ex14  # noqa: E402
-from kvlib.exercises.base import Feedback  # noqa: E402
-from kvlib.widgets import positions_and_rope as w14  # noqa: E402
+import kvlib
+from kvlib.exercises import positions_and_rope as ex14
+from kvlib.exercises.base import Feedback
+from kvlib.widgets import positions_and_rope as w14
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "14_positions_and_rope.ipynb"
 TOLERANCE = 1e-10
 PROPERTY = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +43,6 @@ def namespace():
             exec(compile("".join(cell["source"]), NOTEBOOK.name, "exec"), variables)
     plt.close("all")
     return variables
-
-
-
-
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,23 +4,19 @@ step at any position, the cache, the bias count), its position widget driven hea
 exercise checkers with tables of wrong answers, valid answers in other forms and a fuzz of odd
 inputs; and the benchmark's GPT-2 options."""
 
-import matplotlib
+import contextlib
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
-matplotlib.use("Agg")
-
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from benchmark_runs import run_script  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from benchmark_runs import run_script
+from checker_cases import (
     assert_answers_in_words,
     case_id,
     correct,
@@ -28,27 +24,21 @@ from checker_cases import (  # noqa: E402
     odd_answers,
     student_answers,
 )
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import configs, token_lists  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import configs, token_lists
 
-import kvlib  # noqa: E402
-from kvlib import gpt2, stories  # noqa: E402
-from kvlib.exercises import real_model as ex12  # noqa: E402
-from kvlib.exercises.base import Feedback  # noqa: E402
-from kvlib.widgets import real_model as w12  # noqa: E402
+import kvlib
+from kvlib import gpt2, stories
+from kvlib.exercises import real_model as ex12
+from kvlib.exercises.base import Feedback
+from kvlib.widgets import real_model as w12
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "12_real_model.ipynb"
 TOLERANCE = 1e-10
 PROPERTY = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 def code_cells():
@@ -201,8 +191,6 @@ def test_a_saved_checkpoints_c_attn_is_wq_wk_wv_side_by_side(tmp_path):
                                   np.hstack([layer.Wq, layer.Wk, layer.Wv]).astype(np.float32))
 
 
-
-
 @PROPERTY
 @given(gpt2_models(), st.data())
 def test_the_notebooks_step_at_a_position_is_kvlibs(executed, model, data):
@@ -342,9 +330,6 @@ def test_draw_next_words_refuses_rows_that_do_not_match():
 # ---------------------------------------------------------------------------------------------
 # Exercise 1: the position of a decode step
 # ---------------------------------------------------------------------------------------------
-
-
-
 
 
 def step_with(position_of, use_cache=True, final_norm=True, epsilon=None):

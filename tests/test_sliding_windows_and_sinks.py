@@ -3,19 +3,16 @@ references (hypothesis, float64, 1e-10), the receptive field of a stack of windo
 pictures and the widget (headless), and the exercise checkers with tables of wrong and of
 right answers, and a fuzz."""
 
+import importlib.util
+import json
+import math
+from pathlib import Path
+
 import matplotlib
-
-matplotlib.use("Agg")
-
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     case_id,
     correct,
@@ -23,13 +20,13 @@ from checker_cases import (  # noqa: E402
     odd_answers,
     student_answers,
 )
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import models, token_lists  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import models, token_lists
 
-import kvlib  # noqa: E402
-from kvlib.exercises import sliding_windows_and_sinks as ex17  # noqa: E402
-from kvlib.widgets import sliding_windows_and_sinks as w17  # noqa: E402
+import kvlib
+from kvlib.exercises import sliding_windows_and_sinks as ex17
+from kvlib.widgets import sliding_windows_and_sinks as w17
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "17_sliding_windows_and_sinks.ipynb"
@@ -39,16 +36,6 @@ _spec = importlib.util.spec_from_file_location("measure_windows",
                                                ROOT / "tools" / "measure_windows.py")
 measure_windows = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(measure_windows)
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
-
-
-
-
 
 
 # ---------------------------------------------------------------------------------------------

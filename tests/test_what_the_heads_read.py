@@ -4,21 +4,17 @@ hand-made attention weights, its reading widget driven headless, its exercise ch
 tables of wrong answers, valid answers in other forms and a fuzz of odd inputs; and the GPT-2
 download for Binder and `make gpt2`."""
 
-import matplotlib
+import contextlib
+import io
+import json
+import re
+import socket
+from pathlib import Path
 
-matplotlib.use("Agg")
-
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-import socket  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     assert_not_yet,
     case_id,
@@ -27,26 +23,19 @@ from checker_cases import (  # noqa: E402
     odd_answers,
     student_answers,
 )
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import given, settings
 
-import kvlib  # noqa: E402
-from kvlib import gpt2, stories  # noqa: E402
-from kvlib.exercises import what_the_heads_read as ex13  # noqa: E402
-from kvlib.exercises.base import Feedback  # noqa: E402
-from kvlib.widgets import what_the_heads_read as w13  # noqa: E402
+import kvlib
+from kvlib import gpt2, stories
+from kvlib.exercises import what_the_heads_read as ex13
+from kvlib.exercises.base import Feedback
+from kvlib.widgets import what_the_heads_read as w13
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "13_what_the_heads_read.ipynb"
 TOLERANCE = 1e-10
 GPT2_CELLS = ("gpt2.find_weights()", "widgets13.PUBLISHED_PROMPT", "use_cache=use_cache",
               "widgets13.REAL_SENTENCE")
-
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 def code_cells():
@@ -271,7 +260,6 @@ def test_draw_reading_colours_each_token_by_its_weight():
     with pytest.raises(ValueError, match="one weight per token"):
         w13.draw_reading(ax, ["a"], weights)
     assert w13.short_labels(["\n", "x" * 20]) == ["⏎", "x" * 8 + "…"]
-
 
 
 def test_distances_read_take_the_largest_weight_up_to_the_query():

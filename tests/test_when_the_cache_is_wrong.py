@@ -2,14 +2,10 @@
 and the exercise checkers with their tables of typical wrong answers and valid answers in
 other forms."""
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     case_id,
     correct,
@@ -17,10 +13,10 @@ from checker_cases import (  # noqa: E402
     odd_answers,
 )
 
-import kvlib  # noqa: E402
-from kvlib import cache_bugs as bugs  # noqa: E402
-from kvlib.exercises import when_the_cache_is_wrong as ex25  # noqa: E402
-from kvlib.widgets import when_the_cache_is_wrong as w25  # noqa: E402
+import kvlib
+from kvlib import cache_bugs as bugs
+from kvlib.exercises import when_the_cache_is_wrong as ex25
+from kvlib.widgets import when_the_cache_is_wrong as w25
 
 P = len(ex25.exercise_prompt())
 
