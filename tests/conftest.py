@@ -9,6 +9,9 @@ Figures: matplotlib draws with Agg (no window, no display), chosen here once, be
 module imports pyplot. Every test's figures are closed after it; a module or a test that uses
 `no_figure_leaks` also fails when it leaves more figures open than it found.
 
+tools/ is importable (`import lessons`, `import measure_windows`), as its scripts import
+each other.
+
 Hypothesis runs derandomized (the "deterministic" profile below): the same examples every run.
 
 Models, loaded once a test module (a module may define its own fixture of the same name):
@@ -18,11 +21,15 @@ you?" as token ids; `story_model`, the shipped stories model in float64 and its 
 """
 
 import os
+import sys
+from pathlib import Path
 
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _ALREADY_SET = any(variable in os.environ for variable in BLAS_THREAD_VARIABLES)
 for _variable in BLAS_THREAD_VARIABLES:
     os.environ.setdefault(_variable, "1")
+
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tools"))
 
 # After the BLAS variables (matplotlib loads numpy), before anything imports pyplot.
 import matplotlib  # noqa: E402
