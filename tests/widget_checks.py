@@ -29,9 +29,11 @@ def no_new_figures():
 
 
 def text_of(html: str) -> str:
-    """An HTML string as the words a reader sees: tags dropped, entities read, runs of white
-    space one space."""
-    words = re.sub(r"<[^>]+>", " ", html).replace("&lt;", "<").replace("&gt;", ">")
+    """An HTML string as the words a reader sees: a line break or a block (<br>, <p>, <li>,
+    ...) a space, other tags (<b>, <code>, ...) dropped, entities read, runs of white space
+    one space."""
+    words = re.sub(r"<(br|/?(p|div|li|ul|ol|tr|td|th|table|h\d))\b[^>]*>", " ", html)
+    words = re.sub(r"<[^>]+>", "", words).replace("&lt;", "<").replace("&gt;", ">")
     return " ".join(words.replace("&amp;", "&").split())
 
 
