@@ -1,45 +1,30 @@
 """Notebook 18 (a model of today, SmolLM2): the conversation that keeps its cache, the chat
-widget, the figures, and the exercise checkers with their tables of typical wrong answers and
-of valid answers in other forms."""
+widget, the figures, and the exercise checkers with their tables of typical wrong answers
+(each with its diagnosis) and of valid answers in other forms."""
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
-from checker_cases import (
-    assert_answers_in_words,
-    case_id,
-    correct,
-    not_yet,
-    odd_answers,
-)
+from checker_cases import correct, not_yet
+from widget_checks import no_new_figures
 
 import kvlib
 from kvlib.chat import Conversation, reusable_prefix
 from kvlib.checkpoints.llama import to_half_columns, to_interleaved_columns
-from kvlib.exercises import model_of_today as ex18
-from kvlib.widgets import model_of_today as w18
+from kvlib.exercises import model_of_today as exercises
+from kvlib.widgets import model_of_today as widgets
 
 
 @pytest.fixture(scope="module")
-def params():
-    return kvlib.load_smollm2()
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return kvlib.smollm2_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def chatted(params, tokenizer):
-    conversation = Conversation(params, tokenizer)
+def chatted(smollm2, smollm2_tokenizer):
+    conversation = Conversation(smollm2, smollm2_tokenizer)
     replies = [conversation.say("What is 2+2?", 16), conversation.say("And 3+3?", 6)]
     return conversation, replies
 
 
 # --------------------------------------------------------------------------- the conversation
 
-def test_each_turn_prefills_only_its_new_text_and_the_cache_is_a_fresh_prefill(chatted, params):
+def test_each_turn_prefills_only_its_new_text_and_the_cache_is_a_fresh_prefill(chatted, smollm2):
     conversation, replies = chatted
     assert replies[0] == "The answer to this classic math problem is 4."
     kinds = [kind for kind, _, _ in conversation.spans]
@@ -48,7 +33,7 @@ def test_each_turn_prefills_only_its_new_text_and_the_cache_is_a_fresh_prefill(c
     for (_, _, end), (_, start, _) in zip(conversation.spans, conversation.spans[1:]):
         assert end == start, "the spans tile the cache"
     assert len(conversation.cache) == len(conversation.ids)
-    _, fresh = kvlib.prefill(params, conversation.ids)
+    _, fresh = kvlib.prefill(smollm2, conversation.ids)
     for layer in (0, 15, 29):
         np.testing.assert_allclose(conversation.cache.keys(layer), fresh.keys(layer),
                                    rtol=1e-4, atol=1e-4)
@@ -63,21 +48,21 @@ def test_the_rendered_conversation_starts_with_the_cached_ids(chatted):
         reusable_prefix(conversation.ids, again) == len(conversation.ids)
 
 
-def test_a_cut_reply_goes_on_with_its_last_token(params, tokenizer):
-    conversation = Conversation(params, tokenizer)
+def test_a_cut_reply_goes_on_with_its_last_token(smollm2, smollm2_tokenizer):
+    conversation = Conversation(smollm2, smollm2_tokenizer)
     cut = conversation.say("What is 2+2?", 3)                 # stopped by max_new_tokens
     assert cut == "The answer to"
     conversation.say("Go on.", 2)
     kinds = [kind for kind, _, _ in conversation.spans]
     assert kinds == ["turn", "reply", "turn", "reply"]
-    first_reply = conversation.spans[1]
-    assert tokenizer.decode(conversation.ids[first_reply[1]:first_reply[2]]) == "The answer to"
-    _, fresh = kvlib.prefill(params, conversation.ids)
+    _, start, end = conversation.spans[1]                  # the first reply
+    assert smollm2_tokenizer.decode(conversation.ids[start:end]) == "The answer to"
+    _, fresh = kvlib.prefill(smollm2, conversation.ids)
     np.testing.assert_allclose(conversation.cache.keys(29), fresh.keys(29), rtol=1e-4, atol=1e-4)
 
 
-def test_reset_and_bad_input(params, tokenizer):
-    conversation = Conversation(params, tokenizer, system="Be brief.", capacity=64)
+def test_reset_and_bad_input(smollm2, smollm2_tokenizer):
+    conversation = Conversation(smollm2, smollm2_tokenizer, system="Be brief.", capacity=64)
     with pytest.raises(ValueError, match="non-empty text"):
         conversation.say("   ")
     with pytest.raises(TypeError, match="whole number"):
@@ -90,9 +75,9 @@ def test_reset_and_bad_input(params, tokenizer):
     assert conversation.ids == [] and conversation.spans == [] and len(conversation.cache) == 0
     assert conversation.messages == [{"role": "system", "content": "Be brief."}]
     with pytest.raises(ValueError, match="chat model's tokenizer"):
-        Conversation(params, kvlib.Tokenizer.gpt2())
+        Conversation(smollm2, kvlib.Tokenizer.gpt2())
     with pytest.raises(TypeError, match="system must be text"):
-        Conversation(params, tokenizer, system=3)
+        Conversation(smollm2, smollm2_tokenizer, system=3)
 
 
 @pytest.mark.parametrize("cached, new, expected", [
@@ -105,10 +90,9 @@ def test_reusable_prefix(cached, new, expected):
 
 # --------------------------------------------------------------------------- widget and figures
 
-def test_the_chat_widget_answers_streams_and_draws_the_cache(params, tokenizer):
-    conversation = Conversation(params, tokenizer)
-    widget = w18.chat_widget(conversation, max_new_tokens=6)
-    figures = set(plt.get_fignums())
+def test_the_chat_widget_answers_streams_and_draws_the_cache(smollm2, smollm2_tokenizer):
+    conversation = Conversation(smollm2, smollm2_tokenizer)
+    widget = widgets.chat_widget(conversation, max_new_tokens=6)
     streamed = []
     original = conversation.say
 
@@ -119,27 +103,27 @@ def test_the_chat_widget_answers_streams_and_draws_the_cache(params, tokenizer):
         return original(text, max_new_tokens, on_token=recording)
 
     conversation.say = say_and_record
-    widget.controls["text"].value = "What is 2+2?"
-    widget.controls["send"].click()
-    assert widget.message.value == ""
-    assert "assistant:</b> The answer" in widget.transcript.value
-    assert len(streamed) >= 5 and streamed[0].endswith("The…")
-    assert "The cache holds" in widget.status.value and widget.controls["text"].value == ""
-    bars = [p for p in widget.figure.axes[0].patches if p.get_width() > 0]
-    assert sum(p.get_width() for p in bars) == len(conversation.ids)
-    widget.controls["text"].value = ""
-    widget.controls["send"].click()
-    assert "non-empty text" in widget.message.value
-    widget.controls["reset"].click()
-    assert conversation.ids == [] and "0 positions" in widget.status.value
-    assert set(plt.get_fignums()) == figures, "no figure leaks"
+    with no_new_figures():
+        widget.controls["text"].value = "What is 2+2?"
+        widget.controls["send"].click()
+        assert widget.message.value == ""
+        assert "assistant:</b> The answer" in widget.transcript.value
+        assert len(streamed) >= 5 and streamed[0].endswith("The…")
+        assert "The cache holds" in widget.status.value and widget.controls["text"].value == ""
+        bars = [p for p in widget.figure.axes[0].patches if p.get_width() > 0]
+        assert sum(p.get_width() for p in bars) == len(conversation.ids)
+        widget.controls["text"].value = ""
+        widget.controls["send"].click()
+        assert "non-empty text" in widget.message.value
+        widget.controls["reset"].click()
+        assert conversation.ids == [] and "0 positions" in widget.status.value
 
 
-def test_the_figures_have_labels(params):
+def test_the_figures_have_labels(smollm2):
     fig, axes = plt.subplots(4, 1)
-    w18.draw_q4_1_group(axes[0], np.linspace(-1, 1, 32), 2 / 15, -1.0)
-    w18.draw_pairings(axes[1:3], head_dim=8)
-    w18.draw_cache_growth(axes[3], params.config)
+    widgets.draw_q4_1_group(axes[0], np.linspace(-1, 1, 32), 2 / 15, -1.0)
+    widgets.draw_pairings(axes[1:3], head_dim=8)
+    widgets.draw_cache_growth(axes[3], smollm2.config)
     for ax in (axes[0], axes[3]):
         assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title()
     assert "23,040" in axes[3].get_legend().get_texts()[0].get_text()
@@ -155,40 +139,36 @@ def test_the_figures_have_labels(params):
     ("32768", "32768"),
 ])
 def test_exercise_1_diagnoses_typical_mistakes(answer, words):
-    not_yet(ex18.check_llama32_cache(answer), words)
+    not_yet(exercises.check_llama32_cache(answer), words)
 
 
 @pytest.mark.parametrize("answer", [32_768, 32768.0, np.int64(32_768), 2 * 16 * 8 * 64 * 2,
                                     np.array(32_768)])
 def test_exercise_1_accepts_the_answer_in_any_form(answer):
-    correct(ex18.check_llama32_cache(answer), "32,768 bytes")
+    correct(exercises.check_llama32_cache(answer), "32,768 bytes")
 
-
-@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
-def test_exercise_1_answers_anything_in_words(label, answer):
-    assert_answers_in_words(ex18.check_llama32_cache, answer)
 
 
 # --------------------------------------------------------------------------- exercise 2
 
 def test_exercise_2_diagnoses_typical_mistakes():
-    not_yet(ex18.check_to_interleaved(lambda W, h: W), "nothing moved")
-    not_yet(ex18.check_to_interleaved(lambda W, h: W.copy()), "nothing moved")
-    not_yet(ex18.check_to_interleaved(to_half_columns), "the inverse")
-    not_yet(ex18.check_to_interleaved(lambda W, h: to_interleaved_columns(W, 1)),
+    not_yet(exercises.check_to_interleaved(lambda W, h: W), "nothing moved")
+    not_yet(exercises.check_to_interleaved(lambda W, h: W.copy()), "nothing moved")
+    not_yet(exercises.check_to_interleaved(to_half_columns), "the inverse")
+    not_yet(exercises.check_to_interleaved(lambda W, h: to_interleaved_columns(W, 1)),
             "stay inside each head")
-    not_yet(ex18.check_to_interleaved(lambda W, h: to_interleaved_columns(W, h).T), "same shape")
-    not_yet(ex18.check_to_interleaved(lambda W, h: None), "not filled in")
-    not_yet(ex18.check_to_interleaved(lambda W, h: 1 / 0), "ZeroDivisionError")
-    not_yet(ex18.check_to_interleaved(lambda W, h: np.sort(W, axis=1)), "not in llama.cpp's")
+    not_yet(exercises.check_to_interleaved(lambda W, h: to_interleaved_columns(W, h).T),
+            "same shape")
+    not_yet(exercises.check_to_interleaved(lambda W, h: None), "not filled in")
+    not_yet(exercises.check_to_interleaved(lambda W, h: 1 / 0), "ZeroDivisionError")
+    not_yet(exercises.check_to_interleaved(lambda W, h: np.sort(W, axis=1)), "not in llama.cpp's")
 
     def in_place(W, n_heads):
         W[:] = to_interleaved_columns(W, n_heads)
         return W
 
-    not_yet(ex18.check_to_interleaved(in_place), "in place")
-    not_yet(ex18.check_to_interleaved(...), "not filled in")
-    not_yet(ex18.check_to_interleaved("reshape"), "a function")
+    not_yet(exercises.check_to_interleaved(in_place), "in place")
+    not_yet(exercises.check_to_interleaved("reshape"), "a function")
 
 
 def test_exercise_2_accepts_other_correct_forms():
@@ -201,45 +181,37 @@ def test_exercise_2_accepts_other_correct_forms():
     def as_list(W, n_heads):
         return to_interleaved_columns(W, n_heads).tolist()
 
-    namespace = {"np": np, "lesson18": ex18}
-    exec(ex18.SOLUTIONS[2], namespace)
+    namespace = {"np": np, "exercises": exercises}
+    exec(exercises.SOLUTIONS[2], namespace)
     for function in (with_indices, as_list, namespace["to_interleaved"], to_interleaved_columns):
-        correct(ex18.check_to_interleaved(function), "llama.cpp's converter")
+        correct(exercises.check_to_interleaved(function), "llama.cpp's converter")
 
-
-@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
-def test_exercise_2_answers_anything_in_words(label, answer):
-    assert_answers_in_words(ex18.check_to_interleaved, answer)
 
 
 # --------------------------------------------------------------------------- exercise 3
 
 def test_exercise_3_diagnoses_typical_mistakes():
-    expected = ex18.exercise3_answer()
-    cached = len(ex18.exercise3_ids(ex18.SYSTEM_BEFORE))
+    expected = exercises.exercise3_answer()
+    cached = len(exercises.exercise3_ids(exercises.SYSTEM_BEFORE))
     assert expected == 3 and cached > 40
-    not_yet(ex18.check_reusable_positions(cached), "not all of them")
-    not_yet(ex18.check_reusable_positions(expected + 1), "off by one")
-    not_yet(ex18.check_reusable_positions(expected - 1), "off by one")
-    not_yet(ex18.check_reusable_positions(0), "some positions survive")
-    not_yet(ex18.check_reusable_positions(17), "not 17")
+    not_yet(exercises.check_reusable_positions(cached), "not all of them")
+    not_yet(exercises.check_reusable_positions(expected + 1), "off by one")
+    not_yet(exercises.check_reusable_positions(expected - 1), "off by one")
+    not_yet(exercises.check_reusable_positions(0), "some positions survive")
+    not_yet(exercises.check_reusable_positions(17), "not 17")
 
 
 @pytest.mark.parametrize("answer", [3, 3.0, np.int32(3)])
 def test_exercise_3_accepts_the_answer_in_any_form(answer):
-    correct(ex18.check_reusable_positions(answer), "3 of the")
+    correct(exercises.check_reusable_positions(answer), "3 of the")
 
-
-@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
-def test_exercise_3_answers_anything_in_words(label, answer):
-    assert_answers_in_words(ex18.check_reusable_positions, answer)
 
 
 def test_the_solutions_pass_and_unknown_ones_are_refused():
-    namespace = {"np": np, "lesson18": ex18}
-    exec(ex18.SOLUTIONS[1], namespace)
-    correct(ex18.check_llama32_cache(namespace["answer"]), "32,768")
-    exec(ex18.SOLUTIONS[3], namespace)
-    correct(ex18.check_reusable_positions(namespace["answer"]), "3 of the")
+    namespace = {"np": np, "exercises": exercises}
+    exec(exercises.SOLUTIONS[1], namespace)
+    correct(exercises.check_llama32_cache(namespace["answer"]), "32,768")
+    exec(exercises.SOLUTIONS[3], namespace)
+    correct(exercises.check_reusable_positions(namespace["answer"]), "3 of the")
     with pytest.raises(ValueError, match="no exercise 9"):
-        ex18.solution(9)
+        exercises.solution(9)
