@@ -6,14 +6,12 @@ and the table."""
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import lessons
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import lessons  # noqa: E402
 
 GUIDE = (ROOT / "docs/instructor-guide.md").read_text(encoding="utf-8")
 
