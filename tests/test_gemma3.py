@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers_references import arrays
 
 from kvlib import gemma3
 from kvlib.checkpoints import gemma3 as checkpoint
@@ -62,14 +63,12 @@ def params():
 
 @pytest.fixture(scope="module")
 def real():
-    with np.load(REFERENCE / "real.npz") as data:
-        return dict(data)
+    return arrays(REFERENCE / "real.npz")
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    with np.load(REFERENCE / "tiny.npz") as data:
-        return dict(data)
+    return arrays(REFERENCE / "tiny.npz")
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from transformers_references import arrays
 
 import kvlib
 from kvlib.checkpoints import smollm2 as checkpoint
@@ -19,8 +20,7 @@ REFERENCE = Path(__file__).parent / "data" / "smollm2-reference"
 
 @pytest.fixture(scope="module")
 def recorded():
-    with np.load(REFERENCE / "reference.npz") as data:
-        return dict(data)
+    return arrays(REFERENCE / "reference.npz")
 
 
 # --------------------------------------------------------------------------- the file
