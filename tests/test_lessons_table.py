@@ -35,6 +35,12 @@ def test_a_lesson_is_found_by_slug_or_number():
         lessons.find("no_such_lesson")
 
 
+@pytest.mark.parametrize("lesson", lessons.load(), ids=lambda lesson: lesson.slug)
+def test_every_lesson_has_a_test_file_named_by_its_slug(lesson):
+    """`make test LESSON=<slug>` runs tests/test_<slug>*.py and the notebook: one file each."""
+    assert f"tests/test_{lesson.slug}.py" in lessons.lesson_files(lesson)
+
+
 def test_references_move_with_their_lessons_in_one_pass():
     moved = {1: 2, 2: 3}
     text = ("notebook 01, notebooks 01-02, lessons 00, 01 and 02, Notebook 02's, "
