@@ -11,8 +11,8 @@ For each of them:
   never with an exception, 10**5000 (which Python refuses to print) included;
 - anything hypothesis builds (student_answers) is answered in plain words;
 - a checker that takes a function answers in words whatever the function returns or raises;
-- its lesson's notebook calls it once, on the student's untouched answer, and the committed
-  output says "not filled in yet".
+- its lesson's notebook calls it once, on the student's untouched answer (`answer`, or the
+  name in CALLED_ON), and the committed output says "not filled in yet".
 
 Every lesson's solutions are shown with their code. The lessons' test modules hold each
 checker's tables of typical wrong answers (each with its diagnosis) and of valid answers in
@@ -146,6 +146,14 @@ MORE_ARGUMENTS = {
 }
 """Checkers given more than the answer in their notebook: a maker of the other arguments (each
 checker is also called on the answer alone)."""
+CALLED_ON = {
+    "prefill.check_serve": "answer, server_cache",
+    "model_of_today.check_to_interleaved": "to_interleaved",
+    "quantized_cache.check_codes": "codes",
+    "quantized_cache.check_codes_with_fixed_scale": "codes_next",
+    "the_engine.check_tokens_to_look_up": "tokens_to_look_up",
+}
+"""What a notebook calls a checker on, where it is not `answer`."""
 KNOWN_FAILURES = {
     # checker: (what its known failure says, a regular expression), where the bug is
     "positions_and_rope.check_continue": (
@@ -296,7 +304,8 @@ def test_the_notebook_calls_each_checker_once_on_an_untouched_answer(lesson):
     notebook = json.loads((lessons.ROOT / lesson.notebook).read_text(encoding="utf-8"))
     cells = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
     for name in (name for name in CHECKERS if name.startswith(f"{lesson.slug}.")):
-        call = re.compile(rf"^exercises\.{name.split('.')[1]}\(\w+(, \w+)?\)$", re.M)
+        arguments = re.escape(CALLED_ON.get(name, "answer"))
+        call = re.compile(rf"^exercises\.{name.split('.')[1]}\({arguments}\)$", re.M)
         calling = [cell for cell in cells if call.search("".join(cell["source"]))]
         assert len(calling) == 1, f"{name} is called in {len(calling)} cells"
         shown = cell_text(calling[0]["outputs"][-1])
