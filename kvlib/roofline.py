@@ -119,6 +119,8 @@ def roofline_time(flops, n_bytes, compute_rate: float, bandwidth: float):
     if flops.shape != n_bytes.shape and flops.ndim and n_bytes.ndim:
         raise ValueError(f"flops and n_bytes must have one shape, got {flops.shape} and "
                          f"{n_bytes.shape}")
+    if (flops < 0).any() or (n_bytes < 0).any():
+        raise ValueError("flops and n_bytes count work and bytes: they cannot be negative")
     times = np.maximum(flops.astype(np.float64) / compute_rate,
                        n_bytes.astype(np.float64) / bandwidth)
     return float(times) if times.ndim == 0 else times

@@ -16,6 +16,15 @@ def run_script(script: Path, *options) -> str:
     return result.stdout
 
 
+def refused(script: Path, *options) -> str:
+    """The script's standard error when it refuses the options: it must exit non-zero, within a
+    minute."""
+    result = subprocess.run([sys.executable, str(script), *options], capture_output=True,
+                            text=True, timeout=60, cwd=ROOT)
+    assert result.returncode != 0, result.stdout
+    return result.stderr
+
+
 def table_rows(output: str, first_header: str):
     """The header line and the rows (lists of cells) of the table whose first column is
     first_header."""

@@ -6,7 +6,6 @@ README's badge and per-notebook links follow the documented forms for every note
 `make binder-check` then builds that environment for real and runs every notebook in it.
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import set_repo_links
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -206,16 +206,8 @@ def test_instructor_guide_names_the_misconceptions_the_issue_lists():
     assert "JupyterHub" in guide and "binder/requirements.txt" in guide
 
 
-def load_link_tool():
-    spec = importlib.util.spec_from_file_location("set_repo_links",
-                                                  ROOT / "tools" / "set_repo_links.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_make_links_points_every_link_at_a_fork_and_only_those():
-    tool = load_link_tool()
+    tool = set_repo_links
     text = ("[![Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/"
             "OWNER/REPO/main?urlpath=lab/tree/notebooks/00_big_picture.ipynb)\n"
             "| [view](https://nbviewer.org/github/OWNER/REPO/blob/main/notebooks/03_x.ipynb) |\n"
@@ -237,4 +229,4 @@ def test_make_links_points_every_link_at_a_fork_and_only_those():
 @pytest.mark.parametrize("repo", ["alice", "alice/kv/extra", "-alice/kv", "alice/kv cache", ""])
 def test_make_links_refuses_what_is_not_owner_slash_name(repo):
     with pytest.raises(ValueError, match="owner/name"):
-        load_link_tool().rewrite("https://mybinder.org/v2/gh/OWNER/REPO/main", repo)
+        set_repo_links.rewrite("https://mybinder.org/v2/gh/OWNER/REPO/main", repo)

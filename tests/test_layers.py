@@ -9,14 +9,12 @@
 """
 
 import ast
-import sys
 from pathlib import Path
 
+import lessons
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import lessons  # noqa: E402
 
 SLUGS = {lesson.slug for lesson in lessons.load()}
 LESSON_PACKAGES = ("kvlib.exercises", "kvlib.widgets")

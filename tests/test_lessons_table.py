@@ -6,14 +6,12 @@ and the table."""
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import lessons
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import lessons  # noqa: E402
 
 GUIDE = (ROOT / "docs/instructor-guide.md").read_text(encoding="utf-8")
 
@@ -38,6 +36,12 @@ def test_a_lesson_is_found_by_slug_or_number():
     assert lessons.lesson_files(lessons.find("08"))[-1] == "notebooks/08_kv_cached_decode.ipynb"
     with pytest.raises(SystemExit, match="no lesson"):
         lessons.find("no_such_lesson")
+
+
+@pytest.mark.parametrize("lesson", lessons.load(), ids=lambda lesson: lesson.slug)
+def test_every_lesson_has_a_test_file_named_by_its_slug(lesson):
+    """`make test LESSON=<slug>` runs tests/test_<slug>*.py and the notebook: one file each."""
+    assert f"tests/test_{lesson.slug}.py" in lessons.lesson_files(lesson)
 
 
 def test_references_move_with_their_lessons_in_one_pass():

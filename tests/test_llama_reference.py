@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import models, token_lists
+from transformers_references import prompts, reference_fixtures
 
 import kvlib
 from kvlib.checkpoints import llama
@@ -22,24 +23,7 @@ REFERENCE = Path(__file__).parent / "data" / "llama-reference"
 PROPERTY = settings(max_examples=40, deadline=None)
 
 
-@pytest.fixture(scope="module")
-def recorded():
-    with np.load(REFERENCE / "reference.npz") as data:
-        return dict(data)
-
-
-@pytest.fixture(scope="module")
-def wide():
-    return llama.load(REFERENCE, dtype="float64")
-
-
-@pytest.fixture(scope="module")
-def narrow():
-    return llama.load(REFERENCE, dtype="float32")
-
-
-def prompts(recorded):
-    return [recorded[f"prompt_{i}"] for i in range(4)]
+recorded, wide, narrow = reference_fixtures(REFERENCE, llama.load)
 
 
 def test_the_checkpoint_is_what_transformers_wrote(wide):

@@ -1,49 +1,30 @@
 """Notebook 18 (a model of today, SmolLM2): the conversation that keeps its cache, the chat
-widget, the figures, and the exercise checkers with their tables of typical wrong answers and
-of valid answers in other forms."""
+widget, the figures, and the exercise checkers with their tables of typical wrong answers
+(each with its diagnosis) and of valid answers in other forms."""
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import correct, not_yet
+from widget_checks import no_new_figures
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
-    assert_answers_in_words,
-    case_id,
-    correct,
-    not_yet,
-    odd_answers,
-)
-
-import kvlib  # noqa: E402
-from kvlib.chat import Conversation, reusable_prefix  # noqa: E402
-from kvlib.checkpoints.llama import to_half_columns, to_interleaved_columns  # noqa: E402
-from kvlib.exercises import model_of_today as ex18  # noqa: E402
-from kvlib.widgets import model_of_today as w18  # noqa: E402
+import kvlib
+from kvlib.chat import Conversation, reusable_prefix
+from kvlib.checkpoints.llama import to_half_columns, to_interleaved_columns
+from kvlib.exercises import model_of_today as exercises
+from kvlib.widgets import model_of_today as widgets
 
 
 @pytest.fixture(scope="module")
-def params():
-    return kvlib.load_smollm2()
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return kvlib.smollm2_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def chatted(params, tokenizer):
-    conversation = Conversation(params, tokenizer)
+def chatted(smollm2, smollm2_tokenizer):
+    conversation = Conversation(smollm2, smollm2_tokenizer)
     replies = [conversation.say("What is 2+2?", 16), conversation.say("And 3+3?", 6)]
     return conversation, replies
 
 
 # --------------------------------------------------------------------------- the conversation
 
-def test_each_turn_prefills_only_its_new_text_and_the_cache_is_a_fresh_prefill(chatted, params):
+def test_each_turn_prefills_only_its_new_text_and_the_cache_is_a_fresh_prefill(chatted, smollm2):
     conversation, replies = chatted
     assert replies[0] == "The answer to this classic math problem is 4."
     kinds = [kind for kind, _, _ in conversation.spans]
@@ -52,7 +33,7 @@ def test_each_turn_prefills_only_its_new_text_and_the_cache_is_a_fresh_prefill(c
     for (_, _, end), (_, start, _) in zip(conversation.spans, conversation.spans[1:]):
         assert end == start, "the spans tile the cache"
     assert len(conversation.cache) == len(conversation.ids)
-    _, fresh = kvlib.prefill(params, conversation.ids)
+    _, fresh = kvlib.prefill(smollm2, conversation.ids)
     for layer in (0, 15, 29):
         np.testing.assert_allclose(conversation.cache.keys(layer), fresh.keys(layer),
                                    rtol=1e-4, atol=1e-4)
@@ -67,21 +48,21 @@ def test_the_rendered_conversation_starts_with_the_cached_ids(chatted):
         reusable_prefix(conversation.ids, again) == len(conversation.ids)
 
 
-def test_a_cut_reply_goes_on_with_its_last_token(params, tokenizer):
-    conversation = Conversation(params, tokenizer)
+def test_a_cut_reply_goes_on_with_its_last_token(smollm2, smollm2_tokenizer):
+    conversation = Conversation(smollm2, smollm2_tokenizer)
     cut = conversation.say("What is 2+2?", 3)                 # stopped by max_new_tokens
     assert cut == "The answer to"
     conversation.say("Go on.", 2)
     kinds = [kind for kind, _, _ in conversation.spans]
     assert kinds == ["turn", "reply", "turn", "reply"]
-    first_reply = conversation.spans[1]
-    assert tokenizer.decode(conversation.ids[first_reply[1]:first_reply[2]]) == "The answer to"
-    _, fresh = kvlib.prefill(params, conversation.ids)
+    _, start, end = conversation.spans[1]                  # the first reply
+    assert smollm2_tokenizer.decode(conversation.ids[start:end]) == "The answer to"
+    _, fresh = kvlib.prefill(smollm2, conversation.ids)
     np.testing.assert_allclose(conversation.cache.keys(29), fresh.keys(29), rtol=1e-4, atol=1e-4)
 
 
-def test_reset_and_bad_input(params, tokenizer):
-    conversation = Conversation(params, tokenizer, system="Be brief.", capacity=64)
+def test_reset_and_bad_input(smollm2, smollm2_tokenizer):
+    conversation = Conversation(smollm2, smollm2_tokenizer, system="Be brief.", capacity=64)
     with pytest.raises(ValueError, match="non-empty text"):
         conversation.say("   ")
     with pytest.raises(TypeError, match="whole number"):
@@ -94,9 +75,9 @@ def test_reset_and_bad_input(params, tokenizer):
     assert conversation.ids == [] and conversation.spans == [] and len(conversation.cache) == 0
     assert conversation.messages == [{"role": "system", "content": "Be brief."}]
     with pytest.raises(ValueError, match="chat model's tokenizer"):
-        Conversation(params, kvlib.Tokenizer.gpt2())
+        Conversation(smollm2, kvlib.Tokenizer.gpt2())
     with pytest.raises(TypeError, match="system must be a str or None"):
-        Conversation(params, tokenizer, system=3)
+        Conversation(smollm2, smollm2_tokenizer, system=3)
 
 
 @pytest.mark.parametrize("cached, new, expected", [
@@ -109,10 +90,9 @@ def test_reusable_prefix(cached, new, expected):
 
 # --------------------------------------------------------------------------- widget and figures
 
-def test_the_chat_widget_answers_streams_and_draws_the_cache(params, tokenizer):
-    conversation = Conversation(params, tokenizer)
-    widget = w18.chat_widget(conversation, max_new_tokens=6)
-    figures = set(plt.get_fignums())
+def test_the_chat_widget_answers_streams_and_draws_the_cache(smollm2, smollm2_tokenizer):
+    conversation = Conversation(smollm2, smollm2_tokenizer)
+    widget = widgets.chat_widget(conversation, max_new_tokens=6)
     streamed = []
     original = conversation.say
 
@@ -123,33 +103,33 @@ def test_the_chat_widget_answers_streams_and_draws_the_cache(params, tokenizer):
         return original(text, max_new_tokens, on_token=recording)
 
     conversation.say = say_and_record
-    widget.controls["text"].value = "What is 2+2?"
-    widget.controls["send"].click()
-    assert widget.message.value == ""
-    assert "assistant:</b> The answer" in widget.transcript.value
-    assert len(streamed) >= 5 and streamed[0].endswith("The…")
-    assert "The cache holds" in widget.status.value and widget.controls["text"].value == ""
-    bars = [p for p in widget.figure.axes[0].patches if p.get_width() > 0]
-    assert sum(p.get_width() for p in bars) == len(conversation.ids)
-    before = widget.transcript.value
-    widget.controls["text"].value = "   "
-    widget.controls["send"].click()
-    assert widget.message.value.startswith("<b>Not sent:</b>") and "type a message" in \
-        widget.message.value
-    assert widget.transcript.value == before, "a refused message is no user turn"
-    widget.controls["text"].value = "x" * 20_000
-    widget.controls["send"].click()
-    assert "20,000 characters" in widget.message.value and widget.transcript.value == before
-    widget.controls["reset"].click()
-    assert conversation.ids == [] and "0 positions" in widget.status.value
-    assert set(plt.get_fignums()) == figures, "no figure leaks"
+    with no_new_figures():
+            widget.controls["text"].value = "What is 2+2?"
+            widget.controls["send"].click()
+            assert widget.message.value == ""
+            assert "assistant:</b> The answer" in widget.transcript.value
+            assert len(streamed) >= 5 and streamed[0].endswith("The…")
+            assert "The cache holds" in widget.status.value and widget.controls["text"].value == ""
+            bars = [p for p in widget.figure.axes[0].patches if p.get_width() > 0]
+            assert sum(p.get_width() for p in bars) == len(conversation.ids)
+            before = widget.transcript.value
+            widget.controls["text"].value = "   "
+            widget.controls["send"].click()
+            assert widget.message.value.startswith("<b>Not sent:</b>") and "type a message" in \
+                widget.message.value
+            assert widget.transcript.value == before, "a refused message is no user turn"
+            widget.controls["text"].value = "x" * 20_000
+            widget.controls["send"].click()
+            assert "20,000 characters" in widget.message.value and widget.transcript.value == before
+            widget.controls["reset"].click()
+            assert conversation.ids == [] and "0 positions" in widget.status.value
 
 
-def test_the_figures_have_labels(params):
+def test_the_figures_have_labels(smollm2):
     fig, axes = plt.subplots(4, 1)
-    w18.draw_q4_1_group(axes[0], np.linspace(-1, 1, 32), 2 / 15, -1.0)
-    w18.draw_pairings(axes[1:3], head_dim=8)
-    w18.draw_cache_growth(axes[3], params.config)
+    widgets.draw_q4_1_group(axes[0], np.linspace(-1, 1, 32), 2 / 15, -1.0)
+    widgets.draw_pairings(axes[1:3], head_dim=8)
+    widgets.draw_cache_growth(axes[3], smollm2.config)
     for ax in (axes[0], axes[3]):
         assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title()
     assert "23,040" in axes[3].get_legend().get_texts()[0].get_text()
@@ -165,41 +145,36 @@ def test_the_figures_have_labels(params):
     ("32768", "32768"),
 ])
 def test_exercise_1_diagnoses_typical_mistakes(answer, words):
-    not_yet(ex18.check_llama32_cache(answer), words)
+    not_yet(exercises.check_llama32_cache(answer), words)
 
 
 @pytest.mark.parametrize("answer", [32_768, 32768.0, np.int64(32_768), 2 * 16 * 8 * 64 * 2,
                                     np.array(32_768)])
 def test_exercise_1_accepts_the_answer_in_any_form(answer):
-    correct(ex18.check_llama32_cache(answer), "32,768 bytes")
-
-
-@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
-def test_exercise_1_answers_anything_in_words(label, answer):
-    assert_answers_in_words(ex18.check_llama32_cache, answer)
+    correct(exercises.check_llama32_cache(answer), "32,768 bytes")
 
 
 # --------------------------------------------------------------------------- exercise 2
 
 def test_exercise_2_diagnoses_typical_mistakes():
-    not_yet(ex18.check_to_interleaved(lambda W, h: W), "nothing moved")
-    not_yet(ex18.check_to_interleaved(lambda W, h: W.copy()), "nothing moved")
-    not_yet(ex18.check_to_interleaved(to_half_columns), "the inverse")
-    not_yet(ex18.check_to_interleaved(lambda W, h: to_interleaved_columns(W, 1)),
+    not_yet(exercises.check_to_interleaved(lambda W, h: W), "nothing moved")
+    not_yet(exercises.check_to_interleaved(lambda W, h: W.copy()), "nothing moved")
+    not_yet(exercises.check_to_interleaved(to_half_columns), "the inverse")
+    not_yet(exercises.check_to_interleaved(lambda W, h: to_interleaved_columns(W, 1)),
             "stay inside each head")
-    not_yet(ex18.check_to_interleaved(lambda W, h: to_interleaved_columns(W, h).T), "same shape")
-    not_yet(ex18.check_to_interleaved(lambda W, h: None), "returned None")
-    not_yet(ex18.check_to_interleaved(lambda W, h: ...), "not filled in")
-    not_yet(ex18.check_to_interleaved(lambda W, h: 1 / 0), "ZeroDivisionError")
-    not_yet(ex18.check_to_interleaved(lambda W, h: np.sort(W, axis=1)), "not in llama.cpp's")
+    not_yet(exercises.check_to_interleaved(lambda W, h: to_interleaved_columns(W, h).T),
+            "same shape")
+    not_yet(exercises.check_to_interleaved(lambda W, h: None), "returned None")
+    not_yet(exercises.check_to_interleaved(lambda W, h: ...), "not filled in")
+    not_yet(exercises.check_to_interleaved(lambda W, h: 1 / 0), "ZeroDivisionError")
+    not_yet(exercises.check_to_interleaved(lambda W, h: np.sort(W, axis=1)), "not in llama.cpp's")
 
     def in_place(W, n_heads):
         W[:] = to_interleaved_columns(W, n_heads)
         return W
 
-    not_yet(ex18.check_to_interleaved(in_place), "in place")
-    not_yet(ex18.check_to_interleaved(...), "not filled in")
-    not_yet(ex18.check_to_interleaved("reshape"), "a function")
+    not_yet(exercises.check_to_interleaved(in_place), "in place")
+    not_yet(exercises.check_to_interleaved("reshape"), "a function")
 
 
 def test_exercise_2_accepts_other_correct_forms():
@@ -212,76 +187,66 @@ def test_exercise_2_accepts_other_correct_forms():
     def as_list(W, n_heads):
         return to_interleaved_columns(W, n_heads).tolist()
 
-    namespace = {"np": np, "exercises": ex18}
-    exec(ex18.SOLUTIONS[2], namespace)
+    namespace = {"np": np, "exercises": exercises}
+    exec(exercises.SOLUTIONS[2], namespace)
     for function in (with_indices, as_list, namespace["to_interleaved"], to_interleaved_columns):
-        correct(ex18.check_to_interleaved(function), "llama.cpp's converter")
-
-
-@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
-def test_exercise_2_answers_anything_in_words(label, answer):
-    assert_answers_in_words(ex18.check_to_interleaved, answer)
+        correct(exercises.check_to_interleaved(function), "llama.cpp's converter")
 
 
 # --------------------------------------------------------------------------- exercise 3
 
 def test_exercise_3_diagnoses_typical_mistakes():
-    expected = ex18.exercise3_answer()
-    cached = len(ex18.exercise3_ids(ex18.SYSTEM_BEFORE))
+    expected = exercises.exercise3_answer()
+    cached = len(exercises.exercise3_ids(exercises.SYSTEM_BEFORE))
     assert expected == 9 and cached > 40
-    not_yet(ex18.check_reusable_positions(cached), "not all of them")
-    not_yet(ex18.check_reusable_positions(3), "header alone")
-    not_yet(ex18.check_reusable_positions(expected + 1), "off by one")
-    not_yet(ex18.check_reusable_positions(expected - 1), "off by one")
-    not_yet(ex18.check_reusable_positions(0), "some positions survive")
-    not_yet(ex18.check_reusable_positions(17), "not 17")
+    not_yet(exercises.check_reusable_positions(cached), "not all of them")
+    not_yet(exercises.check_reusable_positions(3), "header alone")
+    not_yet(exercises.check_reusable_positions(expected + 1), "off by one")
+    not_yet(exercises.check_reusable_positions(expected - 1), "off by one")
+    not_yet(exercises.check_reusable_positions(0), "some positions survive")
+    not_yet(exercises.check_reusable_positions(17), "not 17")
 
 
 @pytest.mark.parametrize("answer", [9, 9.0, np.int32(9), [9], np.array([9])])
 def test_exercise_3_accepts_the_answer_in_any_form(answer):
-    correct(ex18.check_reusable_positions(answer), "9 of the")
-
-
-@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
-def test_exercise_3_answers_anything_in_words(label, answer):
-    assert_answers_in_words(ex18.check_reusable_positions, answer)
+    correct(exercises.check_reusable_positions(answer), "9 of the")
 
 
 def test_the_solutions_pass_and_unknown_ones_are_refused():
-    namespace = {"np": np, "exercises": ex18}
-    exec(ex18.SOLUTIONS[1], namespace)
-    correct(ex18.check_llama32_cache(namespace["answer"]), "32,768")
-    exec(ex18.SOLUTIONS[3], namespace)
-    correct(ex18.check_reusable_positions(namespace["answer"]), "9 of the")
+    namespace = {"np": np, "exercises": exercises}
+    exec(exercises.SOLUTIONS[1], namespace)
+    correct(exercises.check_llama32_cache(namespace["answer"]), "32,768")
+    exec(exercises.SOLUTIONS[3], namespace)
+    correct(exercises.check_reusable_positions(namespace["answer"]), "9 of the")
     with pytest.raises(ValueError, match="no exercise 9"):
-        ex18.solution(9)
+        exercises.solution(9)
 
 
 # the read-through's answers that got the wrong words ------------------------------------------
 
 def test_exercise_1_refuses_a_number_in_two_levels_of_brackets():
-    feedback = ex18.check_llama32_cache([[ex18.llama32_bytes_per_token()]])
+    feedback = exercises.check_llama32_cache([[exercises.llama32_bytes_per_token()]])
     assert not feedback.passed and "two levels of brackets" in feedback.message
 
 
 def test_exercise_2_takes_the_right_reordering_in_float32():
     from kvlib.checkpoints.llama import to_interleaved_columns
 
-    assert ex18.check_to_interleaved(
+    assert exercises.check_to_interleaved(
         lambda W, n: to_interleaved_columns(W, n).astype(np.float32)).passed
 
 
 def test_exercise_2_says_when_the_function_forgot_to_return():
     def forgot(W, n_heads):
         W[:, :0]
-    feedback = ex18.check_to_interleaved(forgot)
+    feedback = exercises.check_to_interleaved(forgot)
     assert not feedback.passed and "return" in feedback.message
     assert "not filled in" not in feedback.message
 
 
-def test_the_chat_widget_shows_no_user_turn_after_an_interrupted_send(params, tokenizer):
-    conversation = Conversation(params, tokenizer)
-    widget = w18.chat_widget(conversation, max_new_tokens=6)
+def test_the_chat_widget_shows_no_user_turn_after_an_interrupted_send(smollm2, smollm2_tokenizer):
+    conversation = Conversation(smollm2, smollm2_tokenizer)
+    widget = widgets.chat_widget(conversation, max_new_tokens=6)
 
     def interrupted(text, max_new_tokens, on_token=None):
         on_token("The")
@@ -295,9 +260,9 @@ def test_the_chat_widget_shows_no_user_turn_after_an_interrupted_send(params, to
     assert widget.controls["text"].value == "What is 2+2?", "the message waits to be sent again"
 
 
-def test_enter_sends_as_the_button_does(params, tokenizer):
-    conversation = Conversation(params, tokenizer)
-    widget = w18.chat_widget(conversation, max_new_tokens=3)
+def test_enter_sends_as_the_button_does(smollm2, smollm2_tokenizer):
+    conversation = Conversation(smollm2, smollm2_tokenizer)
+    widget = widgets.chat_widget(conversation, max_new_tokens=3)
     widget.controls["text"].value = "Hi"
     widget.controls["text"]._submission_callbacks(widget.controls["text"])
     assert "assistant:</b>" in widget.transcript.value and conversation.ids

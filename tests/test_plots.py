@@ -2,22 +2,12 @@
 told apart (as one artist however many there are), colour scales, row maxima, labels."""
 
 import matplotlib
+import numpy as np
+import pytest
+from matplotlib.patches import Rectangle
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
-
-import kvlib  # noqa: E402
-from kvlib import plots  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
+import kvlib
+from kvlib import plots
 
 
 def outlined_boxes(ax):

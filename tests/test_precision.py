@@ -3,7 +3,6 @@ the 16-bit emulation put back after use, cached against recomputed and padded ag
 equal in float64 on random architectures, the comparison's counts on hand-made logits, and
 the committed table against what the tool computes."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -144,14 +143,6 @@ def test_comparison_counts_flips_and_the_gap_they_needed():
     assert result.as_dict()["flips"] == 1
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("measure_precision",
-                                                  ROOT / "tools" / "measure_precision.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_committed_table_has_every_row_and_the_orders_of_size_the_lesson_states():
     measured = precision.measured()
     assert measured["command"].startswith("python tools/measure_precision.py")
@@ -168,7 +159,7 @@ def test_the_committed_table_has_every_row_and_the_orders_of_size_the_lesson_sta
 def test_the_tool_gives_the_committed_story_numbers_on_its_first_windows(monkeypatch):
     """The tool again, on 2 of the 48 story windows: float64 and float32 as committed (no
     flips, differences within the pooled largest), and the 16-bit rows nonzero."""
-    tool = _tool()
+    import measure_precision as tool
     monkeypatch.setitem(tool.SIZES, "stories", (2, 40))
     again = {(row["format"], row["where"]): row for row in tool.measure("stories")["rows"]}
     committed = {(row["format"], row["where"]): row

@@ -1,81 +1,36 @@
 """Notebook 12 (a real model: GPT-2's architecture): the notebook run headless, its
 constructions proven equal to kvlib on random GPT-2-architecture models (the block, the decode
-step at any position, the cache, the bias count), its position widget driven headless, its
-exercise checkers with tables of wrong answers, valid answers in other forms and a fuzz of odd
-inputs; and the benchmark's GPT-2 options."""
+step at any position, the cache, the bias count), its position widget driven headless on the
+stories model, and its exercise checkers with tables of typical wrong answers (each with its
+diagnosis) and of valid answers in other forms."""
 
-import matplotlib
+from pathlib import Path
 
-matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import correct, not_yet
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from notebook_runs import assert_solutions_pass, code_cells, run_notebook
+from strategies import configs, token_lists
+from widget_checks import no_new_figures
 
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import kvlib
+from kvlib import gpt2
+from kvlib.exercises import real_model as exercises
+from kvlib.widgets import real_model as widgets
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from benchmark_runs import run_script  # noqa: E402
-from checker_cases import (  # noqa: E402
-    assert_answers_in_words,
-    case_id,
-    correct,
-    not_yet,
-    odd_answers,
-    student_answers,
-)
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import configs, token_lists  # noqa: E402
-
-import kvlib  # noqa: E402
-from kvlib import gpt2, stories  # noqa: E402
-from kvlib.exercises import real_model as ex12  # noqa: E402
-from kvlib.exercises.base import Feedback  # noqa: E402
-from kvlib.widgets import real_model as w12  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "notebooks" / "12_real_model.ipynb"
 TOLERANCE = 1e-10
 PROPERTY = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
-
-
-def code_cells():
-    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
-    return [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
-
-
-def run_notebook():
-    """The notebook's code cells run in order: (variables, the printed text of each cell)."""
-    variables, printed = {"__name__": "__notebook__"}, []
-    for cell in code_cells():
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            exec(compile("".join(cell["source"]), NOTEBOOK.name, "exec"), variables)
-        printed.append(out.getvalue())
-        plt.close("all")
-    return variables, printed
-
-
 @pytest.fixture(scope="module")
 def executed():
-    return run_notebook()
-
-
-def story_model():
-    directory = ROOT / "kvlib" / "models" / "stories"
-    return gpt2.load(directory, dtype="float64"), stories.StoryTokenizer.from_directory(directory)
+    """The notebook's variables, and the text each code cell printed."""
+    printed = []
+    return run_notebook("real_model", printed=printed), printed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,40 +38,31 @@ def story_model():
 # ---------------------------------------------------------------------------------------------
 
 def test_only_the_widget_cell_is_not_compared():
-    for index, cell in enumerate(code_cells()):
+    for index, cell in enumerate(code_cells("real_model")):
         source, tags = "".join(cell["source"]), cell["metadata"].get("tags", [])
         shows_widget = "position_explorer(" in source and source.rstrip().endswith("explorer")
         assert ("nbval-ignore-output" in tags) == shows_widget, (index, source)
 
 
 def test_the_notebook_has_no_gpt2_124m_cells_now_that_13_runs_them():
-    sources = "".join("".join(cell["source"]) for cell in code_cells())
+    sources = "".join("".join(cell["source"]) for cell in code_cells("real_model"))
     assert "find_weights" not in sources and "PUBLISHED_PROMPT" not in sources
 
 
-def test_the_notebook_leaves_the_exercises_open_and_its_broken_step_fails(executed):
-    variables, _ = executed
-    assert variables["answer"] is ...
-    not_yet(ex12.check_decode_position(variables["decode_step_broken"]), "row 0")
+def test_every_solution_passes_in_the_notebooks_variables(executed):
+    assert_solutions_pass(executed[0], exercises, {1: exercises.check_decode_position,
+                                                   2: exercises.check_xl_cache})
 
 
-@pytest.mark.parametrize("number, checker", [(1, ex12.check_decode_position),
-                                             (2, ex12.check_xl_cache)])
-def test_solutions_pass_in_the_notebooks_namespace(executed, number, checker):
-    scope = dict(executed[0])
-    exec(ex12.SOLUTIONS[number], scope)
-    correct(checker(scope["answer"]))
+def test_the_notebooks_broken_step_fails_with_its_diagnosis(executed):
+    not_yet(exercises.check_decode_position(executed[0]["decode_step_broken"]), "row 0")
 
 
-def test_solution_display():
-    shown = ex12.solution(1)
-    assert "Solution to exercise 1" in shown.data and "len(cache)" in shown.data
-    with pytest.raises(ValueError, match="no exercise 9"):
-        ex12.solution(9)
-
-    assert "exercise 3" not in "".join(ex12.SOLUTIONS.values()).lower()
+def test_exercise_3_moved_to_notebook_13_as_its_exercise_1():
+    assert "len(cache)" in exercises.SOLUTIONS[1]
+    assert "exercise 3" not in "".join(exercises.SOLUTIONS.values()).lower()
     with pytest.raises(ValueError, match="no exercise 3"):
-        ex12.solution(3)                  # exercise 3 moved to notebook 13, as its exercise 1
+        exercises.solution(3)
 # ---------------------------------------------------------------------------------------------
 # The notebook's constructions equal kvlib's on random GPT-2-architecture models (float64)
 # ---------------------------------------------------------------------------------------------
@@ -147,15 +93,15 @@ def test_the_block_by_hand_is_kvlibs_decoder_block(executed, model, data):
 @PROPERTY
 @given(gpt2_models(), st.data())
 def test_a_step_at_len_cache_equals_recomputation_and_other_rows_do_not(model, data):
-    """The notebook's decode step by hand (ex12.decode_at_position at len(cache)) equals
+    """The notebook's decode step by hand (exercises.decode_at_position at len(cache)) equals
     kvlib.decode_step and kvlib.forward; so does the exercise's solution."""
     params, config = model
     ids = token_lists(data.draw, config, min_size=2, max_size=12)
     *prompt, token = ids
     scope = {"np": np, "kvlib": kvlib}
-    exec(ex12.SOLUTIONS[1], scope)
+    exec(exercises.SOLUTIONS[1], scope)
     full = kvlib.forward(params, ids)[-1:]
-    for step in (lambda p, t, c: ex12.decode_at_position(p, t, c, len(c)), scope["answer"],
+    for step in (lambda p, t, c: exercises.decode_at_position(p, t, c, len(c)), scope["answer"],
                  kvlib.decode_step):
         _, cache = kvlib.prefill(params, prompt)
         np.testing.assert_allclose(step(params, token, cache), full, atol=TOLERANCE)
@@ -201,8 +147,6 @@ def test_a_saved_checkpoints_c_attn_is_wq_wk_wv_side_by_side(tmp_path):
                                   np.hstack([layer.Wq, layer.Wk, layer.Wv]).astype(np.float32))
 
 
-
-
 @PROPERTY
 @given(gpt2_models(), st.data())
 def test_the_notebooks_step_at_a_position_is_kvlibs(executed, model, data):
@@ -219,7 +163,7 @@ def test_the_notebooks_step_at_a_position_is_kvlibs(executed, model, data):
     position = data.draw(st.integers(0, config.context_length - 1))
     _, cache = kvlib.prefill(params, prompt)
     mine = decode_step_at(params, token, cache, position)
-    np.testing.assert_allclose(mine[-1], w12.step_at_position(params, prompt, token, position),
+    np.testing.assert_allclose(mine[-1], widgets.step_at_position(params, prompt, token, position),
                                atol=TOLERANCE)
 
 
@@ -255,16 +199,17 @@ SONG = ("Once upon a time, there was a shy girl named Mia. Mia had a red ball. M
 def test_the_song_figure_shows_the_word_a_wrong_position_writes(executed):
     variables, printed = executed
     assert variables["wrong_word"] == "." and variables["at"][0].max() > 0.99
-    assert "at position 0: '.' with p = 1.00" in printed[
-        next(i for i, c in enumerate(code_cells()) if "song_prompt = (" in "".join(c["source"]))]
+    song_cell = next(index for index, cell in enumerate(code_cells("real_model"))
+                     if "song_prompt = (" in "".join(cell["source"]))
+    assert "at position 0: '.' with p = 1.00" in printed[song_cell]
 
 
-def test_the_explorer_starts_at_len_cache_and_equals_recomputation():
-    params, tokenizer = story_model()
-    explorer = w12.position_explorer(params, tokenizer, SONG)
+def test_the_explorer_starts_at_len_cache_and_equals_recomputation(story_model):
+    params, tokenizer = story_model
+    explorer = widgets.position_explorer(params, tokenizer, SONG)
     ids = tokenizer.encode(SONG)
     assert explorer.position.value == len(ids) == explorer.state["position"]
-    assert explorer.state["difference"] < w12.TOLERANCES["float64"]
+    assert explorer.state["difference"] < widgets.TOLERANCES["float64"]
     assert f"belongs at position {len(ids)}" in explorer.status.value
     assert "equals full recomputation" in explorer.status.value
     ax = explorer.figure.axes[0]
@@ -272,16 +217,16 @@ def test_the_explorer_starts_at_len_cache_and_equals_recomputation():
     assert [t.get_text() for t in ax.get_legend().get_texts()][1].endswith(f"position {len(ids)}")
 
 
-def test_the_explorer_at_position_0_shows_the_classic_bug():
-    params, tokenizer = story_model()
-    explorer = w12.position_explorer(params, tokenizer, SONG)
+def test_the_explorer_at_position_0_shows_the_classic_bug(story_model):
+    params, tokenizer = story_model
+    explorer = widgets.position_explorer(params, tokenizer, SONG)
     explorer.position.value = 0
     ids = tokenizer.encode(SONG)
     token = tokenizer.vocabulary.index("dong")
     _, cache = kvlib.prefill(params, ids)
-    wrong = ex12.decode_at_position(params, token, cache, 0)[-1]
+    wrong = exercises.decode_at_position(params, token, cache, 0)[-1]
     right = kvlib.forward(params, ids + [token])[-1]
-    assert explorer.state["difference"] == pytest.approx(w12.relative_difference(wrong, right))
+    assert explorer.state["difference"] == pytest.approx(widgets.relative_difference(wrong, right))
     assert explorer.state["words"] == {"right": "hop", "step": "."}
     assert "nothing crashes" in explorer.status.value
     assert "the model writes '.' with p = 1.00" in explorer.status.value
@@ -290,37 +235,36 @@ def test_the_explorer_at_position_0_shows_the_classic_bug():
     np.testing.assert_allclose(heights.max(), kvlib.softmax(wrong).max())
 
 
-def test_the_explorer_redraws_in_place_and_takes_a_new_prompt():
-    params, tokenizer = story_model()
-    explorer = w12.position_explorer(params, tokenizer, SONG)
-    before = plt.get_fignums()
-    for position in (0, 41, 43, 255):
-        explorer.position.value = position
-        assert explorer.state["position"] == position
-        assert len(explorer.figure.axes) == 1 and explorer.message.value == ""
-        assert explorer.state["difference"] > w12.TOLERANCES["float64"]
-    short = "Once upon a time, there was a shy girl named Mia. Mia had a red ball."
-    explorer.prompt.value = short
-    assert explorer.position.value == len(tokenizer.encode(short)) == 20
-    assert explorer.state["difference"] < w12.TOLERANCES["float64"]
-    assert plt.get_fignums() == before
+def test_the_explorer_redraws_in_place_and_takes_a_new_prompt(story_model):
+    params, tokenizer = story_model
+    explorer = widgets.position_explorer(params, tokenizer, SONG)
+    with no_new_figures():
+        for position in (0, 41, 43, 255):
+            explorer.position.value = position
+            assert explorer.state["position"] == position
+            assert len(explorer.figure.axes) == 1 and explorer.message.value == ""
+            assert explorer.state["difference"] > widgets.TOLERANCES["float64"]
+        short = "Once upon a time, there was a shy girl named Mia. Mia had a red ball."
+        explorer.prompt.value = short
+        assert explorer.position.value == len(tokenizer.encode(short)) == 20
+        assert explorer.state["difference"] < widgets.TOLERANCES["float64"]
 
 
-def test_a_wrong_position_does_not_always_change_the_word():
+def test_a_wrong_position_does_not_always_change_the_word(story_model):
     """What the widget's hint and the instructor's guide say: after the short opening, "Mia"
     fed at position 0 is still followed by "had", with other numbers."""
-    params, tokenizer = story_model()
-    explorer = w12.position_explorer(params, tokenizer, "Once upon a time, there was a shy girl "
-                                     "named Mia. Mia had a red ball.")
+    params, tokenizer = story_model
+    explorer = widgets.position_explorer(params, tokenizer, "Once upon a time, there was a shy "
+                                         "girl named Mia. Mia had a red ball.")
     explorer.position.value = 0
     assert explorer.state["words"] == {"right": "had", "step": "had"}
     assert explorer.state["difference"] > 0.1 and "the word is even the same" in \
         explorer.status.value
 
 
-def test_a_bad_prompt_is_said_in_words_and_changes_nothing():
-    params, tokenizer = story_model()
-    explorer = w12.position_explorer(params, tokenizer, SONG)
+def test_a_bad_prompt_is_said_in_words_and_changes_nothing(story_model):
+    params, tokenizer = story_model
+    explorer = widgets.position_explorer(params, tokenizer, SONG)
     explorer.prompt.value = "Once upon a zebra"
     assert "unknown word" in explorer.message.value and "zebra" in explorer.message.value
     assert "Waiting for a prompt" in explorer.status.value      # no stale verdict
@@ -335,16 +279,14 @@ def test_a_bad_prompt_is_said_in_words_and_changes_nothing():
 def test_draw_next_words_refuses_rows_that_do_not_match():
     fig, ax = plt.subplots()
     with pytest.raises(ValueError, match="two probability rows"):
-        w12.draw_next_words(ax, list("abc"), np.ones(3) / 3, np.ones(4) / 4, 0)
-    assert w12.top_words(np.array([0.5, 0.3, 0.2]), np.array([0.1, 0.1, 0.8]), count=1) == [0, 2]
+        widgets.draw_next_words(ax, list("abc"), np.ones(3) / 3, np.ones(4) / 4, 0)
+    assert widgets.top_words(np.array([0.5, 0.3, 0.2]), np.array([0.1, 0.1, 0.8]),
+                             count=1) == [0, 2]
 
 
 # ---------------------------------------------------------------------------------------------
 # Exercise 1: the position of a decode step
 # ---------------------------------------------------------------------------------------------
-
-
-
 
 
 def step_with(position_of, use_cache=True, final_norm=True, epsilon=None):
@@ -409,7 +351,7 @@ WRONG_STEPS = [
 
 @pytest.mark.parametrize("function, phrases", WRONG_STEPS)
 def test_position_checker_diagnoses_each_wrong_step(function, phrases):
-    not_yet(ex12.check_decode_position(function), *phrases)
+    not_yet(exercises.check_decode_position(function), *phrases)
 
 
 def test_a_step_right_alone_but_wrong_in_a_generation_is_named():
@@ -418,11 +360,11 @@ def test_a_step_right_alone_but_wrong_in_a_generation_is_named():
     def drifting(params, token, cache):
         calls.append(token)
         logits = kvlib.decode_step(params, token, cache)
-        if len(calls) > len(ex12.STEP_CASES) + 2:     # the generation's later steps
+        if len(calls) > len(exercises.STEP_CASES) + 2:     # the generation's later steps
             logits = logits[:, ::-1].copy()
         return logits
 
-    not_yet(ex12.check_decode_position(drifting), "a generation of 8 tokens")
+    not_yet(exercises.check_decode_position(drifting), "a generation of 8 tokens")
 
 
 @pytest.mark.parametrize("function", [
@@ -436,13 +378,11 @@ def test_a_step_right_alone_but_wrong_in_a_generation_is_named():
     lambda params, token, cache: kvlib.prefill(params, [token], cache)[0],   # a 1-token chunk
 ])
 def test_position_checker_accepts_every_right_step(function):
-    correct(ex12.check_decode_position(function), "position len(cache)")
+    correct(exercises.check_decode_position(function), "position len(cache)")
 
 
 def test_position_checker_wants_a_function():
-    not_yet(ex12.check_decode_position(...), "not filled in yet")
-    not_yet(ex12.check_decode_position(None), "not filled in yet")
-    not_yet(ex12.check_decode_position(np.zeros(3)), "should be a function")
+    not_yet(exercises.check_decode_position(np.zeros(3)), "should be a function")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,7 +419,7 @@ XL = 2 * 48 * 1024 * 1600 * 2
     (10**400, "digits"),
 ])
 def test_xl_checker_diagnoses_each_mistake(answer, phrase):
-    not_yet(ex12.check_xl_cache(answer), phrase)
+    not_yet(exercises.check_xl_cache(answer), phrase)
 
 
 @pytest.mark.parametrize("answer", [
@@ -487,111 +427,4 @@ def test_xl_checker_diagnoses_each_mistake(answer, phrase):
     2 * 48 * 1024 * 1600 * 2, 300 * 2**20, [XL], np.array([XL]), (float(XL),),
 ])
 def test_xl_checker_accepts_the_bytes_in_every_form(answer):
-    correct(ex12.check_xl_cache(answer), "314,572,800 bytes", "300 MiB")
-
-
-# ---------------------------------------------------------------------------------------------
-# Every checker answers anything with a Feedback, never an exception
-# ---------------------------------------------------------------------------------------------
-
-ODD_ANSWERS = [
-    "text", b"bytes", 10**400, -10**400, float("nan"), float("inf"), None, ..., [], (),
-    [[1, 2], [3]], np.array([1, None], dtype=object), np.array(["a", "b"]), np.array([]),
-    np.zeros((2, 3)), {}, {"a": 1}, set(), 1 + 2j, np.array(np.nan), object(), np.int64(7),
-    lambda: 0, lambda params, token, cache: np.full((1, 12), np.nan),
-    lambda params, token, cache: np.array([1, None], dtype=object),
-    lambda params, token, cache: 10**400, lambda params, token, cache: [[1, 2], [3]],
-    lambda params, token, cache: None, lambda *args: (_ for _ in ()).throw(KeyError("x")),
-    lambda params, token, cache: cache.reset(),
-    lambda params, token, cache: cache.append(0, np.zeros((1, 4)), np.zeros((1, 4))),
-]
-CHECKERS = [ex12.check_decode_position, ex12.check_xl_cache]
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=lambda a: re.sub(r"\W", "_", repr(a))[:30])
-def test_every_checker_answers_odd_input_in_words(checker, answer):
-    feedback = checker(answer)
-    assert isinstance(feedback, Feedback)
-    assert not feedback.passed and feedback.message
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers((1, 12)), ids=case_id)
-def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
-    feedback = assert_answers_in_words(checker, answer)
-    assert not feedback.passed, label
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@settings(max_examples=60, deadline=None)
-@given(answer=student_answers)
-def test_every_checker_answers_anything_in_words(checker, answer):
-    assert_answers_in_words(checker, answer)
-
-
-# ---------------------------------------------------------------------------------------------
-# The benchmark's GPT-2 architecture, and getting GPT-2's weights
-# ---------------------------------------------------------------------------------------------
-
-BENCHMARK = ROOT / "benchmarks" / "decode.py"
-TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--vocab", "64", "--prompt", "4",
-        "--lengths", "4", "8", "--append-lengths", "8", "--bandwidth-mib", "4", "--quick"]
-
-
-def benchmark(*options):
-    return run_script(BENCHMARK, *options)
-
-
-def layout_rows(output):
-    lines = output.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| ") and
-                 "as kvlib holds it" in line)
-    rows = {}
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        rows[cells[0]] = cells[1:]
-    return rows
-
-
-def test_the_benchmark_runs_gpt2s_architecture_and_compares_layouts():
-    output = benchmark(*TINY, "--architecture", "gpt2")
-    assert "GPT-2 architecture (learned positions, layer norms, biases), random weights" in output
-    rows = layout_rows(output)
-    assert list(rows) == [*benchmark_parts(), "all products",
-                          "all products, in turn with the steps", "decode step, kvlib",
-                          "decode step, column-major table"]
-    assert rows["unembedding"][2] in ("x @ table.T, (V, d)", "x @ (d, V) copy")
-    assert rows["Q, K, V projections"][2] in ("three contiguous (d, d)", "one contiguous (d, 3d)")
-    assert re.fullmatch(r"model code: [+-]\d+% over the products", rows["decode step, kvlib"][2])
-    assert "costs 0.0 MB more" in output and "the same 8 tokens" in output
-
-
-def benchmark_parts():
-    import importlib.util
-
-    if str(BENCHMARK.parent) not in sys.path:  # as for a script: its folder first (report.py)
-        sys.path.insert(0, str(BENCHMARK.parent))
-    spec = importlib.util.spec_from_file_location("decode_benchmark", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.PARTS
-
-
-def test_the_benchmark_loads_a_checkpoint(tmp_path):
-    config = gpt2.GPT2_124M.replace(vocab_size=64, d_model=32, n_heads=2, n_layers=2, d_ff=128,
-                                    context_length=64)
-    directory = gpt2.save(kvlib.init_params(config, seed=1), tmp_path / "model")
-    output = benchmark(*TINY, "--checkpoint", str(directory))
-    assert f"weights of {directory}" in output and "## Generation, tokens per second" in output
-    result = subprocess.run([sys.executable, str(BENCHMARK), "--checkpoint", str(directory),
-                             "--lengths", "100"], capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0 and "has 64 positions" in result.stderr
-
-
-def test_the_benchmark_refuses_more_than_gpt2s_positions():
-    result = subprocess.run([sys.executable, str(BENCHMARK), "--architecture", "gpt2",
-                             "--lengths", "1000"], capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0 and "1024 positions" in result.stderr
+    correct(exercises.check_xl_cache(answer), "314,572,800 bytes", "300 MiB")

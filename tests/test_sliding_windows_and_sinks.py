@@ -1,54 +1,33 @@
 """Notebook 17 (sliding windows and attention sinks): the ring buffer against plain
 references (hypothesis, float64, 1e-10), the receptive field of a stack of windows, the
-pictures and the widget (headless), and the exercise checkers with tables of wrong and of
-right answers, and a fuzz."""
+pictures and the widget (headless), the exercise checkers with tables of typical wrong answers
+(each with its diagnosis) and of valid answers in other forms, the stories model's measured
+windows and SmolLM2's sinks."""
+
+import json
+import math
+from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+import measure_smollm2
+import measure_windows
+import numpy as np
+import pytest
+from checker_cases import case_id, correct, not_yet
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from notebook_runs import assert_solutions_pass, notebook_cells, run_notebook
+from strategies import models, token_lists
+from widget_checks import no_new_figures
 
-matplotlib.use("Agg")
-
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
-    assert_answers_in_words,
-    case_id,
-    correct,
-    not_yet,
-    odd_answers,
-    student_answers,
-)
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import models, token_lists  # noqa: E402
-
-import kvlib  # noqa: E402
-from kvlib.exercises import sliding_windows_and_sinks as ex17  # noqa: E402
-from kvlib.widgets import sliding_windows_and_sinks as w17  # noqa: E402
+import kvlib
+from kvlib.exercises import sliding_windows_and_sinks as exercises
+from kvlib.widgets import sliding_windows_and_sinks as widgets
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "notebooks" / "17_sliding_windows_and_sinks.ipynb"
 WINDOW_LOSSES = ROOT / "notebooks" / "data" / "window_losses.json"
 TOLERANCE = 1e-10
-_spec = importlib.util.spec_from_file_location("measure_windows",
-                                               ROOT / "tools" / "measure_windows.py")
-measure_windows = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(measure_windows)
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
-
-
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,12 +74,12 @@ def test_ring_slot_is_where_the_cache_writes_each_position(model, data):
     ids = token_lists(data.draw, config, 1, 40)
     _, ring = kvlib.prefill(params, ids)
     _, full = kvlib.prefill(params, ids, kvlib.KVCache(config))
-    contents = w17.ring_contents(ring)
+    contents = widgets.ring_contents(ring)
     held = ring.key_positions()
-    assert sorted(p for p in contents if p != w17.EMPTY_SLOT) == held.tolist()
+    assert sorted(p for p in contents if p != widgets.EMPTY_SLOT) == held.tolist()
     for layer in range(config.n_layers):
         for position in held:
-            slot = w17.ring_slot(int(position), config.window, config.sink_tokens)
+            slot = widgets.ring_slot(int(position), config.window, config.sink_tokens)
             assert contents[slot] == position
             np.testing.assert_array_equal(ring._keys[layer, slot], full.keys(layer)[position])
             np.testing.assert_array_equal(ring._values[layer, slot],
@@ -124,12 +103,12 @@ def test_chunks_longer_than_the_window_equal_one_prefill(model, data):
 
 @given(st.integers(1, 30), st.integers(1, 8), st.integers(0, 3))
 def test_visibility_kinds_agree_with_the_mask(n, window, sinks):
-    kinds = w17.visibility(n, window, sinks)
+    kinds = widgets.visibility(n, window, sinks)
     positions = np.arange(n)
     mask = kvlib.attention_mask(positions, positions, window, sinks)
-    np.testing.assert_array_equal(np.isin(kinds, [w17.SINK, w17.IN_WINDOW]), mask)
-    np.testing.assert_array_equal(kinds == w17.FUTURE, positions[None, :] > positions[:, None])
-    assert (kinds[:, sinks:] != w17.SINK).all()
+    np.testing.assert_array_equal(np.isin(kinds, [widgets.SINK, widgets.IN_WINDOW]), mask)
+    np.testing.assert_array_equal(kinds == widgets.FUTURE, positions[None, :] > positions[:, None])
+    assert (kinds[:, sinks:] != widgets.SINK).all()
     assert (kinds.sum(axis=1) >= 0).all() and set(np.unique(kinds)) <= {0, 1, 2, 3}
 
 
@@ -156,22 +135,22 @@ def test_a_stack_of_windows_reaches_layers_times_w_minus_one_back(n_layers, wind
 
 
 def test_the_ring_holds_what_the_notebook_prints():
-    params = w17.example_model()
-    _, cache = w17.window_cache(params, w17.example_sequence(40), 4, 2)
+    params = widgets.example_model()
+    _, cache = widgets.window_cache(params, widgets.example_sequence(40), 4, 2)
     assert cache.key_positions().tolist() == [0, 1, 36, 37, 38, 39]
-    assert w17.ring_contents(cache).tolist() == [0, 1, 38, 39, 36, 37]
-    _, cache = w17.window_cache(params, w17.example_sequence(3), 4, 2)
-    assert w17.ring_contents(cache).tolist() == [0, 1, 2, -1, -1, -1]
-    assert [w17.ring_slot(p, 4, 2) for p in range(10)] == [0, 1, 2, 3, 4, 5, 2, 3, 4, 5]
+    assert widgets.ring_contents(cache).tolist() == [0, 1, 38, 39, 36, 37]
+    _, cache = widgets.window_cache(params, widgets.example_sequence(3), 4, 2)
+    assert widgets.ring_contents(cache).tolist() == [0, 1, 2, -1, -1, -1]
+    assert [widgets.ring_slot(p, 4, 2) for p in range(10)] == [0, 1, 2, 3, 4, 5, 2, 3, 4, 5]
     with pytest.raises(TypeError, match="SlidingWindowCache"):
-        w17.ring_contents(kvlib.KVCache(params.config))
+        widgets.ring_contents(kvlib.KVCache(params.config))
 
 
 def test_example_sequence_is_seeded_and_starts_with_bos():
-    first, again = w17.example_sequence(30), w17.example_sequence(30)
+    first, again = widgets.example_sequence(30), widgets.example_sequence(30)
     assert first == again and first[0] == 0 and len(first) == 30
     assert all(1 <= token < 12 for token in first[1:])
-    assert w17.example_sequence(64)[:30] == first
+    assert widgets.example_sequence(64)[:30] == first
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,14 +159,14 @@ def test_example_sequence_is_seeded_and_starts_with_bos():
 
 def test_draw_window_mask_shows_the_kinds_and_labels_its_axes():
     fig, ax = plt.subplots()
-    w17.draw_window_mask(ax, 12, 3, 1)
-    np.testing.assert_array_equal(ax.images[0].get_array(), w17.visibility(12, 3, 1))
+    widgets.draw_window_mask(ax, 12, 3, 1)
+    np.testing.assert_array_equal(ax.images[0].get_array(), widgets.visibility(12, 3, 1))
     assert "W = 3, 1 sink" in ax.get_title()
     assert ax.get_xlabel().startswith("key") and ax.get_ylabel().startswith("query")
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == ["in the window", "sink (kept for good)", "fell out of the window",
                       "after the query (causal)"]
-    w17.draw_window_mask(ax, 4, None)                     # full attention: nothing dropped
+    widgets.draw_window_mask(ax, 4, None)                     # full attention: nothing dropped
     assert "full attention" in ax.get_title()
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "in the window", "after the query (causal)"]
@@ -196,25 +175,25 @@ def test_draw_window_mask_shows_the_kinds_and_labels_its_axes():
 
 def test_draw_ring_writes_each_slots_position():
     fig, ax = plt.subplots()
-    w17.draw_ring(ax, [0, 1, 38, 39, 36, 37], 2, newest=39, next_slot=4)
+    widgets.draw_ring(ax, [0, 1, 38, 39, 36, 37], 2, newest=39, next_slot=4)
     texts = [t.get_text() for t in ax.texts]
     assert texts == ["0", "1", "38", "39", "36", "37"]
     boxes = [p for p in ax.patches if p.get_fill()]
     assert len(boxes) == 6
-    assert boxes[3].get_facecolor()[:3] == matplotlib.colors.to_rgb(w17.plots.NEW_ROWS_COLOR)
+    assert boxes[3].get_facecolor()[:3] == matplotlib.colors.to_rgb(widgets.plots.NEW_ROWS_COLOR)
     assert [p for p in ax.patches if not p.get_fill()][0].get_x() == pytest.approx(4.06)
-    w17.draw_ring(ax, [0, -1, -1], 0)
+    widgets.draw_ring(ax, [0, -1, -1], 0)
     assert [t.get_text() for t in ax.texts] == ["0", "-", "-"]
 
 
 def test_draw_cache_bytes_and_losses_plot_their_data():
     fig, ax = plt.subplots()
-    w17.draw_cache_bytes(ax, [1, 2, 3, 4], [10, 20, 30, 40], [10, 20, 20, 20], 2)
+    widgets.draw_cache_bytes(ax, [1, 2, 3, 4], [10, 20, 30, 40], [10, 20, 20, 20], 2)
     full, ring = ax.lines[:2]
     assert list(full.get_ydata()) == [10, 20, 30, 40] and list(ring.get_ydata()) == [10, 20,
                                                                                      20, 20]
     assert "W = 2, 0 sinks" in ring.get_label()
-    w17.draw_window_losses(ax, [16, 32], {"window only": [3.0, 2.0], "window + 4 sinks":
+    widgets.draw_window_losses(ax, [16, 32], {"window only": [3.0, 2.0], "window + 4 sinks":
                                           [2.5, 1.9]}, 1.5)
     assert [line.get_label() for line in ax.lines] == ["window only", "window + 4 sinks",
                                                        "full cache"]
@@ -224,9 +203,9 @@ def test_draw_cache_bytes_and_losses_plot_their_data():
 def test_the_loss_plots_draw_their_baselines_below_the_legend():
     fig, (left, right) = plt.subplots(1, 2)
     baselines = {"bigram": 2.5, "uniform guess": 5.6}
-    w17.draw_window_losses(left, [16, 32], {"window only": [5.0, 3.0]}, 0.6,
+    widgets.draw_window_losses(left, [16, 32], {"window only": [5.0, 3.0]}, 0.6,
                            baselines=baselines)
-    w17.draw_loss_by_position(right, {"full cache": np.ones(20)}, 4, smoothing=4,
+    widgets.draw_loss_by_position(right, {"full cache": np.ones(20)}, 4, smoothing=4,
                               baselines=baselines)
     for ax in (left, right):
         lines = {line.get_label(): line for line in ax.get_lines()}
@@ -240,7 +219,7 @@ def test_the_loss_plots_draw_their_baselines_below_the_legend():
 def test_draw_loss_by_position_smooths_each_curve():
     fig, ax = plt.subplots()
     curve = np.arange(20, dtype=float)
-    w17.draw_loss_by_position(ax, {"full cache": curve, "window 4 only": curve + 1}, 4,
+    widgets.draw_loss_by_position(ax, {"full cache": curve, "window 4 only": curve + 1}, 4,
                               smoothing=4)
     full, window = ax.lines[:2]
     np.testing.assert_allclose(full.get_ydata(), np.convolve(curve, np.ones(4) / 4, "valid"))
@@ -253,7 +232,7 @@ def test_draw_loss_by_position_smooths_each_curve():
 def test_draw_reach_marks_the_reach_of_each_depth():
     fig, ax = plt.subplots()
     changes = np.array([[1.0, 0.5, 0.0, 0.0], [1.0, 0.5, 0.1, 0.01]])
-    w17.draw_reach(ax, changes, (1, 2), 2)
+    widgets.draw_reach(ax, changes, (1, 2), 2)
     image = ax.images[0].get_array()
     assert image.mask.tolist() == [[False, False, True, True], [False, False, False, False]]
     assert [line.get_xdata()[0] for line in ax.lines] == [1.5, 2.5]
@@ -264,14 +243,14 @@ def test_draw_reach_marks_the_reach_of_each_depth():
 # ---------------------------------------------------------------------------------------------
 
 def test_widget_starts_from_its_arguments():
-    widget = w17.window_explorer(window=4, sink_tokens=2, n_tokens=40)
+    widget = widgets.window_explorer(window=4, sink_tokens=2, n_tokens=40)
     assert widget.window.value == 4 and widget.sinks.value == 2 and widget.tokens.value == 40
     assert widget.state["contents"].tolist() == [0, 1, 38, 39, 36, 37]
     assert "holds 6 positions: 0-1, 36-39" in widget.status.value
     assert "Position 40 will go to slot 4" in widget.status.value
     assert f"<b>{widget.state['nbytes']:,} bytes</b>" in widget.status.value
     assert widget.state["nbytes"] == widget.state["cache"].nbytes == 2 * 3 * 6 * 4 * 8
-    assert f"{kvlib.config_cache_bytes(w17.example_model().config, 40):,} bytes" in \
+    assert f"{kvlib.config_cache_bytes(widgets.example_model().config, 40):,} bytes" in \
         widget.status.value
     assert widget.message.value == ""
 
@@ -279,24 +258,25 @@ def test_widget_starts_from_its_arguments():
 @pytest.mark.parametrize("window, sinks, n", [(1, 0, 1), (4, 0, 9), (7, 3, 64), (16, 4, 20),
                                               (5, 1, 6), (16, 0, 64)])
 def test_widget_follows_its_sliders(window, sinks, n):
-    widget = w17.window_explorer()
+    widget = widgets.window_explorer()
     widget.window.value, widget.sinks.value, widget.tokens.value = window, sinks, n
     cache = widget.state["cache"]
     config = cache.config
     assert (config.window, config.sink_tokens, len(cache)) == (window, sinks, n)
     assert cache.nbytes == widget.state["nbytes"] == kvlib.config_cache_bytes(config, n)
     mask_ax, ring_ax = widget.axes
-    np.testing.assert_array_equal(mask_ax.images[0].get_array(), w17.visibility(n, window, sinks))
-    expected = [w17.EMPTY_SLOT] * (sinks + window)
+    np.testing.assert_array_equal(mask_ax.images[0].get_array(),
+                                  widgets.visibility(n, window, sinks))
+    expected = [widgets.EMPTY_SLOT] * (sinks + window)
     for position in cache.key_positions():
-        expected[w17.ring_slot(int(position), window, sinks)] = int(position)
+        expected[widgets.ring_slot(int(position), window, sinks)] = int(position)
     assert widget.state["contents"].tolist() == expected
     assert [t.get_text() for t in ring_ax.texts] == [str(p) if p >= 0 else "-" for p in expected]
     assert widget.message.value == ""
 
 
 def test_widget_counts_in_words_with_one_of_each():
-    widget = w17.window_explorer(window=1, sink_tokens=1, n_tokens=1)
+    widget = widgets.window_explorer(window=1, sink_tokens=1, n_tokens=1)
     status = widget.status.value
     assert "After 1 token the ring holds 1 position: 0." in status
     assert "x 1 row x" in status and "a full cache of 1 position:" in status
@@ -307,25 +287,24 @@ def test_widget_counts_in_words_with_one_of_each():
 
 
 def test_widget_redraws_in_place_without_leaks():
-    widget = w17.window_explorer()
-    before = plt.get_fignums()
-    for step in range(15):
-        widget.window.value = 1 + step % 16
-        widget.sinks.value = step % 5
-        widget.tokens.value = 1 + (7 * step) % 64
-        slots = widget.sinks.value + widget.window.value
-        mask_ax, ring_ax = widget.axes
-        # redrawn, never accumulated: one image and one outline on the mask, one box per
-        # slot and the next write's outline on the ring
-        assert len(mask_ax.images) == 1 and len(mask_ax.patches) == 1
-        assert len(ring_ax.texts) == slots and len(ring_ax.patches) == slots + 1
-    assert plt.get_fignums() == before
+    widget = widgets.window_explorer()
+    with no_new_figures():
+        for step in range(15):
+            widget.window.value = 1 + step % 16
+            widget.sinks.value = step % 5
+            widget.tokens.value = 1 + (7 * step) % 64
+            slots = widget.sinks.value + widget.window.value
+            mask_ax, ring_ax = widget.axes
+            # redrawn, never accumulated: one image and one outline on the mask, one box per
+            # slot and the next write's outline on the ring
+            assert len(mask_ax.images) == 1 and len(mask_ax.patches) == 1
+            assert len(ring_ax.texts) == slots and len(ring_ax.patches) == slots + 1
     assert len(widget.figure.axes) == 2
 
 
 def test_widget_reports_an_impossible_window_in_its_message_line():
     params = kvlib.init_params(kvlib.ModelConfig(positions="rotary", context_length=8))
-    widget = w17.window_explorer(params, window=4, sink_tokens=2, n_tokens=8)
+    widget = widgets.window_explorer(params, window=4, sink_tokens=2, n_tokens=8)
     status = widget.status.value
     widget.window.value = 8                              # 2 sinks + 8 > the context of 8
     assert "cannot exceed the context length" in widget.message.value
@@ -343,9 +322,9 @@ def test_widget_reports_an_impossible_window_in_its_message_line():
 ])
 def test_widget_refuses_bad_arguments_in_words(options, error, phrase):
     with pytest.raises(error, match=phrase):
-        w17.window_explorer(**options)
+        widgets.window_explorer(**options)
     with pytest.raises(TypeError, match="without a window"):
-        w17.window_explorer(w17.example_model().with_config(window=4))
+        widgets.window_explorer(widgets.example_model().with_config(window=4))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,7 +359,7 @@ RIGHT_POSITIONS = [0, 1, 2, 3] + list(range(905, 5001))
     ([10**5000, 1], "about 5,001 digits"),
 ], ids=case_id)
 def test_visible_positions_wrong_answers(answer, phrase):
-    not_yet(ex17.check_visible_positions(answer), phrase)
+    not_yet(exercises.check_visible_positions(answer), phrase)
 
 
 @pytest.mark.parametrize("answer", [
@@ -395,12 +374,12 @@ def test_visible_positions_wrong_answers(answer, phrase):
     (p for p in RIGHT_POSITIONS),
 ])
 def test_visible_positions_right_answers_in_any_form(answer):
-    correct(ex17.check_visible_positions(answer))
+    correct(exercises.check_visible_positions(answer))
 
 
 def test_visible_positions_is_the_masks_row():
-    assert ex17.visible_positions() == RIGHT_POSITIONS
-    assert ex17.visible_positions(5, 3, 1) == [0, 3, 4, 5]
+    assert exercises.visible_positions() == RIGHT_POSITIONS
+    assert exercises.visible_positions(5, 3, 1) == [0, 3, 4, 5]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,7 +409,7 @@ def right_slot(position, window, sinks):
     (3, "should be a function"),
 ])
 def test_ring_slot_wrong_answers(ring_slot, phrase):
-    not_yet(ex17.check_ring_slot(ring_slot), phrase)
+    not_yet(exercises.check_ring_slot(ring_slot), phrase)
 
 
 @pytest.mark.parametrize("ring_slot", [
@@ -438,29 +417,30 @@ def test_ring_slot_wrong_answers(ring_slot, phrase):
     lambda p, W, s: np.int64(right_slot(p, W, s)),
     lambda p, W, s: float(right_slot(p, W, s)),
     lambda p, W, s: np.array([right_slot(p, W, s)]),
-    lambda p, W, s: w17.ring_slot(p, W, s),
+    lambda p, W, s: widgets.ring_slot(p, W, s),
     lambda p, W, s: int(np.where(p < s, p, s + (p - s) % W)),
 ])
 def test_ring_slot_right_answers_in_any_form(ring_slot):
-    correct(ex17.check_ring_slot(ring_slot))
+    correct(exercises.check_ring_slot(ring_slot))
 
 
 def test_ring_slot_cases_match_the_cache():
     """The checker's expected slots are the cache's: where each case's position is written."""
-    for position, window, sinks in ex17.SLOT_CASES:
-        assert ex17._expected_slot(position, window, sinks) == w17.ring_slot(position, window,
-                                                                             sinks)
+    for position, window, sinks in exercises.SLOT_CASES:
+        assert exercises._expected_slot(position, window, sinks) == \
+            widgets.ring_slot(position, window, sinks)
     config = kvlib.ModelConfig(positions="rotary", window=3, sink_tokens=4, context_length=40)
     params = kvlib.init_params(config)
     _, ring = kvlib.prefill(params, [1] * 31)
     _, full = kvlib.prefill(params, [1] * 31, kvlib.KVCache(config))
-    slot = ex17._expected_slot(30, 3, 4)
+    slot = exercises._expected_slot(30, 3, 4)
     np.testing.assert_array_equal(ring._keys[0, slot], full.keys(0)[30])
 
 
 def test_every_slip_in_the_table_is_wrong_and_told_apart():
-    expected = [right_slot(*case) for case in ex17.SLOT_CASES]
-    outputs = [tuple(slip(*case) for case in ex17.SLOT_CASES) for slip, _ in ex17.SLOT_SLIPS]
+    expected = [right_slot(*case) for case in exercises.SLOT_CASES]
+    outputs = [tuple(slip(*case) for case in exercises.SLOT_CASES)
+               for slip, _ in exercises.SLOT_SLIPS]
     assert all(list(output) != expected for output in outputs)
     assert len(set(outputs)) == len(outputs)
 
@@ -495,7 +475,7 @@ RIGHT_BYTES = 2 * 32 * 4100 * 8 * 128 * 2
     (537395200.5, "close"),
 ], ids=case_id)
 def test_cache_bytes_wrong_answers(answer, phrase):
-    not_yet(ex17.check_cache_bytes(answer), phrase)
+    not_yet(exercises.check_cache_bytes(answer), phrase)
 
 
 @pytest.mark.parametrize("answer", [
@@ -504,7 +484,7 @@ def test_cache_bytes_wrong_answers(answer, phrase):
     kvlib.kv_cache_bytes(32, None, 4100, dtype_bytes=2, n_kv_heads=8, head_dim=128),
 ])
 def test_cache_bytes_right_answers_in_any_form(answer):
-    correct(ex17.check_cache_bytes(answer))
+    correct(exercises.check_cache_bytes(answer))
 
 
 def test_cache_bytes_is_what_a_live_window_cache_holds():
@@ -515,42 +495,9 @@ def test_cache_bytes_is_what_a_live_window_cache_holds():
     _, cache = kvlib.prefill(kvlib.init_params(config), [1] * 30)
     assert cache.nbytes == kvlib.kv_cache_bytes(3, None, 8, dtype_bytes=4, n_kv_heads=1,
                                                 head_dim=2)
-    assert ex17.mistral_cache_bytes() == RIGHT_BYTES
+    assert exercises.mistral_cache_bytes() == RIGHT_BYTES
     assert kvlib.memory.PRESETS["Mistral-7B"].kv_cache_bytes(10_000) == \
-        ex17.mistral_cache_bytes(sink_tokens=0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Every checker answers anything with a Feedback
-# ---------------------------------------------------------------------------------------------
-
-CHECKERS = [ex17.check_visible_positions, ex17.check_ring_slot, ex17.check_cache_bytes]
-FUNCTIONS = [lambda *args: None, lambda *args: [1, 2], lambda *args: 10**400,
-             lambda *args: float("nan"), lambda *args: np.array([np.nan]),
-             lambda *args: "slot", lambda *args: 1 + 2j, lambda *args: np.zeros(3), print,
-             lambda: 0, lambda *args: next(iter([]))]
-
-
-@pytest.mark.parametrize("check", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers() + [(f"function {i}", f)
-                                                           for i, f in enumerate(FUNCTIONS)],
-                         ids=case_id)
-def test_every_checker_answers_odd_input_in_words(check, label, answer):
-    feedback = assert_answers_in_words(check, answer)
-    assert not feedback.passed, label
-
-
-@pytest.mark.parametrize("check", CHECKERS, ids=lambda check: check.__name__)
-@settings(max_examples=60, deadline=None)
-@given(answer=student_answers)
-def test_every_checker_answers_anything_in_words(check, answer):
-    assert_answers_in_words(check, answer)
-
-
-@pytest.mark.parametrize("checker", CHECKERS)
-def test_unfilled_answers_say_so(checker):
-    not_yet(checker(...), "not filled in yet")
-    not_yet(checker(None), "not filled in yet")
+        exercises.mistral_cache_bytes(sink_tokens=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,11 +510,10 @@ def window_losses():
 
 
 @pytest.fixture(scope="module")
-def story_model():
-    stories = kvlib.gpt2.load(measure_windows.MODEL, dtype="float64")
-    held_out = measure_windows.story_sequences(measure_windows.HELD_OUT_SEQUENCES,
-                                               measure_windows.HELD_OUT_SEED)
-    return stories, held_out
+def held_out():
+    """The held-out stories tools/measure_windows.py measured the windows on."""
+    return measure_windows.story_sequences(measure_windows.HELD_OUT_SEQUENCES,
+                                           measure_windows.HELD_OUT_SEED)
 
 
 def test_the_saved_measurement_is_written_as_the_tool_writes_it(window_losses, tmp_path):
@@ -591,10 +537,10 @@ def test_the_saved_measurement_is_written_as_the_tool_writes_it(window_losses, t
 
 @pytest.mark.parametrize("window, sinks, sequences", [
     (None, 0, [5, 63]), (16, 0, [7]), (16, 4, [4, 40]), (32, 1, [12]), (64, 4, [30])])
-def test_rows_of_the_saved_measurement_recomputed(window_losses, story_model, window, sinks,
-                                                  sequences):
+def test_rows_of_the_saved_measurement_recomputed(window_losses, story_model, held_out, window,
+                                                  sinks, sequences):
     """Rows the notebook does not recompute (it does the window of 32 on sequences 0-3)."""
-    stories, held_out = story_model
+    stories, _ = story_model
     model = stories if window is None else stories.with_config(window=window,
                                                                sink_tokens=sinks)
     picked = held_out[sequences]
@@ -607,8 +553,9 @@ def test_rows_of_the_saved_measurement_recomputed(window_losses, story_model, wi
         np.testing.assert_allclose(values, [saved[key][i] for i in sequences], atol=2e-6)
 
 
-def test_re_reading_afresh_recomputed_for_one_sequence(window_losses, story_model):
-    stories, held_out = story_model
+def test_re_reading_afresh_recomputed_for_one_sequence(window_losses, story_model,
+                                                       held_out):
+    stories, _ = story_model
     first = window_losses["first_position"]
     for window in (16, 32):
         losses = measure_windows.afresh_losses(stories, held_out[[9]], window, first)
@@ -618,8 +565,7 @@ def test_re_reading_afresh_recomputed_for_one_sequence(window_losses, story_mode
         assert int((losses > math.log(276)).sum()) == saved["worse_than_uniform"][9]
 
 
-def test_forced_predictions_are_the_repeats_of_the_grammar(story_model):
-    _, held_out = story_model
+def test_forced_predictions_are_the_repeats_of_the_grammar(held_out):
     forced = measure_windows.forced_predictions(held_out[:2])
     tokens = kvlib.stories.StoryTokenizer().tokens(held_out[0].tolist())
     names = {r.position for r in kvlib.stories.forced_repeats(tokens, "name") if r.earlier}
@@ -649,41 +595,30 @@ def test_what_the_notebook_reads_in_the_saved_measurement(window_losses):
 def notebook_namespace():
     """The notebook's variables after its code cells ran headless, all but the trained
     model's measurement (nbval runs that; the exercises do not use it)."""
-    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
-    namespace = {"__name__": "__notebook__"}
-    measuring = False
-    for cell in notebook["cells"]:
+    cells, measuring = [], False
+    for cell in notebook_cells("sliding_windows_and_sinks"):
         text = "".join(cell["source"])
         if cell["cell_type"] == "markdown" and text.startswith("## "):
             measuring = text.startswith("## Measured on a trained model") or (
                 measuring and not text.startswith("## Where this lives"))
         if cell["cell_type"] == "code" and not measuring:
-            exec(compile(text, NOTEBOOK.name, "exec"), namespace)
-    plt.close("all")
-    return namespace
+            cells.append(cell)
+    return run_notebook("sliding_windows_and_sinks", cells)
 
 
-def test_solutions_pass_in_the_notebooks_namespace(notebook_namespace):
-    checkers = {1: ex17.check_visible_positions, 2: ex17.check_ring_slot,
-                3: ex17.check_cache_bytes}
-    assert sorted(ex17.SOLUTIONS) == sorted(checkers)
-    assert notebook_namespace["answer"] is ...
-    for number, checker in checkers.items():
-        scope = dict(notebook_namespace)
-        exec(ex17.SOLUTIONS[number], scope)
-        assert checker(scope["answer"]).passed, f"solution {number}: {checker(scope['answer'])}"
+def test_every_solution_passes_in_the_notebooks_variables(notebook_namespace):
+    assert_solutions_pass(notebook_namespace, exercises, {1: exercises.check_visible_positions,
+                                                          2: exercises.check_ring_slot,
+                                                          3: exercises.check_cache_bytes})
 
 
 def test_the_notebooks_broken_ring_slot_gets_its_diagnosis(notebook_namespace):
-    not_yet(ex17.check_ring_slot(notebook_namespace["ring_slot_broken"]), "p % W",
+    not_yet(exercises.check_ring_slot(notebook_namespace["ring_slot_broken"]), "p % W",
             "overwrite them")
 
 
-def test_solution_display():
-    shown = ex17.solution(2)
-    assert "Solution to exercise 2" in shown.data and "ring_slot_fixed" in shown.data
-    with pytest.raises(ValueError, match="no exercise 9"):
-        ex17.solution(9)
+def test_the_second_solution_defines_ring_slot_fixed():
+    assert "def ring_slot_fixed(" in exercises.SOLUTIONS[2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -699,9 +634,9 @@ def smol_measured():
 def test_draw_sink_heads_draws_every_head_and_outlines_the_sinks():
     fig, ax = plt.subplots()
     on_first = np.array([[0.0, 0.2, 0.6], [0.999, 0.45, 0.51]])      # 2 layers, 3 heads
-    image = w17.draw_sink_heads(ax, on_first, 0.01, first_query=64)
+    image = widgets.draw_sink_heads(ax, on_first, 0.01, first_query=64)
     np.testing.assert_array_equal(image.get_array(), on_first.T)  # heads down, layers across
-    assert image.get_clim() == (0.0, 1.0) and image.get_cmap().name == w17.plots.COLORMAP
+    assert image.get_clim() == (0.0, 1.0) and image.get_cmap().name == widgets.plots.COLORMAP
     assert [t.get_text() for t in ax.texts] == [".00", ".20", ".60", "1", ".45", ".51"]
     outlined = sorted((p.get_x() + 0.5, p.get_y() + 0.5) for p in ax.patches)
     assert outlined == [(0.0, 2.0), (1.0, 0.0), (1.0, 2.0)]       # (layer, head) above 0.5
@@ -711,12 +646,12 @@ def test_draw_sink_heads_draws_every_head_and_outlines_the_sinks():
     assert len(fig.axes) == 2                                    # the colour bar
     for bad in (np.ones(3), np.array([[1.5]]), np.array([[np.nan]])):
         with pytest.raises(ValueError, match="layers, heads"):
-            w17.draw_sink_heads(ax, bad, 0.01)
+            widgets.draw_sink_heads(ax, bad, 0.01)
 
 
 def test_draw_sinks_won_back_draws_one_bar_a_window_grouped_by_model():
     fig, ax = plt.subplots()
-    w17.draw_sinks_won_back(ax, {"story model": {16: 0.092, 64: 0.09}, "SmolLM2": {64: 0.746}})
+    widgets.draw_sinks_won_back(ax, {"story model": {16: 0.092, 64: 0.09}, "SmolLM2": {64: 0.746}})
     heights = [bar.get_height() for bar in ax.patches]
     np.testing.assert_allclose(heights, [9.2, 9.0, 74.6])
     texts = [t.get_text() for t in ax.texts]
@@ -725,7 +660,7 @@ def test_draw_sinks_won_back_draws_one_bar_a_window_grouped_by_model():
     assert ax.patches[0].get_facecolor() != ax.patches[2].get_facecolor()
 
 
-def test_smollm2s_sinks_as_the_notebook_reads_them(smol_measured):
+def test_smollm2s_sinks_as_the_notebook_reads_them(smol_measured, smollm2_tokenizer):
     sinks = smol_measured["sinks"]
     on_first = np.array(sinks["attention_on_position_0"])
     assert on_first.shape == (30, 9) and sinks["first_query"] == 64
@@ -733,8 +668,7 @@ def test_smollm2s_sinks_as_the_notebook_reads_them(smol_measured):
     assert int((on_first > 0.5).sum()) == 46
     assert on_first.argmax() == 18 * 9 + 8 and on_first[18, 7] > 0.93
     assert on_first[[0, 1, 10, 11]].max() < 0.03 < on_first[3:10].min() / 0.8
-    tokenizer = kvlib.smollm2_tokenizer()
-    assert tokenizer.decode(smol_measured["ids"][:1]) == "The"
+    assert smollm2_tokenizer.decode(smol_measured["ids"][:1]) == "The"
 
 
 def test_smollm2s_windows_as_the_notebook_reads_them(smol_measured):
@@ -751,19 +685,15 @@ def test_smollm2s_windows_as_the_notebook_reads_them(smol_measured):
     assert loss[(256, 0, "original")] < loss[(64, 0, "original")]
 
 
-def test_a_row_of_smollm2s_sink_measurement_recomputed(smol_measured):
+def test_a_row_of_smollm2s_sink_measurement_recomputed(smol_measured, smollm2):
     """Layer 1's row (the notebook recomputes layer 3's), the tool's way: the layers run one
     by one on the 1,024 measured tokens, each recording its attention weights."""
-    tool = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
-        "measure_smollm2", ROOT / "tools" / "measure_smollm2.py"))
-    tool.__spec__.loader.exec_module(tool)
-    params = kvlib.load_smollm2()
-    first_two = kvlib.Params(params.config.replace(n_layers=2), params.embedding,
-                             params.layers[:2], None, params.ln_f_gain, None)
+    first_two = kvlib.Params(smollm2.config.replace(n_layers=2), smollm2.embedding,
+                             smollm2.layers[:2], None, smollm2.ln_f_gain, None)
     rows = {}
-    tool.layer_by_layer(first_two, smol_measured["ids"],
-                        lambda index, weights: rows.setdefault(index, weights[:, 64:, 0]
-                                                              .mean(axis=1)))
+    measure_smollm2.layer_by_layer(first_two, smol_measured["ids"],
+                                   lambda index, weights: rows.setdefault(
+                                       index, weights[:, 64:, 0].mean(axis=1)))
     saved = np.array(smol_measured["sinks"]["attention_on_position_0"])
     for index in (0, 1):
         np.testing.assert_allclose(rows[index], saved[index], rtol=0, atol=2e-4)

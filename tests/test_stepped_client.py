@@ -2,17 +2,14 @@
 wait in steps keeps the caller's timeout."""
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 from queue import Empty
 
 import pytest
+import stepped_client
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "tools") not in sys.path:
-    sys.path.insert(0, str(ROOT / "tools"))
-import stepped_client  # noqa: E402
 
 
 class StuckChannel:

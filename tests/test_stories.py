@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_stories_model import with_a_valid_made_up_song
+from test_stories_model import DRAFT, MODELS, TARGET, with_a_valid_made_up_song
 
 from kvlib.stories import (
     StoryTokenizer,
@@ -26,8 +26,6 @@ from kvlib.stories import (
     words_to_text,
 )
 
-MODELS = Path(__file__).resolve().parent.parent / "kvlib" / "models"
-TARGET, DRAFT = MODELS / "stories", MODELS / "stories-draft"
 MAX_FILE_BYTES = 2 * 1024 * 1024
 
 OPENING = ("Once upon a time, there was a shy girl named Mia. Mia had a red ball. "

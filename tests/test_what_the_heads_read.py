@@ -1,83 +1,52 @@
 """Notebook 13 (what the heads read): the notebook run headless without GPT-2's weights and
 with a GPT-2-shaped checkpoint of random weights in their place, its head measurements on
 hand-made attention weights, its reading widget driven headless, its exercise checkers with
-tables of wrong answers, valid answers in other forms and a fuzz of odd inputs; and the GPT-2
-download for Binder and `make gpt2`."""
+tables of typical wrong answers (each with its diagnosis) and of valid answers in other
+forms; and the GPT-2 download for Binder and `make gpt2`."""
 
-import matplotlib
+import json
+import re
+import socket
+from pathlib import Path
 
-matplotlib.use("Agg")
+import fetch_gpt2
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import correct, not_yet
+from notebook_runs import code_cells, run_notebook
+from widget_checks import no_new_figures
 
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-import socket  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
-    assert_answers_in_words,
-    assert_not_yet,
-    case_id,
-    correct,
-    not_yet,
-    odd_answers,
-    student_answers,
-)
-from hypothesis import given, settings  # noqa: E402
-
-import kvlib  # noqa: E402
-from kvlib import gpt2, heads, stories  # noqa: E402
-from kvlib.exercises import what_the_heads_read as ex13  # noqa: E402
-from kvlib.exercises.base import Feedback  # noqa: E402
-from kvlib.widgets import what_the_heads_read as w13  # noqa: E402
+import kvlib
+from kvlib import gpt2, heads, stories
+from kvlib.exercises import what_the_heads_read as exercises
+from kvlib.widgets import what_the_heads_read as widgets
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "notebooks" / "13_what_the_heads_read.ipynb"
 TOLERANCE = 1e-10
 GPT2_CELLS = ("gpt2.find_weights()", "widgets.PUBLISHED_PROMPT", "use_cache=use_cache",
               "widgets.REAL_SENTENCE")
 
 
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
-
-
-def code_cells():
-    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
-    return [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
-
-
-def run_notebook(gpt2_directory: Path, **constants):
+def run_with_gpt2_in(gpt2_directory: Path, **constants):
     """The notebook's code cells run in order with $KVLIB_GPT2_DIR = gpt2_directory and the
-    given widgets13 constants replaced: (variables, the printed text of each cell)."""
-    variables, printed = {"__name__": "__notebook__"}, []
+    given widgets constants replaced: (variables, the printed text of each cell)."""
+    printed = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("KVLIB_GPT2_DIR", str(gpt2_directory))
         for name, value in constants.items():
-            patch.setattr(w13, name, value)
-        for cell in code_cells():
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                exec(compile("".join(cell["source"]), NOTEBOOK.name, "exec"), variables)
-            printed.append(out.getvalue())
-            plt.close("all")
-    return variables, printed
+            patch.setattr(widgets, name, value)
+        return run_notebook("what_the_heads_read", printed=printed), printed
 
 
 def cell_index(marker: str) -> int:
-    return next(i for i, cell in enumerate(code_cells()) if marker in "".join(cell["source"]))
+    return next(index for index, cell in enumerate(code_cells("what_the_heads_read"))
+                if marker in "".join(cell["source"]))
 
 
 @pytest.fixture(scope="module")
 def without_gpt2(tmp_path_factory):
-    return run_notebook(tmp_path_factory.mktemp("no-gpt2"))
+    return run_with_gpt2_in(tmp_path_factory.mktemp("no-gpt2"))
 
 
 def random_gpt2_checkpoint(directory: Path, seed: int = 5) -> Path:
@@ -91,8 +60,8 @@ def random_gpt2_checkpoint(directory: Path, seed: int = 5) -> Path:
 def published_by_recomputation(directory: Path) -> str:
     """What the published cell must print for this checkpoint, computed without the cache."""
     params, tokenizer = gpt2.load(directory), gpt2.Tokenizer.gpt2()
-    ids = tokenizer.encode(w13.PUBLISHED_PROMPT)
-    return tokenizer.decode(kvlib.generate(params, ids, w13.PUBLISHED_NEW_TOKENS,
+    ids = tokenizer.encode(widgets.PUBLISHED_PROMPT)
+    return tokenizer.decode(kvlib.generate(params, ids, widgets.PUBLISHED_NEW_TOKENS,
                                            use_cache=False))
 
 
@@ -112,12 +81,12 @@ def test_without_weights_every_gpt2_cell_says_how_to_get_them_and_skips(without_
     assert "not on this machine" in status and "kvlib.gpt2.download()" in status
     assert "make gpt2" in status and "KVLIB_GPT2_DIR" in status
     for marker in GPT2_CELLS[1:]:
-        assert printed[cell_index(marker)].strip() == w13.SKIPPED
+        assert printed[cell_index(marker)].strip() == widgets.SKIPPED
     assert variables["gpt2_directory"] is None and "gpt2_params" not in variables
 
 
 def test_the_gpt2_cells_are_the_only_ones_whose_output_is_not_compared():
-    for index, cell in enumerate(code_cells()):
+    for index, cell in enumerate(code_cells("what_the_heads_read")):
         source, tags = "".join(cell["source"]), cell["metadata"].get("tags", [])
         uses_gpt2 = any(marker in source for marker in GPT2_CELLS)
         shows_widget = "reading_explorer(" in source and source.rstrip().endswith("reader")
@@ -129,12 +98,12 @@ def test_with_a_gpt2_shaped_checkpoint_the_gpt2_cells_run(stand_in_gpt2):
     published text and the heads' thresholds are replaced by what this checkpoint must give
     (its greedy continuation computed without the cache; no threshold)."""
     directory, expected = stand_in_gpt2
-    variables, printed = run_notebook(directory, PUBLISHED_CONTINUATION=expected,
-                                      CLEAR_HEAD=-1.0, COPIED_AT_LEAST=-1.0)
+    variables, printed = run_with_gpt2_in(directory, PUBLISHED_CONTINUATION=expected,
+                                          CLEAR_HEAD=-1.0, COPIED_AT_LEAST=-1.0)
     assert f"are in {directory}" in printed[cell_index("gpt2.find_weights()")]
     assert printed[cell_index("widgets.PUBLISHED_PROMPT")].startswith(
-        w13.PUBLISHED_PROMPT + expected)
-    assert len(variables["new_ids"]) == w13.PUBLISHED_NEW_TOKENS
+        widgets.PUBLISHED_PROMPT + expected)
+    assert len(variables["new_ids"]) == widgets.PUBLISHED_NEW_TOKENS
     assert "times faster" in printed[cell_index("use_cache=use_cache")]
     assert variables["previous"].shape == variables["induction"].shape == (2, 2)
     assert "predicts" in printed[cell_index("widgets.REAL_SENTENCE")]
@@ -151,21 +120,14 @@ def test_the_gpt2_cells_assert_what_they_claim(stand_in_gpt2, replaced, failing_
     if failing_cell == "widgets.REAL_SENTENCE":
         replaced = dict(replaced, PUBLISHED_CONTINUATION=expected)
     with pytest.raises(AssertionError):
-        run_notebook(directory, **replaced)
+        run_with_gpt2_in(directory, **replaced)
 
 
 def test_the_published_text_is_the_issues():
-    assert w13.PUBLISHED_PROMPT == "Alan Turing theorized that computers would one day become"
-    assert w13.PUBLISHED_CONTINUATION.startswith(" the most powerful machines on the planet.\n\n")
-    assert w13.PUBLISHED_CONTINUATION.endswith("very similar to the human brain.")
-
-@pytest.mark.parametrize("number, checker", [(1, ex13.check_name_head),
-                                             (2, ex13.check_copy_window)])
-def test_solutions_pass_in_the_notebooks_namespace(without_gpt2, number, checker):
-    scope = dict(without_gpt2[0])
-    exec(ex13.SOLUTIONS[number], scope)
-    correct(checker(scope["answer"]))
-
+    assert widgets.PUBLISHED_PROMPT == "Alan Turing theorized that computers would one day become"
+    assert widgets.PUBLISHED_CONTINUATION.startswith(
+        " the most powerful machines on the planet.\n\n")
+    assert widgets.PUBLISHED_CONTINUATION.endswith("very similar to the human brain.")
 
 def test_the_notebook_leaves_the_exercises_open(without_gpt2):
     variables, printed = without_gpt2
@@ -173,12 +135,9 @@ def test_the_notebook_leaves_the_exercises_open(without_gpt2):
     assert printed[-1] == "" and "forced names" in printed[cell_index("exercise_ids =")]
 
 
-def test_solution_display():
-    shown = ex13.solution(1)
-    assert "Solution to exercise 1" in shown.data and "best_head" in shown.data
-    assert "distances_read" in ex13.solution(2).data
-    with pytest.raises(ValueError, match="no exercise 3"):
-        ex13.solution(3)
+def test_the_solutions_are_the_two_exercises_with_the_widgets_helpers():
+    assert sorted(exercises.SOLUTIONS) == [1, 2]
+    assert "best_head" in exercises.SOLUTIONS[1] and "distances_read" in exercises.SOLUTIONS[2]
 
 
 def test_the_notebooks_distances_are_the_card_heads_and_kvlibs(without_gpt2):
@@ -190,7 +149,8 @@ def test_the_notebooks_distances_are_the_card_heads_and_kvlibs(without_gpt2):
                                       card["song_copy_head"]["head"])
     assert variables["name_head"] == (card["latest_name_head"]["layer"],
                                       card["latest_name_head"]["head"])
-    assert variables["copy_head"] == ex13.COPY_HEAD and variables["name_head"] == ex13.NAME_HEAD
+    assert variables["copy_head"] == exercises.COPY_HEAD
+    assert variables["name_head"] == exercises.NAME_HEAD
     attention, forced = variables["attention"], variables["forced"]
     layer, head = variables["copy_head"]
     by_helper = np.concatenate([
@@ -248,7 +208,7 @@ def test_forced_name_weights_read_the_query_before_each_name():
 def test_draw_head_table_labels_every_head_with_its_value():
     fig, ax = plt.subplots()
     table = np.array([[0.1, 0.96], [0.0, 0.5]])
-    image = w13.draw_head_table(ax, table, "weight on the latest name")
+    image = widgets.draw_head_table(ax, table, "weight on the latest name")
     np.testing.assert_allclose(image.get_array(), table)
     assert image.get_clim() == (0.0, 1.0) and image.get_cmap().name == "viridis"
     assert [t.get_text() for t in ax.texts] == ["0.10", "0.96", "0.00", "0.50"]
@@ -260,18 +220,18 @@ def test_draw_head_table_labels_every_head_with_its_value():
 def test_draw_reading_colours_each_token_by_its_weight():
     fig, ax = plt.subplots()
     weights = np.array([0.1, 0.6, 0.05, 0.25])
-    image, most = w13.draw_reading(ax, ["a", "b", "c", "d"], weights, min_rows=3)
+    image, most = widgets.draw_reading(ax, ["a", "b", "c", "d"], weights, min_rows=3)
     shown = image.get_array()
     np.testing.assert_allclose(shown[0, :4], weights)
-    assert shown.mask[0, 4:].all() and shown.shape == (3, w13.COLUMNS)
-    assert w13.draw_reading(ax, list("abcd"), weights)[0].get_array().shape == (1, w13.COLUMNS)
+    assert shown.mask[0, 4:].all() and shown.shape == (3, widgets.COLUMNS)
+    assert widgets.draw_reading(ax, list("abcd"), weights)[0].get_array().shape == \
+        (1, widgets.COLUMNS)
     assert most == 1 and [t.get_text() for t in ax.texts] == ["a", "b", "c", "d"]
     frames = [p for p in ax.patches if p.get_linestyle() == "-"]
     assert {p.get_xy() for p in frames} == {(0.5, -0.5)}           # around "b"
     with pytest.raises(ValueError, match="one weight per token"):
-        w13.draw_reading(ax, ["a"], weights)
-    assert w13.short_labels(["\n", "x" * 20]) == ["⏎", "x" * 8 + "…"]
-
+        widgets.draw_reading(ax, ["a"], weights)
+    assert widgets.short_labels(["\n", "x" * 20]) == ["⏎", "x" * 8 + "…"]
 
 
 def test_distances_read_take_the_largest_weight_up_to_the_query():
@@ -290,7 +250,7 @@ def test_distances_read_take_the_largest_weight_up_to_the_query():
 
 def test_draw_distances_uses_the_same_bins_for_every_head():
     fig, ax = plt.subplots()
-    w13.draw_distances(ax, {"near": [1, 1, 2], "far": [30, 50]}, "how far back")
+    widgets.draw_distances(ax, {"near": [1, 1, 2], "far": [30, 50]}, "how far back")
     near, far = ax.containers
     assert [p.get_x() for p in near.patches] == [p.get_x() for p in far.patches]
     assert sum(p.get_height() for p in near.patches) == 3
@@ -298,7 +258,7 @@ def test_draw_distances_uses_the_same_bins_for_every_head():
     assert labels == ["near: median 1, at most 2", "far: median 40, at most 50"]
     assert ax.get_xlabel().startswith("positions back") and ax.get_ylabel() == "queries"
     with pytest.raises(ValueError, match="at least one distance"):
-        w13.draw_distances(ax, {"none": []}, "empty")
+        widgets.draw_distances(ax, {"none": []}, "empty")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,7 +277,7 @@ def artist_count(widget):
 
 def test_the_widget_draws_what_decode_step_records():
     params, tokenizer = toy_gpt2(), kvlib.ToyTokenizer()
-    reader = w13.reading_explorer(params, tokenizer, "How are you?", layer=1, head=1)
+    reader = widgets.reading_explorer(params, tokenizer, "How are you?", layer=1, head=1)
     assert "Cache holds 5 positions" in reader.status.value
     for _ in range(3):
         reader.decode.click()
@@ -343,7 +303,7 @@ def test_the_widget_draws_what_decode_step_records():
 
 def test_the_widgets_check_is_computed_not_written(monkeypatch):
     params = toy_gpt2()
-    reader = w13.reading_explorer(params, kvlib.ToyTokenizer(), "How are you?")
+    reader = widgets.reading_explorer(params, kvlib.ToyTokenizer(), "How are you?")
     real = kvlib.forward
     monkeypatch.setattr(kvlib, "forward", lambda *a, **k: real(*a, **k) + 1.0)
     reader.decode.click()
@@ -352,7 +312,7 @@ def test_the_widgets_check_is_computed_not_written(monkeypatch):
 
 def test_reset_and_a_bad_prompt():
     params, tokenizer = toy_gpt2(), kvlib.ToyTokenizer()
-    reader = w13.reading_explorer(params, tokenizer, "How are you?")
+    reader = widgets.reading_explorer(params, tokenizer, "How are you?")
     reader.decode.click()
     reader.reset.click()
     assert len(reader.cache()) == 5
@@ -369,7 +329,7 @@ def test_reset_and_a_bad_prompt():
 
 def test_the_widget_stops_at_the_context_length():
     params = toy_gpt2(context_length=8)
-    reader = w13.reading_explorer(params, kvlib.ToyTokenizer(), "How are you?")
+    reader = widgets.reading_explorer(params, kvlib.ToyTokenizer(), "How are you?")
     for _ in range(10):
         reader.decode.click()
     assert len(reader.cache()) == 8 and reader.decode.disabled
@@ -379,21 +339,20 @@ def test_the_widget_stops_at_the_context_length():
 
 def test_updates_redraw_in_place_without_leaks():
     params = toy_gpt2()
-    reader = w13.reading_explorer(params, kvlib.ToyTokenizer(), "How are you?")
-    before = plt.get_fignums()
-    reader.decode.click()
-    count = artist_count(reader)
-    for step in range(6):
-        reader.head.value = step % 2
-        reader.layer.value = step % 3
-        texts, axes = artist_count(reader)
-        assert axes == count[1]
-    for _ in range(5):
+    reader = widgets.reading_explorer(params, kvlib.ToyTokenizer(), "How are you?")
+    with no_new_figures():
         reader.decode.click()
-        texts, axes = artist_count(reader)
-        assert axes == count[1]
-        assert texts == len(reader.sequence()) + 3 + 1        # a label a token, 3 frames, image
-    assert plt.get_fignums() == before
+        count = artist_count(reader)
+        for step in range(6):
+            reader.head.value = step % 2
+            reader.layer.value = step % 3
+            texts, axes = artist_count(reader)
+            assert axes == count[1]
+        for _ in range(5):
+            reader.decode.click()
+            texts, axes = artist_count(reader)
+            assert axes == count[1]
+            assert texts == len(reader.sequence()) + 3 + 1        # a label a token, 3 frames, image
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,28 +363,28 @@ NAME_HEAD = (1, 3)
 """kvlib/models/stories/measured.json's latest_name_head, counted from 0: what exercise 1 finds."""
 
 
-def test_the_exercise_story_shows_what_the_card_measured():
+def test_the_exercise_story_shows_what_the_card_measured(story_model):
     """On the exercise's story (seed 12) the tables are the model card's: one head with nearly
     all its weight on the latest name, which is the other character's; no head on the right
     name; the previous-token argmax is that same head, with a weak score."""
-    scores = ex13.name_head_scores()
-    assert ex13._argmax(scores["latest"]) == NAME_HEAD
+    scores = exercises.name_head_scores()
+    assert exercises._argmax(scores["latest"]) == NAME_HEAD
     assert scores["latest"][NAME_HEAD] > 0.9 and scores["distractor"][NAME_HEAD] > 0.9
-    assert scores["earlier"].max() < 0.2 and ex13._argmax(scores["earlier"]) == (3, 3)
-    assert ex13._argmax(scores["previous"]) == NAME_HEAD and scores["previous"].max() < 0.3
+    assert scores["earlier"].max() < 0.2 and exercises._argmax(scores["earlier"]) == (3, 3)
+    assert exercises._argmax(scores["previous"]) == NAME_HEAD and scores["previous"].max() < 0.3
     second = np.sort(scores["latest"], axis=None)[-2]
     assert scores["latest"][NAME_HEAD] > 5 * second
-    params, tokenizer = ex13.story_model()
-    ids = tokenizer.encode(ex13.exercise_story())
+    params, tokenizer = story_model
+    ids = tokenizer.encode(exercises.exercise_story())
     repeats = stories.forced_repeats(tokenizer.tokens(ids), "name")
     assert len(repeats) == 6 and all(r.latest in r.distractor for r in repeats)
 
 
 def test_name_head_solution_runs_in_the_notebooks_namespace(without_gpt2):
     scope = dict(without_gpt2[0])
-    exec(ex13.SOLUTIONS[1], scope)
+    exec(exercises.SOLUTIONS[1], scope)
     assert scope["answer"] == NAME_HEAD
-    correct(ex13.check_name_head(scope["answer"]), "by elimination")
+    correct(exercises.check_name_head(scope["answer"]), "by elimination")
 
 
 def test_the_exercise_finds_the_notebooks_name_head_on_another_story(without_gpt2):
@@ -433,16 +392,16 @@ def test_the_exercise_finds_the_notebooks_name_head_on_another_story(without_gpt
     assert variables["name_head"] == NAME_HEAD
     tokenizer = variables["story_tokenizer"]
     seen = " ".join(tokenizer.decode(row) for row in variables["held_out"])
-    assert ex13.exercise_story() not in seen + variables["widget_prompt"]
+    assert exercises.exercise_story() not in seen + variables["widget_prompt"]
 
 
 @pytest.mark.parametrize("answer", [
     NAME_HEAD, list(NAME_HEAD), np.array(NAME_HEAD), np.array(NAME_HEAD, dtype=np.int32),
     (np.int64(1), np.int64(3)), (1.0, 3.0), np.array([1.0, 3.0]), [np.int8(1), 3],
-    (np.array(1), np.array(3)), heads.best_head(ex13.name_head_scores()["latest"]),
+    (np.array(1), np.array(3)), heads.best_head(exercises.name_head_scores()["latest"]),
 ], ids=repr)
 def test_name_head_checker_accepts_the_head_in_every_form(answer):
-    correct(ex13.check_name_head(answer), "layer 1, head 3", "0.9", "other character",
+    correct(exercises.check_name_head(answer), "layer 1, head 3", "0.9", "other character",
             "also the head with the most weight on the previous token")
 
 
@@ -474,12 +433,12 @@ NAME_HEAD_MISTAKES = [
 def test_name_head_checker_diagnoses_each_wrong_answer(case):
     answer, *phrases = case
     for phrase in phrases:
-        assert_not_yet(ex13.check_name_head(answer), phrase)
+        not_yet(exercises.check_name_head(answer), phrase)
 
 
 def test_another_head_is_told_how_much_less_it_puts_on_the_latest_name():
-    latest = ex13.name_head_scores()["latest"]
-    feedback = ex13.check_name_head((3, 2))
+    latest = exercises.name_head_scores()["latest"]
+    feedback = exercises.check_name_head((3, 2))
     assert f"puts {latest[3, 2]:.2f} of its weight" in feedback.message
     assert f"another head puts {latest[NAME_HEAD] - latest[3, 2]:.2f} more" in feedback.message
 
@@ -487,12 +446,12 @@ def test_another_head_is_told_how_much_less_it_puts_on_the_latest_name():
 def test_the_previous_token_head_gets_its_diagnosis_when_it_is_another_head(monkeypatch):
     """On the shipped model the previous-token argmax is the name head itself (so it passes);
     with tables where it is not, that head gets its own diagnosis, not "another head"."""
-    scores = {name: np.array(table) for name, table in ex13.name_head_scores().items()}
+    scores = {name: np.array(table) for name, table in exercises.name_head_scores().items()}
     scores["previous"] = np.zeros_like(scores["previous"])
     scores["previous"][0, 2] = 0.6
-    monkeypatch.setattr(ex13, "_name_head_scores", lambda: scores)
-    assert_not_yet(ex13.check_name_head((0, 2)), "most weight on the previous token (0.60)")
-    feedback = ex13.check_name_head(NAME_HEAD)
+    monkeypatch.setattr(exercises, "_name_head_scores", lambda: scores)
+    not_yet(exercises.check_name_head((0, 2)), "most weight on the previous token (0.60)")
+    feedback = exercises.check_name_head(NAME_HEAD)
     assert feedback.passed and "previous token" not in feedback.message
 
 # ---------------------------------------------------------------------------------------------
@@ -503,13 +462,13 @@ WINDOW = 89
 """What exercise 2 finds on the exercise's story (seed 12): the copy head reads 88 back."""
 
 
-def test_the_exercise_story_has_a_song_read_from_where_it_was_made_up():
-    reach = ex13.copy_head_reach()
-    assert ex13.copy_window() == WINDOW == reach["read"].max() + 1
+def test_the_exercise_story_has_a_song_read_from_where_it_was_made_up(story_model):
+    reach = exercises.copy_head_reach()
+    assert exercises.copy_window() == WINDOW == reach["read"].max() + 1
     assert len(reach["read"]) == 18 and reach["nearest"].max() == 41
     assert set(reach["read"].tolist()) == {15, 46, 88} and reach["name"].max() == 6
-    params, tokenizer = ex13.story_model()
-    ids = tokenizer.encode(ex13.exercise_story())
+    params, tokenizer = story_model
+    ids = tokenizer.encode(exercises.exercise_story())
     songs = stories.forced_repeats(tokenizer.tokens(ids), "song")
     first = np.array([r.position - 1 - min(r.earlier) for r in songs])
     np.testing.assert_array_equal(reach["read"], first)     # the first singing, every time
@@ -517,15 +476,15 @@ def test_the_exercise_story_has_a_song_read_from_where_it_was_made_up():
 
 def test_copy_window_solution_runs_in_the_notebooks_namespace(without_gpt2):
     scope = dict(without_gpt2[0])
-    exec(ex13.SOLUTIONS[2], scope)
+    exec(exercises.SOLUTIONS[2], scope)
     assert scope["answer"] == WINDOW
-    correct(ex13.check_copy_window(scope["answer"]), "89", "made up", "every position")
+    correct(exercises.check_copy_window(scope["answer"]), "89", "made up", "every position")
 
 
 @pytest.mark.parametrize("answer", [WINDOW, float(WINDOW), np.int64(WINDOW), np.float64(WINDOW),
                                     np.array(WINDOW), np.int32(WINDOW), 8.9e1, [WINDOW]], ids=repr)
 def test_copy_window_checker_accepts_the_window_in_every_form(answer):
-    correct(ex13.check_copy_window(answer), f"W = {WINDOW}")
+    correct(exercises.check_copy_window(answer), f"W = {WINDOW}")
 
 
 COPY_WINDOW_MISTAKES = [
@@ -558,63 +517,14 @@ COPY_WINDOW_MISTAKES = [
 @pytest.mark.parametrize("case", COPY_WINDOW_MISTAKES, ids=lambda case: repr(case[0]))
 def test_copy_window_checker_diagnoses_each_wrong_answer(case):
     answer, *phrases = case
-    not_yet(ex13.check_copy_window(answer), *phrases)
+    not_yet(exercises.check_copy_window(answer), *phrases)
 
-
-# ---------------------------------------------------------------------------------------------
-# Every checker answers anything with a Feedback, never an exception
-# ---------------------------------------------------------------------------------------------
-
-ODD_ANSWERS = [
-    "text", b"bytes", 10**400, -10**400, float("nan"), float("inf"), None, ..., [], (),
-    [[1, 2], [3]], np.array([1, None], dtype=object), np.array(["a", "b"]), np.array([]),
-    np.zeros((2, 3)), {}, {"a": 1}, set(), 1 + 2j, np.array(np.nan), object(), np.int64(7),
-    lambda: 0, lambda params, token, cache: np.full((1, 12), np.nan),
-    lambda params, token, cache: np.array([1, None], dtype=object),
-    lambda params, token, cache: 10**400, lambda params, token, cache: [[1, 2], [3]],
-    lambda params, token, cache: None, lambda *args: (_ for _ in ()).throw(KeyError("x")),
-    lambda params, token, cache: cache.reset(),
-    lambda params, token, cache: cache.append(0, np.zeros((1, 4)), np.zeros((1, 4))),
-]
-CHECKERS = [ex13.check_name_head, ex13.check_copy_window]
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=lambda a: re.sub(r"\W", "_", repr(a))[:30])
-def test_every_checker_answers_odd_input_in_words(checker, answer):
-    feedback = checker(answer)
-    assert isinstance(feedback, Feedback)
-    assert not feedback.passed and feedback.message
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers((1, 12)), ids=case_id)
-def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
-    feedback = assert_answers_in_words(checker, answer)
-    assert not feedback.passed, label
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@settings(max_examples=60, deadline=None)
-@given(answer=student_answers)
-def test_every_checker_answers_anything_in_words(checker, answer):
-    assert_answers_in_words(checker, answer)
 
 # ---------------------------------------------------------------------------------------------
 # Getting GPT-2's weights: the download for `make gpt2` and Binder
 # ---------------------------------------------------------------------------------------------
 
-def load_fetch_tool():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fetch_gpt2", ROOT / "tools" / "fetch_gpt2.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_without_a_network_the_download_stops_at_once_in_one_line(monkeypatch, tmp_path):
-    tool = load_fetch_tool()
 
     def no_network(*args, **kwargs):
         raise OSError("no route to host")
@@ -625,14 +535,13 @@ def test_without_a_network_the_download_stops_at_once_in_one_line(monkeypatch, t
     monkeypatch.setattr(socket, "create_connection", no_network)
     monkeypatch.setattr(gpt2, "download", must_not_run)
     with pytest.raises(SystemExit) as stopped:
-        tool.fetch(tmp_path)
+        fetch_gpt2.fetch(tmp_path)
     message = str(stopped.value.code)
     assert message.startswith("GPT-2 124M not downloaded") and "\n" not in message
     assert "cannot be reached" in message
 
 
 def test_a_failed_download_is_one_line_too(monkeypatch, tmp_path):
-    tool = load_fetch_tool()
 
     class Reachable:
         def close(self):
@@ -644,14 +553,13 @@ def test_a_failed_download_is_one_line_too(monkeypatch, tmp_path):
     monkeypatch.setattr(socket, "create_connection", lambda *args, **kwargs: Reachable())
     monkeypatch.setattr(gpt2, "download", broken)
     with pytest.raises(SystemExit) as stopped:
-        tool.fetch(tmp_path)
+        fetch_gpt2.fetch(tmp_path)
     assert str(stopped.value.code) == ("GPT-2 124M not downloaded: ConnectionError: the hub "
                                        "answered 503; notebook 13 says how to download it "
                                        "later")
 
 
 def test_a_download_is_checked_by_loading_it(monkeypatch, tmp_path):
-    tool = load_fetch_tool()
     directory = random_gpt2_checkpoint(tmp_path / "gpt2")
 
     class Reachable:
@@ -660,10 +568,10 @@ def test_a_download_is_checked_by_loading_it(monkeypatch, tmp_path):
 
     monkeypatch.setattr(socket, "create_connection", lambda *args, **kwargs: Reachable())
     monkeypatch.setattr(gpt2, "download", lambda directory=None: Path(directory))
-    assert tool.fetch(directory) == directory
+    assert fetch_gpt2.fetch(directory) == directory
     (directory / "model.safetensors").write_bytes(b"broken")
     with pytest.raises(SystemExit, match="not downloaded"):
-        tool.fetch(directory)
+        fetch_gpt2.fetch(directory)
 
 
 def test_binder_downloads_gpt2_without_failing_the_build():
@@ -682,7 +590,7 @@ def test_binder_downloads_gpt2_without_failing_the_build():
 
 
 def test_exercise_2_a_window_that_keeps_everything_is_not_the_smallest():
-    right = int(ex13.copy_head_reach()["read"].max()) + 1
+    right = int(exercises.copy_head_reach()["read"].max()) + 1
     for too_wide in (right + 1, 90, 100):
-        feedback = ex13.check_copy_window(too_wide)
+        feedback = exercises.check_copy_window(too_wide)
         assert not feedback.passed and "smallest" in feedback.message, too_wide

@@ -1,7 +1,7 @@
-"""The article's worked example, step by step: every shape, and the predicted token 5."""
+"""The article's worked example, step by step: every shape, and the predicted token 5 (the
+toy model `params` and the prompt's `article_ids` are conftest's fixtures)."""
 
 import numpy as np
-import pytest
 
 import kvlib
 from kvlib import (
@@ -18,30 +18,20 @@ from kvlib import (
 )
 
 
-@pytest.fixture(scope="module")
-def params():
-    return kvlib.init_params()
-
-
-@pytest.fixture(scope="module")
-def ids():
-    return kvlib.ToyTokenizer().encode(kvlib.ARTICLE_PROMPT)
-
-
 def test_default_config_is_the_article_example():
     config = kvlib.ModelConfig()
     assert (config.vocab_size, config.d_model, config.n_heads, config.head_dim,
             config.n_layers, config.d_ff, config.dtype) == (12, 4, 2, 2, 3, 8, "float64")
 
 
-def test_prompt_ids(ids):
-    assert ids == [0, 3, 7, 1, 9]
+def test_prompt_ids(article_ids):
+    assert article_ids == [0, 3, 7, 1, 9]
 
 
-def test_every_prefill_shape(params, ids):
+def test_every_prefill_shape(params, article_ids):
     layer = params.layers[0]
     assert params.embedding.shape == (12, 4)
-    X = embed(np.array(ids), params.embedding)
+    X = embed(np.array(article_ids), params.embedding)
     assert X.shape == (5, 4)
     assert layer.Wq.shape == layer.Wk.shape == layer.Wv.shape == (4, 4)
     Q, K, V = project_qkv(X, layer)
@@ -68,22 +58,22 @@ def test_every_prefill_shape(params, ids):
         X3 = kvlib.decoder_block(X3, block, 2, causal_mask(5))
     logits = unembed(X3, params.embedding)
     assert logits.shape == (5, 12)
-    np.testing.assert_allclose(logits, kvlib.forward(params, ids), atol=1e-15)
+    np.testing.assert_allclose(logits, kvlib.forward(params, article_ids), atol=1e-15)
 
 
-def test_greedy_prediction_is_token_5(params, ids):
-    logits = kvlib.forward(params, ids)
+def test_greedy_prediction_is_token_5(params, article_ids):
+    logits = kvlib.forward(params, article_ids)
     assert int(np.argmax(logits[-1])) == 5
 
 
-def test_default_seed_continuation_as_documented(params, ids):
-    new = kvlib.generate(params, ids, 8)
+def test_default_seed_continuation_as_documented(params, article_ids):
+    new = kvlib.generate(params, article_ids, 8)
     assert new[:2] == [5, 2]
     assert len(set(new)) >= 3 and 0 not in new
 
 
-def test_cache_shapes_after_prefill_and_one_decode(params, ids):
-    logits, cache = kvlib.prefill(params, ids)
+def test_cache_shapes_after_prefill_and_one_decode(params, article_ids):
+    logits, cache = kvlib.prefill(params, article_ids)
     assert logits.shape == (5, 12)
     assert len(cache) == 5
     for layer in range(3):
@@ -95,8 +85,8 @@ def test_cache_shapes_after_prefill_and_one_decode(params, ids):
         assert cache.keys(layer).shape == cache.values(layer).shape == (6, 4)
 
 
-def test_decode_step_shapes(params, ids):
-    _, cache = kvlib.prefill(params, ids)
+def test_decode_step_shapes(params, article_ids):
+    _, cache = kvlib.prefill(params, article_ids)
     x = embed(np.array([5]), params.embedding)
     assert x.shape == (1, 4)
     q, k, v = project_qkv(x, params.layers[0])
@@ -107,9 +97,9 @@ def test_decode_step_shapes(params, ids):
     assert scores_one_head.shape == (1, 6)
 
 
-def test_cache_holds_only_keys_and_values(params, ids):
-    _, cache = kvlib.prefill(params, ids)
-    X = embed(np.array(ids), params.embedding)
+def test_cache_holds_only_keys_and_values(params, article_ids):
+    _, cache = kvlib.prefill(params, article_ids)
+    X = embed(np.array(article_ids), params.embedding)
     _, K, V = project_qkv(X, params.layers[0])
     np.testing.assert_allclose(cache.keys(0), K, atol=1e-15)
     np.testing.assert_allclose(cache.values(0), V, atol=1e-15)
