@@ -47,7 +47,7 @@ def _plus_bias(Y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
 def embed(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Embedding lookup (embedding_lookup): ids (T,) pick rows of the table (V, d) -> X (T, d)."""
     table = as_matrix("table", table)
-    return table[as_token_ids(ids, len(table), what="ids", empty=True)]
+    return table[as_token_ids(ids, len(table), what="token ids", empty=True)]
 
 
 def project_qkv(X: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
