@@ -332,7 +332,14 @@ def decoder_block(
     n_heads = as_divisor("n_heads", n_heads, width, "query columns")
     rotary, record_attention = as_rotary(rotary), as_list_or_none(record_attention)
     attend = _cached_attention(n_heads, mask, cache, layer_index, record_attention)
-    return block_with_attention(X, layer, attend, rotary=rotary, norm_epsilon=norm_epsilon)
+    if cache is None or is_trusted():      # the inference loop puts a failed pass back itself
+        return block_with_attention(X, layer, attend, rotary=rotary, norm_epsilon=norm_epsilon)
+    saved = cache.checkpoint()             # a learner's call that fails (a mask of the wrong
+    try:                                   # shape, after the append) leaves the cache as it was
+        return block_with_attention(X, layer, attend, rotary=rotary, norm_epsilon=norm_epsilon)
+    except BaseException:
+        cache.restore(saved)
+        raise
 
 
 def block_with_attention(X: np.ndarray, layer: LayerParams, attend, *, rotary=None,
