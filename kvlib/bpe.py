@@ -264,7 +264,7 @@ class Tokenizer:
 
     def decode(self, ids) -> str:
         """Ids -> text; a character whose UTF-8 bytes the ids leave incomplete shows as U+FFFD."""
-        ids = as_token_ids(ids, len(self), what="ids", empty=True)
+        ids = as_token_ids(ids, len(self), what="token ids", empty=True)
         return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
 
     def tokens(self, ids) -> list[str]:
@@ -273,7 +273,7 @@ class Tokenizer:
         A token holding only part of a character's UTF-8 bytes shows them as escapes ("\\xf0").
         """
         return [self.token_bytes[i].decode("utf-8", errors="backslashreplace")
-                for i in as_token_ids(ids, len(self), what="ids", empty=True)]
+                for i in as_token_ids(ids, len(self), what="token ids", empty=True)]
 
 def merge_by_rank(pieces: list[str], merge_ranks: dict[tuple[str, str], int]) -> list[str]:
     """BPE's merge loop (step 3): merge the best-ranked adjacent pair, leftmost first, until

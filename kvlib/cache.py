@@ -29,7 +29,7 @@ import mmap
 
 import numpy as np
 
-from .checks import as_config, as_instance, as_rows, as_whole_number, is_trusted
+from .checks import LARGEST_COUNT, as_config, as_instance, as_rows, as_whole_number, is_trusted
 from .config import ModelConfig
 
 
@@ -128,7 +128,7 @@ class BaseKVCache:
         return np.arange(len(self) + self._check_new(n_new))
 
     def _check_new(self, n_new) -> int:
-        return as_whole_number("n_new", n_new, 0, (self.capacity or 2**31 - 1) - len(self))
+        return as_whole_number("n_new", n_new, 0, (self.capacity or LARGEST_COUNT) - len(self))
 
     def append(self, layer: int, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Store a chunk's new rows K, V (n_new, kv_width) after a layer's last position and

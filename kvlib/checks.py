@@ -219,8 +219,8 @@ def as_whole_numbers(name: str, values, minimum: int = 0, *, empty: bool = True)
         items = list(values)
         for item in items:
             if _is_bool(item) or not isinstance(item, Integral) or abs(item) >= 2**63:
-                raise TypeError(f"{name} must be whole numbers (of 64 bits at most), got "
-                                f"{_short(item)} in {_short(values)}")
+                raise TypeError(f"{name} must be whole numbers (a flat sequence of them, of 64 "
+                                f"bits at most), got {_short(item)} in {_short(values)}")
         values = np.array(items, dtype=np.int64)
     if values.ndim != 1:
         raise ValueError(f"{name} must be a flat sequence of whole numbers, got shape "
@@ -244,7 +244,7 @@ def as_token_ids(ids, vocab_size: int, what: str = "prompt", limit: int | None =
     if isinstance(ids, (str, bytes)):
         raise TypeError(f"the {what} must be token ids (integers), got the text {ids!r}: "
                         "encode it with a tokenizer first")
-    name = "the token ids" if what == "ids" else f"the {what}'s token ids"
+    name = f"the {what}" if what.endswith("token ids") else f"the {what}'s token ids"
     array = as_whole_numbers(name, ids, minimum=-2**63)
     if array.size == 0 and not empty:
         raise ValueError(f"the {what} is empty: give at least one token id (for example the "

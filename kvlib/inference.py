@@ -198,7 +198,7 @@ def next_token_losses(logits, ids) -> np.ndarray:
     sequence of ids (T,) -> (T - 1,), -log p(ids[t + 1]) under row t (the last row predicts
     nothing). Its mean is the loss a model is trained and measured on."""
     logits = as_matrix("logits", logits).astype(np.float64, copy=False)
-    ids = as_token_ids(ids, logits.shape[1], what="ids")
+    ids = as_token_ids(ids, logits.shape[1], what="token ids")
     if len(logits) != len(ids) or len(ids) < 2:
         raise ValueError(f"need logits (T, V) for T >= 2 ids, got {logits.shape} for "
                          f"{len(ids)} ids")

@@ -47,7 +47,7 @@ def _plus_bias(Y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
 def embed(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Embedding lookup (embedding_lookup): ids (T,) pick rows of the table (V, d) -> X (T, d)."""
     table = as_matrix("table", table)
-    return table[as_token_ids(ids, len(table), what="ids", empty=True)]
+    return table[as_token_ids(ids, len(table), what="token ids", empty=True)]
 
 
 def project_qkv(X: np.ndarray, layer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -332,7 +332,14 @@ def decoder_block(
     n_heads = as_divisor("n_heads", n_heads, width, "query columns")
     rotary, record_attention = as_rotary(rotary), as_list_or_none(record_attention)
     attend = _cached_attention(n_heads, mask, cache, layer_index, record_attention)
-    return block_with_attention(X, layer, attend, rotary=rotary, norm_epsilon=norm_epsilon)
+    if cache is None or is_trusted():      # the inference loop puts a failed pass back itself
+        return block_with_attention(X, layer, attend, rotary=rotary, norm_epsilon=norm_epsilon)
+    saved = cache.checkpoint()             # a learner's call that fails (a mask of the wrong
+    try:                                   # shape, after the append) leaves the cache as it was
+        return block_with_attention(X, layer, attend, rotary=rotary, norm_epsilon=norm_epsilon)
+    except BaseException:
+        cache.restore(saved)
+        raise
 
 
 def block_with_attention(X: np.ndarray, layer: LayerParams, attend, *, rotary=None,

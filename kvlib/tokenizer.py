@@ -59,7 +59,7 @@ class ToyTokenizer:
 
     def tokens(self, ids) -> list[str]:
         """Ids -> the token strings, BOS included (for labelling plots)."""
-        ids = as_token_ids(ids, len(self.vocabulary), what="ids", empty=True)
+        ids = as_token_ids(ids, len(self.vocabulary), what="token ids", empty=True)
         return [self.vocabulary[i] for i in ids]
 
     def decode(self, ids) -> str:

@@ -141,3 +141,12 @@ def test_the_building_blocks_check_a_learners_call_and_trust_the_loop():
     assert not checks.is_trusted()
     with checks.trusted():
         assert checks.as_matrix("X", "not checked") == "not checked"
+
+
+def test_a_block_that_fails_after_its_append_leaves_the_cache_as_it_was():
+    params = kvlib.init_params()
+    _, cache = kvlib.prefill(params, [0, 3, 7])
+    X = kvlib.embed([1], params.embedding)
+    with pytest.raises(ValueError, match="mask"):       # one query sees 4 keys, not 3
+        kvlib.decoder_block(X, params.layers[0], 2, causal_mask(1, 3), cache, 0)
+    assert cache.lengths == (3, 3, 3)

@@ -223,13 +223,8 @@ def to_interleaved_columns(W: np.ndarray, n_heads: int) -> np.ndarray:
 def to_half_columns(W: np.ndarray, n_heads: int) -> np.ndarray:
     """The inverse of to_interleaved_columns: from a GGUF's order back to the hub's."""
     W = as_array("W", W, (1, 2))
-    n_heads = as_divisor("n_heads", n_heads, W.shape[-1], "columns of W")
-    if (W.shape[-1] // n_heads) % 2:
-        raise ValueError(f"each head's {W.shape[-1] // n_heads} columns must pair up: an even "
-                         "head size")
-    *rest, width = W.shape
-    head_dim = width // n_heads
-    return W.reshape(*rest, n_heads, head_dim // 2, 2).swapaxes(-1, -2).reshape(W.shape)
+    interleaved = to_interleaved_columns(np.arange(W.shape[-1]), n_heads)   # which column went
+    return W[..., np.argsort(interleaved)]                                  # where, undone
 
 
 def with_rope_pairing(params: Params, pairing: str) -> Params:

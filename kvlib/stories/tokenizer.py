@@ -62,7 +62,7 @@ class StoryTokenizer(ToyTokenizer):
 
     def tokens(self, ids) -> list[str]:
         """Ids -> token strings, BOS included (for labelling plots)."""
-        array = as_token_ids(ids, len(self), what="ids", empty=True)
+        array = as_token_ids(ids, len(self), what="token ids", empty=True)
         return [self.vocabulary[int(i)] for i in array]
 
     def decode(self, ids) -> str:
