@@ -164,7 +164,7 @@ def test_exercise_2_diagnoses_typical_mistakes():
             "stay inside each head")
     not_yet(exercises.check_to_interleaved(lambda W, h: to_interleaved_columns(W, h).T),
             "same shape")
-    not_yet(exercises.check_to_interleaved(lambda W, h: None), "returned None")
+    not_yet(exercises.check_to_interleaved(lambda W, h: None), "not filled in")
     not_yet(exercises.check_to_interleaved(lambda W, h: ...), "not filled in")
     not_yet(exercises.check_to_interleaved(lambda W, h: 1 / 0), "ZeroDivisionError")
     not_yet(exercises.check_to_interleaved(lambda W, h: np.sort(W, axis=1)), "not in llama.cpp's")

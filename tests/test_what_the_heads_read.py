@@ -503,7 +503,7 @@ COPY_WINDOW_MISTAKES = [
     (137, "whole story", "not the smallest"),
     (256, "whole story"),
     (60, "not it", "r.position - 1"),
-    (90, "not it"),
+    (90, "smallest"),
     (88.5, "not a whole number"),
     ("89", "not text: write 89 without quotes"),
     (True, "True (a bool)"),

@@ -64,6 +64,17 @@ def is_missing(answer) -> bool:
     return answer is None or answer is ...
 
 
+def _stub(*args):
+    ...
+
+
+def is_stub(function) -> bool:
+    """True for a function whose body is still only `...` (or `pass`): its code is that of a
+    stub, whatever its arguments. A body that computes and forgets to return is not one."""
+    code = getattr(function, "__code__", None)
+    return code is not None and code.co_code == _stub.__code__.co_code
+
+
 def not_filled_in(name: str = "answer", example: str = "your code") -> Feedback:
     """The Feedback for an answer that is still `...`."""
     return Feedback(False, f"{name} is not filled in yet: replace the ... with {example}.")

@@ -15,7 +15,15 @@ import kvlib
 from kvlib.chat import reusable_prefix
 from kvlib.checkpoints.llama import to_half_columns, to_interleaved_columns
 
-from .base import Feedback, checker, is_missing, not_filled_in, read_whole_number, show_solution
+from .base import (
+    Feedback,
+    checker,
+    is_missing,
+    is_stub,
+    not_filled_in,
+    read_whole_number,
+    show_solution,
+)
 
 # Exercise 1: meta-llama/Llama-3.2-1B-Instruct's config.json, the entries that matter
 LLAMA32_CONFIG = {"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -102,6 +110,8 @@ def check_to_interleaved(function) -> Feedback:
         except Exception as error:      # the student's code: any error is an answer
             return Feedback(False, f"on W of shape {W.shape} with {heads} heads your function "
                             f"raised {type(error).__name__}: {error}")
+        if result is None and is_stub(function):
+            return not_filled_in("to_interleaved", "a body that returns the reordered W")
         if result is None:
             return Feedback(False, "your function returned None: does it end with `return` "
                             "and the reordered W?")

@@ -216,14 +216,14 @@ def check_copy_window(answer) -> Feedback:
     if value < 1:
         return Feedback(False, f"{value}: a window holds at least the query itself, so W is "
                         "1 or more.")
-    if value > right:
-        return Feedback(False, f"a window of {value} keeps every position the copy head reads, "
-                        "but so does a smaller one: the exercise asks for the smallest window "
-                        "that still does.")
     if value >= int(reach["story"][0]):
         return Feedback(False, f"a window of {value} keeps the whole story "
                         f"({int(reach['story'][0])} tokens), so nothing is lost, but it is not "
                         "the smallest that keeps what the copy head reads.")
+    if value > right:
+        return Feedback(False, f"a window of {value} keeps every position the copy head reads, "
+                        "but so does a smaller one: the exercise asks for the smallest window "
+                        "that still does.")
     return Feedback(False, f"{value} is not it. For each repeated sound r, take the copy head's "
                     "row at the query r.position - 1, find the position with the most weight "
                     "and how far back it is; the window must hold the farthest one and the "

@@ -124,21 +124,26 @@ def check_fixed_step(function) -> Feedback:
     prompt = exercise_prompt()
     if _is_empty(function):
         return not_filled_in("fixed_decode_step", "a body that returns the logits (1, V)")
+    not_finite = []
+
+    def watched(params, token_id, cache):
+        # the learner's step, as the locator calls it; its logits must be numbers, all finite
+        logits = function(params, token_id, cache)
+        kind = getattr(np.asarray(logits), "dtype", np.dtype(object)).kind
+        if kind not in "fiu":
+            raise TypeError(f"it returned {described(logits)}, not logits (numbers)")
+        not_finite.extend([] if np.isfinite(logits).all() else [len(cache)])
+        return logits
+
     try:
-        _, cache = kvlib.prefill(params, prompt)
-        logits = np.asarray(function(params, prompt[-1], cache), dtype=float)
-    except Exception as error:          # the learner's code: any failure is an answer too
-        return Feedback(False, f"your step failed with {type(error).__name__}: {error}. It must "
-                        "take (params, token_id, cache) and return logits (1, V).")
-    if not np.isfinite(logits).all():
-        return Feedback(False, "your step returns logits that are not all finite numbers (nan "
-                        "or inf): no token can be chosen from them.")
-    try:
-        found = debug.first_divergence(params, prompt, CHECKED_NEW_TOKENS, function)
+        found = debug.first_divergence(params, prompt, CHECKED_NEW_TOKENS, watched)
     except Exception as error:          # the learner's code: any failure is an answer too
         return Feedback(False, f"the locator could not run your step: it failed with "
                         f"{type(error).__name__}: {error}. It must take (params, token_id, "
                         "cache) and return logits (1, V).")
+    if not_finite:
+        return Feedback(False, "your step returns logits that are not all finite numbers (nan "
+                        "or inf): no token can be chosen from them.")
     if found is not None:
         return Feedback(False, f"the locator still finds something: {found}")
     try:

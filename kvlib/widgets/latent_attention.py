@@ -203,11 +203,6 @@ def latent_cache_calculator(preset: str = "DeepSeek-V2", latent_dim: int | None 
             return
         model = PRESETS[controls["preset"].value]
         dc, dr = controls["latent_dim"].value, controls["rope_head_dim"].value
-        widest = 2 * model.n_heads * model.head_dim             # MHA's K and V together
-        if dc + dr > widest:
-            raise ValueError(f"a latent and rotary key of {dc + dr:,} numbers are wider than "
-                             f"multi-head attention's K and V together ({widest:,}): they "
-                             "would save nothing. Choose dc + dr of at most that.")
         sizes = bytes_per_token(model.n_layers, model.n_heads, model.head_dim, dc, dr)
         state["sizes"] = sizes
         kv_heads = {"MHA": model.n_heads, "GQA": grouped_kv_heads(model.n_heads), "MQA": 1}
@@ -218,13 +213,17 @@ def latent_cache_calculator(preset: str = "DeepSeek-V2", latent_dim: int | None 
         fit_labels(live.ax)
         live.show()
         mla, mha = sizes["MLA"], sizes["MHA"]
-        equivalent = (dc + dr) / (2 * model.head_dim)
+        equivalent = (dc + dr) / (2 * model.head_dim)       # K/V heads caching as much
+        # past MHA's K and V together no grouping caches as much: say so instead of '39,062.75'
+        like_gqa = (f"as much as GQA with {equivalent:,.2f} K/V heads of {model.head_dim}"
+                    if equivalent <= model.n_heads else
+                    f"more than any grouping of its {model.n_heads} heads could (a latent this "
+                    "wide saves nothing)")
         context = model.context_length
         status.value = "<br>".join([
             f"MLA caches {plural(model.n_layers, 'layer')} x ({dc:,} + {dr:,}) numbers x 2 "
             f"bytes = <b>{mla:,} bytes a token</b>: {compared_with(mha / mla, 'MHA')} "
-            f"({mha:,}), as much as GQA with {equivalent:,.2f} K/V heads of "
-            f"{model.head_dim}.",
+            f"({mha:,}), {like_gqa}.",
             f"At {context:,} tokens (the context length): {mla * context / GiB:,.2f} GiB "
             f"against {mha * context / GiB:,.2f} GiB with MHA.",
             f"<small>{html.escape(model.name)} itself uses {html.escape(model.attention)}. "
