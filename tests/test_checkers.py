@@ -156,17 +156,6 @@ CALLED_ON = {
 """What a notebook calls a checker on, where it is not `answer`."""
 KNOWN_FAILURES = {
     # checker: (what its known failure says, a regular expression), where the bug is
-    "positions_and_rope.check_continue": (
-        r"^ComplexWarning", "a function that returns complex logits of the right shape makes "
-        "numpy warn (an error under pytest) instead of a Feedback: "
-        "kvlib/exercises/positions_and_rope.py"),
-    "latent_attention.check_head_scores": (
-        r"^ComplexWarning", "a function that returns complex scores of the right shape makes "
-        "numpy warn (an error under pytest) instead of a Feedback: "
-        "kvlib/exercises/latent_attention.py"),
-    "model_of_today.check_to_interleaved": (
-        r"^ValueError: setting an array element with a sequence", "a function that returns a "
-        "ragged list raises numpy's ValueError: kvlib/exercises/model_of_today.py"),
     "the_engine.check_tokens_to_look_up": (
         r".", "any problem: a function that returns anything but a list (10**5000, inf, numpy "
         "scalars, arrays) makes it raise (ValueError, OverflowError) or show numpy's repr "

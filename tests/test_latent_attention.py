@@ -487,7 +487,7 @@ def test_head_scores_checker_catches_every_kind_of_failure():
     not_yet(exercises.check_head_scores(lambda *args: 1 / 0), "raised ZeroDivisionError")
     not_yet(exercises.check_head_scores(lambda layer, head: 0), "six arguments", "head_scores(")
     not_yet(exercises.check_head_scores(lambda *args: None), "returned None")
-    not_yet(exercises.check_head_scores(lambda *args: "scores"), "should return numbers")
+    not_yet(exercises.check_head_scores(lambda *args: "scores"), "array of numbers")
     not_yet(exercises.check_head_scores(lambda *args: np.full(6, np.nan)), "NaN")
     not_yet(exercises.check_head_scores(lambda *args: [1, [2, 3]]), "should return numbers")
     not_yet(exercises.check_head_scores(lambda *args: np.zeros(6)), "head 1's scores are not right")

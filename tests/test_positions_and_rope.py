@@ -373,7 +373,7 @@ WRONG_CONTINUATIONS = [
                                                                       "hold"]),
     (reads_len_inside_the_loop, ["read after the first layer", "P = len(cache)"]),
     (lambda params, ids, cache: kvlib.prefill(params, ids, cache)[0][-1:], ["shape (5, 12)"]),
-    (lambda params, ids, cache: "logits", ["got str"]),
+    (lambda params, ids, cache: "logits", ["got text"]),
     (lambda params, ids, cache: 1 / 0, ["ZeroDivisionError"]),
     (lambda params, ids: None, ["TypeError"]),
     (lambda params, ids, cache: np.zeros((len(ids), 12)), ["the cache should hold"]),

@@ -25,6 +25,7 @@ from .base import (
     checker,
     described,
     is_missing,
+    read_array,
     read_choice,
     read_number,
     read_whole_number,
@@ -270,11 +271,11 @@ def _call(function, layer, head, q_head, q_rope_head, latents, rope_keys):
     if result is None:
         return None, Feedback(False, "your function returned None: fill in its body and "
                               "return the scores."), False
-    try:
-        scores = np.asarray(_plain(result), dtype=np.float64)
-    except (TypeError, ValueError, OverflowError):
-        return None, Feedback(False, f"your function should return numbers (one score per "
-                              f"cached position), got {described(result)}."), False
+    scores = read_array(_plain(result), "your function's result")
+    if isinstance(scores, Feedback):            # text, complex numbers, ragged lists, objects
+        return None, Feedback(False, f"{scores.message} It should return one score per cached "
+                              "position."), False
+    scores = scores.astype(np.float64)
     n = latents.shape[0]
     if scores.shape in {(1, n), (n, 1)}:
         scores = scores.reshape(n)

@@ -21,6 +21,7 @@ from .base import (
     is_missing,
     is_stub,
     not_filled_in,
+    read_array,
     read_whole_number,
     show_solution,
 )
@@ -120,7 +121,10 @@ def check_to_interleaved(function) -> Feedback:
         if not np.array_equal(W, original):
             return Feedback(False, "your function changed W in place; return a new array (the "
                             "loaded weights are read-only views of a file).")
-        result = np.asarray(result) if isinstance(result, (list, tuple)) else result
+        if isinstance(result, (list, tuple)):
+            result = read_array(result, "your function's result", W.shape)
+            if isinstance(result, Feedback):     # a ragged list, text, objects
+                return result
         if not isinstance(result, np.ndarray) or result.shape != W.shape:
             return Feedback(False, f"for W of shape {W.shape} expected an array of the same "
                             f"shape, got {getattr(result, 'shape', type(result).__name__)}: "

@@ -24,6 +24,7 @@ from .base import (
     described,
     is_missing,
     not_filled_in,
+    read_array,
     show_solution,
     shown,
 )
@@ -135,12 +136,11 @@ def _call(function, params, ids, cache, where: str):
 
 
 def _as_logits(logits, expected_shape, where: str):
-    try:
-        with np.errstate(all="ignore"):
-            array = np.asarray(logits, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError):
+    array = read_array(logits, "your function's logits", expected_shape)
+    if isinstance(array, Feedback):             # text, complex numbers, ragged lists, objects
         return None, Feedback(False, f"{where}: expected logits, an array of numbers of shape "
-                              f"{expected_shape}, got {type(logits).__name__}.")
+                              f"{expected_shape}. {array.message}")
+    array = array.astype(np.float64)
     if array.shape != expected_shape:
         return None, Feedback(False, f"{where}: expected logits of shape {expected_shape} (one "
                               f"row per new token), got {array.shape}.")
