@@ -489,7 +489,7 @@ def test_head_scores_checker_catches_every_kind_of_failure():
     not_yet(exercises.check_head_scores(lambda *args: None), "returned None")
     not_yet(exercises.check_head_scores(lambda *args: "scores"), "array of numbers")
     not_yet(exercises.check_head_scores(lambda *args: np.full(6, np.nan)), "NaN")
-    not_yet(exercises.check_head_scores(lambda *args: [1, [2, 3]]), "should return numbers")
+    not_yet(exercises.check_head_scores(lambda *args: [1, [2, 3]]), "ragged list")
     not_yet(exercises.check_head_scores(lambda *args: np.zeros(6)), "head 1's scores are not right")
     not_yet(exercises.check_head_scores(lambda *args: np.zeros(5)), "shape (6,)")
     not_yet(exercises.check_head_scores("head_scores"), "should be a function")
