@@ -11,6 +11,9 @@ kernel, and compares each cell's two runs' text outputs (sanitized as nbval's ar
 that measure this machine or show a widget, the number and kinds of outputs). The second run
 of a cell comes after every later cell of the first pass, and after its own first run: it
 catches both a cell that is not safe to run twice and a later cell that changed what it reads.
+
+After the first pass the kernel's peak memory is read: it must stay under the figure the lesson
+states in its header (notebooks/lessons.json's memory_mib, measured by tools/measure_memory.py).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import lessons  # tools/lessons.py: the table of lessons, with each one's memory figure
 import nbformat
 import pytest
+from measure_memory import peak_mib  # tools/measure_memory.py
 from stepped_client import SteppedClient  # tools/stepped_client.py: why
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +47,7 @@ def sanitizers() -> list[tuple[re.Pattern, str]]:
 
 
 SANITIZERS = sanitizers()
+MEMORY_MIB = {lesson.slug: lesson.memory_mib for lesson in lessons.load()}
 
 
 def summary(outputs, exact: bool) -> list:
@@ -87,6 +93,10 @@ def test_every_cell_gives_the_same_output_when_run_again_after_the_notebook(path
             client.execute_cell(cell, index, store_history=True)
             first[index] = cell.outputs
             cell.outputs = []
+        peak, stated = peak_mib(client), MEMORY_MIB[path.stem[3:]]
+        assert stated is not None, f"{path.name} states no memory: python tools/measure_memory.py"
+        assert peak <= stated, (f"the kernel peaked at {peak:,} MiB, over the {stated:,} MiB "
+                                "the lesson states: python tools/measure_memory.py " + str(path))
         for index, cell in cells:
             tags = set(cell.metadata.get("tags", []))
             exact = not tags & {"timings", "nbval-ignore-output"}

@@ -41,6 +41,7 @@ class Lesson:
     title: str
     minutes: str
     summary: str
+    memory_mib: int | None = None      # the kernel's peak, measured by tools/measure_memory.py
 
     @property
     def name(self) -> str:
@@ -58,8 +59,8 @@ class Lesson:
 def load(root: Path = ROOT) -> list[Lesson]:
     """The lessons in order, numbered from 00."""
     rows = json.loads((root / TABLE).read_text(encoding="utf-8"))["lessons"]
-    return [Lesson(number, row["slug"], row["title"], row["minutes"], row["summary"])
-            for number, row in enumerate(rows)]
+    return [Lesson(number, row["slug"], row["title"], row["minutes"], row["summary"],
+                   row.get("memory_mib")) for number, row in enumerate(rows)]
 
 
 def find(lesson: str, root: Path = ROOT) -> Lesson:
@@ -248,6 +249,9 @@ def disagreements(root: Path = ROOT) -> list[str]:
                          f"{lesson.heading()!r}")
         if f"{lesson.minutes} minutes" not in first:
             found.append(f"{lesson.notebook}'s header does not say its {lesson.minutes} minutes")
+        if lesson.memory_mib is not None and f"{lesson.memory_mib:,} MiB" not in first:
+            found.append(f"{lesson.notebook}'s header does not say its kernel needs "
+                         f"{lesson.memory_mib:,} MiB (python tools/measure_memory.py)")
     return found
 
 

@@ -80,6 +80,18 @@ def not_filled_in(name: str = "answer", example: str = "your code") -> Feedback:
     return Feedback(False, f"{name} is not filled in yet: replace the ... with {example}.")
 
 
+def read_function(answer, write: str, like: str | None = None) -> Feedback | None:
+    """None when the answer is a function; otherwise what to do: write `write` and set answer
+    to it (the function itself, not its result), a function like `like`."""
+    if is_missing(answer):
+        return Feedback(False, f"answer is not filled in yet: write {write}, then set answer = "
+                        f"{write} (without calling it).")
+    if not callable(answer):
+        return Feedback(False, f"answer should be a function{f' like {like}' if like else ''}, "
+                        f"not {described(answer)}: write answer = {write}, without ().")
+    return None
+
+
 # Showing what the student typed ---------------------------------------------------------------
 
 def _digits(value: int) -> str:

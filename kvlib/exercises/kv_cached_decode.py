@@ -16,8 +16,8 @@ from .base import (
     article_example,
     check_array,
     checker,
-    is_missing,
     read_array,
+    read_function,
     show_solution,
     shown,
 )
@@ -155,12 +155,9 @@ def check_chunked_prefill(prefill_chunk) -> Feedback:
     Runs it on several splits of a text into (already cached, new chunk), including a first
     chunk on an empty cache, and compares with kvlib.forward on the whole text.
     """
-    if is_missing(prefill_chunk):
-        return Feedback(False, "your fixed function is not filled in yet: write it, then set "
-                        "answer = your function (without calling it).")
-    if not callable(prefill_chunk):
-        return Feedback(False, f"answer should be a function like prefill_chunk_broken, not "
-                        f"{type(prefill_chunk).__name__}: write answer = prefill_chunk_fixed.")
+    refused = read_function(prefill_chunk, "prefill_chunk_fixed", "prefill_chunk_broken")
+    if refused is not None:
+        return refused
     params, _ = article_example()
     tokenizer = kvlib.ToyTokenizer()
     for cached_ids, ids in _chunk_cases():
@@ -255,12 +252,9 @@ def check_generation_loop(my_generate) -> Feedback:
     P + n - 1 rows through it, one per position the cache grows by. Counting the work does not
     depend on how kvlib.decode_step was imported.
     """
-    if is_missing(my_generate):
-        return Feedback(False, "your function is not filled in yet: write it, then set "
-                        "answer = your function (without calling it).")
-    if not callable(my_generate):
-        return Feedback(False, f"answer should be a function, not {type(my_generate).__name__}: "
-                        "write answer = my_generate, without ().")
+    refused = read_function(my_generate, "my_generate")
+    if refused is not None:
+        return refused
     params, _ = article_example()
     tokenizer = kvlib.ToyTokenizer()
     remark = ""

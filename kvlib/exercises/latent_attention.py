@@ -23,10 +23,9 @@ from kvlib.memory import kv_cache_bytes, latent_cache_bytes
 from .base import (
     Feedback,
     checker,
-    described,
-    is_missing,
     read_array,
     read_choice,
+    read_function,
     read_number,
     read_whole_number,
     show_solution,
@@ -321,12 +320,9 @@ def _diagnose(function, config: kvlib.ModelConfig, heads, seed: int):
 def check_head_scores(answer) -> Feedback:
     """Exercise 2: a function head_scores(layer, head, q_head, q_rope_head, latents,
     rope_keys) -> (S,): one head's absorbed scores against the cached latents."""
-    if is_missing(answer):
-        return Feedback(False, "answer is not filled in yet: write head_scores, then set "
-                        "answer = head_scores.")
-    if not callable(answer):
-        return Feedback(False, f"answer should be a function, {SIGNATURE}; got "
-                        f"{described(answer)}. Set answer = head_scores (no brackets).")
+    refused = read_function(answer, "head_scores")
+    if refused is not None:
+        return refused
     outcome, feedback = _diagnose(answer, LESSON_CONFIG, heads=(1, 6), seed=15)
     square_outcome, square_feedback = _diagnose(answer, SQUARE_CONFIG, heads=(1,), seed=16)
     if outcome == "rebuilt":

@@ -22,6 +22,7 @@ from .base import (
     is_stub,
     not_filled_in,
     read_array,
+    read_function,
     read_whole_number,
     show_solution,
 )
@@ -99,11 +100,9 @@ def _same(result: np.ndarray, target: np.ndarray) -> bool:
 def check_to_interleaved(function) -> Feedback:
     """Exercise 2: to_interleaved(W, n_heads) reorders the columns of W (d, heads x dh) from
     the hub's order to llama.cpp's, within each head."""
-    if is_missing(function):
-        return not_filled_in("to_interleaved", "your function")
-    if not callable(function):
-        return Feedback(False, f"expected a function to_interleaved(W, n_heads), got "
-                        f"{type(function).__name__}.")
+    refused = read_function(function, "to_interleaved")
+    if refused is not None:
+        return refused
     for W, heads in _test_matrices():
         original = W.copy()
         try:

@@ -25,6 +25,7 @@ from .base import (
     is_missing,
     not_filled_in,
     read_array,
+    read_function,
     show_solution,
     shown,
 )
@@ -166,12 +167,9 @@ def check_continue(continue_fixed) -> Feedback:
     rotary toy. Runs it on several splits of a text into (already cached, new tokens),
     including a first chunk on an empty cache and single decode steps, and as a greedy
     decode loop, comparing each with kvlib.forward on the whole text."""
-    if is_missing(continue_fixed):
-        return Feedback(False, "your fixed function is not filled in yet: write it, then set "
-                        "answer = your function (without calling it).")
-    if not callable(continue_fixed):
-        return Feedback(False, f"answer should be a function like continue_broken, not "
-                        f"{type(continue_fixed).__name__}: write answer = continue_fixed.")
+    refused = read_function(continue_fixed, "continue_fixed", "continue_broken")
+    if refused is not None:
+        return refused
     params = rotary_example()
     tokenizer = kvlib.ToyTokenizer()
     for cached_ids, ids in _continue_cases():

@@ -17,8 +17,8 @@ from .base import (
     article_example,
     check_array,
     checker,
-    is_missing,
     read_array,
+    read_function,
     read_whole_number,
     show_solution,
 )
@@ -144,12 +144,9 @@ def check_serve(serve, server_cache=None) -> Feedback:
     hold that prompt (or, for a function that cleans up after itself, nothing): a function
     that makes a new cache per request works, but is not the fix the server asked for.
     """
-    if is_missing(serve):
-        return Feedback(False, "your fixed function is not filled in yet: write it, then set "
-                        "answer = your function (without calling it).")
-    if not callable(serve):
-        return Feedback(False, f"answer should be a function, like serve_broken, not "
-                        f"{type(serve).__name__}: write answer = serve_fixed, without ().")
+    refused = read_function(serve, "serve_fixed", "serve_broken")
+    if refused is not None:
+        return refused
     if server_cache is None:
         return Feedback(False, "give the server's cache too, so that the checker can see how "
                         "it is used: exercises.check_serve(answer, server_cache).")

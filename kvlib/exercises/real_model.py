@@ -20,8 +20,8 @@ from .base import (
     Feedback,
     checker,
     described,
-    is_missing,
     read_array,
+    read_function,
     read_whole_number,
     show_solution,
 )
@@ -108,12 +108,9 @@ def check_decode_position(decode_step_fixed) -> Feedback:
     text; names the wrong position when the logits are those of another row of the position
     table; then generates with it alone and compares with kvlib.generate.
     """
-    if is_missing(decode_step_fixed):
-        return Feedback(False, "your fixed function is not filled in yet: write it, then set "
-                        "answer = decode_step_fixed (without calling it).")
-    if not callable(decode_step_fixed):
-        return Feedback(False, f"answer should be a function like decode_step_broken, not "
-                        f"{described(decode_step_fixed)}: write answer = decode_step_fixed.")
+    refused = read_function(decode_step_fixed, "decode_step_fixed", "decode_step_broken")
+    if refused is not None:
+        return refused
     params = gpt2_toy()
     tokenizer = kvlib.ToyTokenizer()
     vocab = params.config.vocab_size

@@ -21,9 +21,9 @@ from .base import (
     Feedback,
     as_number,
     checker,
-    described,
     is_missing,
     not_filled_in,
+    read_function,
     read_whole_number,
     show_solution,
 )
@@ -208,12 +208,9 @@ def _run_slot_function(ring_slot) -> list[int] | Feedback:
 def check_ring_slot(ring_slot) -> Feedback:
     """Exercise 2: a fixed `ring_slot(position, window, sink_tokens) -> slot`, run on
     SLOT_CASES and compared with the layout of kvlib.SlidingWindowCache."""
-    if is_missing(ring_slot):
-        return not_filled_in("your function", "a fixed function, then set answer = "
-                             "ring_slot_fixed (without calling it)")
-    if not callable(ring_slot):
-        return Feedback(False, f"answer should be a function like ring_slot_broken, not "
-                        f"{described(ring_slot)}: write answer = ring_slot_fixed.")
+    refused = read_function(ring_slot, "ring_slot_fixed", "ring_slot_broken")
+    if refused is not None:
+        return refused
     slots = _run_slot_function(ring_slot)
     if isinstance(slots, Feedback):
         return slots
