@@ -7,8 +7,9 @@ started; ru_maxrss would count the memory of the process that forked it) after t
     python tools/measure_memory.py notebooks/18_*.ipynb   # some; the others are kept
 
 The figures go into notebooks/lessons.json ("memory_mib", rounded up to 50 MiB with 10% to
-spare, so that a lesson stays under it on another machine); each notebook's header states it,
-and tests/test_cells_run_twice.py checks that the kernel stays under it. Linux only.
+spare, so that a lesson stays under it on another machine) and into the last paragraph of each
+notebook's first cell ("Memory: ..."; tools/lessons.py checks that they agree);
+tests/test_cells_run_twice.py checks that the kernel stays under it. Linux only.
 """
 
 from __future__ import annotations
@@ -57,6 +58,25 @@ def measure(path: Path) -> int:
         return peak_mib(client)
 
 
+MEMORY_LINE = ("Memory: this lesson's kernel needs about {mib:,} MiB (measured by "
+               "tools/measure_memory.py). On Binder, which gives about 2 GB in all, shut down "
+               "the kernels of earlier notebooks first (Kernel > Shut Down Kernel).")
+
+
+def with_memory_line(header: str, mib: int) -> str:
+    """The notebook's first cell with its memory paragraph (re)written at the end."""
+    kept = [part for part in header.rstrip("\n").split("\n\n")
+            if not part.startswith("Memory: ")]
+    return "\n\n".join(kept + [MEMORY_LINE.format(mib=mib)])
+
+
+def state_in_header(path: Path, mib: int) -> None:
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    first = notebook["cells"][0]
+    first["source"] = with_memory_line("".join(first["source"]), mib).splitlines(keepends=True)
+    path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str]) -> None:
     table = json.loads((ROOT / lessons.TABLE).read_text(encoding="utf-8"))
     rows = {row["slug"]: row for row in table["lessons"]}
@@ -65,6 +85,7 @@ def main(argv: list[str]) -> None:
         peak = measure(path)
         slug = path.stem[3:]
         rows[slug]["memory_mib"] = stated_figure(peak)
+        state_in_header(path, rows[slug]["memory_mib"])
         print(f"{path.name:40} peak {peak:5,} MiB -> states {rows[slug]['memory_mib']:,} MiB",
               flush=True)
         (ROOT / lessons.TABLE).write_text(json.dumps(table, indent=1, ensure_ascii=False)
