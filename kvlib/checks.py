@@ -93,7 +93,7 @@ def as_real_number(name: str, value, *, minimum: float | None = None,
     try:
         number = float(value)
     except OverflowError:
-        raise ValueError(f"{name} is too large for a float: {value}") from None
+        raise ValueError(f"{name} is too large for a float: {_short(value)}") from None
     if not math.isfinite(number):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     if positive and number <= 0:
@@ -429,5 +429,7 @@ def contains_bool(value) -> bool:
 
 
 def _short(value, limit: int = 80) -> str:
+    if isinstance(value, Integral) and not _is_bool(value) and abs(int(value)) >= 10**limit:
+        return f"a whole number of about {int(math.log10(abs(int(value)))) + 1:,} digits"
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."

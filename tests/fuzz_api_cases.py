@@ -709,6 +709,10 @@ ATTENTION_ARGS = (np.linspace(-1.0, 1.0, 2 * 2 * 2).reshape(2, 2, 2), [3, 4], PO
 pure("block_attention", block_attention.block_attention, *ATTENTION_ARGS)
 pure("gather_attention", block_attention.gather_attention, *ATTENTION_ARGS)
 pure("attention_bytes", block_attention.attention_bytes, 10, 64, 2, True)
+BATCHED_ARGS = (np.linspace(-1.0, 1.0, 2 * 2 * 1 * 2).reshape(2, 2, 1, 2), [[3], [1]], POOL_KEYS,
+                POOL_KEYS[::-1].copy(), [[2, 0], [1, 1]])        # (R, h, T, dh), (R, T), tables
+pure("batched_block_attention", block_attention.batched_block_attention, *BATCHED_ARGS)
+pure("batched_gather_attention", block_attention.batched_gather_attention, *BATCHED_ARGS)
 
 # ---- serving names the notebooks do not call ----------------------------------------------
 

@@ -1,8 +1,9 @@
 """kvlib.serving.Engine and block attention (notebook 24), by property tests over random
-workloads: every request's tokens equal decoding it alone, the pool stays consistent after
-every step, no block leaks, a step never exceeds its token budget, prefix blocks are reused
-while their first request still runs, preemption changes no output, and a failed step changes
-nothing."""
+workloads (aborts, n > 1 completions, caller ids and both caching timings among them): every
+request's tokens equal decoding it alone, the pool stays consistent after every step, no block
+leaks, a step never exceeds its token budget, prefix blocks are reused while their first
+request still runs, preemption changes no output, a failed step changes nothing, and an
+interrupted generate leaves nothing running."""
 
 from pathlib import Path
 
@@ -15,7 +16,13 @@ from strategies import configs
 import kvlib
 from kvlib.serving import Engine, SamplingParams
 from kvlib.serving import engine as engine_module
-from kvlib.serving.block_attention import attention_bytes, block_attention, gather_attention
+from kvlib.serving.block_attention import (
+    attention_bytes,
+    batched_block_attention,
+    batched_gather_attention,
+    block_attention,
+    gather_attention,
+)
 from kvlib.serving.block_pool import BlockPool
 
 PROPERTY = settings(max_examples=40, deadline=None)
@@ -43,6 +50,34 @@ def test_block_attention_equals_gathering_then_attending(kv_heads, group, head_d
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
 
+@PROPERTY
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 5), st.integers(1, 6),
+       st.lists(st.integers(0, 30), min_size=1, max_size=4), st.integers(1, 5),
+       st.integers(0, 10_000))
+def test_batched_block_attention_equals_gathering_each_sequence(kv_heads, group, head_dim,
+                                                               block_size, lengths, T, seed):
+    """All sequences at once, the pool holding each query's own row too (the engine writes
+    before it attends): both batched forms equal gather_attention sequence by sequence."""
+    rng = np.random.default_rng(seed)
+    width = kv_heads * head_dim
+    n = max(-(-(length + T) // block_size) for length in lengths)
+    n_blocks = n * len(lengths) + 2
+    keys, values = rng.standard_normal((2, n_blocks, block_size, width))
+    order = rng.permutation(n_blocks)
+    tables = np.array([order[row * n:(row + 1) * n] for row in range(len(lengths))])
+    Q = rng.standard_normal((len(lengths), kv_heads * group, T, head_dim)) * 3
+    positions = np.array([length + np.arange(T) for length in lengths])
+    want = []
+    for row, length in enumerate(lengths):
+        new = positions[row]
+        rows = tables[row][new // block_size], new % block_size
+        want.append(gather_attention(Q[row], new, keys, values, list(tables[row]), length,
+                                     keys[rows], values[rows]))
+    for batched in (batched_block_attention, batched_gather_attention):
+        np.testing.assert_allclose(batched(Q, positions, keys, values, tables), np.stack(want),
+                                   rtol=0, atol=1e-12)
+
+
 def test_block_attention_reads_each_block_once_where_the_gather_moves_it_three_times():
     assert attention_bytes(100, 192, 4, gather=False) == 2 * 100 * 192 * 4
     assert attention_bytes(100, 192, 4, gather=True) == 3 * 2 * 100 * 192 * 4
@@ -51,7 +86,10 @@ def test_block_attention_reads_each_block_once_where_the_gather_moves_it_three_t
 # --------------------------------------------------------------------------- workloads
 
 def alone(params, prompt, sampling):
-    """The reference: one request decoded by itself with kvlib.generate."""
+    """The reference: one request decoded by itself with kvlib.generate (for n > 1, each of
+    its completions, with its own seed)."""
+    if sampling.n > 1:
+        return [alone(params, prompt, sampling.child(i)) for i in range(sampling.n)]
     new = kvlib.generate(params, prompt, sampling.max_tokens, temperature=sampling.temperature,
                          seed=sampling.seed)
     for index, token in enumerate(new):
@@ -72,27 +110,57 @@ def workloads(draw, vocab_size: int, max_prompt: int = 14):
         sampled = draw(st.booleans())
         sampling = SamplingParams(max_tokens=draw(st.integers(1, 8)),
                                   temperature=0.8 if sampled else 0.0,
-                                  seed=draw(st.integers(0, 99)) if sampled else None)
+                                  seed=draw(st.integers(0, 99)) if sampled else None,
+                                  stop_token_ids=draw(st.lists(st.integers(0, vocab_size - 1),
+                                                               max_size=2)),
+                                  n=draw(st.sampled_from([1, 1, 1, 2, 3])))
         requests.append((draw(st.integers(0, 6)), shared + own, sampling))
     return requests
 
 
-def run(engine, requests):
-    """Add each request at its arrival step, step to the end, checking the pool and the
-    budget after every step -> each request's output, in the order given."""
+def prefix_of_alone(params, prompt, sampling, output) -> bool:
+    """An aborted request's tokens: the first ones decoding alone gives (each completion's)."""
+    want = alone(params, prompt, sampling)
+    if sampling.n == 1:
+        return output == want[:len(output)]
+    return all(o == w[:len(o)] for o, w in zip(output, want))
+
+
+def run(engine, requests, aborts=(), names=None):
+    """Add each request at its arrival step (under names[i] if given), abort request i at
+    step s for each (i, s) of aborts, step to the end, checking the pool and the budget after
+    every step and every abort -> each request's output (n lists for n > 1), in the order
+    given."""
     ids, step = {}, 0
     pending = sorted(range(len(requests)), key=lambda i: requests[i][0])
     while pending or engine.has_unfinished_requests():
         while pending and requests[pending[0]][0] <= step:
             index = pending.pop(0)
-            ids[index] = engine.add_request(requests[index][1], requests[index][2])
+            ids[index] = engine.add_request(requests[index][1], requests[index][2],
+                                            request_id=None if names is None else names[index])
+        for index, when in aborts:
+            if when == step and index in ids:
+                engine.abort_request(ids[index])
+                engine.check()
         engine.step()
         engine.check()
         assert sum(engine.last_step.scheduled_tokens.values()) <= engine.max_num_batched_tokens
         step += 1
         assert step < 2000, "the engine made no progress"
     assert engine.pool.n_used == 0, "blocks leaked"
-    return [engine.requests[ids[i]].output_token_ids for i in range(len(requests))]
+    return [engine.output_of(ids[i]) for i in range(len(requests))], ids
+
+
+def check_outputs(engine, params, requests, outputs, ids):
+    """Every request equals decoding it alone; an aborted one, the start of it."""
+    for index, ((_, prompt, sampling), output) in enumerate(zip(requests, outputs)):
+        completions = engine.parents.get(ids[index], [ids[index]])
+        reasons = {engine.requests[i].finish_reason for i in completions}
+        assert reasons <= {"stop", "length", "abort"} and None not in reasons
+        if "abort" in reasons:
+            assert prefix_of_alone(params, prompt, sampling, output)
+        else:
+            assert output == alone(params, prompt, sampling)
 
 
 @settings(max_examples=80, deadline=None)
@@ -107,10 +175,16 @@ def test_every_request_equals_decoding_it_alone(config, seed, data):
     engine = Engine(params, block_size=block_size, n_blocks=n_blocks,
                     max_num_batched_tokens=data.draw(st.integers(1, 24)),
                     max_num_seqs=data.draw(st.integers(1, 6)),
-                    enable_prefix_caching=data.draw(st.booleans()))
-    outputs = run(engine, requests)
-    for (_, prompt, sampling), output in zip(requests, outputs):
-        assert output == alone(params, prompt, sampling)
+                    enable_prefix_caching=data.draw(st.booleans()),
+                    cache_when_scheduled=data.draw(st.booleans()))
+    aborts = data.draw(st.lists(st.tuples(st.integers(0, len(requests) - 1),
+                                          st.integers(0, 12)), max_size=2))
+    names = data.draw(st.one_of(st.none(), st.lists(
+        st.one_of(st.integers(-5, 50), st.text("abc-", min_size=1, max_size=3)),
+        min_size=len(requests), max_size=len(requests), unique=True)))
+    event(f"{sum(s.n > 1 for _, _, s in requests)} requests with n > 1, {len(aborts)} aborts")
+    outputs, ids = run(engine, requests, aborts, names)
+    check_outputs(engine, params, requests, outputs, ids)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +207,7 @@ def test_the_trained_story_model_in_float32_equals_decoding_alone(story, data):
                          SamplingParams(max_tokens=data.draw(st.integers(2, 10)))))
     engine = Engine(story, block_size=8, n_blocks=data.draw(st.integers(9, 30)),
                     max_num_batched_tokens=data.draw(st.integers(8, 64)))
-    for (_, prompt, sampling), output in zip(requests, run(engine, requests)):
+    for (_, prompt, sampling), output in zip(requests, run(engine, requests)[0]):
         assert output == alone(story, prompt, sampling)
 
 
@@ -325,7 +399,7 @@ def test_a_step_that_fails_anywhere_changes_nothing_and_the_run_goes_on(config, 
         step += 1
     event(f"failed in {where}" if failed else "no step reached the failure")
     for index, (_, prompt, sampling) in enumerate(requests):
-        assert engine.requests[ids[index]].output_token_ids == alone(params, prompt, sampling)
+        assert engine.output_of(ids[index]) == alone(params, prompt, sampling)
 
 
 def test_a_checkpoint_copies_only_what_a_step_may_touch():
@@ -391,3 +465,175 @@ def test_without_chunked_prefill_a_request_longer_than_the_budget_is_refused():
                     enable_chunked_prefill=False)
     with pytest.raises(ValueError, match="must fit one step"):
         engine.add_request(list(range(1, 10)), SamplingParams(max_tokens=2))
+
+
+# --------------------------------------------------------------------------- vLLM's API
+
+def test_finish_reasons_say_why_each_request_stopped():
+    params = toy()
+    free = kvlib.generate(params, [10, 3], 6)
+    stopped = free[:free.index(free[1]) + 1]
+    assert len(stopped) < 6
+    engine = Engine(params, block_size=4, n_blocks=16)
+    by_length = engine.add_request([10, 3], SamplingParams(max_tokens=6))
+    by_stop = engine.add_request([10, 3], SamplingParams(max_tokens=6,
+                                                         stop_token_ids=[free[1]]))
+    waiting = engine.add_request([4, 5], SamplingParams(max_tokens=6))
+    engine.abort_request(waiting)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    reasons = {o.request_id: o.finish_reason for o in outputs if o.finished}
+    assert reasons == {by_length: "length", by_stop: "stop"}
+    assert all(o.finish_reason is None for o in outputs if not o.finished)
+    assert [engine.requests[i].finish_reason for i in (by_length, by_stop, waiting)] == \
+        ["length", "stop", "abort"]
+    assert engine.output_of(by_stop) == stopped and engine.output_of(waiting) == []
+    assert engine.requests[waiting].first_scheduled_step is None, "an aborted request never ran"
+
+
+def test_abort_frees_a_running_requests_blocks_and_the_others_go_on():
+    params = toy()
+    engine = Engine(params, block_size=4, n_blocks=16)
+    keep = engine.add_request(SYSTEM[:9], SamplingParams(max_tokens=5), request_id="keep")
+    drop = engine.add_request([20, 21, 22, 23, 24, 25], SamplingParams(max_tokens=9),
+                              request_id=7)
+    engine.step()
+    held = engine.pool.n_used
+    assert engine.requests[drop].status == "running" and len(engine.requests[drop].block_table)
+    engine.abort_request(7)
+    engine.check()
+    assert engine.pool.n_used == held - 2 and engine.requests[drop].block_table == []
+    assert [r.request_id for r in engine.running] == ["keep"]
+    engine.abort_request(7)                                  # finished: nothing more happens
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check()
+    assert engine.output_of(keep) == kvlib.generate(params, SYSTEM[:9], 5)
+    assert len(engine.output_of(drop)) == 1 and engine.pool.n_used == 0
+    with pytest.raises(ValueError, match="no request of this engine has the id 'nobody'"):
+        engine.abort_request("nobody")
+
+
+@pytest.mark.parametrize("request_id, error, words", [
+    ("keep", ValueError, "'keep' is taken"), (3, ValueError, "3 is taken"),
+    ("0_pair", ValueError, "is taken"), (2.0, TypeError, "a str or an int"),
+    (True, TypeError, "a str or an int"), (None, None, None),
+])
+def test_caller_ids_are_strings_or_ints_and_never_reused(request_id, error, words):
+    engine = Engine(toy(), block_size=4, n_blocks=16)
+    engine.add_request([1, 2], request_id="keep")
+    engine.add_request([1, 2], request_id=3)
+    engine.add_request([1, 2], SamplingParams(n=2), request_id="pair")
+    before = (list(engine.requests), len(engine.waiting))
+    if error is None:
+        assert engine.add_request([1, 2], request_id=request_id) == 0   # the first free number
+        assert engine.add_request([1, 2]) == 1 and engine.add_request([1]) == 2
+        assert engine.add_request([1]) == 4                               # 3 is taken
+        return
+    with pytest.raises(error, match=words):
+        engine.add_request([1, 2], request_id=request_id)
+    assert (list(engine.requests), len(engine.waiting)) == before
+
+
+def test_n_completions_share_the_prompts_full_blocks_and_each_equals_decoding_alone():
+    params = toy()
+    prompt = SYSTEM[:10]                                  # 2 full blocks of 4, then 2 tokens
+    sampling = SamplingParams(max_tokens=6, temperature=0.9, seed=11, n=3)
+    engine = Engine(params, block_size=4, n_blocks=24)
+    parent = engine.add_request(prompt, sampling, request_id="q")
+    assert parent == "q" and engine.parents["q"] == ["0_q", "1_q", "2_q"]
+    engine.step()
+    tables = [engine.requests[i].block_table for i in engine.parents["q"]]
+    assert tables[1][:2] == tables[2][:2] == tables[0][:2], "the prompt's full blocks, shared"
+    assert len({t[2] for t in tables}) == 3, "each its own last, partial block"
+    assert engine.last_step.scheduled_tokens == {"0_q": 10, "1_q": 2, "2_q": 2}
+    assert engine.pool.ref_counts[tables[0][0]] == 3
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check()
+    outputs = engine.output_of("q")
+    assert outputs == [kvlib.generate(params, prompt, 6, temperature=0.9, seed=11 + i)
+                       for i in range(3)]
+    assert len({tuple(o) for o in outputs}) > 1, "different seeds, different samples"
+    assert Engine(params, block_size=4, n_blocks=24).generate([prompt], sampling) == [outputs]
+    engine.add_request(prompt, SamplingParams(n=2, max_tokens=2), request_id="r")
+    engine.abort_request("r")
+    assert {engine.requests[i].finish_reason for i in engine.parents["r"]} == {"abort"}
+
+
+def test_changing_the_callers_stop_list_later_changes_no_request():
+    stop = [5]
+    sampling = SamplingParams(stop_token_ids=stop)
+    stop.append(7)
+    assert sampling.stop_token_ids == (5,)
+    assert SamplingParams(stop_token_ids=np.array([3, 4])).stop_token_ids == (3, 4)
+
+
+@pytest.mark.parametrize("temperature", [10**400, -10**400, 10**5000],
+                         ids=["1e400", "-1e400", "1e5000"])
+def test_a_temperature_too_large_for_a_float_is_refused_in_words(temperature):
+    with pytest.raises(ValueError, match="temperature") as error:
+        SamplingParams(temperature=temperature)
+    assert len(str(error.value)) < 120 and "digits" in str(error.value)
+
+
+class Interrupt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, Interrupt])
+def test_an_interrupted_generate_leaves_none_of_its_requests_running(monkeypatch, interrupt):
+    params = toy()
+    engine = Engine(params, block_size=4, n_blocks=16, max_num_batched_tokens=8)
+    earlier = engine.add_request([9, 8, 7], SamplingParams(max_tokens=8))  # not this call's
+    calls = {"n": 0}
+    real_step = engine_module.forward_step
+
+    def third_step_fails(*args):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise interrupt
+        return real_step(*args)
+
+    monkeypatch.setattr(engine_module, "forward_step", third_step_fails)
+    with pytest.raises(interrupt):
+        engine.generate([SYSTEM[:6], [3, 4]], SamplingParams(max_tokens=5))
+    monkeypatch.undo()
+    engine.check()
+    mine = [r for i, r in engine.requests.items() if i != earlier]
+    assert all(r.status == "finished" and r.finish_reason == "abort" and not r.block_table
+               for r in mine)
+    assert [r.request_id for r in engine.running + list(engine.waiting)] == [earlier]
+    assert engine.generate([[1, 2]], SamplingParams(max_tokens=2)) == \
+        [kvlib.generate(params, [1, 2], 2)]
+    assert engine.output_of(earlier) == kvlib.generate(params, [9, 8, 7], 8)
+    assert all(len(r.output_token_ids) <= 2 for r in mine), "never ran after the interrupt"
+    assert engine.pool.n_used == 0
+
+
+# --------------------------------------------------------------------------- when blocks hit
+
+@pytest.mark.parametrize("when_scheduled, hits", [(True, [1, 1, 1]), (False, [0, 0, 0])])
+def test_vllms_timing_lets_requests_admitted_in_the_same_step_share_full_blocks(
+        when_scheduled, hits):
+    """Four identical 20-token prompts submitted together, blocks of 16: with vLLM's timing
+    the last three take the first one's full block in the very step it is computed."""
+    config = kvlib.ModelConfig(vocab_size=30, d_model=8, n_heads=2, n_layers=2, d_ff=16,
+                               context_length=64, positions="rotary")
+    params = kvlib.init_params(config, seed=3)
+    prompt = [int(t) for t in np.random.default_rng(4).integers(0, 30, 20)]
+    engine = Engine(params, block_size=16, n_blocks=16, max_num_batched_tokens=256,
+                    cache_when_scheduled=when_scheduled)
+    ids = [engine.add_request(prompt, SamplingParams(max_tokens=4)) for _ in range(4)]
+    engine.step()
+    record = engine.last_step
+    assert [len(record.hit_blocks.get(i, [])) for i in ids[1:]] == hits
+    assert sum(record.scheduled_tokens.values()) == (20 + 3 * 4 if when_scheduled else 80)
+    first_block = engine.requests[ids[0]].block_table[0]
+    assert engine.pool.ref_counts[first_block] == (4 if when_scheduled else 1)
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check()
+    want = kvlib.generate(params, prompt, 4)
+    assert [engine.output_of(i) for i in ids] == [want] * 4

@@ -119,6 +119,108 @@ def block_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndarr
     return state.result().reshape(h, T, dh)
 
 
+def _check_batched_inputs(Q, positions, keys, values, block_tables) -> None:
+    """The door of batched_block_attention: the shapes of its docstring."""
+    R, h, T, dh = as_array("Q", Q, 4).shape
+    n_blocks, block_size, width = as_array("keys", keys, 3).shape
+    if as_array("values", values, 3).shape != keys.shape:
+        raise ValueError(f"values must have the shape of keys {keys.shape}, got {values.shape}")
+    if dh == 0 or width == 0 or width % dh or h % max(width // dh, 1):
+        raise ValueError(f"keys' rows ({width} numbers) must be K/V heads of Q's {dh} columns, "
+                         f"as many as divide Q's {h} heads")
+    tables = as_array("block_tables", block_tables, 2)
+    if tables.shape[0] != R or tables.shape[1] == 0 or tables.dtype.kind not in "iu" or \
+            tables.min() < 0 or tables.max() >= n_blocks:
+        raise ValueError(f"block_tables must be {R} rows of block ids of a pool of {n_blocks}, "
+                         f"got shape {tables.shape} ({tables.dtype})")
+    positions = as_array("positions", positions, 2)
+    if positions.shape != (R, T) or positions.dtype.kind not in "iu" or \
+            (positions.size and (positions.min() < 0 or
+                                 positions.max() >= tables.shape[1] * block_size)):
+        raise ValueError(f"positions must be ({R}, {T}) whole numbers inside the block tables' "
+                         f"{tables.shape[1] * block_size} positions, got {positions.shape}")
+
+
+def _gathered(keys: np.ndarray, values: np.ndarray, tables: np.ndarray, kv: int, dh: int):
+    """Every sequence's blocks, copied out of the pool in one fancy index each for K and V:
+    (R, kv, n, S, dh) both, n blocks of S positions (no Python loop over blocks)."""
+    R, n = tables.shape
+    block_size = keys.shape[1]
+    K = keys[tables].reshape(R, n, block_size, kv, dh).transpose(0, 3, 1, 2, 4)
+    V = values[tables].reshape(R, n, block_size, kv, dh).transpose(0, 3, 1, 2, 4)
+    return K, V
+
+
+def _visible(positions, n_positions: int, group: int) -> np.ndarray:
+    """(R, 1, group x T, n_positions): a query at position p sees positions 0 .. p; the rows
+    in the order of the queries grouped by K/V head (group, T)."""
+    positions = np.asarray(positions)
+    R, T = positions.shape
+    visible = np.arange(n_positions) <= positions[:, :, None]                   # (R, T, P)
+    return np.broadcast_to(visible[:, None, None], (R, 1, group, T, n_positions)).reshape(
+        R, 1, group * T, n_positions)
+
+
+def batched_block_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndarray,
+                            block_tables) -> np.ndarray:
+    """Causal attention of R sequences at once, each over its own blocks, block by block,
+    merged at the end (the_engine) -> (R, h, T, dh).
+
+    Q (R, h, T, dh): T queries of each sequence; positions (R, T) their positions; keys,
+    values (n_blocks, block_size, kv x dh): one layer of the pool, holding every position up
+    to each query's own (the engine writes a step's new rows before attending, as vLLM does);
+    block_tables (R, n): each sequence's blocks in order, padded with any block id. A query
+    at position p sees the positions 0 .. p of its sequence.
+
+    block_attention's computation arranged as a GPU kernel splits it (flash-decoding): every
+    block's scores, maximum m_b, sum l_b and weighted values acc_b independently, for all
+    sequences and blocks in one batched product, then one merge: M = max_b m_b, out =
+    sum_b e^(m_b - M) acc_b / sum_b e^(m_b - M) l_b. numpy cannot read scattered blocks
+    without copying them: the blocks are gathered once per call (keys[block_tables]).
+    """
+    if not is_trusted():
+        _check_batched_inputs(Q, positions, keys, values, block_tables)
+    R, h, T, dh = Q.shape
+    block_size, kv = keys.shape[1], keys.shape[2] // dh
+    tables = np.asarray(block_tables, dtype=np.intp)
+    n = tables.shape[1]
+    K, V = _gathered(keys, values, tables, kv, dh)                    # (R, kv, n, S, dh)
+    queries = Q.reshape(R, kv, 1, h // kv * T, dh) * (1.0 / math.sqrt(dh))
+    scores = queries @ K.swapaxes(-1, -2)                              # (R, kv, n, gT, S)
+    visible = _visible(positions, n * block_size, h // kv)             # (R, 1, gT, n S)
+    visible = visible.reshape(R, 1, h // kv * T, n, block_size).swapaxes(2, 3)
+    scores = np.where(visible, scores, -np.inf)
+    m = scores.max(axis=-1, keepdims=True)                 # each block's maximum, -inf if hidden
+    weights = np.exp(scores - np.where(np.isfinite(m), m, 0))
+    l = weights.sum(axis=-1, keepdims=True)
+    acc = weights @ V                                                  # (R, kv, n, gT, dh)
+    merge = np.exp(m - m.max(axis=2, keepdims=True))       # 0 for a hidden block
+    out = (merge * acc).sum(axis=2) / (merge * l).sum(axis=2)          # (R, kv, gT, dh)
+    return out.reshape(R, h, T, dh).astype(Q.dtype, copy=False)
+
+
+def batched_gather_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndarray,
+                             block_tables) -> np.ndarray:
+    """batched_block_attention's inputs and result, computed as numpy does it fastest
+    (the_engine; what Engine.step runs): every sequence's blocks gathered in one copy, then
+    one softmax over all their positions, no per-block maxima to merge -> (R, h, T, dh)."""
+    if not is_trusted():
+        _check_batched_inputs(Q, positions, keys, values, block_tables)
+    R, h, T, dh = Q.shape
+    block_size, kv = keys.shape[1], keys.shape[2] // dh
+    tables = np.asarray(block_tables, dtype=np.intp)
+    n = tables.shape[1]
+    K, V = _gathered(keys, values, tables, kv, dh)
+    K = K.reshape(R, kv, n * block_size, dh)
+    V = V.reshape(R, kv, n * block_size, dh)
+    queries = Q.reshape(R, kv, h // kv * T, dh) * (1.0 / math.sqrt(dh))
+    scores = np.where(_visible(positions, n * block_size, h // kv),
+                      queries @ K.swapaxes(-1, -2), -np.inf)          # (R, kv, gT, P)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    out = (weights @ V) / weights.sum(axis=-1, keepdims=True)
+    return out.reshape(R, h, T, dh).astype(Q.dtype, copy=False)
+
+
 def gather_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndarray,
                      block_table, n_cached: int, new_keys: np.ndarray,
                      new_values: np.ndarray) -> np.ndarray:
@@ -126,8 +228,9 @@ def gather_attention(Q: np.ndarray, positions, keys: np.ndarray, values: np.ndar
     array, append the new rows, and attend with a causal mask -> (h, T, dh)."""
     from ..model import attention
 
-    _check_attention_inputs(Q, positions, keys, values, block_table, n_cached, new_keys,
-                            new_values)
+    if not is_trusted():
+        _check_attention_inputs(Q, positions, keys, values, block_table, n_cached, new_keys,
+                                new_values)
     h, T, dh = Q.shape
     block_size = keys.shape[1]
     kv = keys.shape[2] // dh

@@ -202,6 +202,17 @@ class BlockPool:
             found.append(block)
         return found
 
+    def lookup_keys(self, keys) -> list[int]:
+        """The cached blocks of a sequence whose full blocks have these keys, in order, up to
+        the first one not cached (lookup, with the keys computed by the caller)."""
+        found = []
+        for key in keys if self.enable_prefix_caching else ():
+            block = self.cached.get(key)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
     def cache(self, block: int, key: bytes) -> bool:
         """Keep a full, held block under its key, unless another block keeps that key already
         (or caching is off): True when it was cached."""

@@ -12,7 +12,7 @@ matter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -22,24 +22,44 @@ from ..config import ModelConfig
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 """A request's status (vLLM's RequestStatus, without its finer states)."""
 
+STOP, LENGTH, ABORT = "stop", "length", "abort"
+"""Why a request finished (vLLM's finish_reason): a stop token came out, max_tokens were
+reached, or the caller aborted it."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How a request is decoded (vLLM's SamplingParams, the fields kvlib needs): max_tokens
     new tokens at most; temperature 0 for greedy, otherwise sampled with a generator seeded
-    by seed; generation also stops after any of stop_token_ids."""
+    by seed; generation also stops after any of stop_token_ids; n independent completions of
+    the prompt (the engine serves them as n requests sharing the prompt's blocks, vLLM V1's
+    ParentRequest).
+
+    The values are copied in: stop_token_ids becomes a tuple of ints, so that changing the
+    caller's list later changes no request. A child of a request with n > 1 and a seed
+    samples with seed + its index (vLLM's children each get their own generator too).
+    """
 
     max_tokens: int = 16
     temperature: float = 0.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    n: int = 1
 
     def __post_init__(self):
         as_whole_number("max_tokens", self.max_tokens, 1)
-        as_real_number("temperature", self.temperature, minimum=0)
+        object.__setattr__(self, "temperature",
+                           as_real_number("temperature", self.temperature, minimum=0))
         if self.seed is not None:
             as_whole_number("seed", self.seed, 0)
-        as_whole_numbers("stop_token_ids", self.stop_token_ids)
+        object.__setattr__(self, "stop_token_ids", tuple(
+            as_whole_numbers("stop_token_ids", self.stop_token_ids).tolist()))
+        as_count("n", self.n, 1)
+
+    def child(self, index: int) -> SamplingParams:
+        """The SamplingParams of completion `index` of n: n = 1, its own seed (seed + index)."""
+        seed = None if self.seed is None else self.seed + index
+        return replace(self, n=1, seed=seed)
 
 
 @dataclass(eq=False)            # two requests are the same only if they are the same object
@@ -47,8 +67,10 @@ class Request:
     """One request (vLLM's Request): its id, prompt, SamplingParams and arrival (an engine step,
     or seconds), then what serving it changes: the output so far, how many of its tokens have
     K and V in the cache, its block table, how many of its full blocks entered the prefix
-    cache, its status, the steps at which it was first scheduled, got its first token and
-    finished, and its own random generator (seeded by sampling_params.seed).
+    cache, its status, why it finished (finish_reason: "stop", "length" or "abort"), the
+    steps at which it was first scheduled, got its first token and finished, and its own
+    random generator (seeded by sampling_params.seed). A completion of a request with n > 1
+    names its parent (parent_id) and its index among the n.
 
     all_token_ids is prompt_token_ids + output_token_ids, kept as one list (as vLLM does) so
     that a step reads any slice of it without joining the two.
@@ -63,7 +85,11 @@ class Request:
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0
+    block_hashes: list[bytes] = field(default_factory=list, repr=False)
     status: str = WAITING
+    finish_reason: str | None = None
+    parent_id: int | str | None = None
+    index: int = 0
     first_scheduled_step: int | None = None
     first_token_step: int | None = None
     finished_step: int | None = None
@@ -112,7 +138,8 @@ class Request:
         """The same request not yet served (at another arrival, if given): serving it changes
         the copy, never this one."""
         return Request(self.request_id, self.prompt_token_ids, self.sampling_params,
-                       self.arrival if arrival is None else arrival)
+                       self.arrival if arrival is None else arrival, parent_id=self.parent_id,
+                       index=self.index)
 
     def snapshot(self) -> dict:
         """Everything serving may change, copied: restore(snapshot) puts it back (the
@@ -132,11 +159,13 @@ class Request:
 @dataclass(frozen=True)
 class RequestOutput:
     """What one request produced in one step: its new tokens (none while its prompt is still
-    being prefilled in chunks) and whether it finished."""
+    being prefilled in chunks), whether it finished, and why (finish_reason: "stop",
+    "length", "abort"; None while it runs)."""
 
     request_id: int | str
     new_token_ids: list[int]
     finished: bool
+    finish_reason: str | None = None
 
 
 def requests_of_lengths(prompt_lengths, output_lengths, arrivals=None, seed: int = 0,

@@ -13,6 +13,14 @@ max_num_batched_tokens (None: no limit), on at most max_num_seqs requests:
    what is left of the budget is cut to it (chunked prefill), or, with chunked prefill off,
    waits; a waiting request that does not fit stops the admissions: the queue never skips it.
 
+Full blocks enter the prefix cache after the step that filled them has run (nano-vllm's
+hash_blocks in postprocess, SGLang's cache_unfinished_req after the forward), or, with
+cache_when_scheduled, as soon as the step that will fill them is scheduled (vLLM V1: allocate_slots
+calls cache_blocks), so that a request admitted later in the same step already reuses them. The
+engine writes a step's K and V into the pool before any attention reads it, as vLLM does, so
+both are correct. The n completions of one request (n > 1) always cache when scheduled: they
+are queued together, and the first one's prompt blocks are the others' prefix.
+
 Static batching (static=True) admits waiting requests only when no request runs, and the
 batch then runs until its last request finishes; continuous batching re-forms the batch every
 step (iteration-level scheduling, Orca: Yu et al., OSDI 2022). StaticBatching and
@@ -38,8 +46,8 @@ from ..checks import as_count, as_flag
 from ..inference import prefill
 from ..params import Params
 from .batch import attend_per_sequence, batched_decode_step
-from .block_pool import BlockPool
-from .request import FINISHED, RUNNING, WAITING, Request, RequestOutput
+from .block_pool import ROOT_KEY, BlockPool, block_key
+from .request import ABORT, FINISHED, LENGTH, RUNNING, STOP, WAITING, Request, RequestOutput
 from .timeline import Step, Timeline
 
 NO_LIMIT = 2**62
@@ -50,12 +58,15 @@ NO_LIMIT = 2**62
 class SchedulerConfig:
     """How the scheduler fills a step (vLLM's SchedulerConfig): at most max_num_seqs requests
     running, at most max_num_batched_tokens tokens a step (None: no limit), long prompts cut
-    into chunks of the budget (enable_chunked_prefill), static batching or continuous."""
+    into chunks of the budget (enable_chunked_prefill), static batching or continuous, and
+    when a full block becomes reusable: after the step that fills it (False, kvlib's default:
+    nano-vllm, SGLang) or when that step is scheduled (cache_when_scheduled=True: vLLM V1)."""
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = 256
     enable_chunked_prefill: bool = True
     static: bool = False
+    cache_when_scheduled: bool = False
 
     def __post_init__(self):
         as_count("max_num_seqs", self.max_num_seqs, 1)
@@ -63,6 +74,7 @@ class SchedulerConfig:
             as_count("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         as_flag("enable_chunked_prefill", self.enable_chunked_prefill)
         as_flag("static", self.static)
+        as_flag("cache_when_scheduled", self.cache_when_scheduled)
 
     @property
     def name(self) -> str:
@@ -130,7 +142,8 @@ class StepRecord:
 class Scheduler:
     """The waiting queue, the running requests and the pool their blocks come from
     (batched_decoding, the_engine). add_request(request); schedule(step) -> StepRecord;
-    update(record, sampled {id: token}) after the model step -> [RequestOutput]."""
+    update(record, sampled {id: token}) after the model step -> [RequestOutput];
+    abort(request, step) between steps."""
 
     def __init__(self, pool: BlockPool, config: SchedulerConfig):
         self.pool, self.config = pool, config
@@ -175,7 +188,7 @@ class Scheduler:
     def _schedule_waiting(self, record: StepRecord, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            hits = self.pool.lookup(request.all_token_ids[:-1])   # the last token always runs
+            hits = self._cached_prefix(request)
             computed = len(hits) * self.pool.block_size
             n_new = request.num_tokens - computed
             if n_new > budget:
@@ -203,6 +216,24 @@ class Scheduler:
 
     # ------------------------------------------------------------------ blocks
 
+    def _block_hashes(self, request: Request, n_blocks: int) -> list[bytes]:
+        """The keys of the request's first n_blocks full blocks (vLLM's request.block_hashes),
+        computed once each and kept on the request: each chained from the one before."""
+        hashes, size = request.block_hashes, self.pool.block_size
+        while len(hashes) < n_blocks:
+            start = len(hashes) * size
+            hashes.append(block_key(hashes[-1] if hashes else ROOT_KEY,
+                                    request.all_token_ids[start:start + size]))
+        return hashes[:n_blocks]
+
+    def _cached_prefix(self, request: Request) -> list[int]:
+        """The cached blocks of the request's longest cached prefix, in whole blocks, never
+        its last token's block: the last token always runs (its logits choose the next)."""
+        if not self.pool.enable_prefix_caching:
+            return []
+        n_blocks = (request.num_tokens - 1) // self.pool.block_size
+        return self.pool.lookup_keys(self._block_hashes(request, n_blocks))
+
     def _blocks_needed(self, request: Request, n_new: int) -> int:
         """Blocks to take so that request's table covers n_new more positions."""
         end = request.num_computed_tokens + n_new
@@ -217,9 +248,9 @@ class Scheduler:
             if evicting:
                 record.evicted_blocks.append(block)
 
-    def _give_back(self, request: Request, record: StepRecord) -> None:
+    def _give_back(self, request: Request, record: StepRecord | None) -> None:
         for block in reversed(request.block_table):    # the tail first, as vLLM frees them
-            if self.pool.release(block):
+            if self.pool.release(block) and record is not None:
                 record.freed_blocks.append(block)
         request.block_table = []
         request.num_cached_blocks = 0
@@ -235,6 +266,8 @@ class Scheduler:
     def _run(self, request: Request, n_new: int, record: StepRecord) -> None:
         record.scheduled_tokens[request.request_id] = n_new
         record.batch.append((request, n_new))
+        if self.config.cache_when_scheduled or request.parent_id is not None:
+            self._cache_full_blocks(request, request.num_computed_tokens + n_new)
 
     # ------------------------------------------------------------------ after the model step
 
@@ -257,7 +290,7 @@ class Scheduler:
             else:
                 record.prefill_chunks[request.request_id] = (start, n_new)
             request.num_computed_tokens += n_new
-            self._cache_full_blocks(request)
+            self._cache_full_blocks(request, request.num_computed_tokens)
             token = sampled.get(request.request_id)
             if token is None:
                 outputs.append(RequestOutput(request.request_id, [], False))
@@ -265,29 +298,44 @@ class Scheduler:
             request.append_output_token(token)
             if request.first_token_step is None:
                 request.first_token_step = record.step
-            done = len(request.output_token_ids) >= request.max_tokens or \
-                token in request.sampling_params.stop_token_ids
-            if done:
-                self._finish(request, record)
-            outputs.append(RequestOutput(request.request_id, [token], done))
+            reason = STOP if token in request.sampling_params.stop_token_ids else \
+                LENGTH if len(request.output_token_ids) >= request.max_tokens else None
+            if reason is not None:
+                self._finish(request, record, reason)
+            outputs.append(RequestOutput(request.request_id, [token], reason is not None,
+                                         reason))
         return outputs
 
-    def _cache_full_blocks(self, request: Request) -> None:
-        """Blocks whose every position now has K and V enter the prefix cache, as they fill."""
-        full = request.num_computed_tokens // self.pool.block_size
+    def _cache_full_blocks(self, request: Request, n_tokens: int) -> None:
+        """The request's blocks that are full once its first n_tokens have K and V enter the
+        prefix cache (after the step that computed them, or when it is scheduled)."""
+        full = min(n_tokens, request.num_tokens) // self.pool.block_size
         if full <= request.num_cached_blocks or not self.pool.enable_prefix_caching:
             return
-        keys = self.pool.keys_of(request.all_token_ids[:full * self.pool.block_size])
+        keys = self._block_hashes(request, full)
         for index in range(request.num_cached_blocks, full):
             self.pool.cache(request.block_table[index], keys[index])
         request.num_cached_blocks = full
 
-    def _finish(self, request: Request, record: StepRecord) -> None:
-        self.running.remove(request)
+    def _finish(self, request: Request, record: StepRecord | None, reason: str,
+                step: int | None = None) -> None:
+        if request in self.running:
+            self.running.remove(request)
         self._give_back(request, record)
         request.status = FINISHED
-        request.finished_step = record.step
-        record.finished.append(request.request_id)
+        request.finish_reason = reason
+        request.finished_step = record.step if record is not None else step
+        if record is not None:
+            record.finished.append(request.request_id)
+
+    def abort(self, request: Request, step: int) -> None:
+        """Between steps: stop a waiting or running request where it is (finish_reason
+        "abort"); its blocks go back to the pool (full cached ones stay cached, idle)."""
+        if request.status == FINISHED:
+            return
+        if request.status == WAITING:
+            self.waiting.remove(request)
+        self._finish(request, None, ABORT, step)
 
 
 # ---------------------------------------------------------------------------------- serve
