@@ -13,7 +13,10 @@ Text becomes ids in four steps:
 4. the vocabulary maps each resulting piece to its id (" am" -> 716 for GPT-2).
 
 Special tokens ("<|endoftext|>", SmolLM2's "<|im_start|>") are found in the text before
-step 1 and become their ids directly; they are never cut into pieces.
+step 1 and become their ids directly; they are never cut into pieces. Text that people typed
+should not be read that way (it could forge a chat turn): `encode_ordinary` reads special
+tokens as plain text, and `apply_chat_template` only parses the template's own markers
+(kvlib.chat explains how).
 
 Any text can be encoded, whatever its script or emoji: GPT-2's vocabulary holds all 256
 single bytes, so in the worst case a word stays a sequence of bytes. SmolLM2's lacks 21 bytes
@@ -39,6 +42,7 @@ from pathlib import Path
 
 import regex
 
+from .chat import MARK_END, MARK_START, control_token_pattern
 from .checks import as_flag, as_instance, as_token_ids
 
 DATA = Path(__file__).resolve().parent / "gpt2" / "data"
@@ -159,6 +163,9 @@ class Tokenizer:
         self._special_pattern = regex.compile("(" + "|".join(
             regex.escape(t) for t in sorted(self.special_tokens, key=len, reverse=True)) + ")"
         ) if self.special_tokens else None
+        self._control_pattern = control_token_pattern(self.special_tokens)
+        self._marked_pattern = regex.compile(
+            f"{MARK_START}({self._control_pattern.pattern}){MARK_END}|[{MARK_START}{MARK_END}]")
         self._bpe_cache: dict[str, tuple[str, ...]] = {}
         self.chat_template = chat_template
 
@@ -238,7 +245,22 @@ class Tokenizer:
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Text -> ids, with no special tokens: "<|endoftext|>" is encoded as plain text."""
-        return self._encode_words(text)
+        return self._encode_words(as_instance("text", text, str, "bytes are decoded first"))
+
+    def encode_marked(self, text: str) -> list[int]:
+        """Text rendered from marked messages (kvlib.chat.mark_control_tokens) -> ids
+        (model_of_today): a control token between MARK_START and MARK_END is encoded as plain
+        text, without its markers; the rest of the text, the template's own markers
+        included, as encode does. A lone marker is dropped but still cuts the text, so that
+        the text on either side cannot join into a control token. Text without markers gives
+        what encode gives."""
+        text = as_instance("text", text, str, "bytes are decoded first")
+        pieces = self._marked_pattern.split(text)       # [text, token or None, text, ...]
+        ids = self.encode(pieces[0])
+        for number, piece in enumerate(pieces[1:], start=1):
+            if piece:
+                ids += self._encode_words(piece) if number % 2 else self.encode(piece)
+        return ids
 
     def _encode_words(self, text: str) -> list[int]:
         """Steps 1-4 of the module's docstring, on text already checked."""
@@ -252,15 +274,27 @@ class Tokenizer:
         return ids
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True,
-                            tokenize: bool = True):
+                            tokenize: bool = True, *, parse_special: bool = False):
         """A conversation as the model reads it (model_of_today), as transformers' method of the
         same name: messages [{"role": "user", "content": "..."}] -> ids (or the text, with
-        tokenize=False). add_generation_prompt opens the assistant's turn."""
+        tokenize=False). add_generation_prompt opens the assistant's turn.
+
+        Only the template's own markers become control tokens: a control token typed inside
+        a message ("<|im_start|>") is encoded as plain text, so that no message can forge a
+        turn (transformers 5.25's sanitize_control_tokens=True). parse_special=True encodes
+        the rendered text whole, control tokens parsed wherever they are: the default of
+        transformers' apply_chat_template and of llama.cpp's server. A conversation that
+        types no control token gets the same ids either way."""
         if self.chat_template is None:
             raise ValueError("this tokenizer has no chat template: it is not a chat model's")
         add_generation_prompt = as_flag("add_generation_prompt", add_generation_prompt)
-        text = self.chat_template.render(messages, add_generation_prompt)
-        return self.encode(text) if as_flag("tokenize", tokenize) else text
+        tokenize, parse_special = as_flag("tokenize", tokenize), as_flag("parse_special",
+                                                                         parse_special)
+        if not tokenize or parse_special:
+            text = self.chat_template.render(messages, add_generation_prompt)
+            return self.encode(text) if tokenize else text
+        return self.encode_marked(self.chat_template.render(messages, add_generation_prompt,
+                                                            mark=self._control_pattern))
 
     def decode(self, ids) -> str:
         """Ids -> text; a character whose UTF-8 bytes the ids leave incomplete shows as U+FFFD."""
