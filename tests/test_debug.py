@@ -1,10 +1,13 @@
 """kvlib.debug.first_divergence against planted bugs (notebook 25): each bug of the zoo
-(kvlib.cache_bugs) is found at the right step, layer and quantity, with the right reading, on
-random architectures in float64 and on the trained models in float32; the right loops are
-never blamed."""
+(kvlib.cache_bugs), and each of tests/planted_bugs.py's, is found at the right step, layer,
+position and quantity, with the reading its evidence supports, on random architectures in
+float64 and on the trained models in float32; the right loops, whole or in chunks, are never
+blamed."""
 
 from pathlib import Path
 
+import numpy as np
+import planted_bugs as planted
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -61,14 +64,132 @@ def test_each_planted_bug_is_found_where_it_is(make, step, layer, quantity, word
     assert words in found.reading and words in str(found)
 
 
+@PROPERTY
+@given(configs(latent=False, context_length=30), st.integers(0, 999), st.integers(1, 5),
+       st.data())
+def test_a_right_prefill_in_chunks_is_never_blamed(config, seed, chunk, data):
+    params = kvlib.init_params(config, seed=seed)
+    prompt = token_lists(data.draw, config, min_size=1, max_size=14)
+    n_new = data.draw(st.integers(1, 5))
+    assert debug.first_divergence(
+        params, prompt, n_new, prefill=lambda p, ids, cache: planted.prefill_in_chunks(
+            p, ids, cache, chunk)) is None
+
+
+PROMPT6 = [1, 2, 3, 4, 5, 6]
+TWENTY = list(range(1, 21))
+NaN = debug.NOT_A_NUMBER
+
+# bug, model, options of first_divergence (prompt, n_new, decode_step, prefill, cache,
+# tolerance), where (step, layer, position, quantity), words the reading must have and must not
+UNSEEN = [
+    ("NaN logits", planted.toy, dict(decode_step=planted.nan_logits),
+     (0, None, 6, "logits"), [NaN, "logits"], []),
+    ("NaN value rows", planted.toy,
+     dict(cache=lambda p: planted.NaNValues(p.config, 7)),
+     (1, 0, 7, "cached v"), [NaN, "not a number"], ["another sequence"]),
+    ("scores overflow float16", lambda: planted.loud(planted.toy()),
+     dict(decode_step=planted.scores_in_float16, tolerance=1e-2),
+     (0, 0, 6, "attention weights"), [NaN, "overflow", "65504"], []),
+    ("K/V heads tiled", planted.toy, dict(decode_step=planted.heads_tiled),
+     (0, 0, 0, "k as attention reads it"), ["np.tile", "read K/V head 1"], ["stale"]),
+    ("keys rotated again on read", planted.toy, dict(decode_step=planted.rotated_again),
+     (0, 0, 1, "k as attention reads it"), ["turned once more"], ["stale"]),
+    ("values hold the keys", planted.toy, dict(cache=lambda p: planted.ValuesHoldKeys(p.config)),
+     (None, 0, 0, "cached v"), ["holds keys"], ["another sequence"]),
+    ("int8 values, the other axis's scales", planted.toy,
+     dict(cache=lambda p: planted.Int8ValuesOtherScales(p.config)),
+     (None, 0, 0, "cached v"), ["computed the right v", "wrong scales"], ["another sequence"]),
+    ("last layer never written", planted.toy,
+     dict(cache=lambda p: planted.LastLayerNeverWritten(p.config)),
+     (None, 2, 0, "cached k"), ["all zeros", "never written"], ["another sequence"]),
+    ("strict mask in the prefill", planted.toy, dict(prefill=planted.prefill_strict_mask),
+     (None, 0, 0, "attention weights"), [NaN, "strict causal mask"], []),
+    ("strict mask in a step", planted.toy, dict(decode_step=planted.decode_strict_mask),
+     (0, 0, 6, "attention weights"), ["strict causal mask"], ["stale"]),
+    ("window one wide", lambda: planted.toy(window=4, sink_tokens=1),
+     dict(decode_step=planted.decode_window_one_wide),
+     (0, 0, 6, "attention weights"), ["keys [2]", "window too wide"], []),
+    ("chunks masked from the top", planted.toy,
+     dict(prompt=TWENTY, n_new=3, prefill=planted.chunks_masked_from_the_top),
+     (None, 0, 8, "attention weights"), ["latest keys 1..8", "aligned to the wrong end"], []),
+    ("a layer without its cache", planted.toy, dict(decode_step=planted.layer_without_cache),
+     (0, 2, 6, "cache length"), ["layer 2 holds 6 positions where 7", "without the cache"], []),
+]
+
+
+@pytest.mark.parametrize("make, options, where, words, not_words",
+                         [case[1:] for case in UNSEEN], ids=[case[0] for case in UNSEEN])
+def test_each_unseen_bug_is_found_where_it_is_and_read_from_the_evidence(make, options, where,
+                                                                        words, not_words):
+    params = make()
+    options = dict(decode_step=bugs.decode_step, prefill=bugs.prefill) | options
+    prompt, n_new = options.pop("prompt", PROMPT6), options.pop("n_new", 4)
+    if "cache" in options:
+        options["cache"] = options["cache"](params)
+    with np.errstate(all="ignore"):      # NaN and overflow, as a notebook shows them: warnings
+        found = debug.first_divergence(params, prompt, n_new, **options)
+    assert found is not None, "the bug was not found"
+    assert (found.step, found.layer, found.position, found.quantity) == where, str(found)
+    for word in words:
+        assert word in found.reading and word in str(found), (word, str(found))
+    for word in not_words:
+        assert word not in found.reading, (word, str(found))
+
+
+def test_nan_is_never_agreement():
+    """The comparison reports a difference greater than the tolerance; NaN is greater than
+    nothing, so it is compared apart: NaN against a number parts, NaN against NaN agrees."""
+    one, nan = np.ones((2, 3)), np.full((2, 3), np.nan)
+    assert debug._gap(nan, one, 1.0).not_a_number == "run"
+    assert debug._gap(one, nan, 1.0).not_a_number == "reference"
+    assert debug._gap(nan, nan, 1e-9) is None
+    partly = one.copy()
+    partly[1, 2] = np.inf
+    gap = debug._gap(partly, one, 1e-9)
+    assert (gap.row, gap.difference, gap.not_a_number) == (1, np.inf, "run")
+
+
+def test_the_first_differing_row_of_a_pass_is_reported_not_the_pass_s_first():
+    wrong_from = 13
+
+    def pass_with_a_late_error(params, ids, cache):       # one pass of 20 rows
+        positions = np.arange(len(ids))
+        mask = kvlib.attention_mask(positions, positions)
+        mask[wrong_from:, 0] = False                      # from row 13 on, key 0 is hidden
+        return bugs.run_blocks(params, ids, positions, cache, mask,
+                               kvlib.positions.rotary_positions(params.config, positions)), cache
+    found = debug.first_divergence(planted.toy(), TWENTY, 3, prefill=pass_with_a_late_error)
+    assert (found.step, found.layer, found.position, found.quantity) == \
+        (None, 0, wrong_from, "attention weights"), str(found)
+    assert "hides keys [0]" in found.reading and "window" not in found.reading
+
+
+def test_the_position_given_is_a_field_beside_the_position_it_should_be():
+    params = rotary_model()
+    found = debug.first_divergence(params, PROMPT, 6, bugs.JumpingOffset(), prefill=bugs.prefill)
+    assert (found.position, found.given_position) == (7, 12)
+    assert "position 7 (given 12)" in str(found)
+
+
+def test_largest_differences_of_a_right_loop_and_of_a_bug():
+    params = rotary_model()
+    largest = debug.largest_differences(params, PROMPT, 4)
+    assert {"cached k", "cached v", "attention weights", "logits"} <= set(largest)
+    assert max(largest.values()) < 1e-12
+    with pytest.raises(ValueError, match="whatever the tolerance: .*cache length"):
+        debug.largest_differences(params, PROMPT, 4, bugs.RolledBack(2))
+
+
 def test_a_window_one_short_is_found_at_the_first_step_past_the_window():
     params = rotary_model(window=4, sink_tokens=1)
     assert debug.first_divergence(params, PROMPT, 6, bugs.decode_step,
                                   prefill=bugs.prefill) is None
     found = debug.first_divergence(params, PROMPT, 6, bugs.decode_step_window_one_short,
                                    prefill=bugs.prefill)
-    assert (found.step, found.layer, found.quantity) == (0, 0, "attention weights")
-    assert "window too narrow" in found.reading
+    assert (found.step, found.layer, found.position, found.quantity) == \
+        (0, 0, 6, "attention weights")
+    assert "window too narrow" in found.reading and "oldest keys [3]" in found.reading
 
 
 def test_a_prefix_cache_key_without_its_parent_shows_in_the_second_layer():
