@@ -903,7 +903,10 @@ def test_admission_checker_diagnoses_each_mistake(answer, words):
 
 
 @pytest.mark.parametrize("answer, words", [
-    ([4, 5], "ignores the token budget"),
+    # the answer of 3a, and what chunked prefill would admit: the message says both
+    ([4, 5], "assumes no chunked prefill"),
+    ([4, 5], "request 5's 20 do not fit in the 10 left"),
+    ([4, 5], "With chunked prefill, vLLM's default, request 5 would start with a chunk of 10"),
     ([4, 6], "never lets a later request overtake"),
     ([], "static batching's answer"),
     ([5, 6], "Count the free slots"),

@@ -726,7 +726,7 @@ def test_fixed_scale_checker_passes_valid_forms(answer):
     (696_480, "all 64 query heads"),
     (85.15625, "KiB"),
     (88_320, "one scale per head"),
-    (34_880, "Llama-3-8B's figure, from the table above"),
+    (34_880, "the figure for 32 layers, Llama-3-8B's count"),
     (87_201, "Per layer"),
     (87_200.4, "close (0.4 from the answer)"),
     ("87200", "not text: write 87200 without quotes"),
@@ -1105,6 +1105,21 @@ def test_every_cell_can_run_twice(notebook):
     its asserts again."""
     for source, (first, second) in notebook["__printed__"]:
         assert first == second, source[:80]
+
+
+def test_no_cell_before_the_exercises_prints_exercise_2s_answer():
+    """Exercise 2 asks for Llama-2-70B's bytes a token (int4, KIVI's axes): 87,200. Llama-3-8B
+    has rows as wide and 32 layers, so its figure, 34,880, is the answer times 32 / 80: no
+    output above the exercises may show either (the table shows Llama-2-7B instead)."""
+    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+    end = next(i for i, cell in enumerate(cells) if cell["cell_type"] == "markdown"
+               and "## Exercises" in "".join(cell["source"]))
+    printed = " ".join("".join(output.get("text", "")) + "".join(
+        output.get("data", {}).get("text/plain", "")) for cell in cells[:end]
+        if cell["cell_type"] == "code" for output in cell["outputs"])
+    assert ex22.expected_bytes_per_token() == 87_200
+    for figure in ("87,200", "87200", "34,880", "34880"):
+        assert figure not in printed, figure
 
 
 def test_the_exercises_are_left_open(notebook):
