@@ -29,6 +29,7 @@ from checker_cases import (  # noqa: E402
 )
 from hypothesis import assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from strategies import models  # noqa: E402
 
 import kvlib  # noqa: E402
@@ -951,6 +952,25 @@ def test_groupings_change_what_is_shown_and_results_are_kept(explorer):
     np.testing.assert_array_equal(
         explorer.figure.axes[0].images[0].get_array().filled(0), per_token["key_error"][1])
     assert "layer 1's keys" in explorer.figure.axes[0].get_title()
+
+
+def test_every_update_is_one_render_with_room_for_every_label(explorer, monkeypatch):
+    """The widget shows one PNG render of the whole figure (OneRenderFigure), not the inline
+    backend's crop to a tight box, which draws a figure twice (a click took 1.55 s on a busy
+    machine): so every title, label and tick label must lie inside the figure."""
+    saved = []
+    real = explorer.figure.savefig
+    monkeypatch.setattr(explorer.figure, "savefig",
+                        lambda *args, **kwargs: saved.append(kwargs) or real(*args, **kwargs))
+    for bits in (4, 2, 8):
+        explorer.controls["key_bits"].value = bits
+    assert len(saved) == 3 and all("bbox_inches" not in kwargs for kwargs in saved)
+    explorer.controls["key_grouping"].value = "per token"      # the longest title
+    canvas = FigureCanvasAgg(explorer.figure)
+    canvas.draw()
+    drawn = explorer.figure.get_tightbbox(canvas.get_renderer())   # what a crop would keep
+    width, height = explorer.figure.get_size_inches()
+    assert drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= width and drawn.y1 <= height
 
 
 def test_changed_tokens_are_marked_without_colour():
