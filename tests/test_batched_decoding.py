@@ -27,6 +27,7 @@ from checker_cases import (  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from strategies import models, token_lists  # noqa: E402
+from widget_checks import no_new_figures, text_of  # noqa: E402
 
 import kvlib  # noqa: E402
 from kvlib import roofline  # noqa: E402
@@ -690,14 +691,79 @@ def test_a_new_workload_redraws_in_place_without_leaks():
 
 
 @pytest.mark.parametrize("bad", [-1, -10**30])
-def test_a_bad_seed_lands_in_the_message_line(bad):
-    widget = w21.timeline_explorer()
-    status = widget.status.value
+def test_a_negative_seed_cannot_be_typed_and_freezes_nothing(bad):
+    # the box holds 0 to MAX_SEED (its front end clamps as its Python side does); a seed of
+    # -1 once froze every other control
+    widget = w21.timeline_explorer(seed=3)
     widget.controls["seed"].value = bad
-    assert "seed must be at least 0" in widget.message.value
-    assert widget.status.value == status
-    widget.controls["seed"].value = 3
-    assert widget.message.value == ""
+    assert widget.controls["seed"].value == 0 and widget.message.value == ""
+    widget.controls["max_batch"].value = 2
+    assert "of 2 slots busy" in widget.status.value
+    widget.controls["seed"].value = 10**12
+    assert widget.controls["seed"].value == w21.MAX_SEED
+    widget.controls["requests"].value = 5
+    assert len(widget.state["requests"]) == 5
+
+
+def test_a_refused_workload_is_said_in_words_and_put_back(monkeypatch):
+    """Whatever the workload refuses (here: a stand-in that refuses seed 7) is explained in
+    the message line, the refused value goes back to the last good one, and every other
+    control keeps working."""
+    widget = w21.timeline_explorer(seed=3)
+    real = w21.workloads.make_workload
+
+    def refusing(count, seed, gap):
+        if seed == 7:
+            raise ValueError("seed 7 is refused here")
+        return real(count, seed, gap)
+
+    monkeypatch.setattr(w21.workloads, "make_workload", refusing)
+    status = widget.status.value
+    widget.controls["seed"].value = 7
+    assert "seed 7 is refused here" in widget.message.value
+    assert widget.controls["seed"].value == 3 and widget.status.value == status
+    widget.controls["max_batch"].value = 2                 # not frozen
+    assert "of 2 slots busy" in widget.status.value and widget.message.value == ""
+    assert widget.state["static"].policy.max_batch == 2
+
+
+def test_the_status_names_each_number_by_its_clock():
+    widget = w21.timeline_explorer()
+    text = text_of(widget.status.value)
+    assert ("static 46 steps run (1.93 tokens a step run), makespan 55 steps (1.62 tokens a "
+            "makespan step)") in text
+    assert ("continuous 36 steps run (2.47 tokens a step run), makespan 47 steps (1.89 "
+            "tokens a makespan step)") in text
+    assert "46 steps, 1.62 tokens a step" not in text         # two clocks in one phrase
+    titles = [widget.state["drawn"][name].get_title() for name in ("static", "continuous")]
+    assert "46 steps run (1.93 tokens a step run), makespan 55 steps" in titles[0]
+    assert "36 steps run (2.47 tokens a step run), makespan 47 steps" in titles[1]
+
+
+def test_a_move_through_time_draws_only_the_moving_parts(monkeypatch):
+    """A move through time (the play button's every tick) puts back the kept picture and
+    draws the 'now' lines and covers over it: the whole figure is drawn only for a new
+    workload, and the picture equals a whole draw, pixel for pixel."""
+    widget = w21.timeline_explorer()
+    canvas = widget.figure.canvas
+    whole_draws = []
+    real_draw = canvas.draw
+    monkeypatch.setattr(canvas, "draw", lambda: whole_draws.append(1) or real_draw())
+    with no_new_figures():
+        for now in (12, 30, 0, 55, 7):
+            widget.controls["time"].value = now
+            shown = np.asarray(canvas.buffer_rgba()).copy()
+            assert whole_draws == []
+            real_draw()                                        # the whole figure, drawn anew
+            np.testing.assert_array_equal(shown, np.asarray(canvas.buffer_rgba()))
+        widget.controls["seed"].value = 5                      # a new workload: one whole draw
+        assert whole_draws == [1]
+        widget.controls["time"].value = 3
+        assert whole_draws == [1]
+    # shown as rendered, not cropped to a tight box: every label lies inside the figure
+    drawn = widget.figure.get_tightbbox(canvas.get_renderer())
+    width, height = widget.figure.get_size_inches()
+    assert drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= width and drawn.y1 <= height
 
 
 def test_draw_timelines_needs_timelines():
@@ -903,7 +969,10 @@ def test_admission_checker_diagnoses_each_mistake(answer, words):
 
 
 @pytest.mark.parametrize("answer, words", [
-    ([4, 5], "ignores the token budget"),
+    # the answer of 3a, and what chunked prefill would admit: the message says both
+    ([4, 5], "assumes no chunked prefill"),
+    ([4, 5], "request 5's 20 do not fit in the 10 left"),
+    ([4, 5], "With chunked prefill, vLLM's default, request 5 would start with a chunk of 10"),
     ([4, 6], "never lets a later request overtake"),
     ([], "static batching's answer"),
     ([5, 6], "Count the free slots"),

@@ -946,8 +946,12 @@ def test_exercise3_scenario_is_what_the_notebook_says():
 
 
 @pytest.mark.parametrize("answer, words", [
-    ([2, 6, 9, 10], "fewest hits first (LFU)"),
-    ([2, 6, 9, 10], "it became a candidate when its last cached child went"),
+    # the leaves of the start, least recently used first: block 1 joins when block 9 goes.
+    # Every leaf has 0 hits, so this is no "fewest hits first" (LFU) order, though block 10
+    # has fewer hits than block 1: the message says both, and names no rule it did not follow
+    ([2, 6, 9, 10], "block 1 (it became a candidate when its last cached child went) was last "
+                    "used at tick 7, before block 10 (tick 9)"),
+    ([2, 6, 9, 10], "Block 10 has fewer hits, 0 against 1, but the rule counts when"),
     ([2, 6, 0, 1], "block 0 still has a cached child"),
     ([2, 6, 1, 9], "block 1 still has a cached child (block 9)"),
     ([2, 6, 5, 4], "block 5 is held by request 2"),
@@ -969,6 +973,14 @@ def test_exercise3_scenario_is_what_the_notebook_says():
 ], ids=case_id)
 def test_exercise3_wrong_answers_get_their_diagnosis(answer, words):
     assert_not_yet(ex20.check_eviction_order(answer), words)
+
+
+@pytest.mark.parametrize("answer", [[2, 6, 9, 10], [10, 9, 6, 2], [2, 6, 9, 1.25], [6, 2, 9, 1]],
+                         ids=case_id)
+def test_exercise3_names_no_rule_the_answer_did_not_follow(answer):
+    # every leaf of the table has 0 hits: no answer is told it evicts by the fewest hits
+    message = ex20.check_eviction_order(answer).message
+    assert "LFU" not in message and "fewest hits first" not in message
 
 
 @pytest.mark.parametrize("answer", [

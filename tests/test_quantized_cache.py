@@ -29,6 +29,7 @@ from checker_cases import (  # noqa: E402
 )
 from hypothesis import assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from strategies import models  # noqa: E402
 
 import kvlib  # noqa: E402
@@ -726,7 +727,7 @@ def test_fixed_scale_checker_passes_valid_forms(answer):
     (696_480, "all 64 query heads"),
     (85.15625, "KiB"),
     (88_320, "one scale per head"),
-    (34_880, "Llama-3-8B's figure, from the table above"),
+    (34_880, "the figure for 32 layers, Llama-3-8B's count"),
     (87_201, "Per layer"),
     (87_200.4, "close (0.4 from the answer)"),
     ("87200", "not text: write 87200 without quotes"),
@@ -953,6 +954,25 @@ def test_groupings_change_what_is_shown_and_results_are_kept(explorer):
     assert "layer 1's keys" in explorer.figure.axes[0].get_title()
 
 
+def test_every_update_is_one_render_with_room_for_every_label(explorer, monkeypatch):
+    """The widget shows one PNG render of the whole figure (OneRenderFigure), not the inline
+    backend's crop to a tight box, which draws a figure twice (a click took 1.55 s on a busy
+    machine): so every title, label and tick label must lie inside the figure."""
+    saved = []
+    real = explorer.figure.savefig
+    monkeypatch.setattr(explorer.figure, "savefig",
+                        lambda *args, **kwargs: saved.append(kwargs) or real(*args, **kwargs))
+    for bits in (4, 2, 8):
+        explorer.controls["key_bits"].value = bits
+    assert len(saved) == 3 and all("bbox_inches" not in kwargs for kwargs in saved)
+    explorer.controls["key_grouping"].value = "per token"      # the longest title
+    canvas = FigureCanvasAgg(explorer.figure)
+    canvas.draw()
+    drawn = explorer.figure.get_tightbbox(canvas.get_renderer())   # what a crop would keep
+    width, height = explorer.figure.get_size_inches()
+    assert drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= width and drawn.y1 <= height
+
+
 def test_changed_tokens_are_marked_without_colour():
     assert w22._tokens_html(["a", "<b>", "c"], ["a", "x", "c"]) == "a <b><u>&lt;b&gt;</u></b> c"
 
@@ -1105,6 +1125,21 @@ def test_every_cell_can_run_twice(notebook):
     its asserts again."""
     for source, (first, second) in notebook["__printed__"]:
         assert first == second, source[:80]
+
+
+def test_no_cell_before_the_exercises_prints_exercise_2s_answer():
+    """Exercise 2 asks for Llama-2-70B's bytes a token (int4, KIVI's axes): 87,200. Llama-3-8B
+    has rows as wide and 32 layers, so its figure, 34,880, is the answer times 32 / 80: no
+    output above the exercises may show either (the table shows Llama-2-7B instead)."""
+    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+    end = next(i for i, cell in enumerate(cells) if cell["cell_type"] == "markdown"
+               and "## Exercises" in "".join(cell["source"]))
+    printed = " ".join("".join(output.get("text", "")) + "".join(
+        output.get("data", {}).get("text/plain", "")) for cell in cells[:end]
+        if cell["cell_type"] == "code" for output in cell["outputs"])
+    assert ex22.expected_bytes_per_token() == 87_200
+    for figure in ("87,200", "87200", "34,880", "34880"):
+        assert figure not in printed, figure
 
 
 def test_the_exercises_are_left_open(notebook):

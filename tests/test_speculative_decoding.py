@@ -29,6 +29,7 @@ from checker_cases import (  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from strategies import configs  # noqa: E402
+from widget_checks import no_new_figures, text_of  # noqa: E402
 
 import kvlib  # noqa: E402
 from kvlib.exercises import speculative_decoding as ex23  # noqa: E402
@@ -591,14 +592,36 @@ def test_bad_prompts_land_in_the_message_line_and_change_nothing():
     box.controls["prompt"].value = "How are <you>?"
     assert "Cannot show this" in box.message.value and "'&lt;'" in box.message.value
     assert box.state["decoder"] is decoder
+    assert "The prompt was refused" in text_of(box.status.value)
     box.controls["rule"].value = "sampling (T = 1)"     # refused again: the prompt is bad
     assert box.state["decoder"] is decoder and "Cannot show this" in box.message.value
-    box.controls["round"].click()                       # the greedy generation goes on
-    assert len(decoder.steps) == 2 and "greedy tokens" in box.check.value
-    assert "min(1, p/q)" not in " ".join(t.get_text() for t in box.figure.axes[0].texts)
+    shown = [t.get_text() for t in box.figure.axes[0].texts]
+    with no_new_figures():
+        for _ in range(3):                              # a round advances nothing, and says why
+            box.controls["round"].click()
+            assert len(decoder.steps) == 1
+            message = text_of(box.message.value)
+            assert "a round advances nothing while the prompt is refused" in message
+            assert "the figure shows the previous prompt's run" in message
+    assert [t.get_text() for t in box.figure.axes[0].texts] == shown
+    assert "The prompt was refused" in text_of(box.status.value)
     box.controls["prompt"].value = "I am fine"
     assert box.message.value == "" and box.state["decoder"] is not decoder
     assert isinstance(box.state["decoder"].acceptance, sp.SamplingAcceptance)
+    box.controls["round"].click()                       # an accepted prompt runs again
+    assert len(box.state["decoder"].steps) == 2 and box.message.value == ""
+    assert "Round 2" in box.status.value
+
+
+def test_a_too_long_prompt_is_refused_and_no_round_runs():
+    box = toy_explorer()
+    decoder = box.state["decoder"]
+    box.controls["prompt"].value = " ".join(["I am fine ."] * 20)
+    assert "fit here" in box.message.value
+    box.controls["round"].click()
+    assert len(decoder.steps) == 1 and "while the prompt is refused" in box.message.value
+    box.controls["reset"].click()                        # Reset with the same prompt: refused
+    assert box.state["decoder"] is decoder and "fit here" in box.message.value
 
 
 def test_the_round_button_stops_at_the_context_length():

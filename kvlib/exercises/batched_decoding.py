@@ -307,9 +307,12 @@ def _variants(budget: int | None) -> list[tuple[list[int], str]]:
         (_take(by_arrival, len(WAITING), tokens),
          f"max_batch is {MAX_BATCH} and requests 0 and 1 hold two slots: two are free."),
         (_take(by_arrival, free, None),
-         f"that ignores the token budget: each of requests 0 and 1 decodes one token, which "
-         f"leaves {tokens} of the {budget} tokens for prompts; request 4 takes 12, and "
-         "request 5's 20 do not fit in the 10 left."),
+         "the exercise assumes no chunked prefill, as kvlib's ContinuousBatching: a prompt "
+         f"is prefilled whole, in one step. Each of requests 0 and 1 decodes one token, "
+         f"which leaves {tokens} of the {budget} tokens for prompts; request 4 takes 12, and "
+         "request 5's 20 do not fit in the 10 left. (With chunked prefill, vLLM's default, "
+         "request 5 would start with a chunk of 10 of its 20 tokens, and this would be "
+         "right; without the budget, it is the answer of 3a.)"),
         (_take(by_arrival, free, tokens, overtake=True),
          "request 5 does not fit in what is left of the budget, and first come, first served "
          "never lets a later request overtake it: request 6 waits too (head-of-line blocking; "
@@ -405,7 +408,7 @@ def check_admitted(answer) -> Feedback:
 @checker
 def check_admitted_with_budget(answer) -> Feedback:
     """Exercise 3b: the same with max_batched_tokens = 24 (a decode takes one token of it,
-    a prefill its whole prompt)."""
+    a prefill its whole prompt: no chunked prefill)."""
     return _check_admitted(answer, TOKEN_BUDGET)
 
 
@@ -426,8 +429,8 @@ answer = ridge                       # about 153 sequences (154 is the first who
     3: """
 # 3a: slots free = 4 - 2 (request 3 left after step 6); first come, first served
 answer = [4, 5]
-# 3b: budget 24 - 2 decode tokens = 22; request 4 takes 12, leaving 10; request 5 needs 20:
-# stop there (request 6 may not overtake)
+# 3b: budget 24 - 2 decode tokens = 22; request 4 takes 12, leaving 10; request 5 needs 20
+# and is never split (no chunked prefill): stop there (request 6 may not overtake)
 answer = [4]
 """,
 }

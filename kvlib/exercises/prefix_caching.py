@@ -350,12 +350,6 @@ def _eviction_key(entry):
     return (entry.last_used, -entry.depth, entry.block)
 
 
-def _fewest_hits_order(prefix_cache, n: int) -> list[int]:
-    """The order if blocks with the fewest hits went first (LFU), leaves only."""
-    leaves = [e for e in prefix_cache.entries if not prefix_cache.is_held(e) and not e.children]
-    return [e.block for e in sorted(leaves, key=lambda e: (e.hits, e.last_used))[:n]]
-
-
 def _first_wrong_step(prefix_cache, numbers) -> str | None:
     """Replay the student's evictions and say what is wrong with the first wrong one."""
     entries = prefix_cache.entries
@@ -382,9 +376,12 @@ def _first_wrong_step(prefix_cache, numbers) -> str | None:
                         "less likely to be shared than its start).")
             joined = (" (it became a candidate when its last cached child went)"
                       if best.children else "")
+            hits = (f" (Block {block} has fewer hits, {entry.hits} against {best.hits}, but "
+                    "the rule counts when a block was last used, not how often.)"
+                    if entry.hits < best.hits else "")
             return (f"at eviction {step}, block {best.block}{joined} was last used at tick "
                     f"{best.last_used}, before block {block} (tick {entry.last_used}): the "
-                    "least recently used goes first.")
+                    "least recently used goes first." + hits)
         evicted.append(entry)
     return None
 
@@ -419,10 +416,7 @@ def check_eviction_order(answer) -> Feedback:
     if len(set(numbers)) < len(numbers):
         return Feedback(False, "a block is evicted once: the numbers must be different.")
     prefix = ""
-    if numbers == _fewest_hits_order(prefix_cache, n):
-        prefix = ("that evicts the blocks with the fewest hits first (LFU); the rule is least "
-                  "recently used. ")
-    elif sorted(numbers) == sorted(expected):
+    if sorted(numbers) == sorted(expected):
         prefix = "the right blocks, in another order. "
     why = _first_wrong_step(prefix_cache, numbers) or f"not {numbers}."
     if prefix:

@@ -230,7 +230,8 @@ def check_codes_with_fixed_scale(answer) -> Feedback:
 # Exercise 2 ------------------------------------------------------------------------------
 
 EXERCISE2_MODEL = "Llama-2-70B"
-"""Not the Llama-3-8B of the lesson's table, whose figure would be the answer."""
+"""Not a model of the lesson's table: Llama-3-8B's figure, with rows as wide (8 x 128),
+would give the answer times 32 / 80, so the notebook's table shows Llama-2-7B instead."""
 EXERCISE2_KEYS = PerChannel(bits=4, group_size=32)
 EXERCISE2_VALUES = PerToken(bits=4)
 
@@ -280,8 +281,8 @@ def _bytes_mistakes() -> list[tuple[float, str]]:
          f"{model.n_kv_heads} K/V heads (GQA), so a row is {model.n_kv_heads} x "
          f"{model.head_dim} = {width} numbers."),
         (right / 1024, "that is in KiB; the answer is in bytes."),
-        (right / layers * 32, "that is Llama-3-8B's figure, from the table above (32 layers); "
-                              f"{EXERCISE2_MODEL} has {layers}."),
+        (right / layers * 32, "that is the figure for 32 layers, Llama-3-8B's count (its rows "
+                              f"are as wide); {EXERCISE2_MODEL} has {layers}."),
         (layers * (codes + key_scales + codes + 2 * model.n_kv_heads),
          "that gives the values one scale per head; here one float16 scale serves the whole "
          "row of 8 heads."),

@@ -13,11 +13,14 @@ one workload, under static and under continuous batching, and the batch occupanc
 from __future__ import annotations
 
 import html
+import io
 import json
 from pathlib import Path
 
 import ipywidgets as widgets
 import numpy as np
+from IPython.display import Image, display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Rectangle
@@ -215,7 +218,8 @@ class _TimelineArtists:
             ax.set_ylabel("request")
             ax.invert_yaxis()
         for ax in self.gantts + [self.occupancy]:
-            self.nows.append(ax.axvline(0, color="black", lw=1.2))
+            # over the spines (2.5) and under the covers (3), in a whole draw as in a blit
+            self.nows.append(ax.axvline(0, color="black", lw=1.2, zorder=2.6))
             cover = Rectangle((0, 0), 1, 1, transform=ax.get_xaxis_transform(),
                               facecolor="white", alpha=0.7, edgecolor="none", zorder=3)
             ax.add_patch(cover)
@@ -232,11 +236,17 @@ class _TimelineArtists:
                                                     color=CONTINUOUS_COLOR, lw=1.8,
                                                     label="continuous")
         self.limit_line = self.occupancy.axhline(0, color="#7f7f7f", lw=1, linestyle=":")
-        self.occupancy.legend(loc="upper right", fontsize=8, ncol=2)
+        self.occupancy_legend = self.occupancy.legend(loc="upper right", fontsize=8, ncol=2)
         self.occupancy.set_ylabel("in the batch")
         self.occupancy.yaxis.set_major_locator(MaxNLocator(integer=True))
         self.occupancy.set_xlabel("time (model steps)")
         self.workload = None
+
+    @property
+    def moving(self) -> list:
+        """What a move through time changes (the 'now' lines and the grey covers), and the
+        legend drawn over a cover: the parts _TimelineFigure draws over its kept picture."""
+        return self.nows + self.covers + [self.occupancy_legend]
 
     def set_timelines(self, timelines) -> None:
         end = max(t.steps[-1].end for t in timelines)
@@ -291,12 +301,21 @@ def draw_timelines(figure, static, continuous, now: float | None = None) -> dict
             "occupancy": artists.occupancy, "end": artists.end, "now": now}
 
 
+def _clocks(summary: dict) -> str:
+    """A policy's throughput on each of its two clocks, each number named by its clock: the
+    steps run (passes of the model) and the makespan (first arrival to last token, idle
+    steps included)."""
+    return (f"{summary['steps']} steps run ({summary['tokens_per_step_run']:.2f} tokens a step "
+            f"run), makespan {summary['makespan']:.0f} steps ({summary['throughput']:.2f} "
+            "tokens a makespan step)")
+
+
 def _titles(static, continuous) -> tuple[str, str]:
     s, c = static.summary(), continuous.summary()
-    return (f"Static batching (max {static.policy.max_batch}): {s['steps']} steps, "
-            f"{s['throughput']:.2f} tokens a step, mean TTFT {s['mean_ttft']:.1f} steps",
-            f"Continuous batching (max {continuous.policy.max_batch}): {c['steps']} steps, "
-            f"{c['throughput']:.2f} tokens a step, mean TTFT {c['mean_ttft']:.1f} steps")
+    return (f"Static batching (max {static.policy.max_batch}): {_clocks(s)}; mean TTFT "
+            f"{s['mean_ttft']:.1f} steps",
+            f"Continuous batching (max {continuous.policy.max_batch}): {_clocks(c)}; mean TTFT "
+            f"{c['mean_ttft']:.1f} steps")
 
 
 def _at(timeline, now: float) -> str:
@@ -309,22 +328,78 @@ def _at(timeline, now: float) -> str:
             f"waiting, {count['finished']} finished")
 
 
+class _TimelineFigure(LiveFigure):
+    """timeline_explorer's figure, shown as one PNG that it renders itself, laid out with room
+    for every label (no crop to a tight box, which draws a figure twice).
+
+    A new workload draws the whole figure once without its moving parts (the 'now' lines,
+    the grey covers over the future, the legend drawn over a cover) and keeps that picture;
+    a move through time, the play button's every tick, puts the picture back and draws only
+    the moving parts over it (matplotlib's blitting): hundredths of a second where a whole
+    render takes tenths. The result is the whole figure's render, pixel for pixel (the
+    tests compare them)."""
+
+    def __init__(self, figsize):
+        super().__init__(figsize=figsize)
+        FigureCanvasAgg(self.figure)        # its own Agg canvas, whatever pyplot's backend
+        self.background = None
+        self.moving: list = []
+
+    def forget(self) -> None:
+        """The figure changed beyond its moving parts: the next render draws it whole."""
+        self.background = None
+
+    def render(self) -> np.ndarray:
+        """The figure's pixels (height, width, 4), from the kept picture when there is one."""
+        canvas = self.figure.canvas
+        if self.background is None:
+            for artist in self.moving:
+                artist.set_visible(False)
+            canvas.draw()
+            self.background = canvas.copy_from_bbox(self.figure.bbox)
+            for artist in self.moving:
+                artist.set_visible(True)
+        else:
+            canvas.restore_region(self.background)
+        for artist in sorted(self.moving, key=lambda artist: artist.get_zorder()):
+            self.figure.draw_artist(artist)
+        return np.asarray(canvas.buffer_rgba()).copy()
+
+    def png(self) -> bytes:
+        from PIL import Image as PILImage
+        buffer = io.BytesIO()
+        PILImage.fromarray(self.render()).save(buffer, format="png", compress_level=1)
+        return buffer.getvalue()
+
+    def show(self) -> None:
+        picture = self.png()
+        with self.output:
+            self.output.clear_output(wait=True)
+            display(Image(picture))
+
+
+MAX_SEED = 2**31 - 1
+
+
 def timeline_explorer(n_requests: int = 12, seed: int = 0, max_batch: int = 4,
                       mean_gap: float = 2.0):
-    """The batched_decoding lesson: one seeded workload served by static and by continuous batching,
-    drawn as two Gantt charts and the batch occupancy, with a slider through time.
+    """The batched_decoding lesson: one seeded workload served by static and by continuous
+    batching, drawn as two Gantt charts and the batch occupancy, with a slider through time.
 
     Controls (box.controls): "time" (IntSlider, model steps; a Play button moves it),
-    "seed" (IntText), "requests" (IntSlider 2 .. 24), "max_batch" (IntSlider 1 .. 8),
-    "mean_gap" (FloatSlider: mean steps between arrivals). box.state holds the two
-    Timelines and what draw_timelines returned; box.status says, at the chosen time, how many
-    slots each policy fills and how many requests wait, then both summaries. A bad seed is
-    explained in box.message; the figure keeps the last good workload.
+    "seed" (BoundedIntText, 0 to MAX_SEED), "requests" (IntSlider 2 .. 24), "max_batch"
+    (IntSlider 1 .. 8), "mean_gap" (FloatSlider: mean steps between arrivals). box.state
+    holds the two Timelines and what draw_timelines returned; box.status says, at the chosen
+    time, how many slots each policy fills and how many requests wait, then both summaries,
+    each number named by its clock (steps run, makespan). A value the workload refuses is
+    explained in box.message and put back to the last good one, so that the other controls
+    keep working; the figure keeps the last good workload. A move through time redraws only
+    the 'now' lines and the covers (_TimelineFigure).
     """
     controls = {
         "time": widgets.IntSlider(value=0, min=0, max=1, description="time"),
-        "seed": widgets.IntText(value=seed, description="seed",
-                                layout=widgets.Layout(width="11em")),
+        "seed": widgets.BoundedIntText(value=seed, min=0, max=MAX_SEED, description="seed",
+                                       layout=widgets.Layout(width="11em")),
         "requests": widgets.IntSlider(value=n_requests, min=2, max=24, description="requests",
                                       continuous_update=False),
         "max_batch": widgets.IntSlider(value=max_batch, min=1, max=8, description="max batch",
@@ -332,31 +407,56 @@ def timeline_explorer(n_requests: int = 12, seed: int = 0, max_batch: int = 4,
         "mean_gap": widgets.FloatSlider(value=mean_gap, min=0.0, max=6.0, step=0.5,
                                         description="mean gap", continuous_update=False),
     }
+    workload_names = ("seed", "requests", "max_batch", "mean_gap")
     play = widgets.Play(value=0, min=0, max=1, interval=400, description="play")
     widgets.link((play, "value"), (controls["time"], "value"))
     status, message = widgets.HTML(), widgets.HTML()
-    live = LiveFigure(figsize=(11, 6.4))
+    live = _TimelineFigure(figsize=(11, 6.4))
     state = {}
 
     def redraw(_=None):
-        workload_key = tuple(controls[name].value for name in
-                             ("seed", "requests", "max_batch", "mean_gap"))
+        if state.get("putting_back"):
+            return                      # a refused value going back: the caller redraws
+        workload_key = tuple(controls[name].value for name in workload_names)
+        refused = None
         if state.get("key") != workload_key:
-            _rebuild(workload_key)
+            try:
+                _rebuild(workload_key)
+            except ValueError as error:
+                if "key" not in state:
+                    raise               # nothing good to fall back on: the caller's mistake
+                refused = str(error)
+                _put_back(workload_key)
         now = controls["time"].value
         drawn = draw_timelines(live.figure, state["static"], state["continuous"], now)
+        if state.get("drawn_key") != state["key"]:
+            live.moving = live.figure._timeline_artists.moving
+            live.figure.subplots_adjust(left=0.07, right=0.98, top=0.9, bottom=0.08)
+            live.forget()
+            state["drawn_key"] = state["key"]
         state["drawn"] = drawn
         s, c = state["static"].summary(), state["continuous"].summary()
         status.value = (
             f"At time {now}: static batching has {html.escape(_at(state['static'], now))}; "
             f"continuous batching has {html.escape(_at(state['continuous'], now))}.<br>"
-            f"Whole workload: static {s['steps']} steps, {s['throughput']:.2f} tokens a step, "
-            f"slots {s['mean_occupancy']:.0%} busy, mean TTFT {s['mean_ttft']:.1f} steps "
-            f"(worst {s['max_ttft']:.0f}); continuous {c['steps']} steps, "
-            f"{c['throughput']:.2f} tokens a step, slots {c['mean_occupancy']:.0%} busy, "
-            f"mean TTFT {c['mean_ttft']:.1f} steps (worst {c['max_ttft']:.0f}). "
-            "Time per output token: 1 step for both.")
+            f"Whole workload: static {_clocks(s)}, slots {s['mean_occupancy']:.0%} busy, mean "
+            f"TTFT {s['mean_ttft']:.1f} steps (worst {s['max_ttft']:.0f}); continuous "
+            f"{_clocks(c)}, slots {c['mean_occupancy']:.0%} busy, mean TTFT "
+            f"{c['mean_ttft']:.1f} steps (worst {c['max_ttft']:.0f}). Time per output token: "
+            "1 step for both.")
         live.show()
+        if refused is not None:         # said after the redraw, which clears the message
+            raise ValueError(refused)
+
+    def _put_back(workload_key) -> None:
+        # the refused values go back to the last good ones, without a redraw for each
+        state["putting_back"] = True
+        try:
+            for name, value, good in zip(workload_names, workload_key, state["key"]):
+                if value != good:
+                    controls[name].value = good
+        finally:
+            state["putting_back"] = False
 
     def _rebuild(workload_key) -> None:
         seed_value, count, size, gap = workload_key
@@ -371,8 +471,7 @@ def timeline_explorer(n_requests: int = 12, seed: int = 0, max_batch: int = 4,
 
     box = explorer(live, controls, status, message, redraw, state)
     box.children = (widgets.HBox([play, controls["time"]]),
-                    widgets.HBox([controls[n] for n in ("seed", "requests", "max_batch",
-                                                         "mean_gap")]),
+                    widgets.HBox([controls[n] for n in workload_names]),
                     message, status, live.output)
     box.play = play
     return box

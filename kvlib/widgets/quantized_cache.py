@@ -30,7 +30,7 @@ from kvlib.serving.quantized import (
     next_token_loss,
 )
 
-from .base import LiveFigure, explorer
+from .base import OneRenderFigure, explorer
 
 BITS = (8, 4, 2)
 GROUPINGS = ("per channel", "per token")
@@ -314,8 +314,11 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
                                                   description="keys",
                                                   style={"button_width": "100px"})
     status, message = widgets.HTML(), widgets.HTML()
-    live = LiveFigure(figsize=(10, 3.8), n_axes=2, width_ratios=[3, 1])
-    live.figure.subplots_adjust(left=0.07, right=0.97, bottom=0.16, top=0.88, wspace=0.45)
+    # one render of the whole figure, laid out with room for every label (base.OneRenderFigure:
+    # the inline backend's crop to a tight box draws a figure twice, and a click took 1.55 s
+    # on a busy machine)
+    live = OneRenderFigure(figsize=(10, 3.8), n_axes=2, width_ratios=[3, 1])
+    live.figure.subplots_adjust(left=0.07, right=0.97, bottom=0.14, top=0.85, wspace=0.45)
     heatmap_ax, bytes_ax = live.axes
     image = draw_error_heatmap(heatmap_ax, np.zeros_like(plain[MODELS[0]]['keys'][0]), norm)
     labels = ["float16", f"kvlib {config.dtype}", "this cache"]
@@ -372,7 +375,7 @@ def quantized_cache_explorer(params: kvlib.Params, tokenizer, story, prompt_leng
         state["result"] = result
         chosen = controls["layer"].value
         image.set_data(np.ma.masked_less_equal(result["key_error"][chosen], 0))
-        heatmap_ax.set_title(f"layer {chosen}'s keys ({model_name}), {result['keys'].name}: "
+        heatmap_ax.set_title(f"layer {chosen}'s keys ({model_name}), {result['keys'].name}:\n"
                              f"rounding error of every cached key, {len(story)} positions",
                              fontsize=9)
         bars[2].set_width(result["bytes_per_token"])

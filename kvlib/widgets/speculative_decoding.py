@@ -212,7 +212,9 @@ def speculative_explorer(target, draft, tokenizer, prompt: str, k: int = 4,
     tokens(ids) -> strings (kvlib.ToyTokenizer, kvlib.stories.StoryTokenizer). The prompt
     is prefilled by the first round. Controls: "Speculative round", "Reset", k (a slider,
     1-8; changing it starts again), the rule ("greedy" or "sampling (T = 1)", seeded) and
-    the prompt.
+    the prompt. A refused prompt is explained in ``message``; until a prompt is accepted,
+    "Speculative round" advances nothing and says why (the figure still shows the previous
+    prompt's run, and the status line says so).
 
     Returns a VBox with what the tests use: ``controls`` ({"round", "reset", "k", "rule",
     "prompt"}), ``status`` (HTML: what the last round did), ``stats`` (HTML: totals and the
@@ -275,17 +277,31 @@ def speculative_explorer(target, draft, tokenizer, prompt: str, k: int = 4,
                              "Reset to start again.")
 
     def on_reset(*_):
-        ids = tokenizer.encode(text.value)
-        if len(ids) >= target.config.context_length:
-            raise ValueError(f"this prompt has {len(ids)} tokens; at most "
-                             f"{target.config.context_length - 1} fit here")
-        decoder = SpeculativeDecoder(target, draft, ids, k_slider.value, acceptance())
+        try:
+            ids = tokenizer.encode(text.value)
+            if len(ids) >= target.config.context_length:
+                raise ValueError(f"this prompt has {len(ids)} tokens; at most "
+                                 f"{target.config.context_length - 1} fit here")
+            decoder = SpeculativeDecoder(target, draft, ids, k_slider.value, acceptance())
+        except (ValueError, TypeError) as error:
+            # the run on show is the previous prompt's: say so, and let no round advance it
+            state["refused"] = str(error)
+            if "decoder" in state:
+                status.value = ("<b>The prompt was refused</b> (the line above says why): "
+                                "nothing runs. The figure and the lines below are the "
+                                "previous prompt's run, and \"Speculative round\" advances "
+                                "nothing until a prompt is accepted.")
+            raise
         step = decoder.step()
-        state["decoder"] = decoder
+        state["decoder"], state["refused"] = decoder, None
         step_button.disabled = False
         show(step)
 
     def on_round(_button):
+        if state.get("refused") is not None:
+            raise ValueError(f"a round advances nothing while the prompt is refused "
+                             f"({state['refused']}): the figure shows the previous prompt's "
+                             "run. Change the prompt to start again.")
         decoder = state.get("decoder")
         if decoder is None or len(decoder.sequence) > target.config.context_length:
             step_button.disabled = True
