@@ -55,9 +55,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 from transformers.models.gemma3 import modeling_gemma3  # noqa: E402
+from transformers_runs import (  # noqa: E402  tools/transformers_runs.py
+    cache_of,
+    greedy_through_the_cache,
+    logits_of,
+    save_model,
+    versions,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -144,40 +150,6 @@ class Float64AsWritten:
          modeling_gemma3.Gemma3RotaryEmbedding.forward) = self.saved
 
 
-# ---------------------------------------------------------------------- running transformers
-
-def logits_of(model, ids, keep: int = 0) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids]), logits_to_keep=keep).logits[0].float().numpy()
-
-
-def cache_of(output):
-    return output["cache"] if "cache" in output else output["past_key_values"]
-
-
-def continue_with(model, ids, cache):
-    try:
-        return model(torch.tensor([ids]), cache=cache, use_cache=True)
-    except TypeError:
-        return model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
-
-
-def greedy_through_the_cache(model, ids, n_new: int) -> list[int]:
-    with torch.no_grad():
-        output = model(torch.tensor([ids]), use_cache=True)
-        new = []
-        for _ in range(n_new):
-            token = int(output.logits[0, -1].argmax())
-            new.append(token)
-            output = continue_with(model, [token], cache_of(output))
-    return new
-
-
-def versions() -> dict:
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "python": sys.version.split()[0], "seed": SEED}
-
-
 # ------------------------------------------------------------------------------ 1. a tiny Gemma 3
 
 def build_tiny() -> Gemma3ForCausalLM:
@@ -195,10 +167,7 @@ def build_tiny() -> Gemma3ForCausalLM:
 
 def write_tiny() -> None:
     model = build_tiny()
-    folder = OUT / "tiny"
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder, safe_serialization=True)
-    (folder / "generation_config.json").unlink(missing_ok=True)
+    save_model(model, OUT / "tiny")
     prompt = np.random.default_rng(SEED).integers(3, TINY["vocab_size"],
                                                   TINY_PROMPT_LENGTH).tolist()
     record = {"prompt": np.array(prompt), "logits_float32": logits_of(model, prompt)}
@@ -262,7 +231,7 @@ def write_real(tokenizer) -> None:
     ids = tokenizer.encode(long_text())[:LONG_TOKENS]
     assert len(ids) == LONG_TOKENS
     record["long_ids"] = np.array(ids)
-    logits = logits_of(model, ids, keep=LONG_ROWS_KEPT)
+    logits = logits_of(model, ids, logits_to_keep=LONG_ROWS_KEPT)
     record |= {f"long_{key}": value for key, value in compact(logits, columns).items()}
     france = record["france_ids"].tolist()
     record["france_greedy"] = np.array(greedy_through_the_cache(model, france, GREEDY_TOKENS))
@@ -295,7 +264,7 @@ def main() -> None:
     write_tokenizer(tokenizer)
     write_real(tokenizer)
     (OUT / "versions.json").write_text(json.dumps(
-        versions() | {"gguf_sha256": gemma3.GGUF_SHA256}, indent=2) + "\n")
+        versions(SEED) | {"gguf_sha256": gemma3.GGUF_SHA256}, indent=2) + "\n")
     sizes = {str(p.relative_to(OUT)): p.stat().st_size for p in sorted(OUT.rglob("*"))
              if p.is_file()}
     print(f"wrote {OUT}: {sizes}, {sum(sizes.values()):,} bytes")
