@@ -47,7 +47,9 @@ from transformers_runs import (  # noqa: E402  tools/transformers_runs.py
     cached_keys_values,
     greedy_through_the_cache,
     logits_of,
+    rotary_in_dtype,
     save_model,
+    tiny_model,
     tiny_reference,
     versions,
 )
@@ -97,41 +99,21 @@ def rms_norm_in_input_dtype(self, hidden_states):
 
 def rotary_in_input_dtype(self, x, position_ids):
     # transformers computes the rotary angles in float32; the same formula in x's dtype
-    dim = self.inv_freq.shape[0] * 2
-    base = self.config.rope_parameters["rope_theta"]
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=x.dtype) / dim))
-    freqs = position_ids[..., None].to(x.dtype) * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    return rotary_in_dtype(x, position_ids, self.inv_freq.shape[0] * 2,
+                           self.config.rope_parameters["rope_theta"])
 
 
-class Float64AsWritten:
-    """Inside it, LlamaRMSNorm and LlamaRotaryEmbedding compute in the input's dtype."""
-
-    def __enter__(self):
-        self.saved = (modeling_llama.LlamaRMSNorm.forward,
-                      modeling_llama.LlamaRotaryEmbedding.forward)
-        modeling_llama.LlamaRMSNorm.forward = rms_norm_in_input_dtype
-        modeling_llama.LlamaRotaryEmbedding.forward = rotary_in_input_dtype
-
-    def __exit__(self, *exc):
-        (modeling_llama.LlamaRMSNorm.forward,
-         modeling_llama.LlamaRotaryEmbedding.forward) = self.saved
+FLOAT64_FORWARDS = {modeling_llama.LlamaRMSNorm: rms_norm_in_input_dtype,
+                    modeling_llama.LlamaRotaryEmbedding: rotary_in_input_dtype}
+"""The forwards that make LlamaRMSNorm and LlamaRotaryEmbedding compute in the input's dtype
+(forwards_replaced)."""
 
 
 # ------------------------------------------------------------------------------ 1. a tiny Llama
 
 def build_tiny() -> LlamaForCausalLM:
-    torch.manual_seed(SEED)
-    model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
-    generator = torch.Generator().manual_seed(SEED + 1)
-    with torch.no_grad():
-        for name, tensor in model.named_parameters():
-            if name.endswith("norm.weight"):       # gains away from 1: a norm in the wrong
-                tensor.copy_(1.0 + 0.2 * torch.randn(tensor.shape, generator=generator))
-            elif tensor.ndim == 2:                 # place, or none, shows in the logits
-                tensor.mul_(8.0)
-    return model
+    return tiny_model(lambda: LlamaForCausalLM(LlamaConfig(**TINY)), SEED,
+                      norm_centre=1.0, norm_spread=0.2, scale=8.0)
 
 
 def write_tiny() -> None:
@@ -142,7 +124,7 @@ def write_tiny() -> None:
     record = tiny_reference(model, wide, vocab_size=TINY["vocab_size"], seed=SEED,
                             prompt_lengths=PROMPT_LENGTHS,
                             cache_prompt_length=CACHE_PROMPT_LENGTH, new_tokens=NEW_TOKENS,
-                            exact=Float64AsWritten)
+                            float64_forwards=FLOAT64_FORWARDS)
     np.savez_compressed(LLAMA_OUT / "reference.npz", **record)
     (LLAMA_OUT / "versions.json").write_text(json.dumps(versions(SEED), indent=2) + "\n")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
-from transformers_runs import save_model, tiny_reference, versions  # tools/transformers_runs.py
+from transformers_runs import save_model, seeded_model, tiny_reference, versions
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "gpt2-reference"
 SEED = 2019
@@ -45,9 +45,7 @@ NEW_TOKENS = 20
 
 
 def build_model() -> GPT2LMHeadModel:
-    torch.manual_seed(SEED)
-    model = GPT2LMHeadModel(GPT2Config(**SIZES)).eval()
-    generator = torch.Generator().manual_seed(SEED + 1)
+    model, generator = seeded_model(lambda: GPT2LMHeadModel(GPT2Config(**SIZES)), SEED)
     with torch.no_grad():
         for name, tensor in model.named_parameters():
             if name.endswith("bias"):

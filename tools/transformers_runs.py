@@ -12,6 +12,7 @@ as a list of ints, and gives numpy arrays back:
     greedy_through_the_cache(model, ids, n)   n greedy tokens, one decode step at a time
     tiny_reference(model, wide, ...)      all of it for a tiny random model, in float32
                                           and float64, as tests/data/*-reference/ holds it
+    tiny_model(build, seed, ...)          a tiny random model, its weights spread out
 """
 
 from __future__ import annotations
@@ -83,10 +84,11 @@ def save_model(model, folder: Path) -> None:
 
 def tiny_reference(model, wide, *, vocab_size: int, seed: int, prompt_lengths,
                    cache_prompt_length: int, new_tokens: int,
-                   exact=contextlib.nullcontext) -> dict[str, np.ndarray]:
+                   float64_forwards: dict | None = None) -> dict[str, np.ndarray]:
     """What tests/data/gpt2-reference/ and llama-reference/ record of a tiny random model:
-    `model` in float32 and `wide`, the same weights in float64 (run inside `exact()`, a
-    context that makes transformers compute float64 as written).
+    `model` in float32 and `wide`, the same weights in float64, run with float64_forwards
+    in place ({module class: forward}, forwards_replaced: what makes transformers compute
+    float64 as written).
 
     prompt_{i}: random ids (seeded), one prompt of each length; logits_float32_{i} and
     logits_float64_{i}: (T, V) on prompt i; keys_{layer} and values_{layer}: the float64
@@ -100,9 +102,9 @@ def tiny_reference(model, wide, *, vocab_size: int, seed: int, prompt_lengths,
     for i, prompt in enumerate(prompts):
         record[f"prompt_{i}"] = np.array(prompt)
         record[f"logits_float32_{i}"] = logits_of(model, prompt)
-        with exact():
+        with forwards_replaced(float64_forwards or {}):
             record[f"logits_float64_{i}"] = logits_of(wide, prompt)
-    with exact():
+    with forwards_replaced(float64_forwards or {}):
         keys, values = cached_keys_values(wide, cache_prompt)
         greedy_float64 = greedy_through_the_cache(wide, cache_prompt, new_tokens)
     for layer, (k, v) in enumerate(zip(keys, values)):
@@ -111,3 +113,54 @@ def tiny_reference(model, wide, *, vocab_size: int, seed: int, prompt_lengths,
     record["greedy_float32"] = np.array(greedy_through_the_cache(model, cache_prompt,
                                                                  new_tokens))
     return record
+
+
+# ------------------------------------------------------------------------------ tiny models
+
+def seeded_model(build, seed: int):
+    """(build() in eval mode with torch seeded by `seed`, a torch generator seeded by seed + 1
+    for the weights drawn afterwards): the same model, weight for weight, every time."""
+    torch.manual_seed(seed)
+    return build().eval(), torch.Generator().manual_seed(seed + 1)
+
+
+def tiny_model(build, seed: int, *, norm_centre: float, norm_spread: float, scale: float):
+    """seeded_model(build, seed), then every norm weight drawn around norm_centre (away from
+    its initial value: a norm in the wrong place, or none, shows in the logits) and every
+    matrix multiplied by scale (larger weights than the initial ones: the logits spread
+    out)."""
+    model, generator = seeded_model(build, seed)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.endswith("norm.weight"):
+                tensor.copy_(norm_centre + norm_spread * torch.randn(tensor.shape,
+                                                                     generator=generator))
+            elif tensor.ndim == 2:
+                tensor.mul_(scale)
+    return model
+
+
+# ------------------------------------------------------------------------------ float64 as written
+
+def rotary_in_dtype(x, position_ids, dim: int, base: float):
+    """(cos, sin) of the rotary angles for position_ids, computed in x's dtype (transformers
+    computes them in float32 whatever the model's dtype): dim columns turned in pairs at
+    rates base ** (-2i / dim)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=x.dtype) / dim))
+    freqs = position_ids[..., None].to(x.dtype) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+@contextlib.contextmanager
+def forwards_replaced(replacements: dict):
+    """Inside it, each module class's forward is the one given ({class: forward}); the
+    originals are back afterwards, also after an error."""
+    saved = {module: module.forward for module in replacements}
+    for module, forward in replacements.items():
+        module.forward = forward
+    try:
+        yield
+    finally:
+        for module, forward in saved.items():
+            module.forward = forward
