@@ -55,9 +55,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 from transformers.models.gemma3 import modeling_gemma3  # noqa: E402
+from transformers_runs import (  # noqa: E402  tools/transformers_runs.py
+    cache_of,
+    forwards_replaced,
+    greedy_through_the_cache,
+    logits_of,
+    rotary_in_dtype,
+    save_model,
+    tiny_model,
+    versions,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -122,83 +131,27 @@ def rms_norm_in_input_dtype(self, x):
 
 def rotary_in_input_dtype(self, x, position_ids, layer_type):
     # Gemma3RotaryEmbedding computes the angles in float32; the same formula in x's dtype
-    dim = getattr(self, f"{layer_type}_inv_freq").shape[0] * 2
-    base = self.config.rope_parameters[layer_type]["rope_theta"]
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=x.dtype) / dim))
-    freqs = position_ids[..., None].to(x.dtype) * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    return rotary_in_dtype(x, position_ids, getattr(self, f"{layer_type}_inv_freq").shape[0] * 2,
+                           self.config.rope_parameters[layer_type]["rope_theta"])
 
 
-class Float64AsWritten:
-    """Inside it, Gemma3RMSNorm and Gemma3RotaryEmbedding compute in the input's dtype."""
-
-    def __enter__(self):
-        self.saved = (modeling_gemma3.Gemma3RMSNorm.forward,
-                      modeling_gemma3.Gemma3RotaryEmbedding.forward)
-        modeling_gemma3.Gemma3RMSNorm.forward = rms_norm_in_input_dtype
-        modeling_gemma3.Gemma3RotaryEmbedding.forward = rotary_in_input_dtype
-
-    def __exit__(self, *exc):
-        (modeling_gemma3.Gemma3RMSNorm.forward,
-         modeling_gemma3.Gemma3RotaryEmbedding.forward) = self.saved
-
-
-# ---------------------------------------------------------------------- running transformers
-
-def logits_of(model, ids, keep: int = 0) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids]), logits_to_keep=keep).logits[0].float().numpy()
-
-
-def cache_of(output):
-    return output["cache"] if "cache" in output else output["past_key_values"]
-
-
-def continue_with(model, ids, cache):
-    try:
-        return model(torch.tensor([ids]), cache=cache, use_cache=True)
-    except TypeError:
-        return model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
-
-
-def greedy_through_the_cache(model, ids, n_new: int) -> list[int]:
-    with torch.no_grad():
-        output = model(torch.tensor([ids]), use_cache=True)
-        new = []
-        for _ in range(n_new):
-            token = int(output.logits[0, -1].argmax())
-            new.append(token)
-            output = continue_with(model, [token], cache_of(output))
-    return new
-
-
-def versions() -> dict:
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "python": sys.version.split()[0], "seed": SEED}
+FLOAT64_FORWARDS = {modeling_gemma3.Gemma3RMSNorm: rms_norm_in_input_dtype,
+                    modeling_gemma3.Gemma3RotaryEmbedding: rotary_in_input_dtype}
+"""The forwards that make Gemma3RMSNorm and Gemma3RotaryEmbedding compute in the input's dtype
+(forwards_replaced)."""
 
 
 # ------------------------------------------------------------------------------ 1. a tiny Gemma 3
 
 def build_tiny() -> Gemma3ForCausalLM:
-    torch.manual_seed(SEED)
-    model = Gemma3ForCausalLM(Gemma3TextConfig(**TINY)).eval()
-    generator = torch.Generator().manual_seed(SEED + 1)
-    with torch.no_grad():
-        for name, tensor in model.named_parameters():
-            if name.endswith("norm.weight"):       # w away from 0: 1 + w away from 1
-                tensor.copy_(0.3 * torch.randn(tensor.shape, generator=generator))
-            elif tensor.ndim == 2:                 # larger weights: the logits spread out
-                tensor.mul_(10.0)
-    return model
+    # norm weights w away from 0 (Gemma's norms scale by 1 + w): 1 + w away from 1
+    return tiny_model(lambda: Gemma3ForCausalLM(Gemma3TextConfig(**TINY)), SEED,
+                      norm_centre=0.0, norm_spread=0.3, scale=10.0)
 
 
 def write_tiny() -> None:
     model = build_tiny()
-    folder = OUT / "tiny"
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder, safe_serialization=True)
-    (folder / "generation_config.json").unlink(missing_ok=True)
+    save_model(model, OUT / "tiny")
     prompt = np.random.default_rng(SEED).integers(3, TINY["vocab_size"],
                                                   TINY_PROMPT_LENGTH).tolist()
     record = {"prompt": np.array(prompt), "logits_float32": logits_of(model, prompt)}
@@ -207,7 +160,7 @@ def write_tiny() -> None:
     with torch.no_grad():                        # the scale as a float64, not a float32's
         wide.model.embed_tokens.embed_scale.copy_(
             torch.tensor(math.sqrt(TINY["hidden_size"]), dtype=torch.float64))
-    with Float64AsWritten():
+    with forwards_replaced(FLOAT64_FORWARDS):
         with torch.no_grad():
             output = wide(torch.tensor([prompt]), use_cache=True)
         record["logits_float64"] = output.logits[0].numpy()
@@ -262,7 +215,7 @@ def write_real(tokenizer) -> None:
     ids = tokenizer.encode(long_text())[:LONG_TOKENS]
     assert len(ids) == LONG_TOKENS
     record["long_ids"] = np.array(ids)
-    logits = logits_of(model, ids, keep=LONG_ROWS_KEPT)
+    logits = logits_of(model, ids, logits_to_keep=LONG_ROWS_KEPT)
     record |= {f"long_{key}": value for key, value in compact(logits, columns).items()}
     france = record["france_ids"].tolist()
     record["france_greedy"] = np.array(greedy_through_the_cache(model, france, GREEDY_TOKENS))
@@ -295,7 +248,7 @@ def main() -> None:
     write_tokenizer(tokenizer)
     write_real(tokenizer)
     (OUT / "versions.json").write_text(json.dumps(
-        versions() | {"gguf_sha256": gemma3.GGUF_SHA256}, indent=2) + "\n")
+        versions(SEED) | {"gguf_sha256": gemma3.GGUF_SHA256}, indent=2) + "\n")
     sizes = {str(p.relative_to(OUT)): p.stat().st_size for p in sorted(OUT.rglob("*"))
              if p.is_file()}
     print(f"wrote {OUT}: {sizes}, {sum(sizes.values()):,} bytes")

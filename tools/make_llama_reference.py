@@ -41,9 +41,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
+from transformers_runs import (  # noqa: E402  tools/transformers_runs.py
+    cached_keys_values,
+    greedy_through_the_cache,
+    logits_of,
+    rotary_in_dtype,
+    save_model,
+    tiny_model,
+    tiny_reference,
+    versions,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -90,110 +99,34 @@ def rms_norm_in_input_dtype(self, hidden_states):
 
 def rotary_in_input_dtype(self, x, position_ids):
     # transformers computes the rotary angles in float32; the same formula in x's dtype
-    dim = self.inv_freq.shape[0] * 2
-    base = self.config.rope_parameters["rope_theta"]
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=x.dtype) / dim))
-    freqs = position_ids[..., None].to(x.dtype) * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    return rotary_in_dtype(x, position_ids, self.inv_freq.shape[0] * 2,
+                           self.config.rope_parameters["rope_theta"])
 
 
-class Float64AsWritten:
-    """Inside it, LlamaRMSNorm and LlamaRotaryEmbedding compute in the input's dtype."""
-
-    def __enter__(self):
-        self.saved = (modeling_llama.LlamaRMSNorm.forward,
-                      modeling_llama.LlamaRotaryEmbedding.forward)
-        modeling_llama.LlamaRMSNorm.forward = rms_norm_in_input_dtype
-        modeling_llama.LlamaRotaryEmbedding.forward = rotary_in_input_dtype
-
-    def __exit__(self, *exc):
-        (modeling_llama.LlamaRMSNorm.forward,
-         modeling_llama.LlamaRotaryEmbedding.forward) = self.saved
-
-
-# ---------------------------------------------------------------------- running transformers
-
-def logits_of(model, ids) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
-
-
-def cache_of(output):
-    return output["cache"] if "cache" in output else output["past_key_values"]
-
-
-def continue_with(model, ids, cache):
-    try:
-        return model(torch.tensor([ids]), cache=cache, use_cache=True)
-    except TypeError:
-        return model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
-
-
-def cached_keys_values(model, ids):
-    with torch.no_grad():
-        cache = cache_of(model(torch.tensor([ids]), use_cache=True))
-    return ([layer.keys[0].numpy() for layer in cache.layers],
-            [layer.values[0].numpy() for layer in cache.layers])
-
-
-def greedy_through_the_cache(model, ids, n_new: int) -> list[int]:
-    with torch.no_grad():
-        output = model(torch.tensor([ids]), use_cache=True)
-        new = []
-        for _ in range(n_new):
-            token = int(output.logits[0, -1].argmax())
-            new.append(token)
-            output = continue_with(model, [token], cache_of(output))
-    return new
-
-
-def versions() -> dict:
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "python": sys.version.split()[0], "seed": SEED}
+FLOAT64_FORWARDS = {modeling_llama.LlamaRMSNorm: rms_norm_in_input_dtype,
+                    modeling_llama.LlamaRotaryEmbedding: rotary_in_input_dtype}
+"""The forwards that make LlamaRMSNorm and LlamaRotaryEmbedding compute in the input's dtype
+(forwards_replaced)."""
 
 
 # ------------------------------------------------------------------------------ 1. a tiny Llama
 
 def build_tiny() -> LlamaForCausalLM:
-    torch.manual_seed(SEED)
-    model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
-    generator = torch.Generator().manual_seed(SEED + 1)
-    with torch.no_grad():
-        for name, tensor in model.named_parameters():
-            if name.endswith("norm.weight"):       # gains away from 1: a norm in the wrong
-                tensor.copy_(1.0 + 0.2 * torch.randn(tensor.shape, generator=generator))
-            elif tensor.ndim == 2:                 # place, or none, shows in the logits
-                tensor.mul_(8.0)
-    return model
+    return tiny_model(lambda: LlamaForCausalLM(LlamaConfig(**TINY)), SEED,
+                      norm_centre=1.0, norm_spread=0.2, scale=8.0)
 
 
 def write_tiny() -> None:
     model = build_tiny()
-    LLAMA_OUT.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(LLAMA_OUT, safe_serialization=True)
-    (LLAMA_OUT / "generation_config.json").unlink(missing_ok=True)
-    rng = np.random.default_rng(SEED)
-    prompts = [rng.integers(0, TINY["vocab_size"], n).tolist() for n in PROMPT_LENGTHS]
-    cache_prompt = rng.integers(0, TINY["vocab_size"], CACHE_PROMPT_LENGTH).tolist()
-    record = {"cache_prompt": np.array(cache_prompt)}
+    save_model(model, LLAMA_OUT)
     wide = build_tiny().double()
     wide.config._attn_implementation = "sdpa"   # eager's softmax is float32 even for float64
-    for i, prompt in enumerate(prompts):
-        record[f"prompt_{i}"] = np.array(prompt)
-        record[f"logits_float32_{i}"] = logits_of(model, prompt)
-        with Float64AsWritten():
-            record[f"logits_float64_{i}"] = logits_of(wide, prompt)
-    with Float64AsWritten():
-        keys, values = cached_keys_values(wide, cache_prompt)
-        record["greedy_float64"] = np.array(greedy_through_the_cache(wide, cache_prompt,
-                                                                     NEW_TOKENS))
-    for layer, (k, v) in enumerate(zip(keys, values)):
-        record[f"keys_{layer}"], record[f"values_{layer}"] = k, v
-    record["greedy_float32"] = np.array(greedy_through_the_cache(model, cache_prompt,
-                                                                 NEW_TOKENS))
+    record = tiny_reference(model, wide, vocab_size=TINY["vocab_size"], seed=SEED,
+                            prompt_lengths=PROMPT_LENGTHS,
+                            cache_prompt_length=CACHE_PROMPT_LENGTH, new_tokens=NEW_TOKENS,
+                            float64_forwards=FLOAT64_FORWARDS)
     np.savez_compressed(LLAMA_OUT / "reference.npz", **record)
-    (LLAMA_OUT / "versions.json").write_text(json.dumps(versions(), indent=2) + "\n")
+    (LLAMA_OUT / "versions.json").write_text(json.dumps(versions(SEED), indent=2) + "\n")
 
 
 # ------------------------------------------------------------------------------ 2. SmolLM2
@@ -270,7 +203,7 @@ def write_smollm2() -> None:
     (SMOLLM2_OUT / "chat_template.json").write_text(
         json.dumps(rendered, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     (SMOLLM2_OUT / "versions.json").write_text(json.dumps(
-        versions() | {"gguf_sha256": smollm2.GGUF_SHA256}, indent=2) + "\n")
+        versions(SEED) | {"gguf_sha256": smollm2.GGUF_SHA256}, indent=2) + "\n")
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from transformers_runs import cache_of, continue_with  # noqa: E402  tools/transformers_runs.py
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -50,17 +51,6 @@ def as_numpy(logits) -> np.ndarray:
     return logits[0].float().numpy()
 
 
-def cache_of(output):
-    return output["cache"] if "cache" in output else output["past_key_values"]
-
-
-def step(model, ids, cache):
-    try:
-        return model(torch.tensor([ids]), cache=cache, use_cache=True)
-    except TypeError:
-        return model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
-
-
 def teacher_forced(model, ids):
     """(cached, recomputed) logits (n, V) that predict ids[PROMPT:], as kvlib's
     precision.teacher_forced computes them."""
@@ -68,7 +58,7 @@ def teacher_forced(model, ids):
         output = model(torch.tensor([ids[:PROMPT]]), use_cache=True)
         rows = [as_numpy(output.logits)[-1]]
         for token in ids[PROMPT:-1]:
-            output = step(model, [token], cache_of(output))
+            output = continue_with(model, [token], cache_of(output))
             rows.append(as_numpy(output.logits)[-1])
         recomputed = as_numpy(model(torch.tensor([ids[:-1]])).logits)[PROMPT - 1:]
     return np.stack(rows), recomputed

@@ -26,12 +26,12 @@ checkpoint with kvlib.gpt2.load and must match these numbers.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
+from transformers_runs import save_model, seeded_model, tiny_reference, versions
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "gpt2-reference"
 SEED = 2019
@@ -45,9 +45,7 @@ NEW_TOKENS = 20
 
 
 def build_model() -> GPT2LMHeadModel:
-    torch.manual_seed(SEED)
-    model = GPT2LMHeadModel(GPT2Config(**SIZES)).eval()
-    generator = torch.Generator().manual_seed(SEED + 1)
+    model, generator = seeded_model(lambda: GPT2LMHeadModel(GPT2Config(**SIZES)), SEED)
     with torch.no_grad():
         for name, tensor in model.named_parameters():
             if name.endswith("bias"):
@@ -61,65 +59,15 @@ def build_model() -> GPT2LMHeadModel:
     return model
 
 
-def logits_of(model, ids) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
-
-
-def cache_of(output):
-    """transformers 5 names the cache `cache`; 4.x named it `past_key_values`."""
-    return output["cache"] if "cache" in output else output["past_key_values"]
-
-
-def continue_with(model, ids, cache):
-    try:
-        return model(torch.tensor([ids]), cache=cache, use_cache=True)
-    except TypeError:
-        return model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
-
-
-def cached_keys_values(model, ids):
-    with torch.no_grad():
-        cache = cache_of(model(torch.tensor([ids]), use_cache=True))
-    return ([layer.keys[0].numpy() for layer in cache.layers],
-            [layer.values[0].numpy() for layer in cache.layers])
-
-
-def greedy_through_the_cache(model, ids, n_new: int) -> list[int]:
-    with torch.no_grad():
-        output = model(torch.tensor([ids]), use_cache=True)
-        new = []
-        for _ in range(n_new):
-            token = int(output.logits[0, -1].argmax())
-            new.append(token)
-            output = continue_with(model, [token], cache_of(output))
-    return new
-
-
 def main() -> None:
     model = build_model()
-    OUT.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(OUT, safe_serialization=True)
-    (OUT / "generation_config.json").unlink(missing_ok=True)
-    rng = np.random.default_rng(SEED)
-    prompts = [rng.integers(0, SIZES["vocab_size"], n).tolist() for n in PROMPT_LENGTHS]
-    cache_prompt = rng.integers(0, SIZES["vocab_size"], CACHE_PROMPT_LENGTH).tolist()
-    record = {"cache_prompt": np.array(cache_prompt)}
+    save_model(model, OUT)
     wide = build_model().double()    # the same weights (same seeds), computed in float64
-    for i, prompt in enumerate(prompts):
-        record[f"prompt_{i}"] = np.array(prompt)
-        record[f"logits_float32_{i}"] = logits_of(model, prompt)
-        record[f"logits_float64_{i}"] = logits_of(wide, prompt)
-    keys, values = cached_keys_values(wide, cache_prompt)
-    for layer, (k, v) in enumerate(zip(keys, values)):
-        record[f"keys_{layer}"], record[f"values_{layer}"] = k, v
-    record["greedy_float64"] = np.array(greedy_through_the_cache(wide, cache_prompt, NEW_TOKENS))
-    record["greedy_float32"] = np.array(greedy_through_the_cache(model, cache_prompt,
-                                                                 NEW_TOKENS))
+    record = tiny_reference(model, wide, vocab_size=SIZES["vocab_size"], seed=SEED,
+                            prompt_lengths=PROMPT_LENGTHS,
+                            cache_prompt_length=CACHE_PROMPT_LENGTH, new_tokens=NEW_TOKENS)
     np.savez_compressed(OUT / "reference.npz", **record)
-    (OUT / "versions.json").write_text(json.dumps({
-        "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "python": sys.version.split()[0], "seed": SEED}, indent=2) + "\n")
+    (OUT / "versions.json").write_text(json.dumps(versions(SEED), indent=2) + "\n")
     sizes = {p.name: p.stat().st_size for p in sorted(OUT.iterdir())}
     print(f"wrote {OUT}: {sizes}")
 

@@ -102,6 +102,21 @@ def greedy(model, ids: list[int], n_tokens: int) -> list[int]:
     return new
 
 
+def forced_accuracy(predicted: np.ndarray, sequences: np.ndarray,
+                    tokenizer: StoryTokenizer) -> dict:
+    """How often the argmax (predicted: (n, T) ids, each the model's next token after that
+    position, with the true story before it) is the word the grammar forces, by kind (name,
+    thing, song): {kind: {"count", "accuracy"}}. tools/train_hybrid.py counts the hybrid
+    model's with it."""
+    accuracy = {}
+    for kind in ("name", "thing", "song"):
+        right = [predicted[row, repeat.position - 1] == sequence[repeat.position]
+                 for row, sequence in enumerate(sequences)
+                 for repeat in forced_repeats(tokenizer.tokens(sequence), kind)]
+        accuracy[kind] = {"count": len(right), "accuracy": round(float(np.mean(right)), 4)}
+    return accuracy
+
+
 def head_fractions(model, sequences: np.ndarray, tokenizer: StoryTokenizer) -> dict:
     """Per layer and head: mean weight on t-1, and at forced names on the right earlier
     occurrences and on the distractor's; plus how often the model predicts the name."""
@@ -124,14 +139,8 @@ def head_fractions(model, sequences: np.ndarray, tokenizer: StoryTokenizer) -> d
     on_song = [weights[row, :, :, repeat.position - 1][..., list(repeat.earlier)].sum(-1)
                for row, sequence in enumerate(sequences)
                for repeat in forced_repeats(tokenizer.tokens(sequence), "song")]
-    accuracy = {}
-    for kind in ("name", "thing", "song"):
-        right = [predicted[row, repeat.position - 1] == sequence[repeat.position]
-                 for row, sequence in enumerate(sequences)
-                 for repeat in forced_repeats(tokenizer.tokens(sequence), kind)]
-        accuracy[kind] = {"count": len(right), "accuracy": round(float(np.mean(right)), 4)}
     return {
-        "forced_accuracy": accuracy,
+        "forced_accuracy": forced_accuracy(predicted, sequences, tokenizer),
         "song_earlier": np.mean(on_song, axis=0),
         "previous_token": previous,
         "name_earlier": np.mean(on_name, axis=0),

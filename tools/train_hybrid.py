@@ -50,17 +50,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from measure_stories import GREEDY_TOKENS, OPENINGS, greedy, token_losses  # noqa: E402
+from measure_stories import (  # noqa: E402
+    GREEDY_TOKENS,
+    OPENINGS,
+    forced_accuracy,
+    greedy,
+    token_losses,
+)
 from train_stories import (  # noqa: E402
     BATCH_SIZE,
     TORCH_SEED,
     TRAINING_SEQUENCES,
     WARMUP_STEPS,
     Monitor,
+    save,
     train,
 )
 
-from kvlib.stories import StoryTokenizer, first_error, forced_repeats  # noqa: E402
+from kvlib.stories import StoryTokenizer, first_error  # noqa: E402
 from kvlib.stories.corpus import (  # noqa: E402
     CONTEXT_LENGTH,
     HELD_OUT_SEED,
@@ -101,32 +108,15 @@ def parameter_count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def save(model, tokenizer: StoryTokenizer, directory: Path) -> None:
-    """config.json + model.safetensors (float16) + vocab.json."""
-    directory.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float16).save_pretrained(directory)
-    model.to(torch.float32)
-    (directory / "vocab.json").write_text(tokenizer.to_json() + "\n", encoding="utf-8")
-    for extra in directory.glob("generation_config.json"):
-        extra.unlink()
-
-
 def load(directory: Path):
     return Qwen3NextForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
 
 
-def forced_accuracy(model, sequences: np.ndarray, tokenizer: StoryTokenizer) -> dict:
-    """How often the argmax is the word the grammar forces, by kind, with the true story
-    before it (as tools/measure_stories.py counts it for the story model)."""
+def predicted_ids(model, sequences: np.ndarray) -> np.ndarray:
+    """(n, T): the model's argmax after each position of each sequence, the true story before
+    it."""
     with torch.no_grad():
-        predicted = model(input_ids=torch.from_numpy(sequences)).logits.argmax(-1).numpy()
-    accuracy = {}
-    for kind in ("name", "thing", "song"):
-        right = [predicted[row, repeat.position - 1] == sequence[repeat.position]
-                 for row, sequence in enumerate(sequences)
-                 for repeat in forced_repeats(tokenizer.tokens(sequence), kind)]
-        accuracy[kind] = {"count": len(right), "accuracy": round(float(np.mean(right)), 4)}
-    return accuracy
+        return model(input_ids=torch.from_numpy(sequences)).logits.argmax(-1).numpy()
 
 
 def measure(directory: Path, tokenizer: StoryTokenizer, steps: int = STEPS) -> dict:
@@ -165,7 +155,7 @@ def measure(directory: Path, tokenizer: StoryTokenizer, steps: int = STEPS) -> d
         "held_out_loss_first_16": round(float(losses[:16].mean()), 4),
         "stories_model": {"parameters": story["parameters"],
                           "held_out_loss": story["held_out_loss"]},
-        "forced_accuracy": forced_accuracy(model, held_out, tokenizer),
+        "forced_accuracy": forced_accuracy(predicted_ids(model, held_out), held_out, tokenizer),
         "greedy": continuations,
     }
 

@@ -136,7 +136,8 @@ def train(model: GPT2LMHeadModel, sequences: np.ndarray, steps: int, peak: float
 
 
 def save(model: GPT2LMHeadModel, tokenizer: StoryTokenizer, directory: Path) -> None:
-    """config.json + model.safetensors (float16, tensors named transformer.*) + vocab.json."""
+    """config.json + model.safetensors (float16; a GPT-2's tensors named transformer.*) +
+    vocab.json. tools/train_hybrid.py saves the hybrid model with it."""
     directory.mkdir(parents=True, exist_ok=True)
     model.to(torch.float16).save_pretrained(directory)
     model.to(torch.float32)
