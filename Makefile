@@ -102,8 +102,10 @@ $(BROWSER_READY): $(READY) requirements-browser.txt
 	touch $(BROWSER_READY)
 
 # Every notebook run in JupyterLab in headless Chromium; screenshots in artifacts/screenshots/.
+# BROWSER_NOTEBOOKS=cover runs only the few that together show every widget kind (CI does).
+BROWSER_NOTEBOOKS ?= all
 browser-test: $(BROWSER_READY) smollm2 gemma3
-	KVLIB_BROWSER_TEST=1 $(BIN)/python -m pytest tests/browser -v
+	KVLIB_BROWSER_TEST=1 KVLIB_BROWSER_NOTEBOOKS=$(BROWSER_NOTEBOOKS) $(BIN)/python -m pytest tests/browser -v
 
 # Optional: kvlib's GPT-2 against transformers, live, at small and at GPT-2 124M shapes
 # (tests/reference). Needs torch and transformers, installed into their own .venv-reference;

@@ -27,10 +27,11 @@ pytestmark = pytest.mark.skipif(
     reason="the browser test runs with `make browser-test` (it sets KVLIB_BROWSER_TEST=1 "
            "and needs Chromium and Playwright)")
 
-NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+ALL_NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 DECODE = "08_kv_cached_decode"
 SAMPLING = "06_logits_next_token"
 INTERACTIVE = {DECODE, SAMPLING}
+REAL_MODEL = "18_model_of_today"  # SmolLM2 loaded and chatted with in the browser's kernel
 PROMPT_POSITIONS = 5  # "How are you?" -> <bos> How are you ?
 RUN_SECONDS = 240
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -234,6 +235,46 @@ def problems_in(cells: list[dict]) -> list[str]:
             if output.get("name") == "stderr" and re.search(r"Traceback|Error|Exception", text):
                 found.append(f"{where} wrote an error to stderr: {text[:300]}")
     return found
+
+
+def widget_models(name: str) -> set[str]:
+    """Every widget model kind in the notebook's saved widget state."""
+    notebook = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text(encoding="utf-8"))
+    state = notebook.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {})
+    return {m.get("model_name") for m in state.get("state", {}).values()}
+
+
+def covering_notebooks(names: list[str]) -> list[str]:
+    """A few notebooks that together show every widget kind the series uses: the first
+    notebook, the two played with, the real model's, then greedily the notebook that adds the
+    most kinds not yet shown (the lower number on a tie). CI runs these
+    (KVLIB_BROWSER_NOTEBOOKS=cover); `make browser-test` runs them all."""
+    chosen = [n for n in names if n[:2] == "00" or n in INTERACTIVE or n == REAL_MODEL]
+    shown = set().union(*(widget_models(n) for n in chosen))
+    wanted = set().union(*(widget_models(n) for n in names))
+    while wanted - shown:
+        best = max((n for n in names if n not in chosen),
+                   key=lambda n: (len(widget_models(n) - shown), -names.index(n)))
+        chosen.append(best)
+        shown |= widget_models(best)
+    return sorted(chosen)
+
+
+def selected_notebooks() -> list[str]:
+    which = os.environ.get("KVLIB_BROWSER_NOTEBOOKS", "all")
+    if which not in ("all", "cover"):
+        raise ValueError(f"KVLIB_BROWSER_NOTEBOOKS must be 'all' or 'cover', got {which!r}")
+    return ALL_NOTEBOOKS if which == "all" else covering_notebooks(ALL_NOTEBOOKS)
+
+
+NOTEBOOKS = selected_notebooks()
+
+
+def test_the_covering_notebooks_show_every_widget_kind():
+    chosen = covering_notebooks(ALL_NOTEBOOKS)
+    assert set().union(*map(widget_models, chosen)) == \
+        set().union(*map(widget_models, ALL_NOTEBOOKS))
+    assert INTERACTIVE | {REAL_MODEL} <= set(chosen) and len(chosen) < len(ALL_NOTEBOOKS)
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
