@@ -2,11 +2,14 @@
 exercise checkers with their tables of typical wrong answers and valid answers in other
 forms."""
 
+import math
+
 import matplotlib
 
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from checker_cases import (  # noqa: E402
     assert_answers_in_words,
@@ -89,15 +92,21 @@ def test_the_pool_figure_colours_every_block_by_its_state(params, requests):
     ({0: 1, 1: 1, 2: 6}, "prefix cache"), ({0: 1, 1: 1, 2: 2, 3: 5}, "does not fit"),
     ({0: 1, 1: 1}, "request 2 fits"), ({0: 10, 1: 1, 2: 2}, "exactly 1 token"),
     ({0: 1, 2: 2}, "exactly 1 token"), ({0: 1, 1: 1, 2: 3}, "not {0: 1, 1: 1, 2: 3}"),
-    ([1, 1, 2], "a dict"), ({"0": 1}, "a dict"),
+    ({0: 11, 1: 9}, "already have K and V in the cache"),        # 11 + 9 = the budget of 20
+    ({0: 11, 1: 9, 2: 0, 3: 0}, "nobody is preempted here"),
+    ({0: 1, 1: 1, 2: 2, 4: 1}, "there is no request 4"), ({0: 1, 1: -1}, "0 tokens or more"),
+    ({0: 1, 1: 1, 2: 2.5}, "not a whole number"), ({0: 1, 1: 1, 2: 10**5000}, "digits"),
+    ([1, 1, 2], "a dict"), ({"0": 1}, "not text"),
 ])
 def test_exercise_1_diagnoses_typical_mistakes(answer, words):
     not_yet(ex24.check_schedule(answer), words)
 
 
 @pytest.mark.parametrize("answer", [{0: 1, 1: 1, 2: 2}, {2: 2, 0: 1, 1: 1},
-                                    {0: 1.0, 1: 1, 2: 2.0}])
+                                    {0: 1.0, 1: 1, 2: 2.0}, {0: 1, 1: 1, 2: 2, 3: 0},
+                                    {0: np.int64(1), 1: 1, 2: 2, 3: 0.0}])
 def test_exercise_1_accepts_the_answer_in_any_form(answer):
+    """A request listed with 0 tokens is one that does not run this step."""
     correct(ex24.check_schedule(answer), "request 3 would need 2 blocks")
 
 
@@ -108,22 +117,64 @@ def test_exercise_1_answers_anything_in_words(label, answer):
 
 # --------------------------------------------------------------------------- exercise 2
 
-def test_exercise_2_diagnoses_typical_mistakes():
-    not_yet(ex24.check_tokens_to_look_up(ex24.buggy_tokens_to_look_up),
-            "nothing is left to run")
-    not_yet(ex24.check_tokens_to_look_up(lambda p: p[1:]), "without its last token")
-    not_yet(ex24.check_tokens_to_look_up(lambda p: p[:-2]), "without its last token")
-    not_yet(ex24.check_tokens_to_look_up(lambda p: None), "not filled in")
-    not_yet(ex24.check_tokens_to_look_up(lambda p: p[-1]), "a list of token ids")
-    not_yet(ex24.check_tokens_to_look_up(lambda p: 1 / 0), "ZeroDivisionError")
-    not_yet(ex24.check_tokens_to_look_up("p[:-1]"), "a function")
+def pops_the_callers_list(prompt):
+    prompt.pop()
+    return prompt
 
 
-def test_exercise_2_accepts_other_correct_forms():
+def sorts_the_callers_list(prompt):
+    prompt.sort(reverse=True)
+    return sorted(prompt)[:-1]
+
+
+@pytest.mark.parametrize("function, words", [
+    (ex24.buggy_tokens_to_look_up, "nothing is left to run"),
+    (lambda p: list(p), "nothing is left to run"),
+    (lambda p: p[1:], "not the prompt's tokens"),
+    (lambda p: p[:-2], "1 full block of 4"),                      # 9 tokens: reuses 1 of 2
+    (lambda p: p[:-5], "Leave out only the last token"),
+    (lambda p: p[:len(p) // 4 * 4 - 1], "Leave out only the last token"),
+    (lambda p: p[:-1] if len(p) < 10 or len(p) % 4 == 0 else p[:4], "a prompt of 10 tokens"),
+    (lambda p: p[:-1] + [999], "not the prompt's tokens"),
+    (lambda p: p[::-1][1:], "not the prompt's tokens"),
+    (pops_the_callers_list, "changed the list it was given"),
+    (sorts_the_callers_list, "changed the list it was given"),
+    (lambda p: [float(t) for t in p[:-1]], "whole numbers (ints)"),
+    (lambda p: [str(t) for t in p[:-1]], "text"),
+    (lambda p: [True] * (len(p) - 1), "a bool"),
+    (lambda p: [10**5000] * (len(p) - 1), "5,001 digits"),
+    (lambda p: [math.inf] * (len(p) - 1), "inf"),
+    (lambda p: [math.nan] * (len(p) - 1), "nan"),
+    (lambda p: np.array(p[:-1], dtype=float), "an array"),
+    (lambda p: [p[:-1]], "a list"),
+    (lambda p: set(p[:-1]), "a list of token ids"),
+    (lambda p: "".join(map(str, p[:-1])), "a list of token ids"),
+    (lambda p: p[-1], "a list of token ids"),
+    (lambda p: None, "not filled in"),
+    (lambda p: None if len(p) > 9 else p[:-1], "returned nothing"),
+    (lambda p: 1 / 0, "ZeroDivisionError"),
+    ("p[:-1]", "a function"),
+])
+def test_exercise_2_diagnoses_typical_mistakes(function, words):
+    not_yet(ex24.check_tokens_to_look_up(function), words)
+
+
+def nano_vllm_leaves_out_the_last_block(prompt):
+    """nano-vllm's lookup (BlockManager.can_allocate: range(seq.num_blocks - 1)): every
+    block but the last, full or not: the blocks prompt[:-1] covers."""
+    blocks = -(-len(prompt) // ex24.BLOCK_SIZE)
+    return prompt[:(blocks - 1) * ex24.BLOCK_SIZE]
+
+
+def test_exercise_2_accepts_every_fix_that_reuses_the_same_blocks():
     namespace = {}
     exec(ex24.SOLUTIONS[2], namespace)
     for function in (namespace["tokens_to_look_up"], lambda p: tuple(p[:len(p) - 1]),
-                     lambda p: [t for t in p[:-1]]):
+                     lambda p: [t for t in p[:-1]], nano_vllm_leaves_out_the_last_block,
+                     lambda p: p[:-4] if len(p) % 4 == 0 else p,
+                     lambda p: p[:(len(p) - 1) // 4 * 4], lambda p: np.array(p[:-1]),
+                     lambda p: [np.int64(t) for t in p[:-1]], lambda p: range(3, 3)
+                     if len(p) < 5 else p[:-1]):
         correct(ex24.check_tokens_to_look_up(function), "last token always runs")
 
 
