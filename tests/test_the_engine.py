@@ -48,26 +48,74 @@ def test_the_committed_table_is_what_the_variants_give(params, requests):
     """The first row again (the notebook reruns it too); every row's outputs equal."""
     measured = smollm2.measured()["engine"]
     again = workloads.run_variant(workloads.variants(params)["the engine"](), requests)
-    assert {k: again[k] for k in workloads.STEP_COLUMNS} == measured["rows"]["the engine"]
+    columns = workloads.STEP_COLUMNS + workloads.PER_STEP
+    assert {k: again[k] for k in columns} == measured["rows"]["the engine"]
+    assert all(set(row) == set(columns) for row in measured["rows"].values())
     assert again["outputs"] == measured["outputs"]
     assert set(measured["rows"]) == set(workloads.variants(params))
 
 
-def test_the_widget_steps_runs_and_resets_without_leaking_figures(params, requests):
+def make(params, n_blocks):
+    return lambda: Engine(params, block_size=16, n_blocks=n_blocks, max_num_batched_tokens=64)
+
+
+def test_the_widget_steps_runs_and_resets_without_leaking_figures(params, requests,
+                                                                   monkeypatch):
+    """Run to the end writes the text lines after every step and redraws the figure as it
+    goes (every REDRAW_SECONDS; with 0, after every step), not once at the end."""
     figures = set(plt.get_fignums())
-    widget = w24.engine_widget(lambda: Engine(params, block_size=16, n_blocks=14,
-                                              max_num_batched_tokens=64), requests)
+    widget = w24.engine_widget(make(params, 14), requests)
     engine = widget.state["engine"]
     assert len(engine.waiting) == 4 and "waiting: 0, 1, 2, 3" in widget.queue.value
     widget.controls["step"].click()
     assert engine.step_count == 1 and "running: 0, 1" in widget.queue.value
     assert "No request has finished yet" in widget.service.value
+    texts, drawings = [], []
+    status = w24.queue_status
+    monkeypatch.setattr(w24, "queue_status", lambda *a: texts.append(1) or status(*a))
+    drawing = w24.draw_engine_pool
+    monkeypatch.setattr(w24, "draw_engine_pool", lambda *a: drawings.append(1) or drawing(*a))
+    monkeypatch.setattr(w24, "REDRAW_SECONDS", 0.0)
     widget.controls["run"].click()
+    steps = engine.step_count - 1
     assert not engine.has_unfinished_requests() and len(engine.requests) == 8
+    assert len(texts) >= steps and len(drawings) >= steps, (len(texts), len(drawings))
     assert "preemption" in widget.queue.value and "time to first token" in widget.service.value
+    assert widget.message.value == ""
     widget.controls["reset"].click()
     assert widget.state["engine"] is not engine and widget.state["engine"].step_count == 0
     assert set(plt.get_fignums()) == figures
+
+
+def test_a_pool_smaller_than_a_request_says_so_and_serves_the_others(params, requests):
+    """9 blocks hold every request but the passage (10 blocks): it is named with the
+    engine's reason, the queue says it was refused, and the seven others all finish."""
+    widget = w24.engine_widget(make(params, 9), requests)
+    widget.controls["run"].click()
+    engine = widget.state["engine"]
+    assert not engine.has_unfinished_requests() and len(engine.requests) == 7
+    assert all(r.status == "finished" for r in engine.requests.values())
+    assert "Request 6 (148 prompt tokens" in widget.message.value
+    assert "needs 10 blocks" in widget.message.value and "9 in all" in widget.message.value
+    assert "refused: 6" in widget.queue.value and "finished: 7 of 7" in widget.queue.value
+    widget.controls["step"].click()                      # nothing left: says so again, no error
+    assert "Request 6" in widget.message.value and "Traceback" not in widget.message.value
+
+
+@pytest.mark.parametrize("n_blocks, words", [
+    (1, "No request so far can be served"), (0, "the engine could not be made")])
+def test_a_pool_of_one_block_or_none_gives_a_message_not_a_traceback(params, requests,
+                                                                     n_blocks, words):
+    widget = w24.engine_widget(make(params, n_blocks), requests)
+    assert words in widget.message.value
+    for control in ("step", "run", "step", "reset"):
+        widget.controls[control].click()
+        assert words in widget.message.value or "no engine" in widget.message.value
+    if n_blocks == 1:
+        engine = widget.state["engine"]
+        assert "refused: 0, 1, 2, 3" in widget.queue.value
+        widget.controls["run"].click()                   # idle steps let the later ones arrive
+        assert widget.state["next"] == 8 and not engine.requests
 
 
 def test_the_pool_figure_colours_every_block_by_its_state(params, requests):
