@@ -2,7 +2,9 @@
 exercise checkers with their tables of typical wrong answers and valid answers in other
 forms."""
 
+import json
 import math
+from pathlib import Path
 
 import matplotlib
 
@@ -24,6 +26,8 @@ from kvlib.checkpoints import smollm2  # noqa: E402
 from kvlib.exercises import the_engine as ex24  # noqa: E402
 from kvlib.serving import Engine, workloads  # noqa: E402
 from kvlib.widgets import the_engine as w24  # noqa: E402
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "24_the_engine.ipynb"
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +120,25 @@ def test_a_pool_of_one_block_or_none_gives_a_message_not_a_traceback(params, req
         assert "refused: 0, 1, 2, 3" in widget.queue.value
         widget.controls["run"].click()                   # idle steps let the later ones arrive
         assert widget.state["next"] == 8 and not engine.requests
+
+
+def test_the_notebook_states_the_benchmarks_figures_as_the_committed_data_gives_them():
+    """Notebook 24 quotes benchmarks/data/engine.json (measured on this project's machine, not
+    timed here): its words must be the file's figures, as benchmark_figures rounds them."""
+    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    texts = [" ".join("".join(cell["source"]).split()) for cell in notebook["cells"]
+             if cell["cell_type"] == "markdown"]
+    text = next(t for t in texts if t.startswith("`benchmarks/engine.py` measures in seconds"))
+    f = w24.benchmark_figures(w24.engine_benchmark())
+    for phrase in (
+            f"On SmolLM2 the engine gave {f['smollm2 ratio']} times the output tokens a second "
+            f"of `kvlib.generate` one request after another ({f['smollm2 engine']} against "
+            f"{f['smollm2 generate']})",
+            f"on the story model {f['stories ratio']} times ({f['stories engine']} against "
+            f"{f['stories generate']})",
+            f"took {f['attention 64']} times as long as gathering the blocks and attending once "
+            f"at 64 positions, and {f['attention 512']} times at 512"):
+        assert phrase in text, phrase
 
 
 def test_the_pool_figure_colours_every_block_by_its_state(params, requests):

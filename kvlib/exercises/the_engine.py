@@ -239,8 +239,9 @@ def check_tokens_to_look_up(function) -> Feedback:
                             "nothing is left to run, so no logits come out for the next token. "
                             "Keep the last token out of the lookup.")
         if looked_up < reusable:
+            blocks = f"{looked_up} full block{'s' * (looked_up != 1)}"
             return Feedback(False, f"for a prompt of {length} tokens your function returns "
-                            f"{len(tokens)} tokens, {looked_up} full block{'s' * (looked_up != 1)} of {size}, so only "
+                            f"{len(tokens)} tokens, {blocks} of {size}, so only "
                             f"{looked_up} of the prompt's blocks can come from the cache; "
                             f"{reusable} can (every full block that does not hold the last "
                             "token). Leave out only the last token: without it the prompt "

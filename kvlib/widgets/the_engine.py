@@ -5,19 +5,22 @@
 - draw_batch: what one step computed for each request (a prefill chunk or a decode), and who
   was preempted;
 - engine_widget: Step / Run to the end / Reset on an engine, redrawing both, the queue and the
-  running service numbers.
+  running service numbers;
+- engine_benchmark, benchmark_figures, benchmark_summary: what benchmarks/engine.py measured on
+  this project's machine (benchmarks/data/engine.json), in the words the lesson states it.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from kvlib.plots import draw_pool
 from kvlib.serving.engine import Engine, summarize
-from kvlib.serving.workloads import add_arrivals
 
 from .base import LiveFigure, as_html, plural, safely
 
@@ -223,4 +226,67 @@ def engine_widget(make_engine, requests):
     return box
 
 
-__all__ = ["draw_batch", "draw_engine_pool", "engine_widget"]
+ENGINE_BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "engine.json"
+"""What benchmarks/engine.py measured on this project's machine (the_engine)."""
+
+
+def engine_benchmark(path=None) -> dict:
+    """What benchmarks/engine.py measured (the_engine): the machine and its load, four
+    requests served by the engine and by kvlib.generate one after another on two models
+    (every round's seconds), block against gather attention, the workload on three engines.
+    The file lives in the repository (benchmarks/data/), beside the script that remakes it."""
+    path = ENGINE_BENCHMARK if path is None else Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not there: it is committed with the repository "
+                                "(run the notebooks from a checkout), or remake it with "
+                                "python benchmarks/engine.py")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _median(values) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def benchmark_figures(data: dict) -> dict[str, str]:
+    """The figures the lesson states, as it prints them: for each model the engine's and
+    generate's output tokens a second and their ratio, and block attention's time over
+    gather attention's at each length."""
+    figures = {}
+    for model, row in data["concurrent"].items():
+        tokens = row["requests"] * row["new_tokens"]
+        engine, alone = (tokens / _median(row[f"{who}_seconds"])
+                         for who in ("engine", "generate"))
+        figures[f"{model} engine"] = f"{engine:,.1f}" if engine < 100 else f"{engine:,.0f}"
+        figures[f"{model} generate"] = f"{alone:,.1f}" if alone < 100 else f"{alone:,.0f}"
+        figures[f"{model} ratio"] = f"{engine / alone:.1f}"
+    for row in data["attention"]:
+        figures[f"attention {row['positions']}"] = \
+            f"{row['block_seconds'] / row['gather_seconds']:.1f}"
+    return figures
+
+
+def benchmark_summary(data: dict) -> str:
+    """benchmark_figures in lines, with the machine and the command that remakes the file."""
+    machine, load = data["machine"], data["load_average"]
+    figures = benchmark_figures(data)
+    lines = [f"`{data['command']}` on {machine['cpu']}, {machine['logical_cpus']} logical CPUs, "
+             f"{machine['blas_threads']} BLAS thread; load average {load['before'][0]} "
+             f"before, {load['after'][0]} after"]
+    for model in data["concurrent"]:
+        row = data["concurrent"][model]
+        lines.append(f"{model}: {row['requests']} requests x {row['new_tokens']} new tokens: "
+                     f"the engine {figures[model + ' engine']} output tokens a second, "
+                     f"kvlib.generate one after another {figures[model + ' generate']}: "
+                     f"{figures[model + ' ratio']} times")
+    for row in data["attention"]:
+        lines.append(f"attention of {row['sequences']} sequences over {row['positions']} "
+                     f"positions: block {row['block_seconds'] * 1e6:.0f} microseconds, "
+                     f"gather {row['gather_seconds'] * 1e6:.0f}: block takes "
+                     f"{figures['attention ' + str(row['positions'])]} times as long")
+    return "\n".join(lines)
+
+
+__all__ = ["benchmark_figures", "benchmark_summary", "draw_batch", "draw_engine_pool",
+           "engine_benchmark", "engine_widget"]
