@@ -692,6 +692,10 @@ CASES["Engine.add_request"] = lambda: (lambda engine: Case(
 CASES["Engine.generate"] = lambda: (lambda engine: Case(
     engine.generate, ([[6, 7, 8]], engine_module.SamplingParams(max_tokens=2)),
     state=lambda: engine_state(engine)))(_engine())
+CASES["Engine.abort_request"] = lambda: (lambda engine: Case(
+    engine.abort_request, (0,), state=lambda: engine_state(engine)))(_engine())
+CASES["Engine.output_of"] = lambda: (lambda engine: Case(
+    engine.output_of, (0,), state=lambda: engine_state(engine)))(_engine())
 
 
 @case("engine.summarize")

@@ -1,10 +1,12 @@
 """benchmarks/smollm2.py and benchmarks/engine.py run in their quick modes (SmolLM2's decode
-against its bare products, about 7 s; notebook 24's workload on three engines, about 17 s) and
-print complete tables. No assertion on a time: only that every row is there, that the engines
-took the steps notebook 24's committed table counts, and that bad options are refused in
-words."""
+against its bare products, about 7 s; notebook 24's four concurrent requests, its attention
+over blocks and its workload on three engines, about 25 s) and print complete tables. No
+assertion on a time: only that every row is there, that the engines took the steps notebook
+24's committed table counts, that the committed data is whole, and that bad options are
+refused in words."""
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -44,18 +46,42 @@ def test_smollm2_quick_prints_every_row():
 def test_engine_quick_takes_the_steps_of_notebook_24s_table():
     output = run_script(BENCHMARKS / "engine.py", "--quick")
     assert "notebook 24's workload: 8 chat requests" in output and "1 round(s)" in output
+    header, rows = table_rows(output, "model")
+    assert [row[0] for row in rows] == ["stories", "smollm2"]
+    assert [row[1] for row in rows] == ["4 x 16", "4 x 8"]
+    assert all(re.fullmatch(NUMBER, row[2]) and re.fullmatch(NUMBER, row[3])
+               and re.fullmatch(rf"{NUMBER}x", row[4]) for row in rows)
+    header, rows = table_rows(output, "positions")
+    assert [row[0] for row in rows] == ["64", "512"]
+    assert all(re.fullmatch(rf"{NUMBER}x", row[3]) for row in rows)
     header, rows = table_rows(output, "engine")
     names = [row[0] for row in rows]
     assert names == ["the engine (continuous batching)", "one request at a time",
-                     "static batching, 4 at a time"]
+                     "static batching"]
     assert all(re.fullmatch(NUMBER, row[1]) and row[2].endswith(" ms")
                and row[3].endswith(" ms") for row in rows)
     committed = smollm2.measured()["engine"]["rows"]
     steps = {row[0]: int(row[4]) for row in rows}
     assert steps["the engine (continuous batching)"] == committed["the engine"]["steps"]
-    assert steps["static batching, 4 at a time"] == \
-        committed["static batching, 4 at a time"]["steps"]
+    assert steps["static batching"] == committed["static batching"]["steps"]
     assert re.search(rf"the bookkeeping around it {NUMBER} ms, {NUMBER}% of the step", output)
+    assert "wrote" not in output                                   # quick writes no file
+
+
+def test_the_committed_engine_data_says_how_it_was_made_and_is_whole():
+    """benchmarks/data/engine.json, which notebook 24 quotes: the full run's command, the
+    machine, both models' four requests with the same tokens as kvlib.generate, both
+    attentions at both lengths, the three engines of the workload."""
+    data = json.loads((BENCHMARKS / "data" / "engine.json").read_text(encoding="utf-8"))
+    assert data["command"] == "python benchmarks/engine.py" and data["rounds"] >= 3
+    assert {"cpu", "logical_cpus", "numpy", "blas", "blas_threads"} <= set(data["machine"])
+    assert set(data["concurrent"]) == {"stories", "smollm2"}
+    for row in data["concurrent"].values():
+        assert row["same_tokens"] and row["requests"] == 4
+        assert len(row["engine_seconds"]) == len(row["generate_seconds"]) >= data["rounds"]
+    assert [row["positions"] for row in data["attention"]] == [64, 512]
+    assert set(data["workload"]) == {"the engine (continuous batching)",
+                                     "one request at a time", "static batching"}
 
 
 @pytest.mark.parametrize("script, options, words", [

@@ -156,10 +156,6 @@ CALLED_ON = {
 """What a notebook calls a checker on, where it is not `answer`."""
 KNOWN_FAILURES = {
     # checker: (what its known failure says, a regular expression), where the bug is
-    "the_engine.check_tokens_to_look_up": (
-        r".", "any problem: a function that returns anything but a list (10**5000, inf, numpy "
-        "scalars, arrays) makes it raise (ValueError, OverflowError) or show numpy's repr "
-        "(got np.int64(7)): kvlib/exercises/the_engine.py"),
 }
 """Bugs these tests found in checkers that take a function, excused in the tests of functions
 returning odd values until they are fixed; test_the_known_failures_are_still_there says when

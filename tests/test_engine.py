@@ -78,6 +78,67 @@ def test_batched_block_attention_equals_gathering_each_sequence(kv_heads, group,
                                    rtol=0, atol=1e-12)
 
 
+def plain_causal_attention(Q, K, V, positions):
+    """The reference, written out in float64 with nothing of kvlib: Q (h, T, dh) at
+    `positions`, K and V (P, kv, dh) contiguous, position p of the sequence in row p; query
+    head j reads K/V head j // (h / kv) at positions 0 .. its own, softmax over them."""
+    Q, K, V = (np.asarray(x, dtype=np.float64) for x in (Q, K, V))
+    h, T, dh = Q.shape
+    group = h // K.shape[1]
+    out = np.zeros((h, T, dh))
+    for head in range(h):
+        for t in range(T):
+            seen = positions[t] + 1
+            scores = K[:seen, head // group] @ Q[head, t] / np.sqrt(dh)
+            weights = np.exp(scores - scores.max())
+            out[head, t] = weights @ V[:seen, head // group] / weights.sum()
+    return out
+
+
+@PROPERTY
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 5), st.integers(1, 5),
+       st.lists(st.integers(1, 40), min_size=1, max_size=4), st.integers(1, 4),
+       st.sampled_from(["float64", "float32"]), st.booleans(), st.integers(0, 10_000))
+def test_batched_attention_equals_plain_causal_attention_over_contiguous_rows(
+        kv_heads, group, head_dim, block_size, lengths, T, dtype, contiguous_queries, seed):
+    """Both batched forms against a float64 softmax over each sequence's own contiguous K and
+    V: grouped-query heads (group queries a K/V head), sequences of different lengths in one
+    call, their block tables padded to the longest with any block (another sequence's, a
+    repeated one, block 0), blocks scattered over the pool, and queries either the last T
+    positions or any T positions of the sequence (a prefill chunk, or decodes)."""
+    rng = np.random.default_rng(seed)
+    width, h = kv_heads * head_dim, kv_heads * group
+    lengths = [max(length, T) for length in lengths]
+    used = [-(-length // block_size) for length in lengths]
+    n = max(used) + rng.integers(0, 2)                       # sometimes one block to spare
+    n_blocks = sum(used) + 2
+    order = rng.permutation(n_blocks)
+    owned = np.split(order[:sum(used)], np.cumsum(used)[:-1])
+    tables = np.array([np.concatenate([own, rng.integers(0, n_blocks, n - len(own))])
+                       for own in owned])                    # padding: any block id
+    contiguous = [rng.standard_normal((length, kv_heads, head_dim)) * 2 for length in lengths]
+    values = [rng.standard_normal((length, kv_heads, head_dim)) for length in lengths]
+    pool_k = rng.standard_normal((n_blocks, block_size, width))    # noise wherever unwritten
+    pool_v = rng.standard_normal((n_blocks, block_size, width))
+    for own, K, V in zip(owned, contiguous, values):
+        for p in range(len(K)):
+            pool_k[own[p // block_size], p % block_size] = K[p].reshape(-1)
+            pool_v[own[p // block_size], p % block_size] = V[p].reshape(-1)
+    positions = np.array([length - T + np.arange(T) if contiguous_queries
+                          else np.sort(rng.choice(length, T, replace=False))
+                          for length in lengths])
+    Q = rng.standard_normal((len(lengths), h, T, head_dim)) * 3      # sharp softmaxes too
+    want = np.stack([plain_causal_attention(Q[r], contiguous[r], values[r], positions[r])
+                     for r in range(len(lengths))])
+    tolerance = 1e-12 if dtype == "float64" else 2e-5
+    inputs = [x.astype(dtype) for x in (Q, pool_k, pool_v)]
+    for batched in (batched_block_attention, batched_gather_attention):
+        got = batched(inputs[0], positions, inputs[1], inputs[2], tables)
+        assert got.dtype == np.dtype(dtype) and got.shape == Q.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * max(1, np.abs(want).max()),
+                                   err_msg=batched.__name__)
+
+
 def test_block_attention_reads_each_block_once_where_the_gather_moves_it_three_times():
     assert attention_bytes(100, 192, 4, gather=False) == 2 * 100 * 192 * 4
     assert attention_bytes(100, 192, 4, gather=True) == 3 * 2 * 100 * 192 * 4

@@ -26,9 +26,10 @@ Parts:
   text, the largest channel over the median, per layer and K/V head;
 - kivi (notebook 22): the loss with quantized caches (kvlib.serving.quantized, teacher-forced
   decode steps: 1024 steps a configuration, the slow part);
-- engine (notebook 24): the lesson's chat workload (kvlib.widgets.the_engine.workload) served by
-  the engine and its variants, counted in steps (no seconds: those go to
-  benchmarks/engine.py), with every variant's outputs checked equal;
+- engine (notebook 24): the lesson's chat workload (kvlib.serving.workloads.workload) served by
+  the engine and its variants, counted in steps and tokens, with each step's tokens and
+  decodes (no seconds: those go to benchmarks/engine.py), every variant's outputs checked
+  equal;
 - kivi_free (notebook 22): free-running greedy decoding of FREE_TOKENS tokens after each of
   the KIVI_FREE_PROMPTS (chat requests, rendered with the chat template) with the plain cache
   and with each configuration of the kivi part: the tokens, how many match the plain
@@ -215,7 +216,7 @@ def run_engine(params, ids) -> dict:
     rows = {}
     for name, make in workloads.variants(params).items():
         result = workloads.run_variant(make(), requests)
-        rows[name] = {key: result[key] for key in workloads.STEP_COLUMNS}
+        rows[name] = {key: result[key] for key in workloads.STEP_COLUMNS + workloads.PER_STEP}
         rows[name]["outputs"] = result["outputs"]
     outputs = [row.pop("outputs") for row in rows.values()]
     if any(output != outputs[0] for output in outputs):

@@ -9,6 +9,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from numbers import Integral
+
+import numpy as np
 
 import kvlib
 from kvlib.serving import Engine, SamplingParams
@@ -16,10 +19,13 @@ from kvlib.serving import Engine, SamplingParams
 from .base import (
     Feedback,
     checker,
+    described,
     is_missing,
+    is_stub,
     not_filled_in,
     read_whole_number,
     show_solution,
+    shown,
 )
 
 BLOCK_SIZE = 4
@@ -65,29 +71,39 @@ def exercise1_answer() -> dict[int, int]:
     return dict(engine.scheduler.schedule(engine.step_count + 1).scheduled_tokens)
 
 
-def _as_schedule(answer):
-    if isinstance(answer, Mapping):
-        items = list(answer.items())
-    else:
-        return None
+def _as_schedule(answer) -> dict[int, int] | Feedback:
+    """The student's {request id: tokens} as whole numbers, without the requests given 0
+    tokens (a request listed with 0 runs no more than one left out); a Feedback for anything
+    else."""
+    if not isinstance(answer, Mapping):
+        return Feedback(False, "answer should be a dict {request id: tokens this step}, for "
+                        f"example {{0: 1}}; got {described(answer)}.")
     schedule = {}
-    for key, value in items:
-        whole = [read_whole_number(x) for x in (key, value)]
-        if any(isinstance(x, Feedback) for x in whole):
-            return None
-        schedule[whole[0]] = whole[1]
+    for key, value in list(answer.items()):
+        request = read_whole_number(key, "a request id", "each key of answer")
+        if isinstance(request, Feedback):
+            return request
+        tokens = read_whole_number(value, "a number of tokens", f"the count for request "
+                                   f"{request}")
+        if isinstance(tokens, Feedback):
+            return tokens
+        if tokens < 0:
+            return Feedback(False, f"request {request} is given {tokens} tokens: a request "
+                            "computes 0 tokens or more in a step.")
+        if tokens:
+            schedule[request] = tokens
     return schedule
 
 
 @checker
 def check_schedule(answer) -> Feedback:
-    """Exercise 1: {request id: tokens it computes in the next step}."""
+    """Exercise 1: {request id: tokens it computes in the next step}; a request listed with
+    0 tokens is one that does not run."""
     if is_missing(answer):
         return not_filled_in("answer", "a dict {request id: tokens}")
     schedule = _as_schedule(answer)
-    if schedule is None:
-        return Feedback(False, "expected a dict of whole numbers, {request id: tokens this "
-                        "step}, for example {0: 1}.")
+    if isinstance(schedule, Feedback):
+        return schedule
     expected = exercise1_answer()
     if schedule == expected:
         return Feedback(True, "running requests first, one decode token each (request 1's "
@@ -95,6 +111,16 @@ def check_schedule(answer) -> Feedback:
                         "block from the prefix cache and computes only its last 2 tokens; "
                         "request 3 would need 2 blocks and only 1 is left, so it waits (and "
                         "nobody behind it may jump the queue).")
+    unknown = sorted(set(schedule) - {0, 1, 2, 3})
+    if unknown:
+        return Feedback(False, f"the engine has requests 0 to 3; there is no request "
+                        f"{shown(unknown[0])}.")
+    if schedule.get(0) in (10, 11) or schedule.get(1) in (8, 9):
+        return Feedback(False, "requests 0 and 1 are running: 10 of request 0's 11 tokens and 8 "
+                        "of request 1's 9 already have K and V in the cache, so a step computes "
+                        "exactly 1 token of each, the one that has none yet (the token it "
+                        "produced last). Computing a whole sequence again is what a preempted "
+                        "request does when it comes back, and nobody is preempted here.")
     if schedule.get(2) == 6:
         return Feedback(False, "request 2 shares its first 4 tokens with request 0's prompt: "
                         "that full block is in the prefix cache, so only 2 tokens run.")
@@ -112,9 +138,9 @@ def check_schedule(answer) -> Feedback:
     if sum(schedule.values()) > BUDGET:
         return Feedback(False, f"that is {sum(schedule.values())} tokens: the step's budget "
                         f"is {BUDGET}.")
-    return Feedback(False, f"not {schedule}. Go in order: running requests first (1 token "
-                    "each), then waiting ones first come, first served, each after its cached "
-                    "prefix, while tokens and blocks last.")
+    return Feedback(False, f"not {shown(schedule)}. Go in order: running requests first (1 "
+                    "token each), then waiting ones first come, first served, each after its "
+                    "cached prefix, while tokens and blocks last.")
 
 
 # Exercise 2 ------------------------------------------------------------------------------
@@ -124,39 +150,106 @@ def buggy_tokens_to_look_up(prompt: list[int]) -> list[int]:
     return prompt
 
 
+PROMPT_LENGTHS = (8, 9, 12, 1, 4, 5, 10, 11, 13, 14, 15, 16, 17, 18, 19, 21, 23, 24, 30, 33,
+                  47, 64)
+"""The prompts exercise 2 tries, by length: whole blocks first (the bug's symptom), then
+every kind of length up to 16 blocks, short ones and ones of 10 tokens or more."""
+
+
+def _prompt(length: int) -> list[int]:
+    """A prompt of `length` different token ids (so that any other token list differs)."""
+    return [(7 * i + 3) % 97 for i in range(length)]
+
+
+def _token_ids(result) -> list[int] | Feedback:
+    """What the student's function returned, as a list of token ids (ints); a Feedback for
+    anything else (floats, text, bools, nested lists, sets, ...)."""
+    if isinstance(result, np.ndarray) and result.ndim == 1 and \
+            (result.dtype.kind in "iu" or result.size == 0):
+        return [int(token) for token in result.tolist()]
+    if not isinstance(result, (list, tuple, range)):
+        return Feedback(False, f"tokens_to_look_up should return a list of token ids, got "
+                        f"{described(result)}.")
+    for position, token in enumerate(result):
+        if isinstance(token, (bool, np.bool_)) or not isinstance(token, Integral):
+            return Feedback(False, "token ids are whole numbers (ints), but item "
+                            f"{position + 1} of the list your function returned is "
+                            f"{described(token)}.")
+    return [int(token) for token in result]
+
+
+def _error_text(error: BaseException) -> str:
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - str() of an error may fail (an int too long to print)
+        text = ""
+    return f"{type(error).__name__}: {text[:120]}" if text else type(error).__name__
+
+
 @checker
 def check_tokens_to_look_up(function) -> Feedback:
     """Exercise 2: tokens_to_look_up(prompt) -> the tokens whose full blocks may come from
-    the prefix cache."""
+    the prefix cache. Judged by what the engine would do with it: which of the prompt's full
+    blocks it reuses (those of the returned tokens), on prompts of many lengths; any fix that
+    reuses exactly the blocks prompt[:-1] covers passes (nano-vllm leaves out the last block
+    instead: the same blocks)."""
     if is_missing(function):
         return not_filled_in("tokens_to_look_up", "your function")
     if not callable(function):
-        return Feedback(False, f"expected a function, got {type(function).__name__}.")
-    cases = [list(range(1, 9)), list(range(1, 10)), [7], list(range(3, 15))]
-    for prompt in cases:
+        return Feedback(False, f"expected a function, got {described(function)}.")
+    for length in PROMPT_LENGTHS:
+        prompt = _prompt(length)
+        given = list(prompt)
         try:
-            result = function(list(prompt))
+            result = function(given)
         except Exception as error:       # the student's code: any error is an answer
-            return Feedback(False, f"on the prompt {prompt} your function raised "
-                            f"{type(error).__name__}: {error}")
-        if is_missing(result):
+            return Feedback(False, f"on the prompt {shown(prompt)} ({length} tokens) your "
+                            f"function raised {_error_text(error)}")
+        if is_missing(result) and is_stub(function):
             return not_filled_in("tokens_to_look_up", "a body that returns a list of tokens")
-        try:
-            result = [int(t) for t in result]
-        except (TypeError, ValueError):
-            return Feedback(False, f"expected a list of token ids, got {result!r:.60}.")
-        full = len(prompt) // BLOCK_SIZE * BLOCK_SIZE
-        if result == prompt and full == len(prompt):
-            return Feedback(False, f"for the prompt {prompt} (a whole number of blocks) that "
-                            "lets every block come from the cache: nothing is left to run, so "
-                            "no logits come out for the next token. Keep the last token out "
-                            "of the lookup.")
-        if result != prompt[:-1]:
-            return Feedback(False, f"for {prompt} expected the prompt without its last token "
-                            f"({prompt[:-1]}), got {result}.")
+        if result is None:
+            return Feedback(False, f"on the prompt {shown(prompt)} ({length} tokens) your "
+                            "function returned nothing (None): does every path through it end "
+                            "in a return?")
+        if given != prompt:
+            return Feedback(False, f"your function changed the list it was given: the prompt "
+                            f"{shown(prompt)} became {shown(given)}. That list is the "
+                            "request's own prompt, so the engine would lose its last token. "
+                            "Return a new list (prompt[:-1] makes one) and leave the prompt "
+                            "as it is.")
+        tokens = _token_ids(result)
+        if isinstance(tokens, Feedback):
+            return tokens
+        size = BLOCK_SIZE
+        looked_up = len(tokens) // size
+        same = 0
+        while same < looked_up and tokens[same * size:(same + 1) * size] == \
+                prompt[same * size:(same + 1) * size]:
+            same += 1
+        if same < looked_up:
+            return Feedback(False, f"for the prompt {shown(prompt)} ({length} tokens) your "
+                            f"function returned {shown(tokens)}: its full block {same + 1} is "
+                            "not the prompt's tokens at those positions, so the lookup would "
+                            "follow another sequence's keys. Return the prompt's own first "
+                            "tokens, in order.")
+        reusable = (length - 1) // size
+        if looked_up > reusable:
+            return Feedback(False, f"for the prompt {shown(prompt)} ({length} tokens, a whole "
+                            "number of blocks) that lets every block come from the cache: "
+                            "nothing is left to run, so no logits come out for the next token. "
+                            "Keep the last token out of the lookup.")
+        if looked_up < reusable:
+            blocks = f"{looked_up} full block{'s' * (looked_up != 1)}"
+            return Feedback(False, f"for a prompt of {length} tokens your function returns "
+                            f"{len(tokens)} tokens, {blocks} of {size}, so only "
+                            f"{looked_up} of the prompt's blocks can come from the cache; "
+                            f"{reusable} can (every full block that does not hold the last "
+                            "token). Leave out only the last token: without it the prompt "
+                            f"still has {reusable} full blocks.")
     return Feedback(True, "the last token always runs through the model, even when its block "
                     "is cached: its logits are the ones that choose the next token (vLLM "
-                    "looks up num_tokens - 1 for the same reason).")
+                    "looks up num_tokens - 1 for the same reason; nano-vllm leaves out the "
+                    "last block, which reuses the same blocks).")
 
 
 # Exercise 3 ------------------------------------------------------------------------------

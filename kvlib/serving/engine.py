@@ -197,18 +197,29 @@ class Engine:
         finishes now with finish_reason "abort" and gives its blocks back; the id of an n > 1
         request aborts all its completions. A finished request stays as it is; an id this
         engine never had is refused in words."""
-        ids = self.parents.get(request_id, [request_id])
-        if ids[0] not in self.requests:
-            raise ValueError(f"no request of this engine has the id {request_id!r:.60}")
-        for name in ids:
+        for name in self._ids_of(request_id):
             self.scheduler.abort(self.requests[name], self.step_count)
 
     def output_of(self, request_id) -> list[int] | list[list[int]]:
-        """The new tokens of a request so far (for an n > 1 request, a list of its n
-        completions' tokens)."""
-        if request_id in self.parents:
-            return [self.requests[i].output_token_ids for i in self.parents[request_id]]
-        return self.requests[request_id].output_token_ids
+        """The new tokens of a request so far, copied (for an n > 1 request, a list of its n
+        completions' tokens). An id this engine never had is refused in words."""
+        outputs = [list(self.requests[i].output_token_ids) for i in self._ids_of(request_id)]
+        return outputs if request_id in self.parents else outputs[0]
+
+    def _ids_of(self, request_id) -> list[int | str]:
+        """The ids of the requests a caller's id names (its n completions for an n > 1
+        request), refused in words unless it is a str or an int this engine has: True and
+        1.0 are not the request 1."""
+        if isinstance(request_id, bool) or not isinstance(request_id, (str, Integral)):
+            raise TypeError(f"request_id must be a str or an int, got "
+                            f"{type(request_id).__name__}")
+        request_id = request_id if isinstance(request_id, str) else int(request_id)
+        ids = self.parents.get(request_id, [request_id])
+        if ids[0] not in self.requests:
+            shown = repr(request_id) if isinstance(request_id, str) or \
+                abs(request_id) < 10**60 else "a number of more than 60 digits"
+            raise ValueError(f"no request of this engine has the id {shown:.60}")
+        return ids
 
     def generate(self, prompts, sampling_params=None) -> list[list[int]]:
         """Add every prompt, step until all are done -> each prompt's new token ids, in order
