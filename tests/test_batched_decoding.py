@@ -5,18 +5,14 @@ random workloads, and served by a model; bad input refused in words; the widget 
 headless; the exercise checkers with tables of wrong answers, valid answers in other forms
 and a fuzz of odd inputs."""
 
-import matplotlib
+import json
+import math
+from pathlib import Path
 
-matplotlib.use("Agg")
-
-import json  # noqa: E402
-import math  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     assert_correct,
     assert_not_yet,
@@ -24,17 +20,17 @@ from checker_cases import (  # noqa: E402
     odd_answers,
     student_answers,
 )
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import models, token_lists  # noqa: E402
-from widget_checks import no_new_figures, text_of  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import models, token_lists
+from widget_checks import no_new_figures, text_of
 
-import kvlib  # noqa: E402
-from kvlib import roofline  # noqa: E402
-from kvlib.exercises import batched_decoding as ex21  # noqa: E402
-from kvlib.exercises.base import Feedback  # noqa: E402
-from kvlib.gpt2 import GPT2_124M  # noqa: E402
-from kvlib.serving import (  # noqa: E402
+import kvlib
+from kvlib import roofline
+from kvlib.exercises import batched_decoding as ex21
+from kvlib.exercises.base import Feedback
+from kvlib.gpt2 import GPT2_124M
+from kvlib.serving import (
     BlockAllocator,
     Engine,
     PagedKVCache,
@@ -44,8 +40,8 @@ from kvlib.serving import (  # noqa: E402
     batch,
     scheduler,
 )
-from kvlib.serving.workloads import arrivals_in_seconds, make_workload  # noqa: E402
-from kvlib.widgets import batched_decoding as w21  # noqa: E402
+from kvlib.serving.workloads import arrivals_in_seconds, make_workload
+from kvlib.widgets import batched_decoding as w21
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "21_batched_decoding.ipynb"
 TOLERANCE = 1e-10

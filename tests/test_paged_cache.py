@@ -2,33 +2,29 @@
 plain references (hypothesis, float64, 1e-10), the pool explorer driven headless, the
 drawings, and the exercise checkers with tables of wrong and valid answers."""
 
-import matplotlib
+import json
+import math
+import re
+from pathlib import Path
 
-matplotlib.use("Agg")
-
-import json  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     case_id,
     not_yet,
     odd_answers,
     student_answers,
 )
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import models  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import models
 
-import kvlib  # noqa: E402
-from kvlib import plots  # noqa: E402
-from kvlib.exercises import paged_cache as ex19  # noqa: E402
-from kvlib.serving import (  # noqa: E402
+import kvlib
+from kvlib import plots
+from kvlib.exercises import paged_cache as ex19
+from kvlib.serving import (
     BlockAllocator,
     ContiguousArena,
     PagedKVCache,
@@ -36,8 +32,8 @@ from kvlib.serving import (  # noqa: E402
     SamplingParams,
     memory_plan,
 )
-from kvlib.serving.request import requests_of_lengths  # noqa: E402
-from kvlib.widgets import paged_cache as w19  # noqa: E402
+from kvlib.serving.request import requests_of_lengths
+from kvlib.widgets import paged_cache as w19
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TOLERANCE = 1e-10

@@ -4,16 +4,12 @@ reuse equal to logits without, no leaked block, no block a running request holds
 evicted), its eviction rules, its errors; the widget driven headless; the exercise checkers
 with tables of wrong answers, valid answers in other forms and a fuzz of odd inputs."""
 
-import matplotlib
+import re
 
-matplotlib.use("Agg")
-
-import re  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     assert_correct,
     assert_not_yet,
@@ -21,14 +17,14 @@ from checker_cases import (  # noqa: E402
     odd_answers,
     student_answers,
 )
-from hypothesis import HealthCheck, event, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import models  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from strategies import models
 
-import kvlib  # noqa: E402
-from kvlib.exercises import prefix_caching as ex20  # noqa: E402
-from kvlib.exercises.base import Feedback  # noqa: E402
-from kvlib.serving import (  # noqa: E402
+import kvlib
+from kvlib.exercises import prefix_caching as ex20
+from kvlib.exercises.base import Feedback
+from kvlib.serving import (
     ROOT_KEY,
     CachedBlock,
     PrefixServer,
@@ -36,7 +32,7 @@ from kvlib.serving import (  # noqa: E402
     block_key,
     block_keys,
 )
-from kvlib.widgets import prefix_caching as w20  # noqa: E402
+from kvlib.widgets import prefix_caching as w20
 
 TOLERANCE = 1e-10
 PROPERTY = settings(max_examples=40, deadline=None,

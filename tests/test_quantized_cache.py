@@ -13,13 +13,10 @@ import re
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     assert_correct,
     assert_not_yet,
@@ -27,16 +24,16 @@ from checker_cases import (  # noqa: E402
     odd_answers,
     student_answers,
 )
-from hypothesis import assume, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from strategies import models  # noqa: E402
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from strategies import models
 
-import kvlib  # noqa: E402
-from kvlib.exercises import quantized_cache as ex22  # noqa: E402
-from kvlib.serving import quantized as q  # noqa: E402
-from kvlib.serving.quantized import PerChannel, PerToken, QuantizedKVCache  # noqa: E402
-from kvlib.widgets import quantized_cache as w22  # noqa: E402
+import kvlib
+from kvlib.exercises import quantized_cache as ex22
+from kvlib.serving import quantized as q
+from kvlib.serving.quantized import PerChannel, PerToken, QuantizedKVCache
+from kvlib.widgets import quantized_cache as w22
 
 TOLERANCE = 1e-10
 

@@ -5,20 +5,16 @@ equal to the target's, a seeded empirical check), on the trained story models, i
 the widget driven headless, and the exercise checkers with tables of wrong and valid answers
 and a fuzz."""
 
-import matplotlib
+import contextlib
+import io
+import itertools
+import json
+from pathlib import Path
 
-matplotlib.use("Agg")
-
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import itertools  # noqa: E402
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     assert_correct,
     assert_not_yet,
@@ -26,16 +22,16 @@ from checker_cases import (  # noqa: E402
     odd_answers,
     student_answers,
 )
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import configs  # noqa: E402
-from widget_checks import no_new_figures, text_of  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import configs
+from widget_checks import no_new_figures, text_of
 
-import kvlib  # noqa: E402
-from kvlib.exercises import speculative_decoding as ex23  # noqa: E402
-from kvlib.serving import BlockAllocator, PagedKVCache  # noqa: E402
-from kvlib.serving import speculative as sp  # noqa: E402
-from kvlib.widgets import speculative_decoding as w23  # noqa: E402
+import kvlib
+from kvlib.exercises import speculative_decoding as ex23
+from kvlib.serving import BlockAllocator, PagedKVCache
+from kvlib.serving import speculative as sp
+from kvlib.widgets import speculative_decoding as w23
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOK = "23_speculative_decoding"
