@@ -76,6 +76,19 @@ def prompt_box(prompt: str) -> widgets.Text:
                         layout=widgets.Layout(width="20em"))
 
 
+def layer_dropdown(config, value: int = 0, description: str = "layer") -> widgets.Dropdown:
+    """A choice of one of the model's layers, "layer 0" to "layer L-1" (its value: the index)."""
+    return widgets.Dropdown(options=[(f"layer {i}", i) for i in range(config.n_layers)],
+                            value=value, description=description)
+
+
+def head_dropdown(config, value: int = 0) -> widgets.Dropdown:
+    """A choice of one of the model's query heads, "head 0" to "head H-1" (its value: the
+    index)."""
+    return widgets.Dropdown(options=[(f"head {i}", i) for i in range(config.n_heads)],
+                            value=value, description="head")
+
+
 def explorer(live: LiveFigure, controls: dict, status: widgets.HTML, message: widgets.HTML,
              redraw, state: dict) -> widgets.VBox:
     """Wire every control to redraw (through safely, so bad input lands in message), draw

@@ -19,7 +19,7 @@ import kvlib
 from kvlib import plots
 from kvlib.debug import CACHED_TOLERANCES, relative_difference
 
-from .base import LiveFigure, plural, read_prompt, safely
+from .base import LiveFigure, layer_dropdown, plural, read_prompt, safely
 
 TOLERANCE = CACHED_TOLERANCES["float64"]
 """How close cached decoding must come to full recomputation, relative to the logits' size
@@ -96,8 +96,7 @@ def decode_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
     decode = widgets.Button(description="Decode next token", button_style="primary")
     reset = widgets.Button(description="Reset")
     text = widgets.Text(value=prompt, description="prompt", continuous_update=False)
-    layer = widgets.Dropdown(options=[(f"layer {i}", i) for i in range(config.n_layers)],
-                             value=0, description="attention of")
+    layer = layer_dropdown(config, description="attention of")
     status = widgets.HTML()
     check = widgets.HTML()
     message = widgets.HTML()
