@@ -20,6 +20,7 @@ from checker_cases import (
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from strategies import models
+from widget_checks import assert_check_line_is_computed
 
 import kvlib
 from kvlib.exercises import prefix_caching as ex20
@@ -674,13 +675,8 @@ def test_widget_offers_only_pools_the_stream_fits_in(toy):
 
 def test_widget_check_line_is_computed(toy, monkeypatch):
     widget = w20.prefix_stream_explorer(toy)
-    real_forward = kvlib.forward
-    monkeypatch.setattr(kvlib, "forward", lambda *a, **k: real_forward(*a, **k) + 1.0)
-    widget.arrive.click()
-    assert "differ from a full recomputation" in widget.check.value
-    monkeypatch.setattr(kvlib, "forward", real_forward)
-    widget.arrive.click()
-    assert "equal a full recomputation" in widget.check.value
+    assert_check_line_is_computed(monkeypatch, widget, widget.arrive,
+                                  "differ from a full recomputation", "equal a full recomputation")
 
 
 def test_widget_stream_end_disables_the_button_and_nothing_leaks(toy):
