@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from transformers_references import prompts, reference_fixtures
+from transformers_references import memory_mapped, prompts, reference_fixtures
 
 import kvlib
 from kvlib import gpt2, roofline
@@ -62,14 +62,7 @@ def test_greedy_decoding_through_the_cache_gives_transformers_tokens(recorded, d
 
 
 def test_float32_weights_stay_memory_mapped(narrow):
-    def mapped(array):
-        while array is not None:
-            if isinstance(array, np.memmap):
-                return True
-            array = array.base
-        return False
-
-    assert mapped(narrow.embedding) and mapped(narrow.layers[0].Wq)
+    assert memory_mapped(narrow.embedding) and memory_mapped(narrow.layers[0].Wq)
     # Wq, Wk and Wv are column blocks of one c_attn matrix: within its bounds, not copies
     assert np.may_share_memory(narrow.layers[0].Wq, narrow.layers[0].Wv)
     assert not narrow.layers[0].Wq.flags.c_contiguous

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import models, token_lists
-from transformers_references import prompts, reference_fixtures
+from transformers_references import memory_mapped, prompts, reference_fixtures
 
 import kvlib
 from kvlib.checkpoints import llama
@@ -183,14 +183,7 @@ def test_save_and_load_round_trip(tmp_path, narrow, recorded, stored, tolerance)
 
 
 def test_float32_weights_stay_memory_mapped_transposed_views(narrow):
-    def mapped(array):
-        while array is not None:
-            if isinstance(array, np.memmap):
-                return True
-            array = array.base
-        return False
-
-    assert mapped(narrow.embedding) and mapped(narrow.layers[0].Wq)
+    assert memory_mapped(narrow.embedding) and memory_mapped(narrow.layers[0].Wq)
     assert narrow.layers[0].Wq.flags.f_contiguous       # (out, in) in the file, read as .T
 
 

@@ -19,6 +19,16 @@ def arrays(path: Path) -> dict[str, np.ndarray]:
         return dict(data)
 
 
+def memory_mapped(array: np.ndarray) -> bool:
+    """True for an array that reads the checkpoint's file in place: a np.memmap, or a view
+    (a slice, a transpose) of one."""
+    while array is not None:
+        if isinstance(array, np.memmap):
+            return True
+        array = array.base
+    return False
+
+
 def prompts(recorded: dict) -> list[np.ndarray]:
     """The recorded prompts, prompt_0, prompt_1, ... in order."""
     return [recorded[f"prompt_{index}"] for index in range(len(
