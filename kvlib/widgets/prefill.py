@@ -15,7 +15,7 @@ import numpy as np
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, layer_dropdown, plural, read_prompt, safely
+from .base import LiveFigure, carry, layer_dropdown, plural, read_prompt, safely
 
 MAX_ROWS_WITH_VALUES = 12  # beyond this many tokens, numbers in the cells are unreadable
 
@@ -106,9 +106,6 @@ def prefill_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
 
     box = widgets.VBox([words, widgets.HBox([text, button, layer]), status, message,
                         live.output])
-    box.prompt, box.prefill, box.layer = text, button, layer
-    box.status, box.message = status, message
-    box.figure, box.axes, box.live = live.figure, live.axes, live
-    box.controls = {"prompt": text, "prefill": button, "layer": layer}
-    box.cache = lambda: state.get("cache")
-    return box
+    controls = {"prompt": text, "prefill": button, "layer": layer}
+    return carry(box, controls, live, status=status, message=message,
+                 cache=lambda: state.get("cache"))
