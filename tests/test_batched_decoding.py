@@ -5,9 +5,7 @@ random workloads, and served by a model; bad input refused in words; the widget 
 headless; the exercise checkers with tables of wrong answers, valid answers in other forms
 and a fuzz of odd inputs."""
 
-import json
 import math
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -22,6 +20,7 @@ from checker_cases import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from notebook_runs import code_cells, notebook_path, run_notebook
 from strategies import models, token_lists
 from widget_checks import no_new_figures, text_of
 
@@ -43,7 +42,7 @@ from kvlib.serving import (
 from kvlib.serving.workloads import arrivals_in_seconds, make_workload
 from kvlib.widgets import batched_decoding as w21
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "21_batched_decoding.ipynb"
+NOTEBOOK = notebook_path("batched_decoding")
 TOLERANCE = 1e-10
 PROPERTY = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -51,10 +50,12 @@ ATTENDS = [batch.attend_per_sequence, batch.attend_padded]
 H100 = {"compute_rate": 989e12, "bandwidth": 3.35e12}
 
 
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
+def untimed_cells(left_out_tag: str) -> list[dict]:
+    """The notebook's code cells but those that time this machine: the lab model's (their
+    names start with lab_) and those tagged left_out_tag."""
+    return [cell for cell in code_cells("batched_decoding")
+            if "lab_" not in "".join(cell["source"])
+            and left_out_tag not in cell["metadata"].get("tags", [])]
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +63,7 @@ def namespace():
     """The notebook's variables after running its code cells headless; the cells that time
     this machine (the lab model's, and the cell tagged timings) and the widget cell are left
     out."""
-    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
-    variables = {"__name__": "__notebook__"}
-    for cell in notebook["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] != "code" or "lab_" in source or \
-                "nbval-ignore-output" in cell["metadata"].get("tags", []):
-            continue
-        exec(compile(source, NOTEBOOK.name, "exec"), variables)
-    plt.close("all")
-    return variables
+    return run_notebook("batched_decoding", untimed_cells("nbval-ignore-output"))
 
 
 def test_every_cell_can_run_twice():
@@ -81,13 +73,9 @@ def test_every_cell_can_run_twice():
     import contextlib
     import io
 
-    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
     variables = {"__name__": "__notebook__"}
-    for cell in notebook["cells"]:
+    for cell in untimed_cells("timings"):
         source = "".join(cell["source"])
-        if cell["cell_type"] != "code" or "lab_" in source or \
-                "timings" in cell["metadata"].get("tags", []):
-            continue
         outputs = []
         for _ in range(2):
             printed = io.StringIO()

@@ -2,10 +2,8 @@
 plain references (hypothesis, float64, 1e-10), the pool explorer driven headless, the
 drawings, and the exercise checkers with tables of wrong and valid answers."""
 
-import json
 import math
 import re
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -19,6 +17,7 @@ from checker_cases import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from notebook_runs import assert_solutions_pass, run_notebook
 from strategies import models
 
 import kvlib
@@ -35,14 +34,7 @@ from kvlib.serving import (
 from kvlib.serving.request import requests_of_lengths
 from kvlib.widgets import paged_cache as w19
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TOLERANCE = 1e-10
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 def req(prompt_length, output_length, arrival=0):
@@ -675,25 +667,12 @@ def test_a_gather_that_returns_odd_things_is_answered_in_words():
 
 @pytest.fixture(scope="module")
 def notebook():
-    cells = json.loads((NOTEBOOKS / "19_paged_cache.ipynb").read_text(encoding="utf-8"))["cells"]
-    namespace = {"__name__": "__notebook__"}
-    for cell in cells:
-        if cell["cell_type"] == "code":
-            exec(compile("".join(cell["source"]), "19_paged_cache", "exec"), namespace)
-    plt.close("all")
-    return namespace
+    return run_notebook("paged_cache")
 
 
 def test_solutions_pass_in_the_notebooks_namespace(notebook):
-    checkers = {1: ex19.check_blocks_and_slack, 2: ex19.check_gather,
-                3: ex19.check_forked_blocks}
-    assert sorted(ex19.SOLUTIONS) == sorted(checkers)
-    assert notebook["answer"] is ...
-    for number, checker in checkers.items():
-        scope = dict(notebook)
-        exec(ex19.SOLUTIONS[number], scope)
-        feedback = checker(scope["answer"])
-        assert feedback.passed, f"solution {number}: {feedback}"
+    assert_solutions_pass(notebook, ex19, {1: ex19.check_blocks_and_slack, 2: ex19.check_gather,
+                                           3: ex19.check_forked_blocks})
 
 
 def test_the_notebooks_broken_gather_fails_its_checker(notebook):

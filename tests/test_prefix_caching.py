@@ -40,12 +40,6 @@ PROPERTY = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
-
-
 @pytest.fixture(scope="module")
 def toy():
     return w20.example_model()

@@ -5,11 +5,7 @@ equal to the target's, a seeded empirical check), on the trained story models, i
 the widget driven headless, and the exercise checkers with tables of wrong and valid answers
 and a fuzz."""
 
-import contextlib
-import io
 import itertools
-import json
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -24,6 +20,7 @@ from checker_cases import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from notebook_runs import run_each_cell_twice
 from strategies import configs
 from widget_checks import no_new_figures, text_of
 
@@ -33,15 +30,7 @@ from kvlib.serving import BlockAllocator, PagedKVCache
 from kvlib.serving import speculative as sp
 from kvlib.widgets import speculative_decoding as w23
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-NOTEBOOK = "23_speculative_decoding"
 TOLERANCE = 1e-10
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -813,24 +802,8 @@ def test_every_checker_answers_generated_input_in_words(answer):
 def namespace():
     """The notebook's variables, every code cell run twice in a row (the cells tagged
     nbval-ignore-output, timings and the widget, once); what each run printed is kept in
-    scope["__printed__"] to compare."""
-    notebook = json.loads((NOTEBOOKS / f"{NOTEBOOK}.ipynb").read_text(encoding="utf-8"))
-    scope = {"__name__": "__notebook__", "__printed__": []}
-    for cell in notebook["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        source = "".join(cell["source"])
-        ignored = "nbval-ignore-output" in cell["metadata"].get("tags", [])
-        printed = []
-        for _ in range(1 if ignored else 2):
-            output = io.StringIO()
-            with contextlib.redirect_stdout(output):
-                exec(compile(source, NOTEBOOK, "exec"), scope)
-            printed.append(output.getvalue())
-        if not ignored:
-            scope["__printed__"].append((source, printed))
-        plt.close("all")
-    return scope
+    namespace["__printed__"] to compare."""
+    return run_each_cell_twice("speculative_decoding")
 
 
 def test_every_cell_can_run_twice(namespace):
