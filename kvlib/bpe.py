@@ -42,7 +42,7 @@ from pathlib import Path
 
 import regex
 
-from .chat import MARK_END, MARK_START, control_token_pattern
+from .chat import MARK_END, MARK_START, control_token_pattern, encode_around
 from .checks import as_flag, as_instance, as_token_ids
 
 DATA = Path(__file__).resolve().parent / "gpt2" / "data"
@@ -235,13 +235,8 @@ class Tokenizer:
         text = as_instance("text", text, str, "bytes are decoded first")
         if self._special_pattern is None:
             return self._encode_words(text)
-        ids = []
-        for number, part in enumerate(self._special_pattern.split(text)):
-            if number % 2:                       # the pattern's group: a special token
-                ids.append(self.vocabulary[part])
-            elif part:
-                ids.extend(self._encode_words(part))
-        return ids
+        return encode_around(self._special_pattern.split(text), self.vocabulary,
+                             self._encode_words)
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Text -> ids, with no special tokens: "<|endoftext|>" is encoded as plain text."""

@@ -42,6 +42,8 @@ import heapq
 import numpy as np
 import regex
 
+from .chat import encode_around
+
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 """llama.cpp's token types (the GGUF's tokenizer.ggml.token_type), SentencePiece's own."""
 
@@ -119,12 +121,7 @@ class SentencePieceTokenizer:
             self._special = _longest_first(self.user_defined | self.control)
         pattern = self._special if parse_special else self._plain
         parts = pattern.split(text) if pattern is not None else [text]
-        for number, part in enumerate(parts):
-            if number % 2:                             # the pattern's group: a whole piece
-                ids.append(self._whole[part])
-            elif part:
-                ids.extend(self._encode_fragment(part))
-        return ids
+        return ids + encode_around(parts, self._whole, self._encode_fragment)
 
     def _encode_fragment(self, text: str) -> list[int]:
         """Steps 2-4 on text without user-defined pieces."""
