@@ -83,6 +83,12 @@ DTYPES = {"FP32 (4 bytes)": 4, "BF16 / FP16 (2 bytes)": 2, "INT8 / FP8 (1 byte)"
 """The number formats the memory calculators offer, by their bytes a number."""
 
 
+def check_choice(name: str, value, choices) -> None:
+    """Refuse a starting value the widget does not offer: "preset must be one of [...]"."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
 def preset_dropdown(names, preset: str, style: dict) -> widgets.Dropdown:
     """The model choice of a memory calculator: the presets `names`, then CUSTOM."""
     return widgets.Dropdown(options=list(names) + [CUSTOM], value=preset, description="model",

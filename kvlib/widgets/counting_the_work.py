@@ -17,7 +17,7 @@ from kvlib.config import MODEL_SIZES
 from kvlib.flops import format_flops
 from kvlib.plots import WITH_CACHE_COLOR, WITHOUT_CACHE_COLOR
 
-from .base import LiveFigure, carry, loading, safely
+from .base import LiveFigure, carry, check_choice, loading, safely
 
 DEFAULT_LENGTHS = {
     "the article's toy (3 layers, d 4)": (5, 28),
@@ -89,8 +89,7 @@ def cost_explorer(compute_rate: float | None = None, bandwidth: float | None = N
     also in ``controls``), ``status`` and ``message`` (HTML), ``figure`` and ``axes``, and
     ``curves()`` (what is drawn now).
     """
-    if model not in MODEL_SIZES:
-        raise ValueError(f"model must be one of {list(MODEL_SIZES)}, got {model!r}")
+    check_choice("model", model, MODEL_SIZES)
     model_choice = widgets.Dropdown(options=list(MODEL_SIZES), value=model, description="model",
                                     layout=widgets.Layout(width="460px"))
     context = MODEL_SIZES[model].context_length

@@ -22,7 +22,7 @@ from kvlib.grouped import group_size, query_groups
 from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit
 from kvlib.plots import MAX_HEADS, draw_query_groups, plural
 
-from .base import CUSTOM, DTYPES, LiveFigure, carry, loading, preset_dropdown, safely
+from .base import CUSTOM, DTYPES, LiveFigure, carry, check_choice, loading, preset_dropdown, safely
 
 MAX_BUDGET_GIB = 10**9  # a billion GiB: past any real machine, and still exact as bytes
 CHOSEN_COLOR = "#21918c"  # viridis teal
@@ -131,8 +131,7 @@ def grouping_explorer(preset: str = "Llama-3-8B", budget_gib: float = 16.0,
     ``source`` (HTML), ``figure``, ``axes`` and ``summary()`` (the numbers on show, from
     grouping_summary).
     """
-    if preset not in GROUPABLE_PRESETS:
-        raise ValueError(f"preset must be one of {list(GROUPABLE_PRESETS)}, got {preset!r}")
+    check_choice("preset", preset, GROUPABLE_PRESETS)
     if dtype_bytes not in DTYPES.values():
         raise ValueError(f"dtype_bytes must be one of {sorted(DTYPES.values())}")
     start = PRESETS[preset]

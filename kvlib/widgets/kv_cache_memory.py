@@ -17,7 +17,7 @@ import numpy as np
 from kvlib.memory import PRESETS as ALL_PRESETS
 from kvlib.memory import GiB, kv_cache_bytes, tokens_that_fit, weights_bytes
 
-from .base import CUSTOM, DTYPES, LiveFigure, carry, loading, preset_dropdown, safely
+from .base import CUSTOM, DTYPES, LiveFigure, carry, check_choice, loading, preset_dropdown, safely
 
 PRESETS = {name: preset for name, preset in ALL_PRESETS.items()
            if preset.latent_dim is None and preset.window is None}
@@ -107,8 +107,7 @@ def kv_cache_calculator(preset: str = "Llama-2-7B", context: int | None = None,
     ``source`` (HTML), ``figure`` and ``axes``, and ``budget()`` (the numbers on show, from
     memory_budget).
     """
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
+    check_choice("preset", preset, PRESETS)
     for name, value in (("dtype_bytes", dtype_bytes), ("weights_dtype_bytes",
                                                         weights_dtype_bytes)):
         if value not in DTYPES.values():
