@@ -2,8 +2,8 @@
 sequence alone over random models, ragged lengths and cache kinds (float64, 1e-10); padding,
 left-padded prompts and the roofline of a batch; the scheduler's rules as properties over
 random workloads, and served by a model; bad input refused in words; the widget driven
-headless; the exercise checkers with tables of wrong answers, valid answers in other forms
-and a fuzz of odd inputs."""
+headless; the exercise checkers with tables of wrong answers and valid answers in other forms
+(what every checker does with odd input is tested once for all lessons, in test_checkers.py)."""
 
 import math
 
@@ -11,12 +11,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from checker_cases import (
-    assert_answers_in_words,
     assert_correct,
     assert_not_yet,
     case_id,
-    odd_answers,
-    student_answers,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,7 +24,6 @@ from widget_checks import no_new_figures, text_of
 import kvlib
 from kvlib import roofline
 from kvlib.exercises import batched_decoding as ex21
-from kvlib.exercises.base import Feedback
 from kvlib.gpt2 import GPT2_124M
 from kvlib.serving import (
     BlockAllocator,
@@ -1004,20 +1000,6 @@ def test_solution_display():
 
 CHECKERS = [ex21.check_padded_mask, ex21.check_compute_bound_batch, ex21.check_admitted,
             ex21.check_admitted_with_budget]
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers((3, 5, 5)), ids=case_id)
-def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
-    feedback = assert_answers_in_words(checker, answer)
-    assert isinstance(feedback, Feedback)
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@settings(max_examples=80, deadline=None)
-@given(answer=student_answers)
-def test_every_checker_answers_anything_in_words(checker, answer):
-    assert_answers_in_words(checker, answer)
 
 
 def test_unfilled_answers_say_so():
