@@ -55,11 +55,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None,
                         help="interleaved repeats, each measurement keeping its fastest "
                              "(default 3, quick 1)")
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--d-model", type=int, default=768)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--vocab", type=int, default=50257)
-    parser.add_argument("--d-ff", type=int, default=None, help="MLP width (default 4 d_model)")
+    report.add_model_shape_options(parser)
     parser.add_argument("--requests", type=int, default=None,
                         help="requests in the served workload (default 24, quick 8)")
     parser.add_argument("--max-batch", type=int, default=None,

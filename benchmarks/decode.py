@@ -59,11 +59,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", default=None, metavar="DIR",
                         help="load the weights of a GPT-2 checkpoint folder (config.json + "
                              "model.safetensors) instead of random ones; sizes from its config")
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--d-model", type=int, default=768)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--vocab", type=int, default=50257)
-    parser.add_argument("--d-ff", type=int, default=None, help="MLP width (default 4 d_model)")
+    report.add_model_shape_options(parser)
     parser.add_argument("--append-lengths", type=int, nargs="+", default=[64, 512, 4096],
                         help="cache lengths at which one append is timed (default 64 512 4096)")
     parser.add_argument("--bandwidth-mib", type=int, default=256,

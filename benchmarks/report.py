@@ -18,6 +18,16 @@ def use_threads(threads: int) -> None:
         os.environ[variable] = str(threads)
 
 
+def add_model_shape_options(parser) -> None:
+    """--layers, --d-model, --heads, --vocab and --d-ff of the model to build, GPT-2 small's
+    by default (12, 768, 12, 50257, and 4 d_model)."""
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--d-model", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--d-ff", type=int, default=None, help="MLP width (default 4 d_model)")
+
+
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:

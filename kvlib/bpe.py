@@ -42,7 +42,7 @@ from pathlib import Path
 
 import regex
 
-from .chat import MARK_END, MARK_START, control_token_pattern
+from .chat import MARK_END, MARK_START, control_token_pattern, encode_around
 from .checks import as_flag, as_instance, as_token_ids
 
 DATA = Path(__file__).resolve().parent / "gpt2" / "data"
@@ -235,13 +235,8 @@ class Tokenizer:
         text = as_instance("text", text, str, "bytes are decoded first")
         if self._special_pattern is None:
             return self._encode_words(text)
-        ids = []
-        for number, part in enumerate(self._special_pattern.split(text)):
-            if number % 2:                       # the pattern's group: a special token
-                ids.append(self.vocabulary[part])
-            elif part:
-                ids.extend(self._encode_words(part))
-        return ids
+        return encode_around(self._special_pattern.split(text), self.vocabulary,
+                             self._encode_words)
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Text -> ids, with no special tokens: "<|endoftext|>" is encoded as plain text."""
@@ -311,30 +306,38 @@ class Tokenizer:
 
 def merge_by_rank(pieces: list[str], merge_ranks: dict[tuple[str, str], int]) -> list[str]:
     """BPE's merge loop (step 3): merge the best-ranked adjacent pair, leftmost first, until
-    no adjacent pair is a merge; pieces -> the merged pieces.
+    no adjacent pair is a merge; pieces -> the merged pieces (merge_pairs, keyed by rank)."""
+    return merge_pairs(pieces, lambda left, right: merge_ranks.get((left, right)))
 
-    The pieces form a linked list (previous / following index) and every adjacent pair that is
-    a merge waits in a heap keyed by (rank, position). A heap entry goes stale when one of its
-    two pieces has since been merged into something else; it is recognised by the pieces it
-    names and skipped.
+
+def merge_pairs(pieces: list[str], priority) -> list[str]:
+    """The merge loop of byte-pair encoding, GPT-2's (by rank) and SentencePiece's (by score):
+    merge the adjacent pair whose priority(left, right) is lowest, the leftmost among equal
+    ones, until priority is None for every adjacent pair; pieces -> the merged pieces (the
+    list given is used up).
+
+    The pieces form a linked list (previous / following index) and every adjacent pair that can
+    merge waits in a heap keyed by (priority, position). A heap entry goes stale when one of
+    its two pieces has since been merged into something else; it is recognised by the pieces
+    it names and skipped. n pieces take about n log n steps.
     """
     following = list(range(1, len(pieces))) + [-1]
     previous = list(range(-1, len(pieces) - 1))
-    heap = [(merge_ranks[pair], i, pair) for i, pair in enumerate(zip(pieces, pieces[1:]))
-            if pair in merge_ranks]
-    heapq.heapify(heap)
+    heap = []
 
-    def push(i: int) -> None:                 # the pair starting at piece i, if a merge
+    def push(i: int) -> None:                 # the pair starting at piece i, if it can merge
         j = following[i] if i >= 0 else -1
-        if j >= 0 and (pieces[i], pieces[j]) in merge_ranks:
-            heapq.heappush(heap, (merge_ranks[pieces[i], pieces[j]], i, (pieces[i], pieces[j])))
+        if j >= 0 and (key := priority(pieces[i], pieces[j])) is not None:
+            heapq.heappush(heap, (key, i, pieces[i], pieces[j]))
 
+    for i in range(len(pieces) - 1):
+        push(i)
     while heap:
-        _, i, pair = heapq.heappop(heap)
+        _, i, left, right = heapq.heappop(heap)
         j = following[i] if pieces[i] is not None else -1
-        if j < 0 or (pieces[i], pieces[j]) != pair:
+        if j < 0 or pieces[i] != left or pieces[j] != right:
             continue                          # stale: a piece of it was merged away
-        pieces[i], pieces[j] = pieces[i] + pieces[j], None
+        pieces[i], pieces[j] = left + right, None
         following[i] = following[j]
         if following[j] >= 0:
             previous[following[j]] = i

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -165,6 +166,19 @@ class BaseKVCache:
 
     def _put_back(self, state) -> None:
         self._lengths = list(state)
+
+
+@contextmanager
+def all_or_nothing(cache):
+    """Leave the cache as it was if the pass run inside fails half-way, between two layers'
+    appends (an error, or a KeyboardInterrupt when a student stops the kernel). Any cache
+    with checkpoint() and restore(state): a BaseKVCache, a HybridCache."""
+    saved = cache.checkpoint()
+    try:
+        yield
+    except BaseException:
+        cache.restore(saved)
+        raise
 
 
 class KVCache(BaseKVCache):

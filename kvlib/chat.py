@@ -47,6 +47,20 @@ def control_token_pattern(control_tokens: Iterable[str]) -> re.Pattern:
     return re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
 
 
+def encode_around(parts: Sequence[str], whole_ids: Mapping[str, int], encode_text
+                  ) -> list[int]:
+    """Ids of a text split by a pattern with one group (pattern.split(text)): the odd parts,
+    the pattern's matches (control tokens, whole pieces), are looked up in whole_ids; the
+    others, plain text, go through encode_text (the empty ones are skipped)."""
+    ids = []
+    for number, part in enumerate(parts):
+        if number % 2:
+            ids.append(whole_ids[part])
+        elif part:
+            ids.extend(encode_text(part))
+    return ids
+
+
 def mark_control_tokens(text: str, pattern: re.Pattern) -> str:
     """text with every control token (a match of pattern) wrapped in MARK_START ... MARK_END,
     so that the tokenizer reads it as plain text (model_of_today). Markers already in the text

@@ -34,6 +34,16 @@ CHOICES = {"dtype": SUPPORTED_DTYPES, "positions": POSITION_SCHEMES, "norm": NOR
            "mlp": MLPS, "rope_pairing": ROPE_PAIRINGS}
 
 
+def attention_kind(n_heads: int, n_kv_heads: int, latent_dim: int | None = None) -> str:
+    """'MHA' (a K/V head for every query head), 'GQA' (groups of query heads share one),
+    'MQA' (one K/V head for all) or 'MLA' (latent attention: a latent instead of K and V)."""
+    if latent_dim is not None:
+        return "MLA"
+    if n_kv_heads == n_heads:
+        return "MHA"
+    return "MQA" if n_kv_heads == 1 else "GQA"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Sizes of a decoder-only model, and which parts of a real architecture it has.
@@ -169,11 +179,7 @@ class ModelConfig:
     @property
     def attention_kind(self) -> str:
         """'MHA', 'GQA', 'MQA' or 'MLA' (latent)."""
-        if self.latent_dim is not None:
-            return "MLA"
-        if self.kv_heads == self.n_heads:
-            return "MHA"
-        return "MQA" if self.kv_heads == 1 else "GQA"
+        return attention_kind(self.n_heads, self.kv_heads, self.latent_dim)
 
     def held_positions(self, n_positions: int) -> int:
         """How many of n_positions the cache of this model holds (sliding_windows_and_sinks): all of

@@ -231,12 +231,19 @@ class _CountedArray(np.ndarray):
 
 
 def _unwrap(value):
-    if isinstance(value, _CountedArray):
+    return plain_arrays(value, _CountedArray)
+
+
+def plain_arrays(value, kind: type):
+    """value with every array of the ndarray subclass `kind` in it (also inside lists, tuples
+    and dicts) as a plain np.ndarray view of the same numbers: what a function that watches
+    numpy's calls (counting multiply-adds, spotting a shortcut) hands on to numpy."""
+    if isinstance(value, kind):
         return value.view(np.ndarray)
     if isinstance(value, (list, tuple)):
-        return type(value)(_unwrap(v) for v in value)
+        return type(value)(plain_arrays(item, kind) for item in value)
     if isinstance(value, dict):
-        return {k: _unwrap(v) for k, v in value.items()}
+        return {key: plain_arrays(item, kind) for key, item in value.items()}
     return value
 
 

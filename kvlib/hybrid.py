@@ -15,10 +15,9 @@ recurrence itself.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 
+from .cache import all_or_nothing
 from .checkpoints.hybrid import load_hybrid  # noqa: F401  (re-exported: kvlib.hybrid.load_hybrid)
 from .checks import as_count, as_whole_numbers
 from .deltanet import (
@@ -103,17 +102,6 @@ def _check_cache(cache, params: HybridParams) -> None:
                          "params' config")
 
 
-@contextmanager
-def _all_or_nothing(cache: HybridCache):
-    """Leave the cache as it was if a pass fails half-way (an error, a KeyboardInterrupt)."""
-    saved = cache.checkpoint()
-    try:
-        yield
-    except BaseException:
-        cache.restore(saved)
-        raise
-
-
 def _pieces(cache: HybridCache, n_tokens: int) -> list[int]:
     """Lengths to run n_tokens in, so that each multiple of cache.snapshot_every ends one."""
     start, end, every = len(cache), len(cache) + n_tokens, cache.snapshot_every
@@ -137,7 +125,7 @@ def hybrid_prefill(params: HybridParams, ids, cache: HybridCache | None = None):
                          f"{cache.capacity} positions (the context length, unless given) and "
                          f"the prompt adds {len(ids)}")
     logits, start = [], 0
-    with _all_or_nothing(cache):
+    with all_or_nothing(cache):
         for piece in _pieces(cache, len(ids)):
             logits.append(_run(params, ids[start:start + piece], cache, len(cache)))
             cache.advance(piece)
@@ -159,7 +147,7 @@ def hybrid_decode_step(params: HybridParams, token_id, cache: HybridCache) -> np
                          "hybrid_prefill first")
     if len(cache) >= cache.capacity:
         raise ValueError(f"the cache is full ({len(cache)} of {cache.capacity} positions)")
-    with _all_or_nothing(cache):
+    with all_or_nothing(cache):
         logits = _run(params, ids, cache, len(cache))
         cache.advance(1)
     return logits

@@ -12,11 +12,9 @@ What differs is chosen from the config: the position scheme, the block
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 
-from .cache import BaseKVCache, make_cache
+from .cache import BaseKVCache, all_or_nothing, make_cache
 from .checks import (
     as_cache,
     as_count,
@@ -42,18 +40,6 @@ def check_ids(ids, params: Params, what: str = "prompt") -> np.ndarray:
     """Token ids of the params' vocabulary, checked: a non-empty flat sequence of ids in
     [0, vocab_size) (or one id) -> int array (T,) (kvlib.checks.as_token_ids for a model)."""
     return as_token_ids(ids, as_params(params).config.vocab_size, what)
-
-
-@contextmanager
-def _all_or_nothing(cache: BaseKVCache):
-    """Leave the cache as it was if the pass fails half-way, between two layers' appends
-    (an error, or a KeyboardInterrupt when a student stops the kernel)."""
-    saved = cache.checkpoint()
-    try:
-        yield
-    except BaseException:
-        cache.restore(saved)
-        raise
 
 
 def embed_tokens(params: Params, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -102,7 +88,7 @@ def _run_chunk(params: Params, ids, cache, last_only, record_attention):
     past = len(cache)
     positions = np.arange(past, past + len(ids))
     mask = _mask(params.config, positions, cache.key_positions(len(ids)))
-    with trusted(), _all_or_nothing(cache):
+    with trusted(), all_or_nothing(cache):
         X = run_blocks(params, embed_tokens(params, ids, positions), positions, mask, cache,
                        record_attention)
         return final_logits(params, X, last_only)

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from .checks import as_config, as_sizes, as_whole_number
+from .config import attention_kind
 
 GiB = 2**30
 MiB = 2**20
@@ -118,11 +119,7 @@ class ModelPreset:
     @property
     def attention(self) -> str:
         """'MHA', 'GQA', 'MQA' (from the number of K/V heads) or 'MLA' (latent)."""
-        if self.latent_dim is not None:
-            return "MLA"
-        if self.n_kv_heads == self.n_heads:
-            return "MHA"
-        return "MQA" if self.n_kv_heads == 1 else "GQA"
+        return attention_kind(self.n_heads, self.n_kv_heads, self.latent_dim)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """Bytes that one more token adds to the cache: 2 x n_layers x n_kv_heads x head_dim

@@ -37,10 +37,11 @@ compares this tokenizer with transformers' (5.25) built from the same file.
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 import regex
+
+from .bpe import merge_pairs
+from .chat import encode_around
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 """llama.cpp's token types (the GGUF's tokenizer.ggml.token_type), SentencePiece's own."""
@@ -119,12 +120,7 @@ class SentencePieceTokenizer:
             self._special = _longest_first(self.user_defined | self.control)
         pattern = self._special if parse_special else self._plain
         parts = pattern.split(text) if pattern is not None else [text]
-        for number, part in enumerate(parts):
-            if number % 2:                             # the pattern's group: a whole piece
-                ids.append(self._whole[part])
-            elif part:
-                ids.extend(self._encode_fragment(part))
-        return ids
+        return ids + encode_around(parts, self._whole, self._encode_fragment)
 
     def _encode_fragment(self, text: str) -> list[int]:
         """Steps 2-4 on text without user-defined pieces."""
@@ -177,36 +173,13 @@ class SentencePieceTokenizer:
 def merge_by_score(symbols: list[str], scores: dict[str, float]) -> list[str]:
     """SentencePiece's merge loop (step 3): symbols -> pieces. While some adjacent pair
     concatenates to a piece of the vocabulary, merge the pair whose piece scores highest (the
-    leftmost among equal ones).
+    leftmost among equal ones): kvlib.bpe.merge_pairs, keyed by -score."""
 
-    The symbols form a linked list (previous / following index) and every adjacent pair that
-    makes a piece waits in a heap keyed by (-score, position). An entry goes stale when one
-    of its two symbols has been merged into something else since; it is recognised by the
-    text it names and skipped. n symbols take about n log n steps.
-    """
-    following = list(range(1, len(symbols))) + [-1]
-    previous = list(range(-1, len(symbols) - 1))
-    heap = []
+    def priority(left: str, right: str) -> float | None:
+        score = scores.get(left + right)
+        return None if score is None else -score
 
-    def push(i: int) -> None:                 # the pair starting at symbol i, if a piece
-        j = following[i] if i >= 0 else -1
-        if j >= 0 and symbols[i] + symbols[j] in scores:
-            heapq.heappush(heap, (-scores[symbols[i] + symbols[j]], i, symbols[i], symbols[j]))
-
-    for i in range(len(symbols) - 1):
-        push(i)
-    while heap:
-        _, i, left, right = heapq.heappop(heap)
-        j = following[i] if symbols[i] is not None else -1
-        if j < 0 or symbols[i] != left or symbols[j] != right:
-            continue                          # stale: a symbol of it was merged away
-        symbols[i], symbols[j] = left + right, None
-        following[i] = following[j]
-        if following[j] >= 0:
-            previous[following[j]] = i
-        push(previous[i])
-        push(i)
-    return [symbol for symbol in symbols if symbol is not None]
+    return merge_pairs(symbols, priority)
 
 
 def _longest_first(pieces: dict[str, int]):

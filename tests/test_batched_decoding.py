@@ -2,39 +2,30 @@
 sequence alone over random models, ragged lengths and cache kinds (float64, 1e-10); padding,
 left-padded prompts and the roofline of a batch; the scheduler's rules as properties over
 random workloads, and served by a model; bad input refused in words; the widget driven
-headless; the exercise checkers with tables of wrong answers, valid answers in other forms
-and a fuzz of odd inputs."""
+headless; the exercise checkers with tables of wrong answers and valid answers in other forms
+(what every checker does with odd input is tested once for all lessons, in test_checkers.py)."""
 
-import matplotlib
+import math
 
-matplotlib.use("Agg")
-
-import json  # noqa: E402
-import math  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
-    assert_answers_in_words,
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_correct,
     assert_not_yet,
     case_id,
-    odd_answers,
-    student_answers,
 )
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import models, token_lists  # noqa: E402
-from widget_checks import no_new_figures, text_of  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from notebook_runs import code_cells, notebook_path, run_notebook
+from strategies import models, token_lists
+from widget_checks import no_new_figures, text_of
 
-import kvlib  # noqa: E402
-from kvlib import roofline  # noqa: E402
-from kvlib.exercises import batched_decoding as ex21  # noqa: E402
-from kvlib.exercises.base import Feedback  # noqa: E402
-from kvlib.gpt2 import GPT2_124M  # noqa: E402
-from kvlib.serving import (  # noqa: E402
+import kvlib
+from kvlib import roofline
+from kvlib.exercises import batched_decoding as ex21
+from kvlib.gpt2 import GPT2_124M
+from kvlib.serving import (
     BlockAllocator,
     Engine,
     PagedKVCache,
@@ -44,10 +35,10 @@ from kvlib.serving import (  # noqa: E402
     batch,
     scheduler,
 )
-from kvlib.serving.workloads import arrivals_in_seconds, make_workload  # noqa: E402
-from kvlib.widgets import batched_decoding as w21  # noqa: E402
+from kvlib.serving.workloads import arrivals_in_seconds, make_workload
+from kvlib.widgets import batched_decoding as w21
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "21_batched_decoding.ipynb"
+NOTEBOOK = notebook_path("batched_decoding")
 TOLERANCE = 1e-10
 PROPERTY = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -55,10 +46,12 @@ ATTENDS = [batch.attend_per_sequence, batch.attend_padded]
 H100 = {"compute_rate": 989e12, "bandwidth": 3.35e12}
 
 
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
+def untimed_cells(left_out_tag: str) -> list[dict]:
+    """The notebook's code cells but those that time this machine: the lab model's (their
+    names start with lab_) and those tagged left_out_tag."""
+    return [cell for cell in code_cells("batched_decoding")
+            if "lab_" not in "".join(cell["source"])
+            and left_out_tag not in cell["metadata"].get("tags", [])]
 
 
 @pytest.fixture(scope="module")
@@ -66,16 +59,7 @@ def namespace():
     """The notebook's variables after running its code cells headless; the cells that time
     this machine (the lab model's, and the cell tagged timings) and the widget cell are left
     out."""
-    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
-    variables = {"__name__": "__notebook__"}
-    for cell in notebook["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] != "code" or "lab_" in source or \
-                "nbval-ignore-output" in cell["metadata"].get("tags", []):
-            continue
-        exec(compile(source, NOTEBOOK.name, "exec"), variables)
-    plt.close("all")
-    return variables
+    return run_notebook("batched_decoding", untimed_cells("nbval-ignore-output"))
 
 
 def test_every_cell_can_run_twice():
@@ -85,13 +69,9 @@ def test_every_cell_can_run_twice():
     import contextlib
     import io
 
-    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
     variables = {"__name__": "__notebook__"}
-    for cell in notebook["cells"]:
+    for cell in untimed_cells("timings"):
         source = "".join(cell["source"])
-        if cell["cell_type"] != "code" or "lab_" in source or \
-                "timings" in cell["metadata"].get("tags", []):
-            continue
         outputs = []
         for _ in range(2):
             printed = io.StringIO()
@@ -1020,20 +1000,6 @@ def test_solution_display():
 
 CHECKERS = [ex21.check_padded_mask, ex21.check_compute_bound_batch, ex21.check_admitted,
             ex21.check_admitted_with_budget]
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers((3, 5, 5)), ids=case_id)
-def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
-    feedback = assert_answers_in_words(checker, answer)
-    assert isinstance(feedback, Feedback)
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@settings(max_examples=80, deadline=None)
-@given(answer=student_answers)
-def test_every_checker_answers_anything_in_words(checker, answer):
-    assert_answers_in_words(checker, answer)
 
 
 def test_unfilled_answers_say_so():

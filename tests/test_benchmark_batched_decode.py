@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmark_runs import run_script, table_rows
+from benchmark_runs import (
+    NUMBER,
+    assert_one_blas_thread,
+    assert_rates_measured,
+    run_script,
+    table_rows,
+)
 
 from kvlib import roofline
 from kvlib.gpt2 import GPT2_124M
@@ -18,7 +24,6 @@ TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--vocab", "64",
         "--bandwidth-mib", "4", "--batch-sizes", "1", "2", "4", "--cached", "6",
         "--requests", "5", "--max-batch", "3", "--prompt-lengths", "2", "6",
         "--output-lengths", "1", "5"]
-NUMBER = r"\d+(\.\d+)?"
 
 
 def run(*options):
@@ -31,10 +36,8 @@ def run(*options):
 def test_the_benchmark_prints_complete_tables(mode):
     output = run(*mode)
     assert "model: 2 layers, d_model 32, 2 heads, d_ff 128, vocabulary 64" in output
-    assert re.search(r"threads in effect: (1|unknown)", output)
-    assert "OPENBLAS_NUM_THREADS=1" in output
-    assert re.search(rf"measured read bandwidth: {NUMBER} GB/s", output)
-    assert re.search(rf"measured matmul rate: {NUMBER} GFLOP/s", output)
+    assert_one_blas_thread(output)
+    assert_rates_measured(output)
     assert f"mode: {'quick' if '--quick' in mode else 'full'}" in output
 
     header, rows = table_rows(output, "batch")

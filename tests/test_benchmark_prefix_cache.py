@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmark_runs import run_script, table_rows
+from benchmark_runs import NUMBER, assert_one_blas_thread, run_script, table_rows
 
 import kvlib
 from kvlib.gpt2 import GPT2_124M
@@ -16,7 +16,6 @@ from kvlib.gpt2 import GPT2_124M
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "prefix_cache.py"
 TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "64",
         "--prefixes", "16", "40", "--question", "8", "--block-size", "8", "--repeats", "2"]
-NUMBER = r"\d+(\.\d+)?"
 
 
 def run(*options):
@@ -29,8 +28,7 @@ def run(*options):
 def test_the_benchmark_prints_a_complete_table(mode):
     output = run(*TINY, *mode)
     assert "model: GPT-2's architecture, 1 layers, d_model 32, 2 heads, vocabulary 64" in output
-    assert re.search(r"threads in effect: (1|unknown)", output)
-    assert "OPENBLAS_NUM_THREADS=1" in output
+    assert_one_blas_thread(output)
     assert f"mode: {'quick' if mode else 'full'}; 2 measurements each way" in output
     header, rows = table_rows(output, "shared prefix")
     for column in ("own tokens", "reused", "TTFT without reuse ms", "TTFT with reuse ms",

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from benchmark_runs import run_script, table_rows
+from benchmark_runs import NUMBER, assert_one_blas_thread, run_script, table_rows
 
 import kvlib
 from kvlib import roofline
 from kvlib.widgets import batched_decoding as w21
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "smollm2_batching.py"
-NUMBER = r"\d+(\.\d+)?"
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +27,7 @@ def quick(tmp_path_factory):
 
 def test_the_quick_run_prints_complete_tables(quick):
     output, path = quick
-    assert re.search(r"threads in effect: (1|unknown)", output)
-    assert "OPENBLAS_NUM_THREADS=1" in output
+    assert_one_blas_thread(output)
     assert "mode: quick; 1 interleaved repeat(s); every sequence with 44 tokens cached" in output
     assert re.search(rf"read bandwidth {NUMBER} GB/s, matrix products {NUMBER} GFLOP/s", output)
     assert re.search(r"load average \(1, 5, 15 min\): before ", output)

@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmark_runs import run_script, table_rows
+from benchmark_runs import NUMBER, run_script, table_rows
 
 from kvlib.checkpoints import smollm2
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-NUMBER = r"\d+(\.\d+)?"
 
 
 def refusal(script: str, *options) -> str:

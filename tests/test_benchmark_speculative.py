@@ -7,12 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmark_runs import run_script, table_rows
+from benchmark_runs import NUMBER, run_script, table_rows
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "speculative.py"
 TINY = ["--quick", "--prompts", "1", "--tokens", "12", "--k", "1", "3", "--repeats", "1",
         "--dtype", "float64"]   # float64: no near tie can make a greedy token differ
-NUMBER = r"\d+(\.\d+)?"
 
 
 def run(*options):

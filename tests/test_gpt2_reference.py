@@ -8,7 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from transformers_references import prompts, reference_fixtures
+from transformers_references import (
+    assert_cache_holds_the_recorded,
+    assert_float32_logits_close,
+    memory_mapped,
+    prompts,
+    reference_fixtures,
+)
 
 import kvlib
 from kvlib import gpt2, roofline
@@ -33,22 +39,11 @@ def test_float64_logits_match_transformers_within_1e_9(wide, recorded):
 
 
 def test_float32_logits_match_transformers_relative_to_their_size(narrow, recorded):
-    for i, prompt in enumerate(prompts(recorded)):
-        logits = kvlib.forward(narrow, prompt)
-        expected = recorded[f"logits_float32_{i}"]
-        assert logits.dtype == np.float32
-        assert np.abs(logits - expected).max() / np.abs(expected).max() < 1e-4
+    assert_float32_logits_close(narrow, recorded, 1e-4)
 
 
 def test_the_cache_holds_what_transformers_caches(wide, recorded):
-    prompt = recorded["cache_prompt"]
-    _, cache = kvlib.prefill(wide, prompt)
-    for layer in range(wide.config.n_layers):
-        heads = recorded[f"keys_{layer}"]                            # (h, T, dh)
-        np.testing.assert_allclose(kvlib.split_heads(cache.keys(layer), heads.shape[0]),
-                                   heads, rtol=0, atol=1e-9)
-        np.testing.assert_allclose(kvlib.split_heads(cache.values(layer), heads.shape[0]),
-                                   recorded[f"values_{layer}"], rtol=0, atol=1e-9)
+    assert_cache_holds_the_recorded(wide, recorded, atol=1e-9)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -62,14 +57,7 @@ def test_greedy_decoding_through_the_cache_gives_transformers_tokens(recorded, d
 
 
 def test_float32_weights_stay_memory_mapped(narrow):
-    def mapped(array):
-        while array is not None:
-            if isinstance(array, np.memmap):
-                return True
-            array = array.base
-        return False
-
-    assert mapped(narrow.embedding) and mapped(narrow.layers[0].Wq)
+    assert memory_mapped(narrow.embedding) and memory_mapped(narrow.layers[0].Wq)
     # Wq, Wk and Wv are column blocks of one c_attn matrix: within its bounds, not copies
     assert np.may_share_memory(narrow.layers[0].Wq, narrow.layers[0].Wv)
     assert not narrow.layers[0].Wq.flags.c_contiguous

@@ -13,7 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import models, token_lists
-from transformers_references import prompts, reference_fixtures
+from transformers_references import (
+    assert_cache_holds_the_recorded,
+    assert_float32_logits_close,
+    memory_mapped,
+    prompts,
+    reference_fixtures,
+)
 
 import kvlib
 from kvlib.checkpoints import llama
@@ -44,20 +50,11 @@ def test_float64_logits_match_transformers_within_1e_12(wide, recorded):
 
 
 def test_float32_logits_match_transformers_relative_to_their_size(narrow, recorded):
-    for i, prompt in enumerate(prompts(recorded)):
-        logits, expected = kvlib.forward(narrow, prompt), recorded[f"logits_float32_{i}"]
-        assert logits.dtype == np.float32
-        assert np.abs(logits - expected).max() / np.abs(expected).max() < 1e-5
+    assert_float32_logits_close(narrow, recorded, 1e-5)
 
 
 def test_the_cache_holds_the_rotated_keys_transformers_caches(wide, recorded):
-    _, cache = kvlib.prefill(wide, recorded["cache_prompt"])
-    for layer in range(wide.config.n_layers):
-        keys = recorded[f"keys_{layer}"]                                 # (kv, T, dh)
-        np.testing.assert_allclose(kvlib.split_heads(cache.keys(layer), keys.shape[0]), keys,
-                                   rtol=0, atol=1e-12)
-        np.testing.assert_allclose(kvlib.split_heads(cache.values(layer), keys.shape[0]),
-                                   recorded[f"values_{layer}"], rtol=0, atol=1e-12)
+    assert_cache_holds_the_recorded(wide, recorded, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -183,14 +180,7 @@ def test_save_and_load_round_trip(tmp_path, narrow, recorded, stored, tolerance)
 
 
 def test_float32_weights_stay_memory_mapped_transposed_views(narrow):
-    def mapped(array):
-        while array is not None:
-            if isinstance(array, np.memmap):
-                return True
-            array = array.base
-        return False
-
-    assert mapped(narrow.embedding) and mapped(narrow.layers[0].Wq)
+    assert memory_mapped(narrow.embedding) and memory_mapped(narrow.layers[0].Wq)
     assert narrow.layers[0].Wq.flags.f_contiguous       # (out, in) in the file, read as .T
 
 

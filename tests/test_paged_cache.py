@@ -2,33 +2,28 @@
 plain references (hypothesis, float64, 1e-10), the pool explorer driven headless, the
 drawings, and the exercise checkers with tables of wrong and valid answers."""
 
-import matplotlib
+import math
+import re
 
-matplotlib.use("Agg")
-
-import json  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     case_id,
     not_yet,
     odd_answers,
     student_answers,
 )
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import models  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from notebook_runs import assert_solutions_pass, run_notebook
+from strategies import models
 
-import kvlib  # noqa: E402
-from kvlib import plots  # noqa: E402
-from kvlib.exercises import paged_cache as ex19  # noqa: E402
-from kvlib.serving import (  # noqa: E402
+import kvlib
+from kvlib import plots
+from kvlib.exercises import paged_cache as ex19
+from kvlib.serving import (
     BlockAllocator,
     ContiguousArena,
     PagedKVCache,
@@ -36,17 +31,10 @@ from kvlib.serving import (  # noqa: E402
     SamplingParams,
     memory_plan,
 )
-from kvlib.serving.request import requests_of_lengths  # noqa: E402
-from kvlib.widgets import paged_cache as w19  # noqa: E402
+from kvlib.serving.request import requests_of_lengths
+from kvlib.widgets import paged_cache as w19
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TOLERANCE = 1e-10
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 def req(prompt_length, output_length, arrival=0):
@@ -679,25 +667,12 @@ def test_a_gather_that_returns_odd_things_is_answered_in_words():
 
 @pytest.fixture(scope="module")
 def notebook():
-    cells = json.loads((NOTEBOOKS / "19_paged_cache.ipynb").read_text(encoding="utf-8"))["cells"]
-    namespace = {"__name__": "__notebook__"}
-    for cell in cells:
-        if cell["cell_type"] == "code":
-            exec(compile("".join(cell["source"]), "19_paged_cache", "exec"), namespace)
-    plt.close("all")
-    return namespace
+    return run_notebook("paged_cache")
 
 
 def test_solutions_pass_in_the_notebooks_namespace(notebook):
-    checkers = {1: ex19.check_blocks_and_slack, 2: ex19.check_gather,
-                3: ex19.check_forked_blocks}
-    assert sorted(ex19.SOLUTIONS) == sorted(checkers)
-    assert notebook["answer"] is ...
-    for number, checker in checkers.items():
-        scope = dict(notebook)
-        exec(ex19.SOLUTIONS[number], scope)
-        feedback = checker(scope["answer"])
-        assert feedback.passed, f"solution {number}: {feedback}"
+    assert_solutions_pass(notebook, ex19, {1: ex19.check_blocks_and_slack, 2: ex19.check_gather,
+                                           3: ex19.check_forked_blocks})
 
 
 def test_the_notebooks_broken_gather_fails_its_checker(notebook):

@@ -1,34 +1,29 @@
 """Notebook 20 (prefix caching across requests): kvlib.serving.prefix proven against plain
 prefills over random request streams (the longest cached prefix's exact K and V, logits with
 reuse equal to logits without, no leaked block, no block a running request holds ever
-evicted), its eviction rules, its errors; the widget driven headless; the exercise checkers
-with tables of wrong answers, valid answers in other forms and a fuzz of odd inputs."""
+evicted), its eviction rules, its errors and a fuzz of its API; the widget driven headless; the
+exercise checkers with tables of wrong answers and valid answers in other forms (what every
+checker does with odd input is tested once for all lessons, in test_checkers.py)."""
 
-import matplotlib
+import re
 
-matplotlib.use("Agg")
-
-import re  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
-    assert_answers_in_words,
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_correct,
     assert_not_yet,
     case_id,
-    odd_answers,
     student_answers,
 )
-from hypothesis import HealthCheck, event, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import models  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from strategies import models
+from widget_checks import assert_check_line_is_computed
 
-import kvlib  # noqa: E402
-from kvlib.exercises import prefix_caching as ex20  # noqa: E402
-from kvlib.exercises.base import Feedback  # noqa: E402
-from kvlib.serving import (  # noqa: E402
+import kvlib
+from kvlib.exercises import prefix_caching as ex20
+from kvlib.serving import (
     ROOT_KEY,
     CachedBlock,
     PrefixServer,
@@ -36,17 +31,11 @@ from kvlib.serving import (  # noqa: E402
     block_key,
     block_keys,
 )
-from kvlib.widgets import prefix_caching as w20  # noqa: E402
+from kvlib.widgets import prefix_caching as w20
 
 TOLERANCE = 1e-10
 PROPERTY = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 @pytest.fixture(scope="module")
@@ -678,13 +667,8 @@ def test_widget_offers_only_pools_the_stream_fits_in(toy):
 
 def test_widget_check_line_is_computed(toy, monkeypatch):
     widget = w20.prefix_stream_explorer(toy)
-    real_forward = kvlib.forward
-    monkeypatch.setattr(kvlib, "forward", lambda *a, **k: real_forward(*a, **k) + 1.0)
-    widget.arrive.click()
-    assert "differ from a full recomputation" in widget.check.value
-    monkeypatch.setattr(kvlib, "forward", real_forward)
-    widget.arrive.click()
-    assert "equal a full recomputation" in widget.check.value
+    assert_check_line_is_computed(monkeypatch, widget, widget.arrive,
+                                  "differ from a full recomputation", "equal a full recomputation")
 
 
 def test_widget_stream_end_disables_the_button_and_nothing_leaks(toy):
@@ -1009,24 +993,6 @@ def test_solution_display():
     assert "Solution to exercise 2" in shown.data and "block_key_fixed" in shown.data
     with pytest.raises(ValueError, match="no exercise 9"):
         ex20.solution(9)
-
-
-CHECKERS = [ex20.check_reusable_tokens, ex20.check_block_key, ex20.check_eviction_order]
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@pytest.mark.parametrize("label, answer", odd_answers((4,)), ids=case_id)
-def test_every_checker_answers_the_series_odd_answers_in_words(checker, label, answer):
-    feedback = assert_answers_in_words(checker, answer)
-    assert not feedback.passed, label
-
-
-@pytest.mark.parametrize("checker", CHECKERS, ids=lambda check: check.__name__)
-@settings(max_examples=60, deadline=None)
-@given(answer=student_answers)
-def test_every_checker_answers_anything_in_words(checker, answer):
-    feedback = assert_answers_in_words(checker, answer)
-    assert isinstance(feedback, Feedback)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,21 +5,16 @@ prefills, decode steps and truncations give the logits of a reference written fr
 (float64, 1e-10); nbytes equals the formula on live caches; truncate restores the state the
 cache had; a failing call changes nothing."""
 
-import contextlib
 import copy
-import io
 import json
 import re
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_answers_in_words,
     assert_correct,
     assert_not_yet,
@@ -27,16 +22,17 @@ from checker_cases import (  # noqa: E402
     odd_answers,
     student_answers,
 )
-from hypothesis import assume, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from strategies import models  # noqa: E402
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from notebook_runs import notebook_path, run_each_cell_twice
+from strategies import models, token_lists
 
-import kvlib  # noqa: E402
-from kvlib.exercises import quantized_cache as ex22  # noqa: E402
-from kvlib.serving import quantized as q  # noqa: E402
-from kvlib.serving.quantized import PerChannel, PerToken, QuantizedKVCache  # noqa: E402
-from kvlib.widgets import quantized_cache as w22  # noqa: E402
+import kvlib
+from kvlib.exercises import quantized_cache as ex22
+from kvlib.serving import quantized as q
+from kvlib.serving.quantized import PerChannel, PerToken, QuantizedKVCache
+from kvlib.widgets import quantized_cache as w22
 
 TOLERANCE = 1e-10
 
@@ -245,7 +241,7 @@ def test_prefills_decodes_and_truncations_equal_the_reference(model, keys, value
     params, config = model
     cache = QuantizedKVCache(config, keys, values)
     reference = ReferenceCache(config, keys, values)
-    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=8))
+    ids = token_lists(data.draw, config, max_size=8)
     a, _ = kvlib.prefill(params, ids, cache)
     b, _ = kvlib.prefill(params, ids, reference)
     np.testing.assert_allclose(a, b, rtol=0, atol=TOLERANCE)
@@ -313,7 +309,7 @@ def test_per_token_prefill_at_once_in_chunks_and_decoding_agree(model, key_bits,
                                                                data):
     """Each row is quantized by itself, so how the positions arrive changes nothing."""
     params, config = model
-    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=2, max_size=12))
+    ids = token_lists(data.draw, config, min_size=2, max_size=12)
     make = lambda: QuantizedKVCache(config, PerToken(key_bits), PerToken(value_bits))  # noqa: E731
     at_once, _ = kvlib.prefill(params, ids, make())
     decoded = q.decoded_logits(params, ids, make())
@@ -487,7 +483,7 @@ def test_truncate_refusals_with_kivis_residuals_say_what_is_allowed():
 def test_a_pass_that_fails_half_way_leaves_the_cache_as_it_was(model, keys, values, data):
     params, config = model
     assume(config.n_layers >= 2)
-    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=9))
+    ids = token_lists(data.draw, config, max_size=9)
     _, cache = kvlib.prefill(params, ids, QuantizedKVCache(config, keys, values))
     before = copy.deepcopy(cache)
     broken = copy.deepcopy(params)
@@ -870,12 +866,6 @@ def test_a_round_trip_that_returns_odd_things_is_answered_in_words():
 # The widget and the plots, headless
 # ------------------------------------------------------------------------------------------
 
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
-
-
 WIDGET_CONFIG = kvlib.ModelConfig(vocab_size=12, d_model=16, n_heads=2, n_layers=2, d_ff=32,
                                   context_length=96, positions="learned", norm="layer",
                                   bias=True, dtype="float32")
@@ -1087,7 +1077,7 @@ def test_the_quality_plot_draws_a_bar_per_setting():
 # The notebook: its exercises stay open, the solutions pass in its own variables
 # ------------------------------------------------------------------------------------------
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "22_quantized_cache.ipynb"
+NOTEBOOK = notebook_path("quantized_cache")
 STORIES = Path(kvlib.__file__).resolve().parent / "models" / "stories"
 
 
@@ -1101,23 +1091,7 @@ def notebook():
     if not (STORIES / "model.safetensors").is_file():
         pytest.skip(f"the notebook needs the trained story model in {STORIES} (the stories "
                     "branch)")
-    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-    namespace = {"__name__": "__notebook__", "__printed__": []}
-    for cell in cells:
-        if cell["cell_type"] != "code":
-            continue
-        source = "".join(cell["source"])
-        ignored = "nbval-ignore-output" in cell["metadata"].get("tags", [])
-        printed = []
-        for _ in range(1 if ignored else 2):
-            output = io.StringIO()
-            with contextlib.redirect_stdout(output):
-                exec(compile(source, NOTEBOOK.name, "exec"), namespace)
-            printed.append(output.getvalue())
-        if not ignored:
-            namespace["__printed__"].append((source, printed))
-        plt.close("all")
-    return namespace
+    return run_each_cell_twice("quantized_cache")
 
 
 def test_every_cell_can_run_twice(notebook):
@@ -1186,7 +1160,7 @@ def test_outlier_key_channels_change_the_keys_but_not_the_logits(model, data):
     layers = data.draw(st.sets(st.integers(0, config.n_layers - 1), min_size=1))
     factor = data.draw(st.sampled_from([0.25, 3.0, 16.0, 100.0]))
     changed = q.with_outlier_key_channels(params, channels, factor, layers)
-    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=10))
+    ids = token_lists(data.draw, config, max_size=10)
     a, cache_a = kvlib.prefill(params, ids)
     b, cache_b = kvlib.prefill(changed, ids)
     np.testing.assert_allclose(b, a, rtol=1e-9, atol=TOLERANCE)

@@ -3,49 +3,31 @@ every architecture it takes (greedy output equal to the target's own greedy deco
 equal to fresh prefills after every truncation, the exact distribution of a sampled round
 equal to the target's, a seeded empirical check), on the trained story models, its refusals,
 the widget driven headless, and the exercise checkers with tables of wrong and valid answers
-and a fuzz."""
+(what every checker does with odd input is tested once for all lessons, in test_checkers.py)."""
 
-import matplotlib
+import itertools
 
-matplotlib.use("Agg")
-
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import itertools  # noqa: E402
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from checker_cases import (  # noqa: E402
-    assert_answers_in_words,
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from checker_cases import (
     assert_correct,
     assert_not_yet,
     case_id,
-    odd_answers,
-    student_answers,
 )
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from strategies import configs  # noqa: E402
-from widget_checks import no_new_figures, text_of  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from notebook_runs import run_each_cell_twice
+from strategies import configs
+from widget_checks import no_new_figures, text_of
 
-import kvlib  # noqa: E402
-from kvlib.exercises import speculative_decoding as ex23  # noqa: E402
-from kvlib.serving import BlockAllocator, PagedKVCache  # noqa: E402
-from kvlib.serving import speculative as sp  # noqa: E402
-from kvlib.widgets import speculative_decoding as w23  # noqa: E402
+import kvlib
+from kvlib.exercises import speculative_decoding as ex23
+from kvlib.serving import BlockAllocator, PagedKVCache
+from kvlib.serving import speculative as sp
+from kvlib.widgets import speculative_decoding as w23
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-NOTEBOOK = "23_speculative_decoding"
 TOLERANCE = 1e-10
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -791,24 +773,6 @@ def test_round_checker_reads_what_the_round_returns(new, words):
     assert_not_yet(feedback, words)
 
 
-CHECKERS = (ex23.check_tokens_per_pass, ex23.check_acceptance_probabilities,
-            ex23.check_speculative_round)
-
-
-@pytest.mark.parametrize("label, answer", odd_answers((4,)), ids=case_id)
-def test_every_checker_answers_odd_input_in_words(label, answer):
-    for check in CHECKERS:
-        feedback = assert_answers_in_words(check, answer)
-        assert not feedback.passed, (label, check.__name__)
-
-
-@given(student_answers)
-@settings(max_examples=150, deadline=None)
-def test_every_checker_answers_generated_input_in_words(answer):
-    for check in CHECKERS:
-        assert_answers_in_words(check, answer)
-
-
 # ---------------------------------------------------------------------------------------------
 # The notebook: its exercises stay open, the solutions pass in its own variables
 # ---------------------------------------------------------------------------------------------
@@ -817,24 +781,8 @@ def test_every_checker_answers_generated_input_in_words(answer):
 def namespace():
     """The notebook's variables, every code cell run twice in a row (the cells tagged
     nbval-ignore-output, timings and the widget, once); what each run printed is kept in
-    scope["__printed__"] to compare."""
-    notebook = json.loads((NOTEBOOKS / f"{NOTEBOOK}.ipynb").read_text(encoding="utf-8"))
-    scope = {"__name__": "__notebook__", "__printed__": []}
-    for cell in notebook["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        source = "".join(cell["source"])
-        ignored = "nbval-ignore-output" in cell["metadata"].get("tags", [])
-        printed = []
-        for _ in range(1 if ignored else 2):
-            output = io.StringIO()
-            with contextlib.redirect_stdout(output):
-                exec(compile(source, NOTEBOOK, "exec"), scope)
-            printed.append(output.getvalue())
-        if not ignored:
-            scope["__printed__"].append((source, printed))
-        plt.close("all")
-    return scope
+    namespace["__printed__"] to compare."""
+    return run_each_cell_twice("speculative_decoding")
 
 
 def test_every_cell_can_run_twice(namespace):

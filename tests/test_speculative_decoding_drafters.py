@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import configs
+from strategies import configs, token_lists
 
 import kvlib
 from kvlib.serving import speculative as sp
@@ -92,7 +92,7 @@ def test_the_first_layers_cache_what_the_whole_model_caches_there(data):
     config = data.draw(configs(window=False))
     params = kvlib.init_params(config, seed=data.draw(st.integers(0, 1000)))
     n = data.draw(st.integers(1, config.n_layers))
-    ids = data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=12))
+    ids = token_lists(data.draw, config, max_size=12)
     early = params.first_layers(n)
     assert early.config == config.replace(n_layers=n) and early.layers == params.layers[:n]
     assert early.embedding is params.embedding             # shared, not copied
@@ -137,8 +137,7 @@ def targets_and_drafters(draw):
 def test_each_drafter_gives_the_targets_greedy_tokens(case, data):
     target, draft = case
     # a small vocabulary, so that n-grams recur and prompt lookup proposes often
-    prompt = data.draw(st.lists(st.integers(0, target.config.vocab_size - 1), min_size=1,
-                                max_size=12))
+    prompt = token_lists(data.draw, target.config, max_size=12)
     n = data.draw(st.integers(1, min(24, target.config.context_length - len(prompt) + 1)))
     k = data.draw(st.integers(1, 8))
     decoder = sp.SpeculativeDecoder(target, draft, prompt, k)
@@ -161,8 +160,7 @@ def test_each_drafter_gives_the_targets_greedy_tokens(case, data):
 @settings(max_examples=40, deadline=None)
 def test_speculative_generate_takes_a_drafter_up_to_the_context_length(case, data):
     target, draft = case
-    prompt = data.draw(st.lists(st.integers(0, target.config.vocab_size - 1), min_size=1,
-                                max_size=8))
+    prompt = token_lists(data.draw, target.config, max_size=8)
     n = target.config.context_length - len(prompt) + 1       # every position the target has
     assert sp.speculative_generate(target, draft, prompt, n, k=data.draw(st.integers(1, 8))) \
         == kvlib.generate(target, prompt, n)

@@ -37,6 +37,22 @@ def text_of(html: str) -> str:
     return " ".join(words.replace("&amp;", "&").split())
 
 
+def assert_check_line_is_computed(monkeypatch, widget, button, differs: str,
+                                  equals: str) -> None:
+    """The widget's check line compares its cached logits with a full recomputation that it
+    really runs: with kvlib.forward off by 1.0 a click of `button` shows `differs`, with the
+    real forward again `equals`."""
+    import kvlib
+
+    real_forward = kvlib.forward
+    monkeypatch.setattr(kvlib, "forward", lambda *a, **k: real_forward(*a, **k) + 1.0)
+    button.click()
+    assert differs in widget.check.value
+    monkeypatch.setattr(kvlib, "forward", real_forward)
+    button.click()
+    assert equals in widget.check.value
+
+
 def image_of(ax, index: int = 0):
     """The array shown by an Axes' image (a masked array for attention maps)."""
     return ax.images[index].get_array()

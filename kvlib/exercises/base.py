@@ -517,6 +517,16 @@ def how_close(value: float, expected: float) -> str | None:
     return f"{_percent(off)} {side} the exact value"
 
 
+def near_miss(value: float, expected: float, when_close: str, otherwise: str) -> Feedback:
+    """The last word on a wrong number that no known mistake explains: "close: within 0.3%
+    below the exact value. <when_close>" when value is within 10% of expected, else
+    "not that. <otherwise>"."""
+    close = how_close(value, expected)
+    if close is not None:
+        return Feedback(False, f"close: {close}. {when_close}")
+    return Feedback(False, f"not that. {otherwise}")
+
+
 def _percent(fraction: float) -> str:
     percent = 100 * fraction
     return f"{percent:.2g}%" if percent < 10 else f"{percent:.0f}%"

@@ -15,6 +15,7 @@ from .base import (
     check_array,
     checker,
     is_missing,
+    not_filled_in,
     read_array,
     read_whole_number,
     same_array,
@@ -84,22 +85,39 @@ def _size() -> int:
     return len(_article()[2].encode(EXERCISE_PROMPT))
 
 
+def _article_size() -> int:
+    """Tokens of the notebook's own prompt, "How are you?" with BOS: 5."""
+    return len(_article()[1])
+
+
+def _read_square(answer, name: str, shape: tuple[int, int],
+                 notebook_sized: str) -> np.ndarray | Feedback:
+    """The answer as an array (exercise 1's mask or exercise 2's weights, `shape` (7, 7)), or
+    the Feedback for one not filled in, not an array, or of the notebook's prompt's size
+    (5, 5), which says `notebook_sized`."""
+    if is_missing(answer):
+        return not_filled_in(name)
+    array = read_array(answer, name, shape, booleans=True)
+    if isinstance(array, Feedback):
+        return array
+    article = _article_size()
+    if array.shape == (article, article):
+        return Feedback(False, notebook_sized)
+    return array
+
+
 @checker
 def check_mask(answer) -> Feedback:
     """Exercise 1: the (7, 7) causal mask of EXERCISE_PROMPT, True where a query may see a key."""
     T = _size()
     expected = kvlib.causal_mask(T)
-    name = "The mask"
-    if is_missing(answer):
-        return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
-    array = read_array(answer, name, expected.shape, booleans=True)
+    article = _article_size()
+    array = _read_square(answer, "The mask", expected.shape,
+                         f"this mask is ({article}, {article}), the size of the notebook's "
+                         f"prompt; {EXERCISE_PROMPT!r} has {T} tokens with BOS, so the mask is "
+                         f"({T}, {T}).")
     if isinstance(array, Feedback):
         return array
-    article = len(_article()[1])
-    if array.shape == (article, article):
-        return Feedback(False, f"this mask is ({article}, {article}), the size of the notebook's "
-                        f"prompt; {EXERCISE_PROMPT!r} has {T} tokens with BOS, so the mask is "
-                        f"({T}, {T}).")
     if array.shape != expected.shape:
         return Feedback(False, f"the mask should have shape ({T}, {T}), one row per query and "
                         f"one column per key; got {array.shape}.")
@@ -139,16 +157,13 @@ def check_masked_weights(answer) -> Feedback:
     mask = kvlib.causal_mask(T)
     expected = kvlib.softmax(kvlib.apply_mask(scores, mask))
     name = "The weight matrix"
-    if is_missing(answer):
-        return Feedback(False, f"{name} is not filled in yet: replace the ... with your code.")
-    array = read_array(answer, name, expected.shape, booleans=True)
+    article = _article_size()
+    array = _read_square(answer, name, expected.shape,
+                         f"({article}, {article}) is the size of the notebook's prompt; the "
+                         f"exercise's prompt has {T} tokens: mask practice_scores()"
+                         f"[{EXERCISE_HEAD}], which is ({T}, {T}).")
     if isinstance(array, Feedback):
         return array
-    article = len(_article()[1])
-    if array.shape == (article, article):
-        return Feedback(False, f"({article}, {article}) is the size of the notebook's prompt; "
-                        f"the exercise's prompt has {T} tokens: mask practice_scores()"
-                        f"[{EXERCISE_HEAD}], which is ({T}, {T}).")
     if same_array(array, kvlib.softmax(kvlib.apply_mask(both, mask))):
         return Feedback(False, f"these are both heads' weights, {array.shape}; the exercise "
                         "asks for head 1 only: practice_scores()[1].")
@@ -227,7 +242,7 @@ def check_changed_rows(answer) -> Feedback:
     if is_missing(answer):
         return Feedback(False, "The list of rows is not filled in yet: replace the ... with your "
                         "code.")
-    n_rows = len(_article()[1])
+    n_rows = _article_size()
     rows = _row_numbers(answer, n_rows)
     if isinstance(rows, Feedback):
         return rows

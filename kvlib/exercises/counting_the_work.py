@@ -20,8 +20,8 @@ from .base import (
     Feedback,
     agrees_at_its_precision,
     checker,
-    how_close,
     is_missing,
+    near_miss,
     read_number,
     read_whole_number,
     show_solution,
@@ -143,12 +143,11 @@ def check_flop_ratio(answer) -> Feedback:
     if agrees_at_its_precision(value, short):
         return Feedback(False, "that is the ratio after a 32-token prompt, the notebook's. "
                         f"Here the prompt has {P} tokens.")
-    close = how_close(value, expected)
-    if close is not None:
-        return Feedback(False, f"close: {close}. Give it to at least 3 significant digits, "
-                        "from kvlib.generation_multiply_adds with use_cache=False and True.")
-    return Feedback(False, "not that. Divide kvlib.generation_multiply_adds(config, "
-                    f"{P}, {N}, use_cache=False).total by the same with use_cache=True.")
+    return near_miss(value, expected,
+                     "Give it to at least 3 significant digits, from "
+                     "kvlib.generation_multiply_adds with use_cache=False and True.",
+                     f"Divide kvlib.generation_multiply_adds(config, {P}, {N}, "
+                     "use_cache=False).total by the same with use_cache=True.")
 
 
 @checker
@@ -185,12 +184,9 @@ def check_attention_crossover(answer) -> Feedback:
     if abs(value - with_unembedding / (2 * d * config.n_layers)) <= 1:
         return Feedback(False, "that also counts the unembedding; the question compares "
                         "attention with the projections and MLP of the layers only.")
-    close = how_close(value, expected)
-    if close is not None:
-        return Feedback(False, f"close: {close}. Per layer, solve 2 S d = 4 d^2 + 2 d f "
-                        "exactly.")
-    return Feedback(False, "not that. Per layer, a decode step's attention costs 2 S d "
-                    "multiply-adds, its projections 4 d^2 and its MLP 2 d f: solve for S.")
+    return near_miss(value, expected, "Per layer, solve 2 S d = 4 d^2 + 2 d f exactly.",
+                     "Per layer, a decode step's attention costs 2 S d multiply-adds, its "
+                     "projections 4 d^2 and its MLP 2 d f: solve for S.")
 
 
 SOLUTIONS = {

@@ -11,7 +11,7 @@ import math
 
 from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit
 
-from .base import Feedback, checker, how_close, read_number, read_whole_number, show_solution
+from .base import Feedback, checker, near_miss, read_number, read_whole_number, show_solution
 
 # Exercise 1: an imagined model with grouped-query attention, in BF16
 EXERCISE1 = {"n_layers": 40, "n_heads": 40, "n_kv_heads": 8, "head_dim": 128, "dtype_bytes": 2}
@@ -77,12 +77,10 @@ def check_batch_where_cache_equals_weights(answer) -> Feedback:
     if math.isclose(value, expected * 2) or math.isclose(value, expected / 2):
         return Feedback(False, "off by a factor 2: both the weights and the cache are in BF16 "
                         "(2 bytes), and the cache holds K and V.")
-    close = how_close(value, expected)
-    if close is not None:
-        return Feedback(False, f"close: {close}. Divide the weights' bytes by one sequence's "
-                        "cache bytes, exactly.")
-    return Feedback(False, "not that. Weights: 12 x 80 x 8192^2 weights x 2 bytes; one "
-                    "sequence's cache: kv_cache_bytes(80, 8192, 4096).")
+    return near_miss(value, expected,
+                     "Divide the weights' bytes by one sequence's cache bytes, exactly.",
+                     "Weights: 12 x 80 x 8192^2 weights x 2 bytes; one sequence's cache: "
+                     "kv_cache_bytes(80, 8192, 4096).")
 
 
 @checker

@@ -18,6 +18,7 @@ import re
 import numpy as np
 
 import kvlib
+from kvlib.flops import plain_arrays
 from kvlib.memory import kv_cache_bytes, latent_cache_bytes
 
 from .base import (
@@ -201,13 +202,7 @@ class _Watched(np.ndarray):
 
 def _plain(value):
     """value with every _Watched array inside it (lists, tuples, dicts) as a plain one."""
-    if isinstance(value, _Watched):
-        return value.view(np.ndarray)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(item) for item in value)
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    return value
+    return plain_arrays(value, _Watched)
 
 
 def _seen(result):

@@ -119,19 +119,26 @@ def _scores_shape_feedback(answer: np.ndarray, config) -> Feedback | None:
     return None
 
 
+def _check_head1(answer, expected: np.ndarray, config, scaled: bool, hint: str) -> Feedback:
+    """Head 1's scores, expected (5, 5), raw (exercise 1) or scaled by 1 / sqrt(dh) (exercise
+    2): the shape and scaling slips in words first, then the numbers at the printed
+    precision."""
+    array = read_array(answer, "answer", expected.shape, booleans=True)
+    if isinstance(array, Feedback):
+        return array
+    for feedback in (_scores_shape_feedback(array, config), _scores_feedback(array, scaled)):
+        if feedback is not None:      # a Feedback that did not pass is falsy: test for None
+            return feedback
+    return check_array(answer, expected, "answer", atol=PRINTED_PRECISION, hint=hint)
+
+
 @checker
 def check_head1_scores(answer) -> Feedback:
     """Exercise 1: head 1's raw scores Q_h K_h^T (5, 5), not yet scaled."""
     Q, K, _, config = _layer0()
     expected = _head(Q, 1, config) @ _head(K, 1, config).T
-    array = read_array(answer, "answer", expected.shape, booleans=True)
-    if isinstance(array, Feedback):
-        return array
-    for feedback in (_scores_shape_feedback(array, config), _scores_feedback(array, False)):
-        if feedback is not None:      # a Feedback that did not pass is falsy: test for None
-            return feedback
-    return check_array(answer, expected, "answer", atol=PRINTED_PRECISION,
-                       hint="Head 1 is columns 2:4 of Q and K; scores = Q_h @ K_h.T.")
+    return _check_head1(answer, expected, config, scaled=False,
+                        hint="Head 1 is columns 2:4 of Q and K; scores = Q_h @ K_h.T.")
 
 
 @checker
@@ -141,14 +148,8 @@ def check_head1_scaled_scores(answer) -> Feedback:
     Dividing by 1.41 or 1.414, the value the notebook prints, passes too."""
     Q, K, _, config = _layer0()
     expected = kvlib.attention_scores(_head(Q, 1, config), _head(K, 1, config))
-    array = read_array(answer, "answer", expected.shape, booleans=True)
-    if isinstance(array, Feedback):
-        return array
-    for feedback in (_scores_shape_feedback(array, config), _scores_feedback(array, True)):
-        if feedback is not None:      # a Feedback that did not pass is falsy: test for None
-            return feedback
-    return check_array(answer, expected, "answer", atol=PRINTED_PRECISION,
-                       hint="Divide head 1's Q_h @ K_h.T by np.sqrt(dh).")
+    return _check_head1(answer, expected, config, scaled=True,
+                        hint="Divide head 1's Q_h @ K_h.T by np.sqrt(dh).")
 
 
 @checker

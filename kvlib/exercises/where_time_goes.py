@@ -16,7 +16,7 @@ from .base import (
     Feedback,
     agrees_at_its_precision,
     checker,
-    how_close,
+    near_miss,
     read_number,
     read_whole_number,
     show_solution,
@@ -42,6 +42,14 @@ def _unit_slip(value: float, expected: float) -> str | None:
         if agrees_at_its_precision(value, expected * factor):
             return f"the right time in {unit}: give it in seconds."
     return None
+
+
+def _wrong_time(value: float, expected: float, when_close: str, otherwise: str) -> Feedback:
+    """The last word on a wrong time in seconds: the right one in ms or us, else near_miss."""
+    slip = _unit_slip(value, expected)
+    if slip:
+        return Feedback(False, slip)
+    return near_miss(value, expected, when_close, otherwise)
 
 
 @checker
@@ -73,15 +81,10 @@ def check_roofline_time(answer) -> Feedback:
         return Feedback(False, "close: the weights are there, but the step also reads the "
                         f"keys and values of its {EXERCISE1_POSITION + 1} positions "
                         "(roofline.decode_step_bytes counts both).")
-    slip = _unit_slip(value, expected)
-    if slip:
-        return Feedback(False, slip)
-    close = how_close(value, expected)
-    if close is not None:
-        return Feedback(False, f"close: {close}. Give at least 3 significant digits of "
-                        "max(FLOPs / 200e9, bytes / 50e9).")
-    return Feedback(False, "not that. Compute max(FLOPs / 200e9 FLOP/s, bytes / 50e9 bytes/s) "
-                    "with the step's FLOPs and bytes.")
+    return _wrong_time(value, expected,
+                       "Give at least 3 significant digits of max(FLOPs / 200e9, bytes / 50e9).",
+                       "Compute max(FLOPs / 200e9 FLOP/s, bytes / 50e9 bytes/s) with the "
+                       "step's FLOPs and bytes.")
 
 
 @checker
@@ -122,13 +125,11 @@ def check_batched_bytes(answer) -> Feedback:
     }
     if value in mistakes:
         return Feedback(False, mistakes[value])
-    close = how_close(value, expected)
-    if close is not None:
-        return Feedback(False, f"close: {close}. Count the weights once "
-                        "(roofline.weights_bytes) and one cache per sequence "
-                        "(roofline.cache_bytes, of position + 1 positions).")
-    return Feedback(False, "not that. Weights once (roofline.weights_bytes(config)) plus 8 "
-                    "caches (roofline.cache_bytes(config, 544) each).")
+    return near_miss(value, expected,
+                     "Count the weights once (roofline.weights_bytes) and one cache per "
+                     "sequence (roofline.cache_bytes, of position + 1 positions).",
+                     "Weights once (roofline.weights_bytes(config)) plus 8 caches "
+                     "(roofline.cache_bytes(config, 544) each).")
 
 
 @checker
@@ -170,16 +171,12 @@ def check_time_to_first_token(answer) -> Feedback:
     if agrees_at_its_precision(value, P * max(decode)):
         return Feedback(False, "that is 512 decode steps, one token at a time; a prefill takes "
                         "the whole prompt in one pass, as a matrix-matrix product.")
-    slip = _unit_slip(value, expected)
-    if slip:
-        return Feedback(False, slip)
-    close = how_close(value, expected)
-    if close is not None:
-        return Feedback(False, f"close: {close}. Use kvlib.prefill_multiply_adds(config, 512, "
-                        "last_only=True).flops and roofline.forward_bytes(config, 512).")
-    return Feedback(False, "not that. max(FLOPs / 200e9, bytes / 50e9) for the prefill: "
-                    "kvlib.prefill_multiply_adds(config, 512, last_only=True) and "
-                    "roofline.forward_bytes(config, 512).")
+    return _wrong_time(value, expected,
+                       "Use kvlib.prefill_multiply_adds(config, 512, last_only=True).flops and "
+                       "roofline.forward_bytes(config, 512).",
+                       "max(FLOPs / 200e9, bytes / 50e9) for the prefill: "
+                       "kvlib.prefill_multiply_adds(config, 512, last_only=True) and "
+                       "roofline.forward_bytes(config, 512).")
 
 
 SOLUTIONS = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import io
+from contextlib import contextmanager
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
@@ -76,6 +77,50 @@ def prompt_box(prompt: str) -> widgets.Text:
                         layout=widgets.Layout(width="20em"))
 
 
+CUSTOM = "custom"
+"""The model choice of the memory calculators once a shape field no longer matches a preset."""
+DTYPES = {"FP32 (4 bytes)": 4, "BF16 / FP16 (2 bytes)": 2, "INT8 / FP8 (1 byte)": 1}
+"""The number formats the memory calculators offer, by their bytes a number."""
+
+
+def check_choice(name: str, value, choices) -> None:
+    """Refuse a starting value the widget does not offer: "preset must be one of [...]"."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def preset_dropdown(names, preset: str, style: dict) -> widgets.Dropdown:
+    """The model choice of a memory calculator: the presets `names`, then CUSTOM."""
+    return widgets.Dropdown(options=list(names) + [CUSTOM], value=preset, description="model",
+                            style=style, layout=widgets.Layout(width="420px"))
+
+
+def layer_dropdown(config, value: int = 0, description: str = "layer") -> widgets.Dropdown:
+    """A choice of one of the model's layers, "layer 0" to "layer L-1" (its value: the index)."""
+    return widgets.Dropdown(options=[(f"layer {i}", i) for i in range(config.n_layers)],
+                            value=value, description=description)
+
+
+def head_dropdown(config, value: int = 0) -> widgets.Dropdown:
+    """A choice of one of the model's query heads, "head 0" to "head H-1" (its value: the
+    index)."""
+    return widgets.Dropdown(options=[(f"head {i}", i) for i in range(config.n_heads)],
+                            value=value, description="head")
+
+
+def carry(box: widgets.VBox, controls: dict, live: LiveFigure, **more) -> widgets.VBox:
+    """The widget's box, carrying what later cells and the tests read: each control under its
+    name and all of them as box.controls; the figure, its axes and the LiveFigure (figure,
+    axes, live); and each of `more` (status, message, a callable of the state) by its name."""
+    for name, control in controls.items():
+        setattr(box, name, control)
+    box.controls = controls
+    box.figure, box.axes, box.live = live.figure, live.axes, live
+    for name, value in more.items():
+        setattr(box, name, value)
+    return box
+
+
 def explorer(live: LiveFigure, controls: dict, status: widgets.HTML, message: widgets.HTML,
              redraw, state: dict) -> widgets.VBox:
     """Wire every control to redraw (through safely, so bad input lands in message), draw
@@ -90,6 +135,28 @@ def explorer(live: LiveFigure, controls: dict, status: widgets.HTML, message: wi
     box.figure, box.controls, box.status, box.message, box.state = (
         live.figure, controls, status, message, state)
     return box
+
+
+def wire_reset(on_reset, message: widgets.HTML, reset_button: widgets.Button,
+               controls) -> None:
+    """Run on_reset (through safely, so bad input lands in message) when reset_button is
+    clicked or the value of any of `controls` changes, and once now, to draw the start."""
+    reset_safely = safely(on_reset, message)
+    reset_button.on_click(reset_safely)
+    for control in controls:
+        control.observe(reset_safely, names="value")
+    reset_safely()
+
+
+@contextmanager
+def loading(state: dict):
+    """Set several controls at once with one redraw after, not one per control: inside, the
+    widget's redraw finds state["loading"] True and returns at once."""
+    state["loading"] = True
+    try:
+        yield
+    finally:
+        state["loading"] = False
 
 
 def safely(callback, message_widget: widgets.HTML | None = None,

@@ -19,7 +19,15 @@ from matplotlib.patches import Rectangle
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, as_html, explorer, prompt_box, read_prompt
+from .base import (
+    LiveFigure,
+    as_html,
+    explorer,
+    head_dropdown,
+    layer_dropdown,
+    prompt_box,
+    read_prompt,
+)
 
 UNCHANGED_COLOR = plt.get_cmap(plots.COLORMAP)(0.35)
 CHANGED_COLOR = plots.NEW_ROWS_COLOR
@@ -115,10 +123,8 @@ def mask_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICL
         "prompt": prompt_box(prompt),
         "mask": widgets.ToggleButtons(options=[("mask on", True), ("mask off", False)],
                                       value=True, description="causal mask"),
-        "layer": widgets.Dropdown(options=[(f"layer {i}", i) for i in range(config.n_layers)],
-                                  value=0, description="layer"),
-        "head": widgets.Dropdown(options=[(f"head {i}", i) for i in range(config.n_heads)],
-                                 value=0, description="head"),
+        "layer": layer_dropdown(config),
+        "head": head_dropdown(config),
     }
     for control in controls.values():
         control.style.description_width = "initial"

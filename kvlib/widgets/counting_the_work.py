@@ -17,7 +17,7 @@ from kvlib.config import MODEL_SIZES
 from kvlib.flops import format_flops
 from kvlib.plots import WITH_CACHE_COLOR, WITHOUT_CACHE_COLOR
 
-from .base import LiveFigure, safely
+from .base import LiveFigure, carry, check_choice, loading, safely
 
 DEFAULT_LENGTHS = {
     "the article's toy (3 layers, d 4)": (5, 28),
@@ -89,8 +89,7 @@ def cost_explorer(compute_rate: float | None = None, bandwidth: float | None = N
     also in ``controls``), ``status`` and ``message`` (HTML), ``figure`` and ``axes``, and
     ``curves()`` (what is drawn now).
     """
-    if model not in MODEL_SIZES:
-        raise ValueError(f"model must be one of {list(MODEL_SIZES)}, got {model!r}")
+    check_choice("model", model, MODEL_SIZES)
     model_choice = widgets.Dropdown(options=list(MODEL_SIZES), value=model, description="model",
                                     layout=widgets.Layout(width="460px"))
     context = MODEL_SIZES[model].context_length
@@ -105,13 +104,10 @@ def cost_explorer(compute_rate: float | None = None, bandwidth: float | None = N
     state = {"loading": False}
 
     def set_lengths(config, prompt_value: int, new_value: int) -> None:
-        state["loading"] = True
-        try:
+        with loading(state):
             prompt.max, new.max = config.context_length, config.context_length
             prompt.value = min(prompt_value, config.context_length)
             new.value = min(new_value, config.context_length - prompt.value + 1)
-        finally:
-            state["loading"] = False
 
     def redraw(change=None):
         if state["loading"]:
@@ -152,9 +148,6 @@ def cost_explorer(compute_rate: float | None = None, bandwidth: float | None = N
 
     box = widgets.VBox([widgets.HBox([model_choice]), widgets.HBox([prompt, new]), status,
                         message, live.output])
-    box.model, box.prompt, box.new_tokens = model_choice, prompt, new
-    box.status, box.message = status, message
-    box.figure, box.axes, box.live = live.figure, live.axes, live
-    box.controls = {"model": model_choice, "prompt": prompt, "new_tokens": new}
-    box.curves = lambda: state.get("curves")
-    return box
+    controls = {"model": model_choice, "prompt": prompt, "new_tokens": new}
+    return carry(box, controls, live, status=status, message=message,
+                 curves=lambda: state.get("curves"))

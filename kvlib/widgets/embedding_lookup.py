@@ -18,7 +18,7 @@ from matplotlib.patches import ConnectionPatch, Patch, Rectangle
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, read_prompt, safely
+from .base import LiveFigure, carry, read_prompt, safely
 
 PROMPT_ROW_COLOR = "#ff8c00"    # orange: rows of the table that the sentence uses
 SELECTED_ROW_COLOR = "#d6004c"  # crimson, dashed: the token picked in the dropdown
@@ -174,8 +174,5 @@ def embedding_explorer(params: kvlib.Params | None = None, text: str = kvlib.ART
 
     box = widgets.VBox([allowed, widgets.HBox([sentence, token]), ids_view, status,
                         live.output, row_view])
-    box.sentence, box.token, box.controls = sentence, token, {"sentence": sentence,
-                                                              "token": token}
-    box.ids_view, box.row_view, box.status = ids_view, row_view, status
-    box.figure, box.axes, box.live, box.shown = live.figure, live.axes, live, shown
-    return box
+    return carry(box, {"sentence": sentence, "token": token}, live, ids_view=ids_view,
+                 row_view=row_view, status=status, shown=shown)

@@ -22,10 +22,8 @@ from kvlib.grouped import group_size, query_groups
 from kvlib.memory import PRESETS, GiB, kv_cache_bytes, tokens_that_fit
 from kvlib.plots import MAX_HEADS, draw_query_groups, plural
 
-from .base import LiveFigure, safely
+from .base import CUSTOM, DTYPES, LiveFigure, carry, check_choice, loading, preset_dropdown, safely
 
-CUSTOM = "custom"
-DTYPES = {"FP32 (4 bytes)": 4, "BF16 / FP16 (2 bytes)": 2, "INT8 / FP8 (1 byte)": 1}
 MAX_BUDGET_GIB = 10**9  # a billion GiB: past any real machine, and still exact as bytes
 CHOSEN_COLOR = "#21918c"  # viridis teal
 OTHER_COLOR = "#c8c8c8"
@@ -133,16 +131,13 @@ def grouping_explorer(preset: str = "Llama-3-8B", budget_gib: float = 16.0,
     ``source`` (HTML), ``figure``, ``axes`` and ``summary()`` (the numbers on show, from
     grouping_summary).
     """
-    if preset not in GROUPABLE_PRESETS:
-        raise ValueError(f"preset must be one of {list(GROUPABLE_PRESETS)}, got {preset!r}")
+    check_choice("preset", preset, GROUPABLE_PRESETS)
     if dtype_bytes not in DTYPES.values():
         raise ValueError(f"dtype_bytes must be one of {sorted(DTYPES.values())}")
     start = PRESETS[preset]
     style = {"description_width": "130px"}
     wide = widgets.Layout(width="300px")
-    choose = widgets.Dropdown(options=list(GROUPABLE_PRESETS) + [CUSTOM], value=preset,
-                              description="model", style=style,
-                              layout=widgets.Layout(width="420px"))
+    choose = preset_dropdown(GROUPABLE_PRESETS, preset, style)
     n_heads = widgets.IntText(value=start.n_heads, description="query heads", style=style,
                               layout=wide)
     head_dim = widgets.IntText(value=start.head_dim, description="head size", style=style,
@@ -223,25 +218,19 @@ def grouping_explorer(preset: str = "Llama-3-8B", budget_gib: float = 16.0,
 
     def set_heads_options(h: int, wanted: int) -> None:
         options = divisors(h)
-        state["loading"] = True
-        try:
+        with loading(state):
             kv_heads.options = options
             kv_heads.value = wanted if wanted in options else max(k for k in options
                                                                   if k <= max(wanted, 1))
-        finally:
-            state["loading"] = False
 
     def on_preset(change):
         chosen = PRESETS.get(change["new"])
         if chosen is None:          # "custom": the shapes stay, the published model's line goes
             redraw()
             return
-        state["loading"] = True
-        try:
+        with loading(state):
             n_heads.value, head_dim.value = chosen.n_heads, chosen.head_dim
             layers.value = chosen.n_layers
-        finally:
-            state["loading"] = False
         set_heads_options(chosen.n_heads, chosen.n_kv_heads)
         redraw()
 
@@ -254,11 +243,8 @@ def grouping_explorer(preset: str = "Llama-3-8B", budget_gib: float = 16.0,
         chosen = PRESETS.get(choose.value)
         if chosen is not None and (n_heads.value, head_dim.value, layers.value) != (
                 chosen.n_heads, chosen.head_dim, chosen.n_layers):
-            state["loading"] = True
-            try:
+            with loading(state):
                 choose.value = CUSTOM
-            finally:
-                state["loading"] = False
         redraw()
 
     choose.observe(safely(on_preset, message), names="value")
@@ -273,12 +259,7 @@ def grouping_explorer(preset: str = "Llama-3-8B", budget_gib: float = 16.0,
         widgets.HBox([widgets.VBox([n_heads, kv_heads, head_dim]),
                       widgets.VBox([layers, dtype, budget])]),
         message, status, live.output])
-    box.preset, box.n_heads, box.head_dim, box.layers = choose, n_heads, head_dim, layers
-    box.kv_heads, box.dtype, box.budget_gib = kv_heads, dtype, budget
-    box.status, box.message, box.source = status, message, source
-    box.figure, box.axes, box.live = live.figure, live.axes, live
-    box.controls = {"preset": choose, "n_heads": n_heads, "kv_heads": kv_heads,
-                    "head_dim": head_dim, "layers": layers, "dtype": dtype,
-                    "budget_gib": budget}
-    box.summary = lambda: state.get("summary")
-    return box
+    controls = {"preset": choose, "n_heads": n_heads, "kv_heads": kv_heads,
+                "head_dim": head_dim, "layers": layers, "dtype": dtype, "budget_gib": budget}
+    return carry(box, controls, live, status=status, message=message, source=source,
+                 summary=lambda: state.get("summary"))

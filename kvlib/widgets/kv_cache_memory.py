@@ -17,15 +17,13 @@ import numpy as np
 from kvlib.memory import PRESETS as ALL_PRESETS
 from kvlib.memory import GiB, kv_cache_bytes, tokens_that_fit, weights_bytes
 
-from .base import LiveFigure, safely
+from .base import CUSTOM, DTYPES, LiveFigure, carry, check_choice, loading, preset_dropdown, safely
 
-CUSTOM = "custom"
 PRESETS = {name: preset for name, preset in ALL_PRESETS.items()
            if preset.latent_dim is None and preset.window is None}
 """The presets whose cache is K and V of every position, (n_kv_heads x head_dim) wide: the
 calculator's formula. Latent and sliding-window caches (DeepSeek, Mistral) have their own
 formulas, in the latent_attention and latent_attention lessons."""
-DTYPES = {"FP32 (4 bytes)": 4, "BF16 / FP16 (2 bytes)": 2, "INT8 / FP8 (1 byte)": 1}
 WEIGHTS_COLOR = "#3b528b"   # viridis blue
 CACHE_COLOR = "#5ec962"     # viridis green
 FREE_COLOR = "#e8e8e8"
@@ -109,8 +107,7 @@ def kv_cache_calculator(preset: str = "Llama-2-7B", context: int | None = None,
     ``source`` (HTML), ``figure`` and ``axes``, and ``budget()`` (the numbers on show, from
     memory_budget).
     """
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
+    check_choice("preset", preset, PRESETS)
     for name, value in (("dtype_bytes", dtype_bytes), ("weights_dtype_bytes",
                                                         weights_dtype_bytes)):
         if value not in DTYPES.values():
@@ -118,9 +115,7 @@ def kv_cache_calculator(preset: str = "Llama-2-7B", context: int | None = None,
     start = PRESETS[preset]
     style = {"description_width": "110px"}
     wide = widgets.Layout(width="260px")
-    choose = widgets.Dropdown(options=list(PRESETS) + [CUSTOM], value=preset,
-                              description="model", style=style,
-                              layout=widgets.Layout(width="420px"))
+    choose = preset_dropdown(PRESETS, preset, style)
     layers = widgets.BoundedIntText(value=start.n_layers, min=1, max=1000,
                                     description="layers", style=style, layout=wide)
     kv_heads = widgets.BoundedIntText(value=start.n_kv_heads, min=1, max=1024,
@@ -203,14 +198,11 @@ def kv_cache_calculator(preset: str = "Llama-2-7B", context: int | None = None,
         chosen = PRESETS.get(change["new"])
         if chosen is None:
             return
-        state["loading"] = True
-        try:
+        with loading(state):
             layers.value, kv_heads.value = chosen.n_layers, chosen.n_kv_heads
             head_dim.value = chosen.head_dim
             parameters_b.value = round(chosen.n_parameters / 1e9, 3)
             context_box.value = chosen.context_length
-        finally:
-            state["loading"] = False
         redraw()
 
     def on_shape(_change):
@@ -220,11 +212,8 @@ def kv_cache_calculator(preset: str = "Llama-2-7B", context: int | None = None,
         if (layers.value, kv_heads.value, head_dim.value) != (
                 chosen.n_layers, chosen.n_kv_heads, chosen.head_dim) or \
                 parameters_b.value != round(chosen.n_parameters / 1e9, 3):
-            state["loading"] = True
-            try:
+            with loading(state):
                 choose.value = CUSTOM
-            finally:
-                state["loading"] = False
 
     update = safely(redraw, message)
     choose.observe(safely(on_preset, message), names="value")
@@ -239,14 +228,8 @@ def kv_cache_calculator(preset: str = "Llama-2-7B", context: int | None = None,
         widgets.HBox([widgets.VBox([layers, kv_heads, head_dim, parameters_b]),
                       widgets.VBox([context_box, batch, dtype, weights_dtype, memory])]),
         status, message, live.output])
-    box.preset, box.layers, box.kv_heads, box.head_dim = choose, layers, kv_heads, head_dim
-    box.parameters_b, box.context, box.batch, box.dtype = parameters_b, context_box, batch, dtype
-    box.weights_dtype = weights_dtype
-    box.memory_gib, box.status, box.message, box.source = memory, status, message, source
-    box.figure, box.axes, box.live = live.figure, live.axes, live
-    box.controls = {"preset": choose, "layers": layers, "kv_heads": kv_heads,
-                    "head_dim": head_dim, "parameters_b": parameters_b,
-                    "context": context_box, "batch": batch, "dtype": dtype,
-                    "weights_dtype": weights_dtype, "memory_gib": memory}
-    box.budget = lambda: state.get("budget")
-    return box
+    controls = {"preset": choose, "layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
+                "parameters_b": parameters_b, "context": context_box, "batch": batch,
+                "dtype": dtype, "weights_dtype": weights_dtype, "memory_gib": memory}
+    return carry(box, controls, live, status=status, message=message, source=source,
+                 budget=lambda: state.get("budget"))

@@ -19,7 +19,7 @@ import kvlib
 from kvlib import plots
 from kvlib.debug import CACHED_TOLERANCES, relative_difference
 
-from .base import LiveFigure, plural, read_prompt, safely
+from .base import LiveFigure, layer_dropdown, plural, read_prompt, safely, wire_reset
 
 TOLERANCE = CACHED_TOLERANCES["float64"]
 """How close cached decoding must come to full recomputation, relative to the logits' size
@@ -96,8 +96,7 @@ def decode_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
     decode = widgets.Button(description="Decode next token", button_style="primary")
     reset = widgets.Button(description="Reset")
     text = widgets.Text(value=prompt, description="prompt", continuous_update=False)
-    layer = widgets.Dropdown(options=[(f"layer {i}", i) for i in range(config.n_layers)],
-                             value=0, description="attention of")
+    layer = layer_dropdown(config, description="attention of")
     status = widgets.HTML()
     check = widgets.HTML()
     message = widgets.HTML()
@@ -181,12 +180,9 @@ def decode_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
         if state:
             draw()
 
-    reset_safely = safely(on_reset, message)
     decode.on_click(safely(on_decode, message))
-    reset.on_click(reset_safely)
-    text.observe(reset_safely, names="value")
     layer.observe(safely(on_layer, message), names="value")
-    reset_safely()
+    wire_reset(on_reset, message, reset, [text])
 
     box = widgets.VBox([widgets.HBox([decode, reset, text, layer]), status, check, message,
                         live.output])

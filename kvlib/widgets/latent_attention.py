@@ -19,7 +19,7 @@ import ipywidgets as widgets
 
 from kvlib.memory import PRESETS, GiB, kv_cache_bytes, latent_cache_bytes
 
-from .base import LiveFigure, explorer, plural
+from .base import LiveFigure, check_choice, explorer, loading, plural
 
 KIND_COLORS = {"MHA": "#3b528b", "GQA": "#21918c", "MQA": "#5ec962", "MLA": "#fde725"}
 """One viridis colour per kind of attention, dark (caches most) to light (the latent)."""
@@ -160,8 +160,7 @@ def latent_cache_calculator(preset: str = "DeepSeek-V2", latent_dim: int | None 
     message line), ``figure``, and ``state["sizes"]`` (the bytes on show, from
     bytes_per_token).
     """
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
+    check_choice("preset", preset, PRESETS)
 
     def defaults(model):
         if model.latent_dim is not None:
@@ -192,11 +191,8 @@ def latent_cache_calculator(preset: str = "DeepSeek-V2", latent_dim: int | None 
         model = PRESETS.get(change["new"])
         if model is None:
             return
-        state["loading"] = True
-        try:
+        with loading(state):
             controls["latent_dim"].value, controls["rope_head_dim"].value = defaults(model)
-        finally:
-            state["loading"] = False
 
     def redraw(*_):
         if state["loading"]:

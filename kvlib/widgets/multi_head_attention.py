@@ -17,7 +17,7 @@ from matplotlib.transforms import blended_transform_factory
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, explorer, prompt_box, read_prompt
+from .base import LiveFigure, explorer, head_dropdown, layer_dropdown, prompt_box, read_prompt
 
 FRAME_COLOR = "#d62728"   # the chosen head's frame: red stands out on viridis
 DIM_ALPHA = 0.65          # how strongly the other heads' columns are washed out
@@ -96,10 +96,8 @@ def head_explorer(params: kvlib.Params | None = None, prompt: str = kvlib.ARTICL
     config = params.config
     controls = {
         "prompt": prompt_box(prompt),
-        "layer": widgets.Dropdown(options=[(f"layer {i}", i) for i in range(config.n_layers)],
-                                  value=0, description="layer"),
-        "head": widgets.Dropdown(options=[(f"head {i}", i) for i in range(config.n_heads)],
-                                 value=0, description="head"),
+        "layer": layer_dropdown(config),
+        "head": head_dropdown(config),
     }
     for control in controls.values():
         control.style.description_width = "initial"

@@ -20,7 +20,7 @@ from matplotlib.patches import Patch, Rectangle
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, read_prompt, safely
+from .base import LiveFigure, carry, read_prompt, safely
 
 QUERY_COLOR = "#d6004c"   # crimson: the chosen query's row
 SEEN_COLOR = plt.get_cmap(plots.COLORMAP)(0.35)
@@ -221,10 +221,6 @@ def attention_explorer(params: kvlib.Params | None = None, text: str = kvlib.ART
     box = widgets.VBox([widgets.HBox([sentence, query_control]),
                         widgets.HBox([head_control, scaled]), temperature, summary, status,
                         live.output])
-    box.sentence, box.query, box.head = sentence, query_control, head_control
-    box.scaled, box.temperature = scaled, temperature
-    box.controls = {"sentence": sentence, "query": query_control, "head": head_control,
-                    "scaled": scaled, "temperature": temperature}
-    box.summary, box.status = summary, status
-    box.figure, box.axes, box.live, box.shown = live.figure, live.axes, live, shown
-    return box
+    controls = {"sentence": sentence, "query": query_control, "head": head_control,
+                "scaled": scaled, "temperature": temperature}
+    return carry(box, controls, live, summary=summary, status=status, shown=shown)

@@ -21,7 +21,7 @@ import kvlib
 from kvlib.plots import block_holders, block_place, draw_pool
 from kvlib.serving import BlockPool, PoolTimeline, Request, request_mix
 
-from .base import OneRenderFigure, plural, safely
+from .base import OneRenderFigure, plural, safely, wire_reset
 
 # Okabe and Ito's colour-blind-safe palette (without black, which hides the labels); a
 # request and its forks share a colour, and every block also carries the sequence's name
@@ -289,12 +289,9 @@ def pool_explorer(params=None, n_blocks: int = 24, block_size: int = 4, requests
         state["timeline"].fork(fork_of.value)
         draw()
 
-    reset_safely = safely(on_reset, message)
     next_step.on_click(safely(on_step, message))
     fork.on_click(safely(on_fork, message))
-    reset.on_click(reset_safely)
-    size.observe(reset_safely, names="value")
-    reset_safely()
+    wire_reset(on_reset, message, reset, [size])
 
     box = widgets.VBox([widgets.HBox([next_step, fork, fork_of, reset, size]), status, events,
                         check, message, live.output])

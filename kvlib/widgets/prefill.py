@@ -15,7 +15,7 @@ import numpy as np
 import kvlib
 from kvlib import plots
 
-from .base import LiveFigure, plural, read_prompt, safely
+from .base import LiveFigure, carry, layer_dropdown, plural, read_prompt, safely
 
 MAX_ROWS_WITH_VALUES = 12  # beyond this many tokens, numbers in the cells are unreadable
 
@@ -57,8 +57,7 @@ def prefill_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
     text = widgets.Text(value=prompt, description="prompt", continuous_update=False,
                         placeholder="words of the vocabulary, e.g. How are you?")
     button = widgets.Button(description="Prefill")
-    layer = widgets.Dropdown(options=[(f"layer {i}", i) for i in range(config.n_layers)],
-                             value=0, description="layer")
+    layer = layer_dropdown(config)
     words = widgets.HTML("<b>Vocabulary:</b> " + html.escape(" ".join(tokenizer.words()))
                          + " (a BOS token is put in front)")
     status = widgets.HTML()
@@ -107,9 +106,6 @@ def prefill_explorer(params=None, prompt: str = kvlib.ARTICLE_PROMPT):
 
     box = widgets.VBox([words, widgets.HBox([text, button, layer]), status, message,
                         live.output])
-    box.prompt, box.prefill, box.layer = text, button, layer
-    box.status, box.message = status, message
-    box.figure, box.axes, box.live = live.figure, live.axes, live
-    box.controls = {"prompt": text, "prefill": button, "layer": layer}
-    box.cache = lambda: state.get("cache")
-    return box
+    controls = {"prompt": text, "prefill": button, "layer": layer}
+    return carry(box, controls, live, status=status, message=message,
+                 cache=lambda: state.get("cache"))

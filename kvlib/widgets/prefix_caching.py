@@ -23,7 +23,7 @@ import kvlib
 from kvlib.plots import draw_pool
 from kvlib.serving import ROOT_KEY, Admission, PrefixServer, Request
 
-from .base import OneRenderFigure, plural, safely
+from .base import OneRenderFigure, plural, safely, wire_reset
 
 TOLERANCE = 1e-10
 _VIRIDIS = plt.get_cmap("viridis")
@@ -471,12 +471,8 @@ def prefix_stream_explorer(params=None, seed: int = 0, n_blocks: int = 20, block
             compare(admission)
         draw(admission)
 
-    reset_safely = safely(on_reset, message)
     arrive.on_click(safely(on_arrive, message))
-    reset.on_click(reset_safely)
-    for control in (pool, block, seed_box):
-        control.observe(reset_safely, names="value")
-    reset_safely()
+    wire_reset(on_reset, message, reset, [pool, block, seed_box])
 
     box = widgets.VBox([widgets.HBox([arrive, reset, pool, block, seed_box]), status, check,
                         message, live.output])

@@ -27,7 +27,7 @@ from kvlib.serving.speculative import (
     expected_tokens_per_pass,
 )
 
-from .base import LiveFigure, as_html, safely
+from .base import LiveFigure, as_html, safely, wire_reset
 
 KEPT_COLOR = "#5ec962"        # viridis green: an accepted proposal
 REJECTED_COLOR = "#3b528b"    # viridis blue, hatched: the first rejected proposal
@@ -308,12 +308,8 @@ def speculative_explorer(target, draft, tokenizer, prompt: str, k: int = 4,
             return
         show(decoder.step())
 
-    reset_safely = safely(on_reset, message)
     step_button.on_click(safely(on_round, message))
-    reset_button.on_click(reset_safely)
-    for control in (k_slider, rule_buttons, text):
-        control.observe(reset_safely, names="value")
-    reset_safely()
+    wire_reset(on_reset, message, reset_button, [k_slider, rule_buttons, text])
 
     controls = {"round": step_button, "reset": reset_button, "k": k_slider,
                 "rule": rule_buttons, "prompt": text}

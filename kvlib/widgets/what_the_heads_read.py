@@ -29,7 +29,7 @@ from kvlib.debug import cached_tolerance as tolerance
 from kvlib.debug import relative_difference
 from kvlib.gpt2 import default_directory
 
-from .base import LiveFigure, plural, safely
+from .base import LiveFigure, head_dropdown, layer_dropdown, plural, safely, wire_reset
 
 PUBLISHED_PROMPT = "Alan Turing theorized that computers would one day become"
 PUBLISHED_CONTINUATION = (
@@ -248,10 +248,8 @@ def reading_explorer(params, tokenizer, prompt: str, layer: int = 0, head: int =
     reset = widgets.Button(description="Reset")
     text = widgets.Text(value=prompt, description="prompt", continuous_update=False,
                         layout=widgets.Layout(width="40em"))
-    layer_box = widgets.Dropdown(options=[(f"layer {i}", i) for i in range(config.n_layers)],
-                                 value=layer, description="layer")
-    head_box = widgets.Dropdown(options=[(f"head {i}", i) for i in range(config.n_heads)],
-                                value=head, description="head")
+    layer_box = layer_dropdown(config, layer)
+    head_box = head_dropdown(config, head)
     status, check, message = widgets.HTML(), widgets.HTML(), widgets.HTML()
     live = LiveFigure(figsize=(11, 5.2))
     picture = ReadingPicture(live.ax)
@@ -332,13 +330,10 @@ def reading_explorer(params, tokenizer, prompt: str, layer: int = 0, head: int =
         if "sequence" in state:
             draw()
 
-    reset_safely = safely(on_reset, message)
     decode.on_click(safely(on_decode, message))
-    reset.on_click(reset_safely)
-    text.observe(reset_safely, names="value")
     layer_box.observe(safely(on_choice, message), names="value")
     head_box.observe(safely(on_choice, message), names="value")
-    reset_safely()
+    wire_reset(on_reset, message, reset, [text])
 
     box = widgets.VBox([widgets.HBox([decode, reset, layer_box, head_box]), text, status,
                         check, message, live.output])

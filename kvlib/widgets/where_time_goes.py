@@ -20,7 +20,7 @@ from kvlib.config import MODEL_SIZES
 from kvlib.flops import format_flops
 from kvlib.hardware import ACCELERATORS, MachineRates
 
-from .base import LiveFigure, safely
+from .base import LiveFigure, carry, check_choice, safely
 
 LAB_MODEL = kvlib.ModelConfig(vocab_size=2048, d_model=512, n_heads=8, n_layers=4, d_ff=2048,
                               context_length=512, dtype="float32")
@@ -106,8 +106,7 @@ def batching_explorer(machine: MachineRates | None = None,
     ``step()`` (the numbers on show, from batched_decode_step, with "seconds" added).
     """
     choices = {name: config for name, config in MODEL_SIZES.items() if config.d_model > 4}
-    if model not in choices:
-        raise ValueError(f"model must be one of {list(choices)}, got {model!r}")
+    check_choice("model", model, choices)
     machines = {name: (rate, bandwidth, 2) for name, (rate, bandwidth) in ACCELERATORS.items()}
     if machine is not None:
         machines = {"this CPU (measured), float32": (machine.compute_rate, machine.bandwidth, 4),
@@ -161,11 +160,7 @@ def batching_explorer(machine: MachineRates | None = None,
     box = widgets.VBox([widgets.HBox([model_choice, hardware]),
                         widgets.HBox([batch_slider, position_slider]), status, message,
                         live.output])
-    box.model, box.hardware, box.batch, box.position = (model_choice, hardware, batch_slider,
-                                                        position_slider)
-    box.status, box.message = status, message
-    box.figure, box.axes, box.live = live.figure, live.axes, live
-    box.controls = {"model": model_choice, "hardware": hardware, "batch": batch_slider,
-                    "position": position_slider}
-    box.step = lambda: state.get("step")
-    return box
+    controls = {"model": model_choice, "hardware": hardware, "batch": batch_slider,
+                "position": position_slider}
+    return carry(box, controls, live, status=status, message=message,
+                 step=lambda: state.get("step"))
