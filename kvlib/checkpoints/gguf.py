@@ -25,12 +25,22 @@ turn neighbouring columns (x[2i], x[2i+1]): a GGUF model needs rope_pairing="int
 while the same model's safetensors on the hub need "half" (kvlib.checkpoints.llama).
 
 Only `convert` and `read_gguf` need the gguf package; loading a converted folder needs numpy.
+
+A damaged file is named, in kvlib's words: a GGUF header that does not hold together
+(check_layout walks it first, every count bounded by the bytes the file has left), a count no
+model has (PLAUSIBLE), a converted file that differs from the manifest written with it
+(kvlib.checkpoints.integrity).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import os
+import shutil
+import struct
+from numbers import Integral, Real
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +48,7 @@ import numpy as np
 from ..checks import as_finite, as_instance, as_one_of, as_path
 from ..config import ModelConfig
 from ..params import LayerParams, Params
+from .integrity import MANIFEST_NAME, DamagedFileError, sha256_of, verify_folder, write_manifest
 from .safetensors import read_safetensors, write_safetensors
 
 GGUF_NAMES = {
@@ -72,20 +83,34 @@ def read_gguf(path) -> tuple[dict, dict[str, tuple[np.ndarray, str]]]:
     metadata: every key -> its value (lists for arrays: the tokenizer's tokens and merges);
     tensors: name -> (raw data as the file stores it, a view of the memory-mapped file; the
     quantization type's name, "Q4_1", "Q8_0", "F32", ...).
+
+    The file's layout is checked first (check_layout): a damaged or cut-short file gets a
+    ValueError naming it, never the gguf package's IndexError or minutes of reading a count
+    that no file could hold.
     """
     from gguf import GGUFValueType
 
+    path = as_path(path)
     reader = _reader(path)
     metadata = {}
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        value = field.contents()
-        if field.types == [GGUFValueType.FLOAT32]:
-            value = _float32_as_written(value)
-        metadata[name] = value
-    tensors = {tensor.name: (tensor.data, tensor.tensor_type.name) for tensor in reader.tensors}
+    try:
+        for name, field in reader.fields.items():
+            if name.startswith("GGUF."):
+                continue
+            value = field.contents()
+            if field.types == [GGUFValueType.FLOAT32]:
+                value = _float32_as_written(value)
+            metadata[name] = value
+        tensors = {tensor.name: (tensor.data, tensor.tensor_type.name)
+                   for tensor in reader.tensors}
+    except (ValueError, IndexError, TypeError, KeyError, OverflowError) as error:
+        raise _damaged(path, f"{type(error).__name__}: {error}") from None
     return metadata, tensors
+
+
+def _damaged(path, what: str) -> DamagedFileError:
+    return DamagedFileError(f"{path} is not a GGUF file kvlib can read (damaged, cut short, or "
+                            f"another format): {what}. Fetch or write the file again.")
 
 
 def _reader(path):
@@ -97,10 +122,159 @@ def _reader(path):
     path = as_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
+    check_layout(path)
     try:
         return gguf.GGUFReader(path)
-    except (ValueError, OSError, KeyError) as error:
-        raise ValueError(f"{path} is not a GGUF file the gguf package can read: {error}") from None
+    except MemoryError:
+        raise
+    except Exception as error:     # noqa: BLE001 - whatever a damaged header makes it raise
+        raise _damaged(path, f"the gguf package says {type(error).__name__}: {error}") \
+            from None
+
+
+GGUF_VERSIONS = (2, 3)
+"""The versions llama.cpp's gguf package reads (version 1 counted in 32 bits)."""
+SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+"""GGUF's value types of fixed size -> their bytes (UINT8 ... FLOAT64; 8 is a string, 9 an
+array)."""
+STRING, ARRAY = 8, 9
+MAX_DIMS = 4
+"""GGML_MAX_DIMS: a tensor has at most 4 dimensions."""
+MAX_NESTING = 4
+"""Arrays inside arrays this deep at most (llama.cpp itself reads none)."""
+
+
+class _Layout:
+    """Walks a GGUF file's header by the format's rules, each count checked against the bytes
+    that remain before anything is read for it (check_layout)."""
+
+    def __init__(self, data, order: str):
+        self.data, self.size, self.order, self.offset = data, len(data), order, 0
+
+    def take(self, n: int, what: str) -> int:
+        """Claim n bytes for what -> where they start."""
+        left = self.size - self.offset
+        if n > left:
+            raise ValueError(f"{what} at byte {self.offset:,} claims {n:,} bytes, but the file "
+                             f"has {left:,} left")
+        start = self.offset
+        self.offset += n
+        return start
+
+    def number(self, code: str, what: str) -> int:
+        return struct.unpack_from(self.order + code, self.data,
+                                  self.take(struct.calcsize(code), what))[0]
+
+    def text(self, what: str) -> str:
+        n = self.number("Q", f"the length of {what}")
+        start = self.take(n, what)
+        try:
+            return bytes(self.data[start:start + n]).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{what} at byte {start:,} is not UTF-8 text ({error.reason})") \
+                from None
+
+    def skip_string(self, what: str) -> None:
+        self.take(self.number("Q", f"the length of {what}"), what)
+
+    def value(self, kind: int, what: str, depth: int = 0) -> None:
+        if kind in SCALAR_BYTES:
+            self.take(SCALAR_BYTES[kind], what)
+        elif kind == STRING:
+            self.skip_string(what)
+        elif kind == ARRAY:
+            if depth >= MAX_NESTING:
+                raise ValueError(f"{what} nests arrays more than {MAX_NESTING} deep")
+            item = self.number("I", f"the item type of {what}")
+            count = self.number("Q", f"the length of {what}")
+            smallest = SCALAR_BYTES.get(item, 8 if item == STRING else 12)
+            if item not in SCALAR_BYTES and item not in (STRING, ARRAY):
+                raise ValueError(f"{what} holds items of type {item}, which GGUF does not have")
+            if count * smallest > self.size - self.offset:
+                raise ValueError(f"{what} at byte {self.offset:,} claims {count:,} items, more "
+                                 f"than the {self.size - self.offset:,} bytes left can hold")
+            if item in SCALAR_BYTES:
+                self.take(count * smallest, what)
+            elif item == STRING:
+                for _ in range(count):
+                    self.skip_string(f"a string of {what}")
+            else:
+                for _ in range(count):
+                    self.value(ARRAY, f"an array in {what}", depth + 1)
+        else:
+            raise ValueError(f"{what} has value type {kind}, which GGUF does not have")
+
+
+def check_layout(path) -> None:
+    """Walk a GGUF file's header and check that it holds together, as llama.cpp's reader
+    would, before the gguf package reads it: the magic bytes and version; every count (keys,
+    tensors, array items, string bytes, a tensor's dimensions) no larger than what the bytes
+    left could hold; every key and tensor name UTF-8; every tensor's type known and its data
+    inside the file. A file that does not hold together gets a ValueError naming it and the
+    byte where it stops making sense. This costs a pass over the header (the vocabulary: 0.2 s
+    for Gemma 3's 262,144 pieces), none over the tensors' data."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    path = as_path(path)
+    size = path.stat().st_size
+    if size < 24:
+        raise _damaged(path, f"it has {size} bytes, fewer than a GGUF header's 24")
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        try:
+            if data[:4] != b"GGUF":
+                raise ValueError(f"it starts with {bytes(data[:4])!r}, not GGUF's magic b'GGUF'")
+            order = "<"
+            version = struct.unpack_from("<I", data, 4)[0]
+            if version & 0xFFFF == 0:                     # written on a big-endian machine
+                order, version = ">", struct.unpack_from(">I", data, 4)[0]
+            if version not in GGUF_VERSIONS:
+                raise ValueError(f"it says GGUF version {version}; kvlib reads versions "
+                                 f"{GGUF_VERSIONS}")
+            layout = _Layout(data, order)
+            layout.offset = 8
+            n_tensors = layout.number("Q", "the tensor count")
+            n_keys = layout.number("Q", "the key count")
+            if n_keys * 13 + n_tensors * 24 > size - layout.offset:   # their smallest sizes
+                raise ValueError(f"its header claims {n_keys:,} keys and {n_tensors:,} "
+                                 f"tensors, more than its {size:,} bytes can hold")
+            alignment = 32
+            for i in range(n_keys):
+                key = layout.text(f"key {i}")
+                kind = layout.number("I", f"the type of {key}")
+                start = layout.offset
+                layout.value(kind, key)
+                if key == "general.alignment" and kind == 4:
+                    alignment = struct.unpack_from(order + "I", data, start)[0]
+                    if alignment == 0 or alignment & (alignment - 1):
+                        raise ValueError(f"general.alignment is {alignment}, not a power of 2")
+            tensors = []
+            for i in range(n_tensors):
+                name = layout.text(f"the name of tensor {i}")
+                n_dims = layout.number("I", f"the dimension count of {name}")
+                if not 1 <= n_dims <= MAX_DIMS:
+                    raise ValueError(f"tensor {name!r} has {n_dims} dimensions; GGUF allows "
+                                     f"1 to {MAX_DIMS}")
+                dims = [layout.number("Q", f"a dimension of {name}") for _ in range(n_dims)]
+                kind = layout.number("I", f"the type of {name}")
+                try:
+                    block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+                except (ValueError, KeyError):
+                    raise ValueError(f"tensor {name!r} has type {kind}, which the gguf "
+                                     "package does not know") from None
+                offset = layout.number("Q", f"the data offset of {name}")
+                numbers = math.prod(dims)
+                if dims[0] % block:
+                    raise ValueError(f"tensor {name!r}'s rows of {dims[0]} numbers are not "
+                                     f"whole blocks of {block}")
+                tensors.append((name, offset, numbers // block * block_bytes))
+            start = layout.offset + -layout.offset % alignment
+            for name, offset, n_bytes in tensors:
+                if start + offset + n_bytes > size:
+                    raise ValueError(f"tensor {name!r}'s {n_bytes:,} bytes at byte "
+                                     f"{start + offset:,} run past the file's end at "
+                                     f"{size:,}")
+        except (ValueError, struct.error) as error:
+            raise _damaged(path, str(error)) from None
 
 
 def _float32_as_written(value: float) -> float:
@@ -108,70 +282,146 @@ def _float32_as_written(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def dequantize_tensors(tensors: dict[str, tuple[np.ndarray, str]]) -> dict[str, np.ndarray]:
+def dequantize_tensors(tensors: dict[str, tuple[np.ndarray, str]],
+                       where: str = "the file") -> dict[str, np.ndarray]:
     """Every tensor as float32 numbers (model_of_today): name -> array in numpy order ((out, in)
     for a matrix), with the gguf package's dequantization (Q4_1: d * code + m per group of
-    32; Q8_0: d * code)."""
+    32; Q8_0: d * code). A type it cannot dequantize is named, with where."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    return {name: dequantize(data, GGMLQuantizationType[kind]).astype(np.float32, copy=False)
-            for name, (data, kind) in tensors.items()}
+    arrays = {}
+    for name, (data, kind) in tensors.items():
+        try:
+            arrays[name] = dequantize(data, GGMLQuantizationType[kind]).astype(np.float32,
+                                                                              copy=False)
+        except (NotImplementedError, ValueError, KeyError) as error:
+            raise ValueError(f"{where}: tensor {name!r} of type {kind} cannot be dequantized "
+                             f"({type(error).__name__}: {error})") from None
+    return arrays
 
 
 # ------------------------------------------------------------------------------ the config
 
-def config_from_gguf(metadata: dict, dtype: str = "float32") -> ModelConfig:
+PLAUSIBLE = {"block_count": 4096, "context_length": 2**24, "embedding_length": 2**16,
+             "feed_forward_length": 2**20, "attention.head_count": 2**12,
+             "attention.head_count_kv": 2**12, "attention.key_length": 2**12,
+             "attention.value_length": 2**12, "attention.sliding_window": 2**24,
+             "rope.dimension_count": 2**12, "vocab_size": 2**22}
+"""The largest value kvlib believes of each count in a GGUF header: far above any model it
+could run (Llama 3.1 405B has 126 blocks of width 16,384 with 128 heads; Gemma 3 a
+vocabulary of 262,144), far below what a damaged header claims (2**31 blocks, whose names
+alone would not fit in memory). Every count is at least 1."""
+
+
+def _shown(value, limit: int = 60) -> str:
+    """A header's value for a message: its repr, cut at limit characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def header_count(metadata: dict, key: str, where: str, default=None) -> int:
+    """A count from a GGUF header (<architecture>.<key>, or default when absent) as an int from
+    1 to PLAUSIBLE[key]; a ValueError naming the file and the key otherwise."""
+    architecture = metadata.get("general.architecture")
+    value = metadata.get(f"{architecture}.{key}", default)
+    if value is None:
+        raise ValueError(f"{where} has no {architecture}.{key} in its header: is the file "
+                         "complete?")
+    if isinstance(value, bool) or not isinstance(value, Integral) \
+            or not 1 <= value <= PLAUSIBLE[key]:
+        raise ValueError(f"{where}: its header's {architecture}.{key} is {_shown(value)}, not "
+                         f"a count from 1 to {PLAUSIBLE[key]:,} (the file is damaged, or not a "
+                         "model kvlib runs)")
+    return int(value)
+
+
+def header_number(metadata: dict, key: str, where: str, default=None,
+                  below: float = math.inf) -> float:
+    """A real number from a GGUF header (<architecture>.<key>, or default), positive, finite
+    and below `below`; a ValueError naming the file and the key otherwise."""
+    architecture = metadata.get("general.architecture")
+    value = metadata.get(f"{architecture}.{key}", default)
+    if value is None:
+        raise ValueError(f"{where} has no {architecture}.{key} in its header: is the file "
+                         "complete?")
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < below:
+        raise ValueError(f"{where}: its header's {architecture}.{key} is {_shown(value)}, not "
+                         f"a number above 0{'' if below == math.inf else f' and below {below}'} "
+                         "(the file is damaged, or not a model kvlib runs)")
+    return float(value)
+
+
+def config_from_gguf(metadata: dict, dtype: str = "float32", *,
+                     where: str = "the GGUF file") -> ModelConfig:
     """kvlib's ModelConfig of a Llama-architecture GGUF file, from its metadata (model_of_today).
 
     RMSNorm, SwiGLU, rotary positions with the interleaved pairing (what llama.cpp's
     reordered rows expect) and grouped-query attention when head_count_kv < head_count.
     Anything kvlib does not compute (another architecture, RoPE scaling, untied output) is
-    refused, naming the setting.
+    refused, naming the setting; so is a count that no model has (header_count's PLAUSIBLE
+    bounds). where names the file in the messages.
     """
     metadata = as_instance("metadata", metadata, dict, "read_gguf's first result")
     architecture = metadata.get("general.architecture")
     if architecture != "llama":
-        raise ValueError(f"this GGUF file holds a {architecture!r} model; kvlib reads the "
+        raise ValueError(f"{where} holds a {_shown(architecture)} model; kvlib reads the "
                          "'llama' architecture (SmolLM2, Llama, Mistral without a window)")
-
-    def field(key, default=None):
-        value = metadata.get(f"llama.{key}", default)
-        if value is None:
-            raise ValueError(f"the GGUF metadata has no llama.{key}: is the file complete?")
-        return value
-
     scaling = metadata.get("llama.rope.scaling.type", "none")
     if scaling not in ("none", None):
-        raise ValueError(f"the file asks for RoPE scaling {scaling!r}; kvlib's rotary "
+        raise ValueError(f"{where} asks for RoPE scaling {_shown(scaling)}; kvlib's rotary "
                          "positions have none")
-    n_heads, d_model = field("attention.head_count"), field("embedding_length")
-    n_kv_heads = field("attention.head_count_kv", n_heads)
-    rope_dim = field("rope.dimension_count", d_model // n_heads)
+
+    def count(key, default=None):
+        return header_count(metadata, key, where, default)
+
+    n_heads, d_model = count("attention.head_count"), count("embedding_length")
+    n_kv_heads = count("attention.head_count_kv", n_heads)
+    rope_dim = count("rope.dimension_count", max(d_model // n_heads, 1))
+    if d_model % n_heads:
+        raise ValueError(f"{where}: its width {d_model} does not split into {n_heads} heads")
     if rope_dim != d_model // n_heads:
-        raise ValueError(f"the file rotates {rope_dim} of {d_model // n_heads} columns a head; "
-                         "kvlib rotates whole heads")
-    vocab_size = field("vocab_size", len(metadata.get("tokenizer.ggml.tokens", ())) or None)
-    return ModelConfig(
-        vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
-        n_layers=field("block_count"), d_ff=field("feed_forward_length"),
-        context_length=field("context_length"), dtype=dtype, positions="rotary",
-        norm="rms", mlp="swiglu", bias=False,
-        norm_epsilon=field("attention.layer_norm_rms_epsilon"),
+        raise ValueError(f"{where} rotates {rope_dim} columns of each head's "
+                         f"{d_model // n_heads}; kvlib rotates whole heads")
+    vocab_size = count("vocab_size", len(metadata.get("tokenizer.ggml.tokens", ())) or None)
+    settings = dict(
+        vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_layers=count("block_count"),
+        d_ff=count("feed_forward_length"), context_length=count("context_length"),
+        norm_epsilon=header_number(metadata, "attention.layer_norm_rms_epsilon", where,
+                                   below=1.0),
         n_kv_heads=None if n_kv_heads == n_heads else n_kv_heads,
-        rope_base=field("rope.freq_base", 10000.0), rope_pairing="interleaved")
+        rope_base=header_number(metadata, "rope.freq_base", where, 10000.0))
+    try:
+        return ModelConfig(dtype=dtype, positions="rotary", norm="rms", mlp="swiglu", bias=False,
+                           rope_pairing="interleaved", **settings)
+    except ValueError as error:
+        if "dtype" in str(error):
+            raise
+        raise ValueError(f"{where}: {error}") from None
 
 
 # ------------------------------------------------------------------------------ params
+
+def blocks_in(names, prefix: str = "blk.") -> int:
+    """How many blocks a file's tensor names hold: the distinct i of prefix + "{i}." ..."""
+    return len({name[len(prefix):].split(".", 1)[0] for name in names
+                if name.startswith(prefix)})
+
 
 def params_from_gguf_tensors(config: ModelConfig, tensors: dict[str, np.ndarray],
                              where: str = "the file") -> Params:
     """kvlib Params from float tensors under their GGUF names (model_of_today): each (out, in)
     matrix becomes kvlib's (in, out) as a transposed view, no copy; other dtypes than the
-    config's are converted. Missing, misshapen, unknown or non-finite tensors are named."""
+    config's are converted. Missing, misshapen, unknown or non-finite tensors are named, and
+    a config with another number of blocks than the file holds is refused first."""
     if "output.weight" in tensors:
         raise ValueError(f"{where} has an output.weight: an untied unembedding, which kvlib's "
                          "models (the unembedding is the token table) do not have")
+    held = blocks_in(tensors)
+    if held != config.n_layers:
+        raise ValueError(f"{where} holds {held} blocks of tensors (blk.0 ...), but its config "
+                         f"says {config.n_layers} (the header's block_count): the file is "
+                         "damaged, or the config is another model's")
     expected = dict(Params.expected_shapes(config))
     block = LayerParams.expected_shapes(config)
     names = {ours: theirs for ours, theirs in GGUF_NAMES.items() if ours in expected}
@@ -206,9 +456,10 @@ def params_from_gguf_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]
 # ------------------------------------------------------------------------------ converted folder
 
 CONVERTED_FILES = ("model.safetensors", "metadata.json", "vocab.json", "merges.txt",
-                   "source.json")
+                   "source.json", MANIFEST_NAME)
 """What convert writes: the float32 tensors (GGUF names), the metadata without the
-tokenizer's long lists, the tokenizer in the model hub's layout, and the GGUF file's size."""
+tokenizer's long lists, the tokenizer in the model hub's layout, the GGUF file's size and
+time, and last the manifest: every other file's bytes and sha256, and the GGUF file's."""
 
 
 def _source_stamp(path: Path) -> dict:
@@ -222,10 +473,12 @@ def converted_directory(path) -> Path:
     return path.with_name(path.stem + ".float32")
 
 
-def is_converted(path) -> bool:
-    """True when the GGUF file beside it has a complete, up-to-date converted folder."""
+def is_converted(path, files=CONVERTED_FILES) -> bool:
+    """True when the GGUF file has a complete, up-to-date converted folder beside it: every
+    one of files there (the manifest among them) and source.json's stamp the file's size and
+    time. Whether the files hold what the manifest says is verify_folder's check."""
     path, folder = Path(path), converted_directory(path)
-    if not all((folder / name).is_file() for name in CONVERTED_FILES):
+    if not all((folder / name).is_file() for name in files):
         return False
     try:
         stamp = json.loads((folder / "source.json").read_text(encoding="utf-8"))
@@ -234,19 +487,55 @@ def is_converted(path) -> bool:
     return path.is_file() and stamp == _source_stamp(path)
 
 
-def convert(path) -> Path:
+def checked_sha256(path: Path, expected: str | None, remedy: str = "") -> str:
+    """The GGUF file's sha256 -> it; DamagedFileError when expected is given and differs."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    found = sha256_of(path)
+    if expected is not None and found != expected:
+        raise DamagedFileError(f"{path} is damaged: its sha256 is {found}, not the {expected} "
+                               f"of the file kvlib fetched. {remedy}".strip())
+    return found
+
+
+def finish_folder(path: Path, partial: Path, files, sha256: str) -> Path:
+    """Write the manifest of the files in partial, then put partial where the converted folder
+    of path goes (replacing an older one) -> the folder."""
+    write_manifest(partial, [name for name in files if name != MANIFEST_NAME],
+                   {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256})
+    folder = converted_directory(path)
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(partial, folder)
+    return folder
+
+
+def convert(path, *, sha256: str | None = None, remedy: str = "") -> Path:
     """Dequantize a GGUF file once into a folder beside it (model_of_today) -> the folder.
 
     The folder holds model.safetensors (every tensor in float32 under its GGUF name),
-    metadata.json, vocab.json and merges.txt (the tokenizer, in the model hub's layout) and
-    source.json (the GGUF file's size and time, so that a changed file is converted again).
-    It is written under a temporary name and renamed at the end: an interrupted conversion
-    leaves nothing half-written behind.
+    metadata.json, vocab.json and merges.txt (the tokenizer, in the model hub's layout),
+    source.json (the GGUF file's size and time, so that a changed file is converted again)
+    and manifest.json (the sha256 of each, and of the GGUF file, checked at every load).
+    With sha256 given, the GGUF file is checked against it first (DamagedFileError, ending
+    with remedy). The header is checked before any tensor is read (check_layout, the
+    plausible counts of config_from_gguf), every tensor after. The folder is written under a
+    temporary name and renamed at the end: an interrupted conversion leaves nothing
+    half-written behind.
     """
-    path = Path(path)
+    path = as_path(path)
+    found = checked_sha256(path, sha256, remedy)
     metadata, raw = read_gguf(path)
-    config = config_from_gguf(metadata)               # refuse what kvlib cannot run, first
-    tensors = dequantize_tensors(raw)
+    config = config_from_gguf(metadata, where=str(path))   # refuse what kvlib cannot run, first
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    merges = metadata.get("tokenizer.ggml.merges")
+    if tokens is None or merges is None:
+        raise ValueError(f"{path} has no byte-level BPE tokenizer in its metadata")
+    types = metadata.get("tokenizer.ggml.token_type", [])
+    if len(tokens) != config.vocab_size or len(types) not in (0, len(tokens)):
+        raise ValueError(f"{path} lists {len(tokens):,} tokens and {len(types):,} token types "
+                         f"for a vocabulary of {config.vocab_size:,}: the file is damaged")
+    tensors = dequantize_tensors(raw, str(path))
     params_from_gguf_tensors(config, tensors, where=str(path))     # checks every tensor
     folder = converted_directory(path)
     partial = folder.with_name(folder.name + ".partial")
@@ -254,39 +543,49 @@ def convert(path) -> Path:
     write_safetensors(partial / "model.safetensors",
                       {name: np.ascontiguousarray(array) for name, array in tensors.items()},
                       {"source": path.name})
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    merges = metadata.get("tokenizer.ggml.merges")
-    if tokens is None or merges is None:
-        raise ValueError(f"{path} has no byte-level BPE tokenizer in its metadata")
     (partial / "vocab.json").write_text(
         json.dumps({token: i for i, token in enumerate(tokens)}, ensure_ascii=False),
         encoding="utf-8")
     (partial / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n",
                                         encoding="utf-8")
-    types = metadata.get("tokenizer.ggml.token_type", [])
     small = {key: value for key, value in metadata.items() if key not in TOKENIZER_KEYS}
     small["kvlib.control_tokens"] = [token for token, kind in zip(tokens, types)
                                      if kind == CONTROL_TOKEN]
     (partial / "metadata.json").write_text(json.dumps(small, indent=1, ensure_ascii=False),
                                            encoding="utf-8")
     (partial / "source.json").write_text(json.dumps(_source_stamp(path)), encoding="utf-8")
-    if folder.exists():
-        for old in folder.iterdir():
-            old.unlink()
-        folder.rmdir()
-    os.replace(partial, folder)
-    return folder
+    return finish_folder(path, partial, CONVERTED_FILES, found)
 
 
-def read_converted_metadata(folder) -> dict:
+def folder_remedy(folder) -> str:
+    """What to do about a damaged converted folder of a GGUF file kvlib did not fetch."""
+    return (f"Delete {folder}: the next kvlib.checkpoints.gguf.load_gguf of the GGUF file "
+            "converts it again.")
+
+
+def read_converted_metadata(folder, remedy: str = "") -> dict:
     """metadata.json of a converted folder (without the tokenizer's lists)."""
-    return json.loads((Path(folder) / "metadata.json").read_text(encoding="utf-8"))
+    path = Path(folder) / "metadata.json"
+    try:
+        metadata = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DamagedFileError(f"{path} cannot be read as JSON ({error}). "
+                               f"{remedy or folder_remedy(folder)}") from None
+    if not isinstance(metadata, dict):
+        raise DamagedFileError(f"{path} holds no JSON object. {remedy or folder_remedy(folder)}")
+    return metadata
 
 
-def load_converted(folder, dtype: str = "float32") -> Params:
-    """Params from a converted folder (model_of_today): memory-mapped float32, about a second."""
-    folder = Path(folder)
-    config = config_from_gguf(read_converted_metadata(folder), dtype)
+def load_converted(folder, dtype: str = "float32", *, remedy: str = "") -> Params:
+    """Params from a converted folder (model_of_today): memory-mapped float32, about a second.
+    The folder is verified against its manifest first (kvlib.checkpoints.integrity: a file
+    is hashed only when kvlib has no record of it as it is), and its header's counts
+    checked; a damaged file is named, with remedy (what to do) or folder_remedy's."""
+    folder = as_path(folder, "folder")
+    remedy = remedy or folder_remedy(folder)
+    verify_folder(folder, remedy)
+    config = config_from_gguf(read_converted_metadata(folder, remedy), dtype,
+                              where=str(folder / "metadata.json"))
     tensors = read_safetensors(folder / "model.safetensors")
     return params_from_gguf_tensors(config, tensors, where=str(folder / "model.safetensors"))
 
@@ -309,7 +608,8 @@ def bits_per_number(kind: str) -> float:
     return 8 * n_bytes / numbers
 
 
-__all__ = ["CONVERTED_FILES", "GGUF_BLOCK_NAMES", "GGUF_NAMES", "bits_per_number",
-           "config_from_gguf", "convert", "converted_directory",
-           "dequantize_tensors", "is_converted", "load_converted", "load_gguf",
-           "params_from_gguf_tensors", "read_converted_metadata", "read_gguf"]
+__all__ = ["CONVERTED_FILES", "GGUF_BLOCK_NAMES", "GGUF_NAMES", "PLAUSIBLE", "bits_per_number",
+           "blocks_in", "check_layout", "config_from_gguf", "convert", "converted_directory",
+           "dequantize_tensors", "header_count", "header_number", "is_converted",
+           "load_converted", "load_gguf", "params_from_gguf_tensors",
+           "read_converted_metadata", "read_gguf"]

