@@ -6,7 +6,7 @@ started; ru_maxrss would count the memory of the process that forked it) after t
     python tools/measure_memory.py                        # every lesson; writes the table
     python tools/measure_memory.py notebooks/18_*.ipynb   # some; the others are kept
 
-The figures go into notebooks/lessons.json ("memory_mib", rounded up to 50 MiB with 10% to
+The figures go into notebooks/lessons.json ("memory_mib", rounded up to 50 MiB with 20% to
 spare, so that a lesson stays under it on another machine) and into the last paragraph of each
 notebook's first cell ("Memory: ..."; tools/lessons.py checks that they agree);
 tests/test_cells_run_twice.py checks that the kernel stays under it. Linux only.
@@ -43,8 +43,9 @@ def peak_mib(client: SteppedClient) -> int:
 
 
 def stated_figure(peak: int) -> int:
-    """The figure a lesson states: the peak with 10% to spare, rounded up to 50 MiB."""
-    return int(math.ceil(peak * 1.1 / 50) * 50)
+    """The figure a lesson states: the peak with 20% to spare (another machine's BLAS and
+    allocator differ), rounded up to 50 MiB."""
+    return int(math.ceil(peak * 1.2 / 50) * 50)
 
 
 def measure(path: Path) -> int:
