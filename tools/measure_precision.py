@@ -5,7 +5,8 @@ kvlib.precision.measured()).
     python tools/measure_precision.py                  # both models (about 15 minutes)
     python tools/measure_precision.py stories          # one; the other is kept
     python tools/measure_precision.py gpt2             # GPT-2 124M, when it is downloaded
-    python tools/measure_precision.py zoo              # notebook 25's widget (about 20 s)
+    python tools/measure_precision.py zoo              # notebook 25's widget (about 30 s)
+    python tools/measure_precision.py flips            # SmolLM2's flips on two texts (5 min)
 
 For each model, windows of real text: the story model's stories (kvlib.stories.corpus,
 seed 2026), SmolLM2's 1024 tokens of Python's documentation (the ids kept in
@@ -24,9 +25,14 @@ and by one forward pass (kvlib.precision.teacher_forced). Rows:
 Each comparison: positions, largest and mean absolute logit difference, greedy flips and
 the widest top-two gap at which one happened (kvlib.precision.Comparison).
 
+flips: SmolLM2's greedy flips window by window on two texts (Python's documentation, as above,
+and the story grammar's English), in float16 and bfloat16, cached against recomputed and
+against float64: does the format move the greedy token more than the cache, beyond chance?
+
 zoo: the widget of notebook 25, every bug it offers in every format on the story model
-(kvlib.cache_bugs.run_bug): the logit differences step by step, the locator's report
-and the rows a step computes.
+(kvlib.cache_bugs.run_bug): the logit differences step by step, the locator's report (with
+the tolerance tools/measure_tolerances.py measured, kvlib.cache_bugs.zoo_tolerance) and the
+rows each decode step computes.
 """
 
 from __future__ import annotations
@@ -137,7 +143,7 @@ def measure_zoo() -> dict:
     runs = {}
     for label in cache_bugs.zoo(tokenizer, prompt):
         runs[label] = {}
-        for number_format in cache_bugs.ZOO_TOLERANCES:
+        for number_format in cache_bugs.ZOO_FORMATS:
             differences, found, rows = cache_bugs.run_bug(story, tokenizer, prompt, label,
                                                           number_format)
             runs[label][number_format] = {
@@ -146,12 +152,59 @@ def measure_zoo() -> dict:
     return {"prompt": cache_bugs.ZOO_PROMPT, "runs": runs}
 
 
+FLIP_TEXTS = ("python docs", "stories")
+FLIP_WINDOWS = 16
+
+
+def smollm2_story_windows(n: int, length: int) -> list[list[int]]:
+    """SmolLM2's token ids of the story grammar's stories (seed 2026), cut into windows."""
+    from kvlib.stories.grammar import generate_stories
+
+    encode, ids, seed = kvlib.smollm2_tokenizer().encode, [], 2026
+    while len(ids) < n * length:
+        ids += encode(" ".join(generate_stories(8, seed)))
+        seed += 1
+    return [ids[i * length:(i + 1) * length] for i in range(n)]
+
+
+def measure_flips() -> dict:
+    """SmolLM2's greedy flips window by window, on two texts (the table's 16 windows of
+    Python's documentation, and 16 of the story grammar's English), in float16 and bfloat16:
+    cached against recomputed, and recomputed against float64 (what the format itself does).
+    Counts this small need their spread: the lesson reads it from the windows."""
+    params = load("smollm2")
+    length = SIZES["smollm2"][1]
+    texts = {"python docs": smollm2_windows(FLIP_WINDOWS, length),
+             "stories": smollm2_story_windows(FLIP_WINDOWS, length)}
+    exact = precision.in_format(params, "float64")
+    result = {"model": "smollm2", "windows": FLIP_WINDOWS, "tokens": length, "prompt": PROMPT,
+              "texts": {}}
+    for text, windows in texts.items():
+        reference = [kvlib.forward(exact, ids[:-1])[PROMPT - 1:] for ids in windows]
+        counts = {}
+        for number_format in ("float16", "bfloat16"):
+            started = time.monotonic()
+            weights = precision.in_format(params, number_format)
+            with precision.computed_in(number_format):
+                runs = [precision.teacher_forced(weights, ids, PROMPT) for ids in windows]
+            counts[number_format] = {
+                "cached_against_recomputed": [precision.compare(c, r).flips for c, r in runs],
+                "against_float64": [precision.compare(r, e).flips
+                                    for (_, r), e in zip(runs, reference)],
+                "positions": [len(r) for _, r in runs]}
+            del weights
+            print(f"flips, {text}, {number_format}: {time.monotonic() - started:.0f} s",
+                  flush=True)
+        result["texts"][text] = counts
+    return result
+
+
 MEASURES = {"stories": lambda: measure("stories"), "smollm2": lambda: measure("smollm2"),
-            "gpt2": lambda: measure("gpt2"), "zoo": measure_zoo}
+            "gpt2": lambda: measure("gpt2"), "zoo": measure_zoo, "flips": measure_flips}
 
 
 def main(argv: list[str]) -> None:
-    names = argv or ["stories", "smollm2", "zoo"]
+    names = argv or ["stories", "smollm2", "zoo", "flips"]
     unknown = set(names) - set(MEASURES)
     if unknown:
         raise SystemExit(f"unknown parts {sorted(unknown)}; choose from {sorted(MEASURES)}")

@@ -89,13 +89,14 @@ def check_where(answer) -> Feedback:
         return Feedback(False, "steps count from 0; there is no negative step.")
     if given == right_position:
         return Feedback(False, f"{right_position} is where the new token should sit (the "
-                        "prompt's length); the report says which position it was given.")
+                        "prompt's length, the report's position); its given_position says "
+                        "which position the loop gave it.")
     if step != 0:
         return Feedback(False, f"step {step} is not where the report points: run "
                         "debug.first_divergence(params, prompt, 6, mystery_decode_step) and "
                         "read its first words.")
-    return Feedback(False, f"position {given} is not the one in the report: read the end of "
-                    "its line, 'was given the learned position ...'.")
+    return Feedback(False, f"position {given} is not the one in the report: read its "
+                    "given_position (printed as 'position ... (given ...)').")
 
 
 # Exercise 2 ------------------------------------------------------------------------------
@@ -251,8 +252,8 @@ def check_bug_or_rounding(answer) -> Feedback:
 SOLUTIONS = {
     1: """
 found = debug.first_divergence(story, exercise_prompt, 6, exercises.mystery_decode_step)
-print(found)            # decode step 0, layer 0, ...: ... given the learned position P - 1
-answer = (found.step, len(exercise_prompt) - 1)
+print(found)            # decode step 0, layer 0, ..., position P (given P - 1): ...
+answer = (found.step, found.given_position)
 """,
     2: """
 def fixed_decode_step(params, token_id, cache):
