@@ -40,8 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -85,25 +83,9 @@ if ARGS is not None:
 import numpy as np  # noqa: E402
 
 import kvlib  # noqa: E402
-from kvlib import roofline  # noqa: E402
 from kvlib.serving import Engine, SamplingParams, workloads  # noqa: E402
 from kvlib.serving import block_attention as paged  # noqa: E402
 from kvlib.serving import engine as engine_module  # noqa: E402
-
-
-def machine() -> dict:
-    return {"cpu": report.cpu_name(), "logical_cpus": os.cpu_count(),
-            "system": f"{platform.system()} {platform.machine()}",
-            "python": platform.python_version(), "numpy": np.__version__,
-            "blas": roofline.blas_name(), "blas_threads": roofline.blas_threads()}
-
-
-def load_average() -> list[float] | None:
-    try:
-        return [round(value, 2) for value in os.getloadavg()]
-    except OSError:        # not on every system
-        return None
-
 
 # ------------------------------------------------------------------ 1. four requests at once
 
@@ -217,7 +199,7 @@ def bookkeeping(params, prompts, steps: int) -> tuple[float, float]:
 
 
 def main(args) -> None:
-    load_before = load_average()
+    load_before = report.load_average()
     print(report.machine_lines())
     quick = 4 if args.quick else 1
     print(f"mode: {'quick' if args.quick else 'full'}; {args.rounds} round(s), medians\n")
@@ -269,11 +251,11 @@ def main(args) -> None:
     print(f"\nbatch 8, decoding: a step {step * 1000:.1f} ms, its model step "
           f"{model * 1000:.1f} ms; the bookkeeping around it {(step - model) * 1000:.1f} ms, "
           f"{(step - model) / step:.1%} of the step")
-    load_after = load_average()
+    load_after = report.load_average()
     print(f"load average (1, 5, 15 min): before {load_before}, after {load_after}")
     if args.output is not None:
         result = {"command": COMMAND + (" --quick" if args.quick else ""),
-                  "machine": machine(),
+                  "machine": report.machine(),
                   "load_average": {"before": load_before, "after": load_after},
                   "rounds": args.rounds, "concurrent": concurrent, "attention": attention,
                   "workload": workload_rows,

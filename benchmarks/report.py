@@ -53,6 +53,26 @@ def machine_lines() -> str:
             f"{threads if threads is not None else 'unknown (not OpenBLAS)'} ({settings})")
 
 
+def machine() -> dict:
+    """The machine as the committed JSON files record it: CPU, system, Python, numpy, BLAS."""
+    import numpy as np
+
+    from kvlib import roofline
+
+    return {"cpu": cpu_name(), "logical_cpus": os.cpu_count(),
+            "system": f"{platform.system()} {platform.machine()}",
+            "python": platform.python_version(), "numpy": np.__version__,
+            "blas": roofline.blas_name(), "blas_threads": roofline.blas_threads()}
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages, or None where the system has none."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def table(headers, rows) -> str:
     """A plain-text table whose columns fit their contents (also valid Markdown)."""
     cells = [headers] + [[str(c) for c in row] for row in rows]

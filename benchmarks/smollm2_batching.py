@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -177,23 +175,9 @@ def time_skinny(args) -> dict:
                for name in layouts}}
 
 
-def machine() -> dict:
-    return {"cpu": report.cpu_name(), "logical_cpus": os.cpu_count(),
-            "system": f"{platform.system()} {platform.machine()}",
-            "python": platform.python_version(), "numpy": np.__version__,
-            "blas": roofline.blas_name(), "blas_threads": roofline.blas_threads()}
-
-
-def load_average() -> list[float] | None:
-    try:
-        return [round(value, 2) for value in os.getloadavg()]
-    except OSError:        # not on every system
-        return None
-
-
 def main(args) -> None:
     started = time.perf_counter()
-    load_before = load_average()
+    load_before = report.load_average()
     params = kvlib.load_smollm2()
     tokenizer = kvlib.smollm2_tokenizer()
     prompt = workloads.chat_prompts(tokenizer)[0]
@@ -217,7 +201,7 @@ def main(args) -> None:
     skinny = time_skinny(args)
     read_the_machine()
     bandwidth, rate = max(bandwidths), max(rates)
-    load_after = load_average()
+    load_after = report.load_average()
     positions = len(prompt)
     rows = []
     for B in args.batch_sizes:
@@ -261,7 +245,7 @@ def main(args) -> None:
         "model": "SmolLM2-135M-Instruct, float32 (kvlib.load_smollm2)",
         "cached_tokens": positions,
         "repeats": args.repeats,
-        "machine": machine(),
+        "machine": report.machine(),
         "load_average": {"before": load_before, "after": load_after},
         "bandwidth": bandwidth,
         "matmul_rate": rate,
