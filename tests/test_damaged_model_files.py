@@ -18,7 +18,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from test_gguf import write_tiny_gguf
+from test_gguf import write_out, write_tiny_gguf
 
 from kvlib.checkpoints import download, gemma3, integrity, smollm2
 from kvlib.checkpoints import gguf as kvgguf
@@ -66,10 +66,7 @@ def write_tiny_gemma3_gguf(path: Path, layers: int = 6) -> Path:
                             ("post_ffw_norm", (d,))):
             writer.add_tensor(f"blk.{i}.{name}.weight",
                               weights(*shape) + (1 if len(shape) == 1 else 0))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     return path
 
 

@@ -89,11 +89,16 @@ def write_tiny_gguf(path: Path, change=None) -> Path:
                              "{{ m['content'] }}<|im_end|>\n{% endfor %}")
     for name, array in named.items():
         writer.add_tensor(name, array)
+    write_out(writer)
+    return path
+
+
+def write_out(writer) -> None:
+    """A GGUFWriter's file written: its header, its key-value pairs, its tensors."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
 
 
 @pytest.fixture(scope="module")
