@@ -66,28 +66,6 @@ def run_notebook(slug: str, cells: list[dict] | None = None, *, each_twice: bool
     return namespace
 
 
-def run_each_cell_twice(slug: str) -> dict:
-    """The notebook's variables, every code cell run twice in a row, as by a student who clicks
-    twice, but the cells tagged nbval-ignore-output (timings, widgets) once. Each cell run
-    twice leaves (its source, [what its first run printed, what its second printed]) in
-    namespace["__printed__"], for the test that compares them."""
-    name = notebook_path(slug).name
-    namespace = {"__name__": "__notebook__", "__printed__": []}
-    for cell in code_cells(slug):
-        source = "".join(cell["source"])
-        ignored = "nbval-ignore-output" in cell["metadata"].get("tags", [])
-        printed = []
-        for _ in range(1 if ignored else 2):
-            output = io.StringIO()
-            with contextlib.redirect_stdout(output):
-                exec(compile(source, name, "exec"), namespace)
-            printed.append(output.getvalue())
-        if not ignored:
-            namespace["__printed__"].append((source, printed))
-        plt.close("all")
-    return namespace
-
-
 def assert_solutions_pass(namespace: dict, exercises, checks: dict, arguments=None) -> None:
     """The notebook leaves every exercise open (answer = ..., where its cells have run that
     far), and each published solution of the lesson, run in a copy of the notebook's

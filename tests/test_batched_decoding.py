@@ -62,26 +62,6 @@ def namespace():
     return run_notebook("batched_decoding", untimed_cells("nbval-ignore-output"))
 
 
-def test_every_cell_can_run_twice():
-    """Each code cell run twice in a row gives the same printed output and passes its asserts
-    again (cells that touch caches work on fresh ones); the timing cells are left out (the
-    lab model's, and the cells tagged timings)."""
-    import contextlib
-    import io
-
-    variables = {"__name__": "__notebook__"}
-    for cell in untimed_cells("timings"):
-        source = "".join(cell["source"])
-        outputs = []
-        for _ in range(2):
-            printed = io.StringIO()
-            with contextlib.redirect_stdout(printed):
-                exec(compile(source, NOTEBOOK.name, "exec"), variables)
-            outputs.append(printed.getvalue())
-        assert outputs[0] == outputs[1], source[:80]
-        plt.close("all")
-
-
 def ragged_prompts(draw, config, max_sequences=5):
     n = draw(st.integers(1, max_sequences))
     return [token_lists(draw, config, min_size=1, max_size=10) for _ in range(n)]

@@ -25,7 +25,7 @@ from checker_cases import (
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from notebook_runs import notebook_path, run_each_cell_twice
+from notebook_runs import notebook_path, run_notebook
 from strategies import models, token_lists
 
 import kvlib
@@ -1083,28 +1083,20 @@ STORIES = Path(kvlib.__file__).resolve().parent / "models" / "stories"
 
 @pytest.fixture(scope="module")
 def notebook():
-    """The notebook's variables, every code cell run twice in a row (the timing and widget
-    cells, tagged nbval-ignore-output, once); what each run printed is kept in
-    namespace["__printed__"] to compare."""
+    """The notebook's variables, its code cells run once in order (tests/test_cells_run_twice.py
+    runs every cell again after the whole notebook)."""
     pytest.importorskip("kvlib.stories", reason="the notebook needs kvlib.stories (the "
                         "stories branch)")
     if not (STORIES / "model.safetensors").is_file():
         pytest.skip(f"the notebook needs the trained story model in {STORIES} (the stories "
                     "branch)")
-    return run_each_cell_twice("quantized_cache")
-
-
-def test_every_cell_can_run_twice(notebook):
-    """Cells that touch caches work on fresh ones: a second run prints the same and passes
-    its asserts again."""
-    for source, (first, second) in notebook["__printed__"]:
-        assert first == second, source[:80]
+    return run_notebook("quantized_cache")
 
 
 def test_no_cell_before_the_exercises_prints_exercise_2s_answer():
     """Exercise 2 asks for Llama-2-70B's bytes a token (int4, KIVI's axes): 87,200. Llama-3-8B
     has rows as wide and 32 layers, so its figure, 34,880, is the answer times 32 / 80: no
-    output above the exercises may show either (the table shows Llama-2-7B instead)."""
+    output above the exercises may show either (the table shows Llama-3-8B's ratios only)."""
     cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
     end = next(i for i, cell in enumerate(cells) if cell["cell_type"] == "markdown"
                and "## Exercises" in "".join(cell["source"]))

@@ -17,7 +17,7 @@ from checker_cases import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from notebook_runs import run_each_cell_twice
+from notebook_runs import run_notebook
 from strategies import configs
 from widget_checks import no_new_figures, text_of
 
@@ -779,18 +779,9 @@ def test_round_checker_reads_what_the_round_returns(new, words):
 
 @pytest.fixture(scope="module")
 def namespace():
-    """The notebook's variables, every code cell run twice in a row (the cells tagged
-    nbval-ignore-output, timings and the widget, once); what each run printed is kept in
-    namespace["__printed__"] to compare."""
-    return run_each_cell_twice("speculative_decoding")
-
-
-def test_every_cell_can_run_twice(namespace):
-    """The cells of the round by hand build the caches they change: a second run prints the
-    same round and passes its asserts again."""
-    assert len(namespace["__printed__"]) > 20
-    for source, (first, second) in namespace["__printed__"]:
-        assert first == second, source[:80]
+    """The notebook's variables, its code cells run once in order (tests/test_cells_run_twice.py
+    runs every cell again after the whole notebook)."""
+    return run_notebook("speculative_decoding")
 
 
 SOLVED_BY = {1: ex23.check_tokens_per_pass, 2: ex23.check_speculative_round,

@@ -126,7 +126,7 @@ echo "$kernels"
 grep -E "^ *python3 +$venv/" <<< "$kernels" > /dev/null || fail "the python3 kernelspec is not the new environment's"
 
 step "executing ${#notebooks[@]} notebooks (tools/execute_notebooks.py --compare; stops at the first error or at outputs that differ from the committed ones in number or kind)"
-"$repo/binder/start" python "$repo/tools/execute_notebooks.py" --compare "${notebooks[@]}"
+"$repo/binder/start" python "$repo/tools/execute_notebooks.py" --compare --jobs 2 "${notebooks[@]}"
 
 printf '\nBinder check passed: %d notebooks executed in the Binder environment, %ds in all.\n' \
     "${#notebooks[@]}" "$((SECONDS - started))"

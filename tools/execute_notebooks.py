@@ -4,9 +4,10 @@ them in place with their outputs and widget state (`make notebooks`; tools/binde
 One change from nbconvert: the kernel's replies are polled in steps of a second
 (tools/stepped_client.py says why).
 
-    python tools/execute_notebooks.py [--inplace | --compare] notebooks/00_big_picture.ipynb ...
+    python tools/execute_notebooks.py [--inplace | --compare] [--jobs N] notebooks/00_*.ipynb ...
 
 Exits non-zero, naming the notebook, on the first cell that raises or prints a traceback.
+--jobs N runs N notebooks at once (tools/binder_check.sh uses 2); they are reported in order.
 
 --compare checks what nbval cannot: nbval compares text outputs only, so a committed figure
 (image/png) or a saved widget state could drift from the code unnoticed. With --compare,
@@ -28,6 +29,7 @@ import argparse
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -111,6 +113,34 @@ def without_timings(notebook) -> None:
         cell.outputs = outputs
 
 
+def run_one(path: Path, inplace: bool, compare: bool) -> str | None:
+    """Execute one notebook (saved in place, or compared) -> what went wrong, or None."""
+    notebook = nbformat.read(path, as_version=4)
+    committed = nbformat.read(path, as_version=4)
+    try:
+        SteppedClient(notebook, timeout=CELL_TIMEOUT_SECONDS, kernel_name="python3",
+                      resources={"metadata": {"path": str(path.parent)}}).execute()
+    except Exception as error:  # CellExecutionError, CellTimeoutError, DeadKernelError
+        return f"{path.name} failed:\n{error}"
+    errors = error_outputs(notebook)
+    if errors:
+        return f"{path.name}: error outputs: {'; '.join(errors)}"
+    if compare:
+        differences = structure_differences(committed, notebook)
+        if differences:
+            return (f"{path.name}: a fresh run differs from the committed notebook:\n  "
+                    + "\n  ".join(differences))
+    if inplace:
+        without_timings(notebook)
+        nbformat.write(notebook, path)
+    return None
+
+
+def timed(path: Path, inplace: bool, compare: bool) -> tuple[str | None, float]:
+    started = time.monotonic()
+    return run_one(path, inplace, compare), time.monotonic() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
@@ -120,28 +150,21 @@ def main() -> None:
     mode.add_argument("--compare", action="store_true",
                       help="check that a fresh run gives the committed number and kinds of "
                            "outputs per cell and the same widget models")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="notebooks run at once, each in its own process and kernel "
+                             "(default 1; each kernel has one BLAS thread)")
     args = parser.parse_args()
-    for path in args.notebooks:
-        notebook = nbformat.read(path, as_version=4)
-        committed = nbformat.read(path, as_version=4)
-        started = time.monotonic()
-        try:
-            SteppedClient(notebook, timeout=CELL_TIMEOUT_SECONDS, kernel_name="python3",
-                          resources={"metadata": {"path": str(path.parent)}}).execute()
-        except Exception as error:  # CellExecutionError, CellTimeoutError, DeadKernelError
-            sys.exit(f"{path.name} failed:\n{error}")
-        errors = error_outputs(notebook)
-        if errors:
-            sys.exit(f"{path.name}: error outputs: {'; '.join(errors)}")
-        if args.compare:
-            differences = structure_differences(committed, notebook)
-            if differences:
-                sys.exit(f"{path.name}: a fresh run differs from the committed notebook:\n  "
-                         + "\n  ".join(differences))
-        if args.inplace:
-            without_timings(notebook)
-            nbformat.write(notebook, path)
-        print(f"   {path.name:34} {time.monotonic() - started:5.1f} s", flush=True)
+    if args.jobs < 1:
+        parser.error("--jobs must be 1 or more")
+    with ProcessPoolExecutor(args.jobs) as pool:
+        runs = [pool.submit(timed, path, args.inplace, args.compare) for path in args.notebooks]
+        for path, run in zip(args.notebooks, runs):     # reported in order, first failure ends
+            problem, seconds = run.result()
+            if problem is not None:
+                for later in runs:
+                    later.cancel()
+                sys.exit(problem)
+            print(f"   {path.name:34} {seconds:5.1f} s", flush=True)
 
 
 if __name__ == "__main__":
