@@ -745,8 +745,8 @@ def test_the_notebook_quotes_the_reference_test_as_it_is():
     assert f"torch {versions['torch'].split('+')[0]}" in text
     import test_variants_reference as reference
     assert reference.EXACT == 1e-10 and "allows 1e-10" in text
-    assert "within 1e-15" in text
-    for case in reference.cases("gqa"):                  # what "within 1e-15" measured
+    assert "within 1e-14" in text
+    for case in reference.cases("gqa"):                  # what "within 1e-14" measured
         config = reference.grouped_config(case)
         layer = reference.llama_layer(case, config)
         Q, K, V = kvlib.project_qkv(case["x"], layer)
@@ -754,7 +754,9 @@ def test_the_notebook_quotes_the_reference_test_as_it_is():
         heads = kvlib.attention(kvlib.split_heads(Q, 4), kvlib.split_heads(K, config.kv_heads),
                                 kvlib.split_heads(V, config.kv_heads),
                                 kvlib.causal_mask(len(case["x"])))
-        assert np.abs(kvlib.merge_heads(heads) @ layer.Wo - case["output"]).max() < 1e-15
+        # 1e-14: a few float64 roundings of outputs near 1 (1.3e-15 under OpenBLAS's
+        # Sandybridge kernels, under 1e-15 under Haswell's)
+        assert np.abs(kvlib.merge_heads(heads) @ layer.Wo - case["output"]).max() < 1e-14
 
 
 def test_choosing_custom_drops_the_published_models_line():
