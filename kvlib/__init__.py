@@ -13,6 +13,7 @@ from .cache import (
     SlidingWindowCache,
     make_cache,
 )
+from .checkpoints.gemma3 import GEMMA3_270M, gemma3_tokenizer, load_gemma3
 from .checkpoints.smollm2 import SMOLLM2_135M, load_smollm2, smollm2_tokenizer
 from .config import GPT2_LONG, GPT2_SMALL, ModelConfig
 from .flops import (
@@ -34,7 +35,14 @@ from .inference import (
     prefill,
 )
 from .latent import latent_decoder_block
-from .memory import GiB, MiB, config_cache_bytes, kv_cache_bytes, latent_cache_bytes
+from .memory import (
+    GiB,
+    MiB,
+    config_cache_bytes,
+    kv_cache_bytes,
+    latent_cache_bytes,
+    local_global_cache_bytes,
+)
 from .model import (
     apply_mask,
     attention,

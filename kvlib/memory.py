@@ -69,6 +69,28 @@ def config_cache_bytes(config, seq_len: int, batch_size: int = 1,
                           n_kv_heads=config.kv_heads, head_dim=config.head_dim)
 
 
+def local_global_cache_bytes(layer_windows, seq_len: int, n_kv_heads: int, head_dim: int,
+                             batch_size: int = 1, dtype_bytes: int = 2) -> int:
+    """Bytes of the cache of a model whose layers mix sliding windows and global attention
+    (local_and_global_layers): a layer with a window W holds min(seq_len, W) positions, a
+    global layer (None) all seq_len; each position 2 (K and V) x n_kv_heads x head_dim x
+    dtype_bytes. layer_windows: one entry a layer, W or None (Gemma3Config.layer_windows).
+
+    >>> gemma3_270m = [None if (layer + 1) % 6 == 0 else 512 for layer in range(18)]
+    >>> local_global_cache_bytes(gemma3_270m, 32768, n_kv_heads=1, head_dim=256) / MiB
+    103.5
+    """
+    windows = list(layer_windows) if isinstance(layer_windows, (list, tuple)) else None
+    if not windows or any(w is not None and (isinstance(w, bool) or not isinstance(w, int)
+                                              or w < 1) for w in windows):
+        raise ValueError(f"layer_windows must be a non-empty list with, for each layer, a "
+                         f"window (a whole number >= 1) or None (global), got {layer_windows!r}")
+    seq_len = as_whole_number("seq_len", seq_len)
+    held = sum(seq_len if window is None else min(seq_len, window) for window in windows)
+    return kv_cache_bytes(1, None, held, batch_size, dtype_bytes, n_kv_heads=n_kv_heads,
+                          head_dim=head_dim)
+
+
 def weights_bytes(n_parameters: int, dtype_bytes: int = 2) -> int:
     """Bytes of a model's weights (kv_cache_memory): n_parameters x dtype_bytes."""
     return math.prod(as_sizes(n_parameters=n_parameters, dtype_bytes=dtype_bytes))

@@ -20,8 +20,9 @@ from typing import Any, Callable
 import numpy as np
 
 import kvlib
-from kvlib import chat, debug, gpt2, grouped, heads, latent, positions, precision, roofline
+from kvlib import chat, debug, gemma3, gpt2, grouped, heads, latent, positions, precision, roofline
 from kvlib.checkpoints import gguf, llama, safetensors, smollm2
+from kvlib.checkpoints.gemma3 import Gemma3Config
 from kvlib.flops import generation_step_multiply_adds
 from kvlib.memory import ModelPreset, tokens_that_fit
 from kvlib.roofline import (
@@ -279,6 +280,47 @@ def _():
 def _():
     cache = prefilled(LATENT)
     return Case(kvlib.decode_step, (LATENT, 4, cache), state=lambda: cache_state(cache))
+
+
+# ---- Gemma 3: local and global layers (notebook 26) ---------------------------------------
+
+GEMMA3_TINY = gemma3.init_gemma3_params(Gemma3Config(
+    vocab_size=12, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
+    num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+    layer_types=("sliding_attention", "full_attention"), sliding_window=3,
+    max_position_embeddings=16))
+
+
+def gemma3_cache_state(cache):
+    return [(layer.length, np.array(cache.keys(i)), np.array(cache.values(i)))
+            for i, layer in enumerate(cache.layers)]
+
+
+def gemma3_prefilled():
+    return gemma3.prefill(GEMMA3_TINY, PROMPT, last_only=True)[1]
+
+
+pure("gemma3.forward", gemma3.forward, GEMMA3_TINY, PROMPT, last_only=True)
+pure("Gemma3Cache", gemma3.Gemma3Cache, GEMMA3_TINY.config, 8)
+pure("Gemma3Config.replace", GEMMA3_TINY.config.replace, sliding_window=4)
+pure("local_global_cache_bytes", kvlib.local_global_cache_bytes, (3, None), 10, 1, 4, 1, 2)
+for _method in ("keys", "values", "key_positions"):
+    CASES[f"Gemma3Cache.{_method}"] = (
+        lambda method=_method: Case(getattr(gemma3_prefilled(), method), (1,)))
+
+
+@case("gemma3.prefill")
+def _():
+    cache = gemma3_prefilled()
+    return Case(gemma3.prefill, (GEMMA3_TINY, [2, 4], cache), dict(last_only=True),
+                state=lambda: gemma3_cache_state(cache))
+
+
+@case("gemma3.decode_step")
+def _():
+    cache = gemma3_prefilled()
+    return Case(gemma3.decode_step, (GEMMA3_TINY, 4, cache),
+                state=lambda: gemma3_cache_state(cache))
 
 
 # ---- positions, grouped-query and latent attention (notebooks 12-17) ----------------------

@@ -281,6 +281,10 @@ NOT_FUZZED = {
                      "kvlib.chat.Conversation.reset", "kvlib.chat.Conversation.rendered_ids"],
                     "need SmolLM2's files (a GGUF file, a chat model's tokenizer): "
                     "tests/test_model_of_today.py and tests/test_smollm2.py try their odd input"),
+    **dict.fromkeys(["kvlib.checkpoints.gemma3.load_gemma3",
+                     "kvlib.checkpoints.gemma3.gemma3_tokenizer"],
+                    "need Gemma 3's files: tests/test_gemma3.py and tests/test_model_files.py "
+                    "try their odd input"),
     **{f"kvlib.cache_bugs.{name}": "the bug zoo: loops with bugs planted on purpose, which "
        "kvlib.debug.first_divergence runs and whose crashes it reports as findings"
        for name in ("CacheNeverRead", "JumpingOffset", "PrefixCacheWithoutParent", "RolledBack",

@@ -198,6 +198,13 @@ class Gemma3Config:
         """Columns of K (and of V) a position and a layer: K/V heads x head_dim."""
         return self.num_key_value_heads * self.head_dim
 
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's window: sliding_window for a sliding layer, None for a global one
+        (kvlib.memory.local_global_cache_bytes)."""
+        return tuple(self.sliding_window if kind == "sliding_attention" else None
+                     for kind in self.layer_types)
+
     def is_sliding(self, layer: int) -> bool:
         return self.layer_types[layer] == "sliding_attention"
 
