@@ -1,5 +1,5 @@
-"""benchmarks/smollm2.py and benchmarks/engine.py run in their quick modes (SmolLM2's decode
-against its bare products, about 7 s; notebook 24's four concurrent requests, its attention
+"""benchmarks/real_decode.py and benchmarks/engine.py run in their quick modes (SmolLM2's and
+Gemma 3's decode against their bare products, about 7 s each; notebook 24's four concurrent requests, its attention
 over blocks and its workload on three engines, about 25 s) and print complete tables. No
 assertion on a time: only that every row is there, that the engines took the steps notebook
 24's committed table counts, that the committed data is whole, and that bad options are
@@ -28,9 +28,12 @@ def refusal(script: str, *options) -> str:
     return result.stderr
 
 
-def test_smollm2_quick_prints_every_row():
-    output = run_script(BENCHMARKS / "smollm2.py", "--quick")
+@pytest.mark.parametrize("model, name", [("smollm2", "SmolLM2-135M-Instruct"),
+                                         ("gemma3", "Gemma 3 270M")])
+def test_real_decode_quick_prints_every_row(model, name):
+    output = run_script(BENCHMARKS / "real_decode.py", "--quick", "--model", model)
     assert re.search(r"threads in effect: (1|unknown)", output)
+    assert f"{name}, float32" in output
     assert "prompt 32 tokens, 12 decode steps a round, 2 rounds, medians" in output
     header, rows = table_rows(output, "what")
     assert [row[0] for row in rows] == [
@@ -85,8 +88,9 @@ def test_the_committed_engine_data_says_how_it_was_made_and_is_whole():
 
 @pytest.mark.parametrize("script, options, words", [
     ("engine.py", ["--rounds", "0"], "--rounds and --threads must be at least 1"),
-    ("smollm2.py", ["--steps", "0"], "--steps must be at least 1"),
-    ("smollm2.py", ["--rounds", "-2"], "--rounds must be at least 1"),
+    ("real_decode.py", ["--steps", "0"], "--steps must be at least 1"),
+    ("real_decode.py", ["--rounds", "-2"], "--rounds must be at least 1"),
+    ("real_decode.py", ["--model", "gpt5"], "invalid choice"),
 ])
 def test_bad_options_are_refused_in_words(script, options, words):
     assert words in refusal(script, *options)
@@ -95,4 +99,4 @@ def test_bad_options_are_refused_in_words(script, options, words):
 @pytest.mark.skipif(importlib.util.find_spec("torch") is not None,
                     reason="torch is installed here: --transformers would run")
 def test_transformers_without_torch_says_where_to_get_it():
-    assert "make test-reference" in refusal("smollm2.py", "--quick", "--transformers")
+    assert "make test-reference" in refusal("real_decode.py", "--quick", "--transformers")
