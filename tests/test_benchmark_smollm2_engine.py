@@ -1,9 +1,9 @@
 """benchmarks/real_decode.py and benchmarks/engine.py run in their quick modes (SmolLM2's and
-Gemma 3's decode against their bare products, about 7 s each; notebook 24's four concurrent requests, its attention
-over blocks and its workload on three engines, about 25 s) and print complete tables. No
-assertion on a time: only that every row is there, that the engines took the steps notebook
-24's committed table counts, that the committed data is whole, and that bad options are
-refused in words."""
+Gemma 3's decode against their bare products, about 7 s each; notebook 24's four concurrent
+requests, its attention over blocks and its workload on three engines, about 25 s) and print
+complete tables. No assertion on a time: only that every row is there, that the engines took
+the steps notebook 24's committed table counts, that the committed data is whole, and that bad
+options are refused in words."""
 
 import importlib.util
 import json
