@@ -203,3 +203,44 @@ class HybridCache:
         if self.kv is not None:
             self.kv.restore(kv)
         self._states, self._snapshots = dict(states), dict(snapshots)
+
+
+# ---------------------------------------------------------------------- prefix reuse on a grid
+
+def resumable_length(shared: int, n_prompt: int, every: int) -> int:
+    """How many of a new prompt's n_prompt tokens need not be computed again (state_layers),
+    when a cached sequence shares its first `shared` tokens and its DeltaNet states were kept
+    at every multiple of `every` positions (HybridCache's snapshot_every; vLLM's block size).
+
+    The state can only be resumed where it was kept: the largest multiple of `every` that is
+    at most the shared prefix and at most n_prompt - 1 (the prompt's last token is always
+    computed: its logits give the first new token). A KV cache of blocks of `every` positions
+    reuses the same number. -> 0 .. n_prompt - 1.
+    """
+    n_prompt = as_count("n_prompt", n_prompt, 1)
+    shared = as_whole_number("shared", shared, 0)
+    every = as_count("every", every, 1)
+    return min(shared, n_prompt - 1) // every * every
+
+
+def common_prefix(first, second) -> int:
+    """How many ids two sequences share from the start (state_layers)."""
+    length = 0
+    for a, b in zip(first, second):
+        if a != b:
+            break
+        length += 1
+    return length
+
+
+def prefix_hits(prompts, every: int) -> list[int]:
+    """For a workload of prompts served one after another, the tokens of each that a cache
+    with states kept every `every` positions lets it skip: resumable_length against the
+    earlier prompt that shares the most with it (only prompts are cached here, not the
+    replies). prompts: a list of lists of token ids -> a list of counts (state_layers)."""
+    every = as_count("every", every, 1)
+    hits = []
+    for index, prompt in enumerate(prompts):
+        shared = max((common_prefix(earlier, prompt) for earlier in prompts[:index]), default=0)
+        hits.append(resumable_length(shared, len(prompt), every))
+    return hits
