@@ -37,7 +37,7 @@ QWEN3_NEXT_80B = HybridConfig(
                       for i in range(48)),
     d_ff=5632, n_heads=16, n_kv_heads=2, head_dim=256, rotary_dim=64, rope_base=10_000.0,
     linear_key_heads=16, linear_value_heads=32, linear_key_dim=128, linear_value_dim=128,
-    conv_kernel=4, norm_epsilon=1e-6, context_length=262_144)
+    conv_kernel=4, norm_epsilon=1e-6, context_length=32_768)
 """The sizes of Qwen3-Next-80B-A3B that the lesson uses: transformers 5.25's Qwen3NextConfig
 defaults, which its docstring gives as Qwen/Qwen3-Next-80B-A3B-Instruct's (48 layers, every
 fourth full attention; 16 q/k heads and 32 v heads of 128 in the DeltaNet layers; 2 K/V heads of
@@ -98,7 +98,7 @@ def check_state_bytes(answer) -> Feedback:
     if value == expected or agrees_at_its_precision(value, expected):
         return Feedback(True, f"{expected:,} bytes (about {expected / 2**20:.1f} MiB): 36 layers "
                         "x (32 x 128 x 128 + 3 x 8,192) numbers x 2 bytes, at 10 tokens as at "
-                        "262,144.")
+                        "32,768.")
     for wrong, why in _state_bytes_mistakes().items():
         if value == wrong:
             return Feedback(False, why)
