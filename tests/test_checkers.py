@@ -138,6 +138,9 @@ ANSWERS = {
     "when_the_cache_is_wrong.check_where": (2,),
     "when_the_cache_is_wrong.check_fixed_step": Returns((1, 276)),
     "when_the_cache_is_wrong.check_bug_or_rounding": (4,),
+    "state_layers.check_state_bytes": None,
+    "state_layers.check_truncate_lengths": None,
+    "state_layers.check_resumable_tokens": (2,),
 }
 ANY_SHAPES = [(4,), (1, 12), (8, 1, 2)]
 """Shapes of odd arrays every checker also meets, whatever its answer's shape."""
