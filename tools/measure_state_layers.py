@@ -1,7 +1,9 @@
 """What the state_layers lesson (a cache that does not grow) loads instead of measuring in a cell:
 how far back each trained story model can copy, and the token ids of a chat-like workload.
 
-    PYTHONPATH=$PWD .venv/bin/python tools/measure_state_layers.py   # -> notebooks/data/state_layers.json
+    PYTHONPATH=$PWD .venv/bin/python tools/measure_state_layers.py
+
+writes notebooks/data/state_layers.json.
 
 1. The copy task, on the two trained story models (float32, as shipped): `stories` (4 attention
    layers) and `stories-hybrid` (3 gated DeltaNet layers, 1 attention layer). Where a story's
