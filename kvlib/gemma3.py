@@ -42,7 +42,7 @@ from numbers import Integral
 import numpy as np
 
 from .checkpoints.gemma3 import Gemma3Config, Gemma3LayerParams, Gemma3Params
-from .checks import as_count, as_flag, contains_bool
+from .checks import as_count, as_flag, as_rows, as_whole_number, contains_bool
 from .inference import choose_next_token
 from .model import attention_mask, gelu, rms_norm, softmax, weighted_sum
 from .model import embed as lookup
@@ -264,21 +264,27 @@ class Gemma3Cache:
                 f"{self.layers[0].n_held if sliding else 0} of "
                 f"{self.config.sliding_window}, {len(self.layers) - sliding} global)")
 
+    def _layer(self, layer):
+        return self.layers[as_whole_number("layer", layer, 0, len(self.layers) - 1)]
+
     def update(self, layer: int, K: np.ndarray, V: np.ndarray):
         """Append a chunk's K and V (T, kv_width) to a layer -> (keys, values,
         key_positions) that the chunk's queries read (transformers' Cache.update)."""
-        return self.layers[layer].update(K, V)
+        width = self.config.kv_width
+        K = as_rows("K", K, width)
+        V = as_rows("V", V, width, len(K))
+        return self._layer(layer).update(K, V)
 
     def keys(self, layer: int) -> np.ndarray:
         """The keys a layer holds, in position order: (held, kv_width)."""
-        return self.layers[layer].held()[0]
+        return self._layer(layer).held()[0]
 
     def values(self, layer: int) -> np.ndarray:
-        return self.layers[layer].held()[1]
+        return self._layer(layer).held()[1]
 
     def key_positions(self, layer: int) -> np.ndarray:
         """The positions of the rows a layer holds, in order: (held,)."""
-        return self.layers[layer].held()[2]
+        return self._layer(layer).held()[2]
 
     @property
     def nbytes(self) -> int:
