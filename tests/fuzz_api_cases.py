@@ -759,7 +759,8 @@ from kvlib.gemma3 import Gemma3Cache as _Gemma3Cache  # noqa: E402
 
 HYBRID = _load_hybrid("stories-hybrid", "float64")
 HYBRID_PROMPT = [0, 3, 7, 1, 9, 4, 4, 2]
-RULE = dict(query=np.linspace(-1, 1, 6).reshape(3, 1, 2), key=np.linspace(1, -1, 6).reshape(3, 1, 2),
+RULE = dict(query=np.linspace(-1, 1, 6).reshape(3, 1, 2),
+            key=np.linspace(1, -1, 6).reshape(3, 1, 2),
             value=np.linspace(-1, 1, 9).reshape(3, 1, 3), g=np.full((3, 1), -0.1),
             beta=np.full((3, 1), 0.5))
 
