@@ -23,9 +23,15 @@ writes notebooks/data/state_layers.json.
    short replies in CONVERSATION_REPLIES): the lesson counts prefix hits on them for several
    snapshot spacings without loading SmolLM2's tokenizer.
 
-Gemma 3 270M is not measured here: see the lesson's text (its copy task would need prompts past
-its 512-position window, minutes a prompt with kvlib's numpy forward on one busy core).
-Runs in a few minutes with one BLAS thread.
+3. The copy task on Gemma 3 270M (15 layers that see 512 positions, 3 global layers), which has
+   no song to copy but, as a real language model, copies a passage it has seen: <bos>, a
+   passage of GEMMA_PASSAGE tokens drawn at random from the tokens of story text, filler (story
+   text, Gemma's tokenizer), the passage again. Counted at each token of the repeat after its
+   first; chance: the same with a second random passage in the repeat. Filler lengths go past
+   the 512-position window, where only the 3 global layers can still see the passage. Needs
+   Gemma 3's file (make gemma3); about 2 s a 700-token prompt here.
+
+Runs in about five minutes with one BLAS thread (here, on a busy machine).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -74,6 +81,7 @@ def sentences(words: list[str]) -> list[list[str]]:
     return cut
 
 
+@lru_cache(maxsize=1)
 def neutral_sentences() -> list[list[str]]:
     """Sentences of the grammar with no name and no song ("it was a cold day ."), sorted."""
     rng = np.random.default_rng(99)
@@ -183,6 +191,64 @@ def example_row() -> dict:
                        for name, (params, forward) in models().items()}}
 
 
+GEMMA_PASSAGE = 16
+GEMMA_FILLERS = (0, 64, 256, 448, 600, 1000, 2000)
+GEMMA_TRIALS = 6
+
+
+@lru_cache(maxsize=1)
+def gemma():
+    from kvlib.checkpoints.gemma3 import gemma3_tokenizer, load_gemma3
+
+    return load_gemma3(), gemma3_tokenizer()
+
+
+def gemma_filler(seed: int, n: int) -> list[int]:
+    """n tokens of seeded story text in Gemma's tokenizer, no BOS."""
+    _, tokenizer = gemma()
+    rng, ids = np.random.default_rng(20_000 + seed), []
+    while len(ids) < n:
+        ids += tokenizer.encode(" " + stories.generate_story(rng), add_bos=False)
+    return ids[:n]
+
+
+def gemma_sequence(seed: int, filler: int, copy: bool = True) -> tuple[list[int], int]:
+    """(ids, start of the repeat): <bos> passage filler passage (or another passage)."""
+    rng = np.random.default_rng(seed)
+    common = sorted(set(gemma_filler(999, 3000)))
+    passage, other = (rng.choice(common, GEMMA_PASSAGE).tolist() for _ in range(2))
+    ids = [GEMMA3_BOS] + passage + gemma_filler(seed, filler)
+    return ids + (passage if copy else other), len(ids)
+
+
+GEMMA3_BOS = 2
+
+
+def gemma_copied(ids: list[int], start: int) -> int:
+    """How many repeat tokens after the first are the argmax before them."""
+    from kvlib import gemma3
+
+    params, _ = gemma()
+    hidden = gemma3.run_layers(params, np.asarray(ids), np.arange(len(ids)))
+    logits = gemma3.unembed_logits(params, hidden[start:-1])
+    return int((np.argmax(logits, axis=-1) == np.asarray(ids[start + 1:])).sum())
+
+
+def measure_gemma() -> list[dict]:
+    rows = []
+    for filler in GEMMA_FILLERS:
+        counts = {True: 0, False: 0}
+        for seed in range(GEMMA_TRIALS):
+            for copy in (True, False):
+                counts[copy] += gemma_copied(*gemma_sequence(seed, filler, copy))
+        total = GEMMA_TRIALS * (GEMMA_PASSAGE - 1)
+        rows.append({"filler": filler, "distance": GEMMA_PASSAGE + filler,
+                     "count": total, "copied": counts[True] / total,
+                     "chance": counts[False] / total})
+        print("gemma", rows[-1], flush=True)
+    return rows
+
+
 def chat_workload() -> dict:
     tokenizer = kvlib.smollm2_tokenizer()
     messages = [{"role": "system", "content": workloads.SYSTEM_PROMPT}]
@@ -198,6 +264,7 @@ def main() -> None:
     data = {"command": "PYTHONPATH=$PWD .venv/bin/python tools/measure_state_layers.py",
             "trials": TRIALS,
             "copying": measure_copying(), "example": example_row(),
+            "copying_gemma": measure_gemma(),
             "chat": chat_workload()}
     OUTPUT.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     print("wrote", OUTPUT.relative_to(ROOT))
