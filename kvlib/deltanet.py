@@ -500,6 +500,8 @@ class DeltaNetState:
 
     @staticmethod
     def zeros(config: HybridConfig) -> DeltaNetState:
+        if not isinstance(config, HybridConfig):
+            raise TypeError(f"config must be a HybridConfig, got {type(config).__name__}")
         shape = (config.linear_value_heads, config.linear_key_dim, config.linear_value_dim)
         return DeltaNetState(np.zeros((config.conv_kernel - 1, config.conv_dim),
                                       dtype=config.numpy_dtype),

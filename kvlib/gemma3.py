@@ -42,7 +42,7 @@ from numbers import Integral
 import numpy as np
 
 from .checkpoints.gemma3 import Gemma3Config, Gemma3LayerParams, Gemma3Params
-from .checks import as_count, as_flag, as_whole_number, contains_bool
+from .checks import as_count, as_flag, as_rows, as_whole_number, contains_bool
 from .inference import choose_next_token
 from .model import attention_mask, gelu, rms_norm, softmax, weighted_sum
 from .model import embed as lookup
@@ -165,6 +165,12 @@ def run_layers(params: Gemma3Params, ids: np.ndarray, positions: np.ndarray,
 
 # ---------------------------------------------------------------------- the cache
 
+def _checked_rows(K, V, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """A chunk's K and V at the door of a layer's cache: (T, width) each, T >= 1."""
+    K = as_rows("K", K, width)
+    return K, as_rows("V", V, width, len(K))
+
+
 class RingCacheLayer:
     """A sliding layer's cache: a ring of `window` rows of K and of V (kv_width each); the
     row of position p sits in slot p % window, over position p - window, which no query from
@@ -181,6 +187,7 @@ class RingCacheLayer:
         """Append a chunk's K and V (T, kv_width) -> (keys, values, key_positions): the rows
         held before the chunk and the chunk's, which its queries read through the sliding
         mask; then keep only the last `window` positions."""
+        K, V = _checked_rows(K, V, self.ring_keys.shape[1])
         T, held = K.shape[0], self.ring_positions >= 0
         new_positions = np.arange(self.length, self.length + T)
         keys = np.concatenate([self.ring_keys[held], K])
@@ -215,7 +222,11 @@ class FullCacheLayer:
     def update(self, K: np.ndarray, V: np.ndarray):
         """Append a chunk's K and V (T, kv_width) -> views of every row held (S, kv_width),
         and their positions 0 .. S - 1."""
+        K, V = _checked_rows(K, V, self.all_keys.shape[1])
         start, end = self.length, self.length + K.shape[0]
+        if end > len(self.all_keys):
+            raise ValueError(f"this layer holds {start} of {len(self.all_keys)} positions and "
+                             f"cannot take {K.shape[0]} more")
         self.all_keys[start:end], self.all_values[start:end] = K, V
         self.length = end
         return self.all_keys[:end], self.all_values[:end], np.arange(end)
@@ -264,10 +275,13 @@ class Gemma3Cache:
                 f"{self.layers[0].n_held if sliding else 0} of "
                 f"{self.config.sliding_window}, {len(self.layers) - sliding} global)")
 
+    def _layer(self, layer):
+        return self.layers[as_whole_number("layer", layer, 0, len(self.layers) - 1)]
+
     def update(self, layer: int, K: np.ndarray, V: np.ndarray):
         """Append a chunk's K and V (T, kv_width) to a layer -> (keys, values,
         key_positions) that the chunk's queries read (transformers' Cache.update)."""
-        return self.layers[layer].update(K, V)
+        return self._layer(layer).update(K, V)
 
     def keys(self, layer: int) -> np.ndarray:
         """The keys a layer holds, in position order: (held, kv_width)."""
@@ -279,9 +293,6 @@ class Gemma3Cache:
     def key_positions(self, layer: int) -> np.ndarray:
         """The positions of the rows a layer holds, in order: (held,)."""
         return self._layer(layer).held()[2]
-
-    def _layer(self, layer) -> RingCacheLayer | FullCacheLayer:
-        return self.layers[as_whole_number("layer", layer, 0, len(self.layers) - 1)]
 
     @property
     def nbytes(self) -> int:

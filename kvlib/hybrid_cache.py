@@ -27,7 +27,7 @@ states are replaced, never modified, so a checkpoint holds references, not copie
 from __future__ import annotations
 
 from .cache import KVCache
-from .checks import as_count, as_whole_number
+from .checks import as_count, as_instance, as_rows, as_whole_number, as_whole_numbers
 from .config import ModelConfig
 from .deltanet import DeltaNetState, HybridConfig
 
@@ -78,7 +78,7 @@ class HybridCache:
     def state(self, layer: int) -> DeltaNetState:
         """The state of DeltaNet layer `layer` (its index among all layers) after the
         sequence so far."""
-        if layer not in self._states:
+        if as_whole_number("layer", layer) not in self._states:
             raise ValueError(f"layer {layer!r} is not a DeltaNet layer: they are "
                              f"{self.config.deltanet_layers}")
         return self._states[layer]
@@ -92,7 +92,7 @@ class HybridCache:
         return self.kv.values(self._slot(layer))
 
     def _slot(self, layer) -> int:
-        if layer not in self.slots:
+        if as_whole_number("layer", layer) not in self.slots:
             raise ValueError(f"layer {layer!r} is not an attention layer: they are "
                              f"{self.config.attention_layers}")
         return self.slots[layer]
@@ -129,6 +129,9 @@ class HybridCache:
     def append(self, layer: int, K, V):
         """Write an attention layer's new K and V rows (n_new, n_kv_heads x head_dim) after
         its last one; -> all its rows (kvlib.KVCache.append)."""
+        width = self.config.n_kv_heads * self.config.head_dim
+        K = as_rows("K", K, width)
+        V = as_rows("V", V, width, len(K))
         return self.kv.append(self._slot(layer), K, V)
 
     def set_state(self, layer: int, state: DeltaNetState) -> None:
@@ -199,7 +202,56 @@ class HybridCache:
         return self._length, kv, dict(self._states), dict(self._snapshots)
 
     def restore(self, saved) -> None:
+        """Put back what this cache's checkpoint() returned."""
+        if not (isinstance(saved, tuple) and len(saved) == 4 and isinstance(saved[2], dict)
+                and isinstance(saved[3], dict) and (saved[1] is None) == (self.kv is None)):
+            raise ValueError(f"saved must be what this cache's checkpoint() returned, got "
+                             f"{type(saved).__name__}")
         self._length, kv, states, snapshots = saved
         if self.kv is not None:
             self.kv.restore(kv)
         self._states, self._snapshots = dict(states), dict(snapshots)
+
+
+# ---------------------------------------------------------------------- prefix reuse on a grid
+
+def resumable_length(shared: int, n_prompt: int, every: int) -> int:
+    """How many of a new prompt's n_prompt tokens need not be computed again (state_layers),
+    when a cached sequence shares its first `shared` tokens and its DeltaNet states were kept
+    at every multiple of `every` positions (HybridCache's snapshot_every; vLLM's block size).
+
+    The state can only be resumed where it was kept: the largest multiple of `every` that is
+    at most the shared prefix and at most n_prompt - 1 (the prompt's last token is always
+    computed: its logits give the first new token). A KV cache of blocks of `every` positions
+    reuses the same number. -> 0 .. n_prompt - 1.
+    """
+    n_prompt = as_count("n_prompt", n_prompt, 1)
+    shared = as_whole_number("shared", shared, 0)
+    every = as_count("every", every, 1)
+    return min(shared, n_prompt - 1) // every * every
+
+
+def common_prefix(first, second) -> int:
+    """How many ids two sequences share from the start (state_layers)."""
+    length = 0
+    first, second = as_whole_numbers("first", first), as_whole_numbers("second", second)
+    for a, b in zip(first.tolist(), second.tolist()):
+        if a != b:
+            break
+        length += 1
+    return length
+
+
+def prefix_hits(prompts, every: int) -> list[int]:
+    """For a workload of prompts served one after another, the tokens of each that a cache
+    with states kept every `every` positions lets it skip: resumable_length against the
+    earlier prompt that shares the most with it (only prompts are cached here, not the
+    replies). prompts: a list of lists of token ids -> a list of counts (state_layers)."""
+    every = as_count("every", every, 1)
+    prompts = [as_whole_numbers("a prompt", prompt, empty=False).tolist()
+               for prompt in as_instance("prompts", prompts, (list, tuple), "a list of prompts")]
+    hits = []
+    for index, prompt in enumerate(prompts):
+        shared = max((common_prefix(earlier, prompt) for earlier in prompts[:index]), default=0)
+        hits.append(resumable_length(shared, len(prompt), every))
+    return hits

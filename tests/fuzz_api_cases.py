@@ -301,12 +301,19 @@ def gemma3_prefilled():
 
 
 pure("gemma3.forward", gemma3.forward, GEMMA3_TINY, PROMPT, last_only=True)
-pure("Gemma3Cache", gemma3.Gemma3Cache, GEMMA3_TINY.config, 8)
 pure("Gemma3Config.replace", GEMMA3_TINY.config.replace, sliding_window=4)
 pure("local_global_cache_bytes", kvlib.local_global_cache_bytes, (3, None), 10, 1, 4, 1, 2)
-for _method in ("keys", "values", "key_positions"):
-    CASES[f"Gemma3Cache.{_method}"] = (
-        lambda method=_method: Case(getattr(gemma3_prefilled(), method), (1,)))
+ROWS = np.ones((2, GEMMA3_TINY.config.kv_width))
+
+
+@case("RingCacheLayer.update")
+def _():
+    return Case(gemma3.RingCacheLayer(3, 4, np.float64).update, (ROWS, ROWS))
+
+
+@case("FullCacheLayer.update")
+def _():
+    return Case(gemma3.FullCacheLayer(8, 4, np.float64).update, (ROWS, ROWS))
 
 
 @case("gemma3.prefill")
@@ -789,3 +796,111 @@ SERVING_NOT_FUZZED = {
                     "the_engine's and batched_decoding's workloads on SmolLM2 (its tokenizer "
                     "and engines): their lessons' tests run them"),
 }
+
+# ---- the hybrid model and the local/global cache (state_layers) ---------------------------
+
+from kvlib import deltanet as _deltanet  # noqa: E402
+from kvlib import hybrid as _hybrid  # noqa: E402
+from kvlib import hybrid_cache as _hybrid_cache  # noqa: E402
+from kvlib.checkpoints.gemma3 import GEMMA3_270M as _GEMMA3  # noqa: E402
+from kvlib.checkpoints.hybrid import load_hybrid as _load_hybrid  # noqa: E402
+from kvlib.gemma3 import Gemma3Cache as _Gemma3Cache  # noqa: E402
+
+HYBRID = _load_hybrid("stories-hybrid", "float64")
+HYBRID_PROMPT = [0, 3, 7, 1, 9, 4, 4, 2]
+RULE = dict(query=np.linspace(-1, 1, 6).reshape(3, 1, 2),
+            key=np.linspace(1, -1, 6).reshape(3, 1, 2),
+            value=np.linspace(-1, 1, 9).reshape(3, 1, 3), g=np.full((3, 1), -0.1),
+            beta=np.full((3, 1), 0.5))
+
+
+def hybrid_state(cache):
+    """What a hybrid cache holds: its length, K and V rows, states and snapshots."""
+    return (len(cache), cache_state(cache.kv),
+            {layer: (cache.state(layer).conv.copy(), cache.state(layer).recurrent.copy())
+             for layer in cache.config.deltanet_layers},
+            cache.snapshot_positions)
+
+
+def hybrid_prefilled(every=4):
+    cache = _hybrid_cache.HybridCache(HYBRID.config, snapshot_every=every)
+    _hybrid.hybrid_prefill(HYBRID, HYBRID_PROMPT, cache)
+    return cache
+
+
+def gemma_state(cache):
+    return [tuple(np.array(x) for x in layer.held()) for layer in cache.layers]
+
+
+pure("load_hybrid", _load_hybrid, "stories-hybrid", "float32")
+pure("DeltaNetState.zeros", _deltanet.DeltaNetState.zeros, HYBRID.config)
+pure("recurrent_gated_delta_rule", _deltanet.recurrent_gated_delta_rule, **RULE)
+pure("chunked_gated_delta_rule", _deltanet.chunked_gated_delta_rule, **RULE, chunk_size=2)
+pure("hybrid_forward", _hybrid.hybrid_forward, HYBRID, HYBRID_PROMPT)
+pure("HybridCache", _hybrid_cache.HybridCache, HYBRID.config, 16, 4)
+pure("common_prefix", _hybrid_cache.common_prefix, [1, 2, 3], [1, 2, 4])
+pure("prefix_hits", _hybrid_cache.prefix_hits, [[1, 2, 3, 4], [1, 2, 3, 5]], 2)
+pure("resumable_length", _hybrid_cache.resumable_length, 900, 1000, 528)
+pure("generate_story", grammar.generate_story, np.random.default_rng(0))
+pure("stories.load_tokenizer", kvlib.stories.load_tokenizer, "stories")
+pure("Gemma3Cache", _Gemma3Cache, _GEMMA3, 8)
+
+
+@case("hybrid_prefill")
+def _():
+    cache = hybrid_prefilled()
+    return Case(_hybrid.hybrid_prefill, (HYBRID, [5, 6], cache),
+                state=lambda: hybrid_state(cache))
+
+
+@case("hybrid_decode_step")
+def _():
+    cache = hybrid_prefilled()
+    return Case(_hybrid.hybrid_decode_step, (HYBRID, 5, cache), state=lambda: hybrid_state(cache))
+
+
+def _hybrid_method(name, *args, prepare=None):
+    def build():
+        cache = hybrid_prefilled()
+        if prepare is not None:
+            args_now = prepare(cache)
+        else:
+            args_now = args
+        return Case(getattr(cache, name), args_now, state=lambda: hybrid_state(cache))
+    CASES[f"HybridCache.{name}"] = build
+
+
+_WIDTH = HYBRID.config.n_kv_heads * HYBRID.config.head_dim
+_hybrid_method("append", 3, np.full((1, _WIDTH), 0.5), np.full((1, _WIDTH), 0.5))
+_hybrid_method("keys", 3)
+_hybrid_method("values", 3)
+_hybrid_method("state", 0)
+_hybrid_method("truncate", 4)
+_hybrid_method("snapshot")
+_hybrid_method("checkpoint")
+_hybrid_method("reset")
+
+
+@case("HybridCache.restore")
+def _():
+    cache = hybrid_prefilled()
+    saved = cache.checkpoint()
+    _hybrid.hybrid_decode_step(HYBRID, 2, cache)
+    return Case(cache.restore, (saved,), state=lambda: hybrid_state(cache))
+
+
+def _gemma_method(name, *args):
+    def build():
+        cache = _Gemma3Cache(_GEMMA3, 8)
+        rows = np.zeros((2, _GEMMA3.kv_width), dtype=np.float32)
+        for index in range(_GEMMA3.num_hidden_layers):
+            cache.update(index, rows, rows)
+        return Case(getattr(cache, name), args, state=lambda: gemma_state(cache))
+    CASES[f"Gemma3Cache.{name}"] = build
+
+
+_gemma_method("update", 0, np.ones((1, _GEMMA3.kv_width), np.float32),
+              np.ones((1, _GEMMA3.kv_width), np.float32))
+_gemma_method("keys", 5)
+_gemma_method("values", 5)
+_gemma_method("key_positions", 5)

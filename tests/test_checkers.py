@@ -141,6 +141,9 @@ ANSWERS = {
     "local_and_global_layers.check_cache_bytes": None,
     "local_and_global_layers.check_blocks_to_free": None,
     "local_and_global_layers.check_global_layers": None,
+    "state_layers.check_state_bytes": None,
+    "state_layers.check_truncate_lengths": None,
+    "state_layers.check_resumable_tokens": (2,),
 }
 ANY_SHAPES = [(4,), (1, 12), (8, 1, 2)]
 """Shapes of odd arrays every checker also meets, whatever its answer's shape."""

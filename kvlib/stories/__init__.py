@@ -27,7 +27,7 @@ MODELS = ("stories", "stories-draft")
 
 def model_directory(name: str = "stories") -> Path:
     """The folder of a shipped story model: kvlib/models/<name>."""
-    if name not in MODELS:
+    if not isinstance(name, str) or name not in MODELS:
         raise ValueError(f"name must be one of the shipped story models {MODELS}, got {name!r}")
     return Path(__file__).resolve().parent.parent / "models" / name
 
