@@ -97,11 +97,9 @@ class Engine:
                  max_num_batched_tokens: int = 256, max_num_seqs: int = 64,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  cache_when_scheduled: bool = False):
-        if not isinstance(params, Params):
-            raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
-        self.params = params
-        self.pool = BlockPool(params.config, n_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.pool, SchedulerConfig(
+        self.params = self._checked_params(params)
+        self.pool = self._make_pool(n_blocks, block_size, enable_prefix_caching)
+        self.scheduler = self._make_scheduler(SchedulerConfig(
             max_num_seqs, as_count("max_num_batched_tokens", max_num_batched_tokens, 1),
             as_flag("enable_chunked_prefill", enable_chunked_prefill) and not self.static,
             self.static, as_flag("cache_when_scheduled", cache_when_scheduled)))
@@ -113,6 +111,18 @@ class Engine:
                       "prefix_hit_tokens": 0, "prompt_tokens": 0, "evicted_blocks": 0}
         self.last_step = StepRecord(step=0)
         self.seconds_at_step = [0.0]        # this machine's clock at the end of each step
+
+    @staticmethod
+    def _checked_params(params):
+        if not isinstance(params, Params):
+            raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
+        return params
+
+    def _make_pool(self, n_blocks, block_size, enable_prefix_caching) -> BlockPool:
+        return BlockPool(self.params.config, n_blocks, block_size, enable_prefix_caching)
+
+    def _make_scheduler(self, config: SchedulerConfig) -> Scheduler:
+        return Scheduler(self.pool, config)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({len(self.running)} running, {len(self.waiting)} "
@@ -260,8 +270,7 @@ class Engine:
             record = self.scheduler.schedule(self.step_count + 1)
             saved.rows = self._rows_to_save(record)
             with trusted():          # the requests were checked when they were added
-                logits = forward_step(self.params, self.pool, record.batch) \
-                    if record.batch else {}
+                logits = self._forward(record.batch) if record.batch else {}
             sampled = {request.request_id: choose_next_token(
                            logits[request.request_id], request.sampling_params.temperature,
                            rng=request.rng)
@@ -277,6 +286,10 @@ class Engine:
         self.last_step = record
         return outputs
 
+    def _forward(self, batch) -> dict:
+        """The model step over the scheduled batch -> {request id: logits (V,)}."""
+        return forward_step(self.params, self.pool, batch)
+
     def _count(self, record: StepRecord) -> None:
         stats = self.stats
         stats["steps"] += 1
@@ -286,8 +299,7 @@ class Engine:
         for i in record.admitted:
             if self.requests[i].first_scheduled_step == record.step:     # not a resumed one
                 stats["prompt_tokens"] += self.requests[i].num_prompt_tokens
-                stats["prefix_hit_tokens"] += len(record.hit_blocks.get(i, ())) * \
-                    self.block_size
+                stats["prefix_hit_tokens"] += record.hit_tokens.get(i, 0)
 
     def _checkpoint(self) -> Checkpoint:
         """What this step may change (Checkpoint): bounded by the pool and max_num_seqs."""
@@ -303,15 +315,21 @@ class Engine:
         gives them back as they were. Blocks that were free hold nothing to keep."""
         taken = set(record.taken_blocks) & (set(record.freed_blocks) |
                                             set(record.evicted_blocks))
-        if not taken or self.pool.keys is None:
+        keys, values = self._kv_arrays()
+        if not taken or keys is None:
             return None
         blocks = sorted(taken)
-        return blocks, self.pool.keys[:, blocks].copy(), self.pool.values[:, blocks].copy()
+        return blocks, keys[:, blocks].copy(), values[:, blocks].copy()
+
+    def _kv_arrays(self):
+        """The arrays holding K and V, blocks along their axis 1 (None, None without)."""
+        return self.pool.keys, self.pool.values
 
     def _restore(self, saved: Checkpoint) -> None:
         if saved.rows is not None:
             blocks, keys, values = saved.rows
-            self.pool.keys[:, blocks], self.pool.values[:, blocks] = keys, values
+            all_keys, all_values = self._kv_arrays()
+            all_keys[:, blocks], all_values[:, blocks] = keys, values
         self.pool.restore(saved.pool)
         for request, state in saved.requests:
             request.restore(state)
