@@ -121,8 +121,9 @@ class StepRecord:
     """What one step did (engine.last_step, for the_engine lesson): scheduled_tokens
     {id: tokens}, admitted [ids] (from the queue this step), prefill_chunks {id: (first
     position, tokens)} and decodes [ids], preempted, finished, the blocks hit (prefix
-    cache) and the tokens they hold {id: tokens}, taken, freed and evicted; seconds, how long the step took on this machine. batch
-    [(request, tokens)] is what the model step runs."""
+    cache) and the tokens they hold {id: tokens}, taken, freed and evicted; seconds, how
+    long the step took on this machine. batch [(request, tokens)] is what the model step
+    runs."""
 
     step: int
     seconds: float = 0.0
