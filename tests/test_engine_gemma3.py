@@ -191,6 +191,7 @@ def test_every_request_gets_the_tokens_of_decoding_it_alone(data):
                    max_num_batched_tokens=data.draw(st.integers(1, 12)),
                    max_num_seqs=data.draw(st.integers(1, 4)),
                    cache_when_scheduled=data.draw(st.booleans()),
+                   enable_prefix_caching=data.draw(st.booleans()),
                    disable_hybrid_kv_cache_manager=data.draw(st.booleans()))
     # a pool from just enough for the longest request alone (preemption) to plenty
     need = Gemma3Engine(params, n_blocks=10**4, **options)._most_blocks(
@@ -245,6 +246,16 @@ def test_bad_input_is_refused_in_words(tiny):
         engine.add_request([1] * 190, SamplingParams(max_tokens=20))
     with pytest.raises(TypeError, match="Gemma3Config"):
         pool_peak("config", [])
+    with pytest.raises(TypeError, match="arrival step, prompt ids, SamplingParams"):
+        pool_peak(tiny.config, [[1, 2, 3]])
+    with pytest.raises(ValueError, match="between 0 and 19"):
+        pool_peak(tiny.config, [(0, [99], SamplingParams())])
+    with pytest.raises(TypeError, match="KVCacheGroup"):
+        blocks_held("groups", 10, 2)
+    with pytest.raises(TypeError, match="Gemma3Config"):
+        block_bytes(None, 16, kv_cache_groups(tiny.config))
+    with pytest.raises(ValueError, match="sliding_window"):
+        freeable_blocks(10, 0, 2)
     assert not engine.requests and not engine.waiting
 
 

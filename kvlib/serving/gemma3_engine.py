@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..checkpoints.gemma3 import Gemma3Config, Gemma3Params
-from ..checks import as_flag
+from ..checks import as_flag, as_whole_number
 from ..gemma3 import (
     attend_rows,
     attention_mask_for,
@@ -288,7 +288,7 @@ def pool_peak(config: Gemma3Config, requests, block_size: int = 16,
         raise TypeError(f"config must be a Gemma3Config, got {type(config).__name__}")
     groups = kv_cache_groups(config, not as_flag("disable_hybrid_kv_cache_manager",
                                                  disable_hybrid_kv_cache_manager))
-    requests = list(requests)
+    requests = _checked_workload(requests)
     n_blocks = sum(len(groups) * -(-(len(prompt) + sampling.max_tokens) // block_size)
                    for _, prompt, sampling in requests) + 1          # never runs out
     pool = BlockPool(None, n_blocks, block_size, enable_prefix_caching)
@@ -311,6 +311,18 @@ def pool_peak(config: Gemma3Config, requests, block_size: int = 16,
     size = block_bytes(config, block_size, groups)
     return {"peak_blocks": peak, "block_bytes": size, "peak_bytes": peak * size,
             "steps": steps}
+
+
+def _checked_workload(requests) -> list:
+    """[(arrival step, prompt ids, SamplingParams)], refused in words otherwise."""
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, (list, tuple)) or \
+            not all(isinstance(item, tuple) and len(item) == 3 and
+                    isinstance(item[2], SamplingParams) for item in requests):
+        raise TypeError("requests must be a list of (arrival step, prompt ids, "
+                        "SamplingParams), as workloads.long_reply_workload gives them")
+    for arrival, _, _ in requests:
+        as_whole_number("arrival", arrival)
+    return list(requests)
 
 
 __all__ = ["Gemma3Engine", "GroupedScheduler", "gemma3_forward_step", "pool_peak"]

@@ -115,14 +115,25 @@ def kv_cache_groups(config: Gemma3Config, hybrid: bool = True) -> tuple[KVCacheG
                  for start in range(0, len(layers), size))
 
 
+def checked_groups(groups) -> tuple[KVCacheGroup, ...]:
+    """groups as kv_cache_groups gives them: a non-empty sequence of KVCacheGroup."""
+    if isinstance(groups, KVCacheGroup) or not isinstance(groups, (list, tuple)) or \
+            not groups or not all(isinstance(group, KVCacheGroup) for group in groups):
+        raise TypeError(f"groups must be a non-empty list of KVCacheGroup "
+                        f"(kv_cache_groups(config)), got {groups!r:.80}")
+    return tuple(groups)
+
+
 def layers_per_group(groups) -> int:
     """The layer slots of every group (the largest group; the others padded to it)."""
-    return max(len(group.layers) for group in groups)
+    return max(len(group.layers) for group in checked_groups(groups))
 
 
 def block_bytes(config: Gemma3Config, block_size: int, groups) -> int:
     """Bytes of one block of the pool (vLLM's page size): K and V of block_size positions
     for layers_per_group layers, in the config's dtype. Every group's blocks are this size."""
+    if not isinstance(config, Gemma3Config):
+        raise TypeError(f"config must be a Gemma3Config, got {type(config).__name__}")
     block_size = as_count("block_size", block_size, 1)
     return (2 * layers_per_group(groups) * block_size * config.kv_width *
             config.numpy_dtype.itemsize)
@@ -134,7 +145,8 @@ def blocks_held(groups, n_tokens: int, block_size: int) -> int:
     n_tokens, block_size = as_whole_number("n_tokens", n_tokens), as_count("block_size",
                                                                            block_size, 1)
     table = -(-n_tokens // block_size)
-    return sum(table - group.skipped_tokens(n_tokens) // block_size for group in groups)
+    return sum(table - group.skipped_tokens(n_tokens) // block_size
+               for group in checked_groups(groups))
 
 
 # ---------------------------------------------------------------------- the K and V
@@ -326,5 +338,5 @@ def coordinator_for(groups, pool: BlockPool) -> KVCacheCoordinator:
 __all__ = ["FULL", "FullAttentionManager", "HybridKVCacheCoordinator", "KVCacheCoordinator",
            "KVCacheGroup", "KVCacheTensors", "NULL_BLOCK", "SLIDING", "SlidingWindowManager",
            "UnitaryKVCacheCoordinator", "block_bytes", "blocks_for_hit", "blocks_held",
-           "coordinator_for", "freeable_blocks", "group_key", "kv_cache_groups",
+           "checked_groups", "coordinator_for", "freeable_blocks", "group_key", "kv_cache_groups",
            "layers_per_group", "skipped_tokens"]
