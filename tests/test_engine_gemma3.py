@@ -191,12 +191,12 @@ def test_every_request_gets_the_tokens_of_decoding_it_alone(data):
                    max_num_batched_tokens=data.draw(st.integers(1, 12)),
                    max_num_seqs=data.draw(st.integers(1, 4)),
                    cache_when_scheduled=data.draw(st.booleans()),
-                   enable_prefix_caching=data.draw(st.booleans()),
+                   enable_prefix_caching=data.draw(st.sampled_from([True, True, False])),
                    disable_hybrid_kv_cache_manager=data.draw(st.booleans()))
     # a pool from just enough for the longest request alone (preemption) to plenty
     need = Gemma3Engine(params, n_blocks=10**4, **options)._most_blocks(
         max(len(prompt) for prompt in prompts) + max_tokens - 1)
-    engine = Gemma3Engine(params, n_blocks=need + data.draw(st.integers(0, need)),
+    engine = Gemma3Engine(params, n_blocks=need + data.draw(st.integers(0, need // 2)),
                           **options)
     assert run_checked(engine, prompts, SamplingParams(max_tokens=max_tokens)) == \
         alone(params, prompts, max_tokens)
