@@ -166,25 +166,35 @@ class Engine:
         return any(name in self.requests or name in self.parents for name in names)
 
     def _checked_request(self, prompt_ids, sampling_params) -> tuple[list[int], SamplingParams]:
-        prompt = check_ids(prompt_ids, self.params).tolist()
+        prompt = self._checked_prompt(prompt_ids)
         sampling = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got "
                             f"{type(sampling).__name__}")
         positions = len(prompt) + sampling.max_tokens - 1
-        if positions > self.params.config.context_length:
+        if positions > self._context_length():
             raise ValueError(f"{len(prompt)} prompt tokens and max_tokens "
                              f"{sampling.max_tokens} need {positions} positions; the context "
-                             f"length is {self.params.config.context_length}")
+                             f"length is {self._context_length()}")
         if not self.enable_chunked_prefill and len(prompt) > self.max_num_batched_tokens:
             raise ValueError(f"without chunked prefill a prompt must fit one step: "
                              f"{len(prompt)} tokens exceed max_num_batched_tokens "
                              f"{self.max_num_batched_tokens}")
-        if -(-positions // self.block_size) > self.pool.n_blocks:
-            raise ValueError(f"this request needs {-(-positions // self.block_size)} blocks of "
+        if self._most_blocks(positions) > self.pool.n_blocks:
+            raise ValueError(f"this request needs {self._most_blocks(positions)} blocks of "
                              f"{self.block_size} positions, and the pool has "
                              f"{self.pool.n_blocks} in all: it could never finish")
         return prompt, sampling
+
+    def _checked_prompt(self, prompt_ids) -> list[int]:
+        return check_ids(prompt_ids, self.params).tolist()
+
+    def _context_length(self) -> int:
+        return self.params.config.context_length
+
+    def _most_blocks(self, positions: int) -> int:
+        """The most blocks a request of `positions` positions holds at once: all of them."""
+        return -(-positions // self.block_size)
 
     def _queue(self, prompt: list[int], sampling: SamplingParams, request_id) -> int | str:
         if sampling.n == 1:
@@ -416,13 +426,7 @@ def forward_step(params: Params, allocator: BlockManager, batch) -> dict:
     (batched_gather_attention), each at its own positions.
     """
     config, size = params.config, allocator.block_size
-    ids, positions, spans = [], [], []
-    for request, n_new in batch:
-        start = request.num_computed_tokens
-        ids += request.tokens[start:start + n_new]
-        positions += range(start, start + n_new)
-        spans.append((request, len(ids) - n_new, len(ids)))
-    ids, positions = np.asarray(ids), np.asarray(positions)
+    ids, positions, spans = batch_rows(batch)
     X = embed_tokens(params, ids, positions)                               # (N, d)
     rotary = rotary_positions(config, positions)
     blocks = np.array([request.block_table[p // size]
@@ -456,6 +460,19 @@ def forward_step(params: Params, allocator: BlockManager, batch) -> dict:
         for (request, _), row in zip(last_rows, rows):
             logits[request.request_id] = row
     return logits
+
+
+def batch_rows(batch) -> tuple[np.ndarray, np.ndarray, list]:
+    """A step's batch [(request, n_new)] as rows: the token ids (N,) and positions (N,) of
+    every scheduled token, request after request, and spans [(request, first row, end
+    row)]."""
+    ids, positions, spans = [], [], []
+    for request, n_new in batch:
+        start = request.num_computed_tokens
+        ids += request.tokens[start:start + n_new]
+        positions += range(start, start + n_new)
+        spans.append((request, len(ids) - n_new, len(ids)))
+    return np.asarray(ids), np.asarray(positions), spans
 
 
 def _attention_groups(spans, positions: np.ndarray, block_size: int) -> list[tuple]:
@@ -494,4 +511,4 @@ def write_rows(allocator: BlockManager, layer: int, blocks, slots, K, V) -> None
 
 
 __all__ = ["Engine", "RequestOutput", "SamplingParams", "StaticBatchingEngine", "StepRecord",
-           "forward_step", "summarize", "write_rows"]
+           "batch_rows", "forward_step", "summarize", "write_rows"]

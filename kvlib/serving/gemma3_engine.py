@@ -37,7 +37,7 @@ from ..gemma3 import (
     unembed_logits,
 )
 from .block_pool import BlockPool
-from .engine import Engine
+from .engine import Engine, batch_rows
 from .kv_cache_groups import (
     NULL_BLOCK,
     SLIDING,
@@ -159,32 +159,16 @@ class Gemma3Engine(Engine):
         self.peak_blocks = max(self.peak_blocks, self.pool.n_used)
         return gemma3_forward_step(self.params, self.kv, self.block_size, batch)
 
-    def _checked_request(self, prompt_ids, sampling_params) -> tuple[list[int], SamplingParams]:
-        config = self.params.config
-        prompt = check_ids(prompt_ids, config).tolist()
-        sampling = SamplingParams() if sampling_params is None else sampling_params
-        if not isinstance(sampling, SamplingParams):
-            raise TypeError(f"sampling_params must be a SamplingParams, got "
-                            f"{type(sampling).__name__}")
-        positions = len(prompt) + sampling.max_tokens - 1
-        if positions > config.max_position_embeddings:
-            raise ValueError(f"{len(prompt)} prompt tokens and max_tokens "
-                             f"{sampling.max_tokens} need {positions} positions; the context "
-                             f"length is {config.max_position_embeddings}")
-        if not self.enable_chunked_prefill and len(prompt) > self.max_num_batched_tokens:
-            raise ValueError(f"without chunked prefill a prompt must fit one step: "
-                             f"{len(prompt)} tokens exceed max_num_batched_tokens "
-                             f"{self.max_num_batched_tokens}")
-        most = self._most_blocks(positions)
-        if most > self.pool.n_blocks:
-            raise ValueError(f"this request may need {most} blocks of {self.block_size} "
-                             f"positions at once, and the pool has {self.pool.n_blocks} in "
-                             "all: it could never finish")
-        return prompt, sampling
+    def _checked_prompt(self, prompt_ids) -> list[int]:
+        return check_ids(prompt_ids, self.params.config).tolist()
+
+    def _context_length(self) -> int:
+        return self.params.config.max_position_embeddings
 
     def _most_blocks(self, positions: int) -> int:
-        """The most blocks a request of `positions` positions holds in one step: a full group
-        all of them; a sliding group at most those of a window and one step's tokens."""
+        """The most blocks a request of `positions` positions holds at once: a full group
+        all of them; a sliding group at most those of a window and one step's tokens (a
+        request whose most fits the pool can always run, alone if need be)."""
         size, chunk = self.block_size, min(positions, self.max_num_batched_tokens)
         table = -(-positions // size)
         return sum(table if group.sliding_window is None else
@@ -223,15 +207,9 @@ def gemma3_forward_step(params: Gemma3Params, kv: KVCacheTensors, block_size: in
     the blocks of the layer's group first, then each request's queries read its rows from
     there, from the first position the layer still shows them (a sliding layer's window)."""
     config = params.config
-    ids, positions, spans = [], [], []
-    for request, n_new in batch:
-        start = request.num_computed_tokens
-        ids += request.tokens[start:start + n_new]
-        positions += range(start, start + n_new)
-        spans.append((request, len(ids) - n_new, len(ids)))
-    positions = np.asarray(positions)
+    ids, positions, spans = batch_rows(batch)
     rotary = rotary_for(config, positions)
-    X = embed(np.asarray(ids), params.embedding)
+    X = embed(ids, params.embedding)
     for index, layer in enumerate(params.layers):
         X = decoder_layer_around(X, layer, config, _attention_over_blocks(
             config, layer, index, kv, block_size, spans, positions,
