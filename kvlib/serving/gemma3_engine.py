@@ -156,8 +156,15 @@ class Gemma3Engine(Engine):
         return self.kv.keys, self.kv.values
 
     def _forward(self, batch) -> dict:
-        self.peak_blocks = max(self.peak_blocks, self.pool.n_used)
+        self._blocks_scheduled = self.pool.n_used
         return gemma3_forward_step(self.params, self.kv, self.block_size, batch)
+
+    def step(self):
+        """Engine.step; peak_blocks counts the step once it has succeeded."""
+        self._blocks_scheduled = 0
+        outputs = super().step()
+        self.peak_blocks = max(self.peak_blocks, self._blocks_scheduled)
+        return outputs
 
     def _checked_prompt(self, prompt_ids) -> list[int]:
         return check_ids(prompt_ids, self.params.config).tolist()
