@@ -18,6 +18,19 @@ recomputation, the all-or-nothing step) with three things of its own:
 
 pool_peak(config, requests, ...) runs only the accounting (no model) and gives the blocks a
 workload holds at the peak, with and without hybrid accounting.
+
+    from kvlib.checkpoints.gemma3 import gemma3_tokenizer, load_gemma3
+    from kvlib.serving import Gemma3Engine, SamplingParams, pool_peak
+    from kvlib.serving.workloads import long_reply_workload
+
+    params, tokenizer = load_gemma3(), gemma3_tokenizer()
+    engine = Gemma3Engine(params, block_size=16, n_blocks=300)      # hybrid accounting
+    prompts = [tokenizer.encode("Question: What is the capital of France?\\nAnswer:")]
+    replies = engine.generate(prompts, SamplingParams(max_tokens=4))
+    requests = long_reply_workload(tokenizer)                       # replies past the window
+    hybrid = pool_peak(params.config, requests, block_size=16)
+    every_layer_global = pool_peak(params.config, requests, 16,
+                                   disable_hybrid_kv_cache_manager=True)
 """
 
 from __future__ import annotations
@@ -129,7 +142,7 @@ class Gemma3Engine(Engine):
     @staticmethod
     def _checked_params(params):
         if not isinstance(params, Gemma3Params):
-            raise TypeError(f"params must be Gemma3Params (kvlib.load_gemma3 or "
+            raise TypeError(f"params must be Gemma3Params (kvlib.checkpoints.gemma3.load_gemma3 or "
                             f"init_gemma3_params), got {type(params).__name__}")
         return params
 
