@@ -1,5 +1,5 @@
 """The engine serving Gemma 3 (kvlib.serving.gemma3_engine) with block accounting per KV cache
-group (kvlib.serving.kv_cache_groups): every request's tokens equal to decoding it alone with
+group (kvlib.serving.kv_cache_manager): every request's tokens equal to decoding it alone with
 kvlib.gemma3.generate, on random tiny Gemma 3 configs in float64 (windows shorter than the
 prompts, several requests, chunked prefill, prefix hits, preemption, hybrid accounting on and
 off) and on the real Gemma 3 270M; the accounting's rules as vLLM V1 states them; errors in
@@ -15,7 +15,7 @@ from kvlib.checkpoints import gemma3 as checkpoint
 from kvlib.checkpoints.gemma3 import GEMMA3_270M, Gemma3Config
 from kvlib.serving import SamplingParams, gemma3_engine, workloads
 from kvlib.serving.gemma3_engine import Gemma3Engine, pool_peak
-from kvlib.serving.kv_cache_groups import (
+from kvlib.serving.kv_cache_manager import (
     FULL,
     NULL_BLOCK,
     SLIDING,
@@ -67,16 +67,16 @@ def test_skipped_tokens_are_vllms_example_and_a_global_layer_skips_none():
 
 
 def test_freeable_blocks_are_the_blocks_made_only_of_skipped_positions():
-    assert freeable_blocks(7, 4, 2) == [0, 1]          # positions 0-3 skipped
-    assert freeable_blocks(6, 4, 2) == [0]             # 0-2 skipped: block 1 holds 3, still read
-    assert freeable_blocks(600, 512, 16) == list(range(5))
-    assert freeable_blocks(600, None, 16) == []
+    assert list(freeable_blocks(7, 4, 2)) == [0, 1]          # positions 0-3 skipped
+    assert list(freeable_blocks(6, 4, 2)) == [0]     # 0-2 skipped: block 1 holds 3, still read
+    assert list(freeable_blocks(600, 512, 16)) == [0, 1, 2, 3, 4]
+    assert list(freeable_blocks(600, None, 16)) == []
 
 
 def test_a_prefix_hit_needs_the_last_window_for_a_sliding_layer_and_everything_for_a_global():
     # vLLM's example: block size 4, window 8 -> [NULL, NULL, block, block] at 16 tokens
-    assert blocks_for_hit(16, 8, 4) == [2, 3]
-    assert blocks_for_hit(16, None, 4) == [0, 1, 2, 3]
+    assert list(blocks_for_hit(16, 8, 4)) == [2, 3]
+    assert list(blocks_for_hit(16, None, 4)) == [0, 1, 2, 3]
     assert len(blocks_for_hit(1024, 512, 16)) == -(-(512 - 1) // 16)
     with pytest.raises(ValueError, match="whole blocks"):
         blocks_for_hit(10, 8, 4)
@@ -151,7 +151,7 @@ def test_a_sliding_group_hits_with_only_the_last_windows_blocks_cached():
         engine.step()
         hits[hybrid] = engine.stats["prefix_hit_tokens"]
         if hybrid:          # the sliding tables: null blocks, then the last window's blocks
-            needed = blocks_for_hit(16, 5, 2)
+            needed = list(blocks_for_hit(16, 5, 2))
             assert needed == [6, 7]
             for group, table in zip(engine.groups, engine.requests[rid].block_tables):
                 nulls = needed[0] if group.attention == S else 0

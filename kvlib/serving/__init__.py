@@ -18,7 +18,7 @@ inference, never imported by them. One object per concept, shared by the lessons
 - speculative: a draft proposes, the target verifies in one pass (speculative_decoding);
 - engine.Engine: the serving loop built from the parts above, one step at a time, on the
   scheduler and the pool, with block_attention reading the blocks in place (the_engine);
-- kv_cache_groups and gemma3_engine.Gemma3Engine: the engine serving Gemma 3, its blocks
+- kv_cache_manager and gemma3_engine.Gemma3Engine: the engine serving Gemma 3, its blocks
   counted per KV cache group (sliding layers free the blocks that left the window; a prefix
   hit needs only their last window), as vLLM V1's hybrid KV cache manager does; pool_peak,
   the pool a workload needs with and without it (local_global);
@@ -29,7 +29,7 @@ from .batch import attend_padded, attend_per_sequence, batched_decode_step, padd
 from .block_pool import ROOT_KEY, BlockAllocator, BlockPool, block_key, block_keys
 from .engine import Engine, StaticBatchingEngine, StepRecord, summarize
 from .gemma3_engine import Gemma3Engine, GroupedScheduler, pool_peak
-from .kv_cache_groups import (
+from .kv_cache_manager import (
     NULL_BLOCK,
     KVCacheGroup,
     block_bytes,

@@ -1,6 +1,6 @@
 """The engine serving Gemma 3 (local_global): the_engine's loop over a model whose layers mix
 sliding-window and global attention, with its blocks counted per KV cache group
-(kvlib.serving.kv_cache_groups, vLLM V1's hybrid KV cache manager).
+(kvlib.serving.kv_cache_manager, vLLM V1's hybrid KV cache manager).
 
 Gemma3Engine is kvlib's Engine (scheduling, chunked prefill, prefix caching, preemption by
 recomputation, the all-or-nothing step) with three things of its own:
@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..checkpoints.gemma3 import Gemma3Config, Gemma3Params
-from ..checks import as_flag, as_whole_number
+from ..checks import as_count, as_flag, as_whole_number
 from ..gemma3 import (
     attend_rows,
     attention_mask_for,
@@ -51,7 +51,7 @@ from ..gemma3 import (
 )
 from .block_pool import BlockPool
 from .engine import Engine, batch_rows
-from .kv_cache_groups import (
+from .kv_cache_manager import (
     NULL_BLOCK,
     SLIDING,
     KVCacheTensors,
@@ -147,9 +147,10 @@ class Gemma3Engine(Engine):
         return params
 
     def _make_pool(self, n_blocks, block_size, enable_prefix_caching) -> BlockPool:
+        n_blocks, block_size = as_count("n_blocks", n_blocks, 1), as_count("block_size",
+                                                                          block_size, 1)
+        self.kv = KVCacheTensors(self.params.config, self.groups, n_blocks, block_size)
         pool = BlockPool(None, n_blocks, block_size, enable_prefix_caching)
-        self.kv = KVCacheTensors(self.params.config, self.groups, pool.n_blocks,
-                                 pool.block_size)
         self.coordinator = coordinator_for(self.groups, pool)
         return pool
 
@@ -284,9 +285,12 @@ def pool_peak(config: Gemma3Config, requests, block_size: int = 16,
     block's bytes, their product, and the steps it took."""
     if not isinstance(config, Gemma3Config):
         raise TypeError(f"config must be a Gemma3Config, got {type(config).__name__}")
+    block_size, max_num_batched_tokens = as_count("block_size", block_size, 1), as_count(
+        "max_num_batched_tokens", max_num_batched_tokens, 1)
+    enable_prefix_caching = as_flag("enable_prefix_caching", enable_prefix_caching)
     groups = kv_cache_groups(config, not as_flag("disable_hybrid_kv_cache_manager",
                                                  disable_hybrid_kv_cache_manager))
-    requests = _checked_workload(requests)
+    requests = _checked_workload(requests, config)
     n_blocks = sum(len(groups) * -(-(len(prompt) + sampling.max_tokens) // block_size)
                    for _, prompt, sampling in requests) + 1          # never runs out
     pool = BlockPool(None, n_blocks, block_size, enable_prefix_caching)
@@ -298,7 +302,6 @@ def pool_peak(config: Gemma3Config, requests, block_size: int = 16,
     while pending or scheduler.has_unfinished_requests():
         while pending and pending[0][1][0] <= steps:
             i, (_, prompt, sampling) = pending.pop(0)
-            check_ids(prompt, config)
             scheduler.add_request(Request(i, prompt, SamplingParams(
                 max_tokens=sampling.max_tokens)))
         steps += 1
@@ -311,16 +314,28 @@ def pool_peak(config: Gemma3Config, requests, block_size: int = 16,
             "steps": steps}
 
 
-def _checked_workload(requests) -> list:
-    """[(arrival step, prompt ids, SamplingParams)], refused in words otherwise."""
+MAX_ARRIVAL = 10**6
+"""The latest arrival step pool_peak takes (a larger one is a slip: it would step that long)."""
+
+
+def _checked_workload(requests, config: Gemma3Config) -> list:
+    """[(arrival step, prompt ids as a list, SamplingParams)], refused in words unless each
+    arrival is a step up to MAX_ARRIVAL and each request fits the context."""
     if isinstance(requests, (str, bytes)) or not isinstance(requests, (list, tuple)) or \
             not all(isinstance(item, tuple) and len(item) == 3 and
                     isinstance(item[2], SamplingParams) for item in requests):
         raise TypeError("requests must be a list of (arrival step, prompt ids, "
                         "SamplingParams), as workloads.long_reply_workload gives them")
-    for arrival, _, _ in requests:
-        as_whole_number("arrival", arrival)
-    return list(requests)
+    checked = []
+    for arrival, prompt, sampling in requests:
+        prompt = check_ids(prompt, config).tolist()
+        if len(prompt) + sampling.max_tokens - 1 > config.max_position_embeddings:
+            raise ValueError(f"{len(prompt)} prompt tokens and max_tokens "
+                             f"{sampling.max_tokens} are more positions than the context "
+                             f"length {config.max_position_embeddings}")
+        checked.append((as_whole_number("arrival", arrival, 0, MAX_ARRIVAL), prompt,
+                        sampling))
+    return checked
 
 
 __all__ = ["Gemma3Engine", "GroupedScheduler", "gemma3_forward_step", "pool_peak"]

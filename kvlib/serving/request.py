@@ -67,7 +67,7 @@ class Request:
     """One request (vLLM's Request): its id, prompt, SamplingParams and arrival (an engine step,
     or seconds), then what serving it changes: the output so far, how many of its tokens have
     K and V in the cache, its block table (or, in an engine with several KV cache groups,
-    block_tables: one table a group, kvlib.serving.kv_cache_groups), how many of its full
+    block_tables: one table a group, kvlib.serving.kv_cache_manager), how many of its full
     blocks entered the prefix cache, its status, why it finished (finish_reason: "stop",
     "length" or "abort"), the steps at which it was first scheduled, got its first token
     and finished, and its own random generator (seeded by sampling_params.seed). A

@@ -60,15 +60,15 @@ def skipped_tokens(num_computed_tokens: int, sliding_window: int | None) -> int:
 
 
 def freeable_blocks(num_computed_tokens: int, sliding_window: int | None,
-                    block_size: int) -> list[int]:
+                    block_size: int) -> range:
     """The indices (in a request's block table) of the blocks a layer may free once
     num_computed_tokens have K and V: those made only of skipped positions (vLLM's
-    remove_skipped_blocks). None for a global layer."""
+    remove_skipped_blocks). None for a global layer (sliding_window None)."""
     block_size = as_count("block_size", block_size, 1)
-    return list(range(skipped_tokens(num_computed_tokens, sliding_window) // block_size))
+    return range(skipped_tokens(num_computed_tokens, sliding_window) // block_size)
 
 
-def blocks_for_hit(hit_tokens: int, sliding_window: int | None, block_size: int) -> list[int]:
+def blocks_for_hit(hit_tokens: int, sliding_window: int | None, block_size: int) -> range:
     """The indices of the blocks a prefix hit of hit_tokens (whole blocks) needs cached in a
     layer: every block for a global layer; for a sliding one only those holding the
     sliding_window - 1 positions before the hit point, which the next query reads."""
@@ -78,7 +78,7 @@ def blocks_for_hit(hit_tokens: int, sliding_window: int | None, block_size: int)
         raise ValueError(f"a prefix hit is whole blocks: {hit_tokens} tokens are not a "
                          f"multiple of the block size {block_size}")
     first = skipped_tokens(hit_tokens, sliding_window) // block_size
-    return list(range(first, hit_tokens // block_size))
+    return range(first, hit_tokens // block_size)
 
 
 @dataclass(frozen=True)
