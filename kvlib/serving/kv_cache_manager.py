@@ -27,7 +27,7 @@ What this follows, read in vLLM's repository (main, the files at the commits nam
 kvlib keeps its one BlockPool (block ids, reference counts, prefix keys, LRU eviction) and
 stores the K and V of each block for `layers_per_group` layers (KVCacheTensors); a null
 block is NULL_BLOCK (-1) in a table (vLLM reserves a real block, number 0, so that its GPU
-kernels can index it; numpy never reads it).
+kernels can index it: vllm/v1/core/block_pool.py, null_block; numpy never reads it).
 """
 
 from __future__ import annotations
