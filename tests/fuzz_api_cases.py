@@ -742,6 +742,7 @@ pure("blocks_for_hit", groups_module.blocks_for_hit, 8, 4, 2)
 pure("blocks_held", groups_module.blocks_held, GROUPS, 9, 2)
 pure("block_bytes", groups_module.block_bytes, GEMMA3_TINY.config, 2, GROUPS)
 pure("layers_per_group", groups_module.layers_per_group, GROUPS)
+pure("blocks_in_memory", gemma3_engine.blocks_in_memory, GEMMA3_TINY.config, 4096, 2, True)
 pure("pool_peak", gemma3_engine.pool_peak, GEMMA3_TINY.config,
      [(0, [1, 2, 3], engine_module.SamplingParams(max_tokens=2)),
       (1, [1, 2, 4, 5], engine_module.SamplingParams(max_tokens=3))], 2, False, 4, True)

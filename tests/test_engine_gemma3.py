@@ -243,6 +243,27 @@ def test_one_long_reply_alone_peaks_at_its_last_step_as_the_rules_say():
     assert hybrid["peak_bytes"] / everything["peak_bytes"] == (78 + 5 * 33) / (6 * 78)
 
 
+def test_in_the_same_memory_hybrid_accounting_serves_without_preempting():
+    """One fixed memory for K and V: with hybrid accounting the long replies fit (no
+    preemption); counted as global they do not (preemptions), and both give the tokens of
+    decoding each request alone."""
+    params = gemma3.init_gemma3_params(tiny_config(window=4), 7)
+    prompts = [list(range(1, 9)), list(range(3, 12)), [5, 6, 7, 8] * 2]
+    sampling = SamplingParams(max_tokens=30)
+    memory = 3 * 40 * 2 * 2 * 4 * 8    # 40 positions of 3 requests, K and V, 2 layers of 4
+    preemptions = {}
+    for disable in (False, True):
+        n_blocks = gemma3_engine.blocks_in_memory(params.config, memory, 2, disable)
+        assert n_blocks == memory // (2 * (4 if disable else 1) * 2 * 4 * 8)
+        engine = Gemma3Engine(params, block_size=2, n_blocks=n_blocks,
+                              max_num_batched_tokens=16,
+                              disable_hybrid_kv_cache_manager=disable)
+        assert run_checked(engine, prompts, sampling) == alone(params, prompts, 30)
+        assert engine.peak_blocks * engine.block_bytes <= memory
+        preemptions[disable] = engine.stats["preemptions"]
+    assert preemptions[False] == 0 < preemptions[True]
+
+
 # --------------------------------------------------------------------------- errors
 
 def test_bad_input_is_refused_in_words(tiny):

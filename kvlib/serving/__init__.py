@@ -28,7 +28,7 @@ inference, never imported by them. One object per concept, shared by the lessons
 from .batch import attend_padded, attend_per_sequence, batched_decode_step, padding_mask
 from .block_pool import ROOT_KEY, BlockAllocator, BlockPool, block_key, block_keys
 from .engine import Engine, StaticBatchingEngine, StepRecord, summarize
-from .gemma3_engine import Gemma3Engine, GroupedScheduler, pool_peak
+from .gemma3_engine import Gemma3Engine, GroupedScheduler, blocks_in_memory, pool_peak
 from .kv_cache_manager import (
     NULL_BLOCK,
     KVCacheGroup,

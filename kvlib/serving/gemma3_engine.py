@@ -17,7 +17,8 @@ recomputation, the all-or-nothing step) with three things of its own:
   window still applies in attention): the same tokens, more memory.
 
 pool_peak(config, requests, ...) runs only the accounting (no model) and gives the blocks a
-workload holds at the peak, with and without hybrid accounting.
+workload holds at the peak, with and without hybrid accounting; blocks_in_memory(config,
+nbytes, ...) how many blocks a pool of nbytes holds either way (a fixed memory for both).
 
     from kvlib.checkpoints.gemma3 import gemma3_tokenizer, load_gemma3
     from kvlib.serving import Gemma3Engine, SamplingParams, pool_peak
@@ -314,6 +315,18 @@ def pool_peak(config: Gemma3Config, requests, block_size: int = 16,
             "steps": steps}
 
 
+def blocks_in_memory(config: Gemma3Config, nbytes: int, block_size: int = 16,
+                     disable_hybrid_kv_cache_manager: bool = False) -> int:
+    """How many blocks a pool of nbytes of K and V holds (local_global): nbytes // the bytes
+    of a block, as vLLM sizes its pool from the memory left for the KV cache. The same
+    memory is fewer, larger blocks without hybrid accounting (a block holds every layer)."""
+    if not isinstance(config, Gemma3Config):
+        raise TypeError(f"config must be a Gemma3Config, got {type(config).__name__}")
+    groups = kv_cache_groups(config, not as_flag("disable_hybrid_kv_cache_manager",
+                                                 disable_hybrid_kv_cache_manager))
+    return as_whole_number("nbytes", nbytes) // block_bytes(config, block_size, groups)
+
+
 MAX_ARRIVAL = 10**6
 """The latest arrival step pool_peak takes (a larger one is a slip: it would step that long)."""
 
@@ -338,4 +351,5 @@ def _checked_workload(requests, config: Gemma3Config) -> list:
     return checked
 
 
-__all__ = ["Gemma3Engine", "GroupedScheduler", "gemma3_forward_step", "pool_peak"]
+__all__ = ["Gemma3Engine", "GroupedScheduler", "blocks_in_memory", "gemma3_forward_step",
+           "pool_peak"]
