@@ -672,20 +672,23 @@ pure("StaticBatchingEngine", engine_module.StaticBatchingEngine, ENGINE_MODEL, b
      n_blocks=8)
 
 
-def _engine():
-    engine = engine_module.Engine(ENGINE_MODEL, block_size=4, n_blocks=8,
-                                  max_num_batched_tokens=16)
+def _engine(make=lambda: engine_module.Engine(ENGINE_MODEL, block_size=4, n_blocks=8,
+                                             max_num_batched_tokens=16)):
+    """An engine (an Engine by default) that has run one step of a request."""
+    engine = make()
     engine.add_request([1, 2, 3, 4, 5], engine_module.SamplingParams(max_tokens=2))
     engine.step()
     return engine
 
 
 def engine_state(engine):
-    pool = engine.pool
+    """An Engine's or a Gemma3Engine's: its queues, requests, pool, K and V (and peak)."""
+    keys, values = engine._kv_arrays()
     return ([r.request_id for r in engine.waiting], [r.request_id for r in engine.running],
-            {i: (list(r.all_token_ids), r.num_computed_tokens, list(r.block_table), r.status)
-             for i, r in engine.requests.items()}, engine.step_count, pool_state(pool),
-            pool.keys.copy(), pool.values.copy())
+            {i: (list(r.all_token_ids), r.num_computed_tokens, list(r.block_table),
+                 [list(table) for table in r.block_tables], r.status)
+             for i, r in engine.requests.items()}, engine.step_count, pool_state(engine.pool),
+            keys.copy(), values.copy(), getattr(engine, "peak_blocks", None))
 
 
 CASES["Engine.add_request"] = lambda: (lambda engine: Case(
@@ -748,28 +751,13 @@ pure("pool_peak", gemma3_engine.pool_peak, GEMMA3_TINY.config,
       (1, [1, 2, 4, 5], engine_module.SamplingParams(max_tokens=3))], 2, False, 4, True)
 
 
-def _gemma3_engine():
-    engine = gemma3_engine.Gemma3Engine(GEMMA3_TINY, block_size=2, n_blocks=24,
-                                        max_num_batched_tokens=4)
-    engine.add_request([1, 2, 3, 4, 5], engine_module.SamplingParams(max_tokens=2))
-    engine.step()
-    return engine
-
-
-def gemma3_engine_state(engine):
-    return ([r.request_id for r in engine.waiting], [r.request_id for r in engine.running],
-            {i: (list(r.all_token_ids), r.num_computed_tokens,
-                 [list(table) for table in r.block_tables], r.status)
-             for i, r in engine.requests.items()}, engine.step_count, pool_state(engine.pool),
-            engine.kv.keys.copy(), engine.kv.values.copy(), engine.peak_blocks)
-
-
 for _name, _args in (("add_request", ([6, 7, 8], engine_module.SamplingParams(max_tokens=2))),
                      ("generate", ([[6, 7, 8]], engine_module.SamplingParams(max_tokens=2))),
                      ("abort_request", (0,)), ("output_of", (0,))):
     def _build(name=_name, args=_args):
-        engine = _gemma3_engine()
-        return Case(getattr(engine, name), args, state=lambda: gemma3_engine_state(engine))
+        engine = _engine(lambda: gemma3_engine.Gemma3Engine(
+            GEMMA3_TINY, block_size=2, n_blocks=24, max_num_batched_tokens=4))
+        return Case(getattr(engine, name), args, state=lambda: engine_state(engine))
     CASES[f"Gemma3Engine.{_name}"] = _build
 
 
