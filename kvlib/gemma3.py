@@ -105,27 +105,41 @@ def attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, mask: np.ndarray,
     return weighted_sum(weights, V)
 
 
+def project_qkv(X: np.ndarray, layer: Gemma3LayerParams, config: Gemma3Config,
+                rotary: RotaryPositions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gemma3Attention's projections: X (T, d), normalized -> Q (T, h x dh), K and V (T, kv x
+    dh); q and k normalized per head, then rotated (V is neither)."""
+    eps = config.rms_norm_eps
+    Q = apply_rotary_pos_emb(qk_norm(X @ layer.Wq, layer.q_norm, eps), rotary)
+    K = apply_rotary_pos_emb(qk_norm(X @ layer.Wk, layer.k_norm, eps), rotary)
+    return Q, K, X @ layer.Wv
+
+
+def attend_rows(Q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray,
+                config: Gemma3Config) -> np.ndarray:
+    """attention on rows: Q (T, h x dh), keys and values (S, kv x dh), mask (T, S) -> the
+    heads side by side (T, h x dh), before W_o."""
+    T = Q.shape[0]
+    h, kv, dh = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    heads = attention(Q.reshape(T, h, dh).transpose(1, 0, 2),
+                      keys.reshape(-1, kv, dh).transpose(1, 0, 2),
+                      values.reshape(-1, kv, dh).transpose(1, 0, 2), mask,
+                      config.query_pre_attn_scalar ** -0.5)
+    return heads.transpose(1, 0, 2).reshape(T, h * dh)
+
+
 def self_attn(X: np.ndarray, layer: Gemma3LayerParams, config: Gemma3Config, layer_index: int,
               positions: np.ndarray, rotary: RotaryPositions, cache=None) -> np.ndarray:
     """Gemma3Attention: X (T, d), normalized, at positions (T,) -> (T, d), before the
     post-attention norm. q and k are normalized per head, then rotated; K and V go to the
     cache (if any), which returns every row this layer may read and their positions."""
-    T = X.shape[0]
-    h, kv, dh, eps = (config.num_attention_heads, config.num_key_value_heads, config.head_dim,
-                      config.rms_norm_eps)
-    Q = apply_rotary_pos_emb(qk_norm(X @ layer.Wq, layer.q_norm, eps), rotary)
-    K = apply_rotary_pos_emb(qk_norm(X @ layer.Wk, layer.k_norm, eps), rotary)
-    V = X @ layer.Wv
+    Q, K, V = project_qkv(X, layer, config, rotary)
     if cache is None:
         keys, values, key_positions = K, V, positions
     else:
         keys, values, key_positions = cache.update(layer_index, K, V)
     mask = attention_mask_for(config, layer_index, positions, key_positions)
-    heads = attention(Q.reshape(T, h, dh).transpose(1, 0, 2),
-                      keys.reshape(-1, kv, dh).transpose(1, 0, 2),
-                      values.reshape(-1, kv, dh).transpose(1, 0, 2), mask,
-                      config.query_pre_attn_scalar ** -0.5)
-    return heads.transpose(1, 0, 2).reshape(T, h * dh) @ layer.Wo
+    return attend_rows(Q, keys, values, mask, config) @ layer.Wo
 
 
 def mlp(X: np.ndarray, layer: Gemma3LayerParams) -> np.ndarray:
@@ -138,9 +152,16 @@ def decoder_layer(X: np.ndarray, layer: Gemma3LayerParams, config: Gemma3Config,
                   cache=None) -> np.ndarray:
     """Gemma3DecoderLayer: X (T, d) -> (T, d). Each branch is normalized before and after,
     then added to the residual stream."""
+    return decoder_layer_around(X, layer, config, lambda normalized: self_attn(
+        normalized, layer, config, layer_index, positions, rotary, cache))
+
+
+def decoder_layer_around(X: np.ndarray, layer: Gemma3LayerParams, config: Gemma3Config,
+                         self_attention) -> np.ndarray:
+    """decoder_layer with its attention given: self_attention(normalized X (T, d)) -> (T, d)
+    before the post-attention norm (self_attn over a cache; the engine's over its blocks)."""
     eps = config.rms_norm_eps
-    attended = self_attn(rms_norm(X, layer.input_layernorm, eps), layer, config, layer_index,
-                         positions, rotary, cache)
+    attended = self_attention(rms_norm(X, layer.input_layernorm, eps))
     H = X + rms_norm(attended, layer.post_attention_layernorm, eps)
     mixed = mlp(rms_norm(H, layer.pre_feedforward_layernorm, eps), layer)
     return H + rms_norm(mixed, layer.post_feedforward_layernorm, eps)
@@ -427,6 +448,7 @@ def init_gemma3_params(config: Gemma3Config, seed: int = 0) -> Gemma3Params:
 
 
 __all__ = ["FullCacheLayer", "Gemma3Cache", "RingCacheLayer", "apply_rotary_pos_emb",
-           "attention", "attention_mask_for", "check_ids", "decode_step", "decoder_layer",
-           "embed", "forward", "gelu_tanh", "generate", "init_gemma3_params", "mlp",
-           "prefill", "qk_norm", "rotary_for", "run_layers", "self_attn", "unembed_logits"]
+           "attend_rows", "attention", "attention_mask_for", "check_ids", "decode_step",
+           "decoder_layer", "decoder_layer_around", "embed", "forward", "gelu_tanh",
+           "generate", "init_gemma3_params", "mlp", "prefill", "project_qkv", "qk_norm",
+           "rotary_for", "run_layers", "self_attn", "unembed_logits"]

@@ -721,20 +721,23 @@ pure("StaticBatchingEngine", engine_module.StaticBatchingEngine, ENGINE_MODEL, b
      n_blocks=8)
 
 
-def _engine():
-    engine = engine_module.Engine(ENGINE_MODEL, block_size=4, n_blocks=8,
-                                  max_num_batched_tokens=16)
+def _engine(make=lambda: engine_module.Engine(ENGINE_MODEL, block_size=4, n_blocks=8,
+                                             max_num_batched_tokens=16)):
+    """An engine (an Engine by default) that has run one step of a request."""
+    engine = make()
     engine.add_request([1, 2, 3, 4, 5], engine_module.SamplingParams(max_tokens=2))
     engine.step()
     return engine
 
 
 def engine_state(engine):
-    pool = engine.pool
+    """An Engine's or a Gemma3Engine's: its queues, requests, pool, K and V (and peak)."""
+    keys, values = engine._kv_arrays()
     return ([r.request_id for r in engine.waiting], [r.request_id for r in engine.running],
-            {i: (list(r.all_token_ids), r.num_computed_tokens, list(r.block_table), r.status)
-             for i, r in engine.requests.items()}, engine.step_count, pool_state(pool),
-            pool.keys.copy(), pool.values.copy())
+            {i: (list(r.all_token_ids), r.num_computed_tokens, list(r.block_table),
+                 [list(table) for table in r.block_tables], r.status)
+             for i, r in engine.requests.items()}, engine.step_count, pool_state(engine.pool),
+            keys.copy(), values.copy(), getattr(engine, "peak_blocks", None))
 
 
 CASES["Engine.add_request"] = lambda: (lambda engine: Case(
@@ -769,6 +772,44 @@ BATCHED_ARGS = (np.linspace(-1.0, 1.0, 2 * 2 * 1 * 2).reshape(2, 2, 1, 2), [[3],
 pure("batched_block_attention", block_attention.batched_block_attention, *BATCHED_ARGS)
 pure("batched_gather_attention", block_attention.batched_gather_attention, *BATCHED_ARGS)
 
+# ---- the engine serving Gemma 3 (local_global) ---------------------------------------------
+
+from kvlib import gemma3 as gemma3_model  # noqa: E402
+from kvlib.checkpoints.gemma3 import Gemma3Config  # noqa: E402
+from kvlib.serving import gemma3_engine  # noqa: E402
+from kvlib.serving import kv_cache_manager as groups_module  # noqa: E402
+
+GEMMA3_TINY = gemma3_model.init_gemma3_params(Gemma3Config(
+    vocab_size=12, hidden_size=4, intermediate_size=4, num_hidden_layers=3,
+    num_attention_heads=2, num_key_value_heads=1, head_dim=2,
+    layer_types=("sliding_attention", "full_attention", "sliding_attention"), sliding_window=3,
+    max_position_embeddings=32, dtype="float64"), seed=22)
+GROUPS = groups_module.kv_cache_groups(GEMMA3_TINY.config)
+
+pure("Gemma3Engine", gemma3_engine.Gemma3Engine, GEMMA3_TINY, 2, 24, 8)
+pure("kv_cache_groups", groups_module.kv_cache_groups, GEMMA3_TINY.config, True)
+pure("skipped_tokens", groups_module.skipped_tokens, 7, 4)
+pure("freeable_blocks", groups_module.freeable_blocks, 7, 4, 2)
+pure("blocks_for_hit", groups_module.blocks_for_hit, 8, 4, 2)
+pure("blocks_held", groups_module.blocks_held, GROUPS, 9, 2)
+pure("block_bytes", groups_module.block_bytes, GEMMA3_TINY.config, 2, GROUPS)
+pure("layers_per_group", groups_module.layers_per_group, GROUPS)
+pure("blocks_in_memory", gemma3_engine.blocks_in_memory, GEMMA3_TINY.config, 4096, 2, True)
+pure("pool_peak", gemma3_engine.pool_peak, GEMMA3_TINY.config,
+     [(0, [1, 2, 3], engine_module.SamplingParams(max_tokens=2)),
+      (1, [1, 2, 4, 5], engine_module.SamplingParams(max_tokens=3))], 2, False, 4, True)
+
+
+for _name, _args in (("add_request", ([6, 7, 8], engine_module.SamplingParams(max_tokens=2))),
+                     ("generate", ([[6, 7, 8]], engine_module.SamplingParams(max_tokens=2))),
+                     ("abort_request", (0,)), ("output_of", (0,))):
+    def _build(name=_name, args=_args):
+        engine = _engine(lambda: gemma3_engine.Gemma3Engine(
+            GEMMA3_TINY, block_size=2, n_blocks=24, max_num_batched_tokens=4))
+        return Case(getattr(engine, name), args, state=lambda: engine_state(engine))
+    CASES[f"Gemma3Engine.{_name}"] = _build
+
+
 # ---- serving names the notebooks do not call ----------------------------------------------
 
 SERVING_NOT_FUZZED = {
@@ -789,8 +830,16 @@ SERVING_NOT_FUZZED = {
     **dict.fromkeys(["PerTokenStore", "PerChannelStore"],
                     "QuantizedKVCache's stores, called by it after its own checks"),
     "GreedyAcceptance": "takes no arguments",
-    **dict.fromkeys(["forward_step", "write_rows"],
+    **dict.fromkeys(["forward_step", "write_rows", "batch_rows", "gemma3_forward_step"],
                     "the engine's step, called by Engine.step on requests it has checked"),
+    **dict.fromkeys(["FullAttentionManager", "SlidingWindowManager", "KVCacheCoordinator",
+                     "UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator", "coordinator_for",
+                     "GroupedScheduler", "KVCacheTensors", "group_key", "checked_groups"],
+                    "Gemma3Engine's accounting and storage, made and called by it on the "
+                    "groups, pool and requests it has checked"),
+    "KVCacheGroup": "a record that kv_cache_groups builds",
+    "long_reply_workload": "local_global's workload on Gemma 3's tokenizer (the real file): "
+                           "its tests run it",
     **dict.fromkeys(["add_arrivals", "arrivals_in_seconds", "chat_prompts", "run_variant",
                      "variants", "workload", "workload_table"],
                     "the_engine's and batched_decoding's workloads on SmolLM2 (its tokenizer "

@@ -18,12 +18,27 @@ inference, never imported by them. One object per concept, shared by the lessons
 - speculative: a draft proposes, the target verifies in one pass (speculative_decoding);
 - engine.Engine: the serving loop built from the parts above, one step at a time, on the
   scheduler and the pool, with block_attention reading the blocks in place (the_engine);
+- kv_cache_manager and gemma3_engine.Gemma3Engine: the engine serving Gemma 3, its blocks
+  counted per KV cache group (sliding layers free the blocks that left the window; a prefix
+  hit needs only their last window), as vLLM V1's hybrid KV cache manager does; pool_peak,
+  the pool a workload needs with and without it (local_global);
 - workloads: the lessons' and benchmarks' streams of requests.
 """
 
 from .batch import attend_padded, attend_per_sequence, batched_decode_step, padding_mask
 from .block_pool import ROOT_KEY, BlockAllocator, BlockPool, block_key, block_keys
 from .engine import Engine, StaticBatchingEngine, StepRecord, summarize
+from .gemma3_engine import Gemma3Engine, GroupedScheduler, blocks_in_memory, pool_peak
+from .kv_cache_manager import (
+    NULL_BLOCK,
+    KVCacheGroup,
+    block_bytes,
+    blocks_for_hit,
+    blocks_held,
+    freeable_blocks,
+    kv_cache_groups,
+    skipped_tokens,
+)
 from .memory_plan import ContiguousArena, blocks_for, memory_table, request_mix
 from .paged import PagedKVCache
 from .pool_timeline import PoolTimeline

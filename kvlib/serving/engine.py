@@ -97,11 +97,9 @@ class Engine:
                  max_num_batched_tokens: int = 256, max_num_seqs: int = 64,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  cache_when_scheduled: bool = False):
-        if not isinstance(params, Params):
-            raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
-        self.params = params
-        self.pool = BlockPool(params.config, n_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.pool, SchedulerConfig(
+        self.params = self._checked_params(params)
+        self.pool = self._make_pool(n_blocks, block_size, enable_prefix_caching)
+        self.scheduler = self._make_scheduler(SchedulerConfig(
             max_num_seqs, as_count("max_num_batched_tokens", max_num_batched_tokens, 1),
             as_flag("enable_chunked_prefill", enable_chunked_prefill) and not self.static,
             self.static, as_flag("cache_when_scheduled", cache_when_scheduled)))
@@ -113,6 +111,18 @@ class Engine:
                       "prefix_hit_tokens": 0, "prompt_tokens": 0, "evicted_blocks": 0}
         self.last_step = StepRecord(step=0)
         self.seconds_at_step = [0.0]        # this machine's clock at the end of each step
+
+    @staticmethod
+    def _checked_params(params):
+        if not isinstance(params, Params):
+            raise TypeError(f"params must be kvlib Params, got {type(params).__name__}")
+        return params
+
+    def _make_pool(self, n_blocks, block_size, enable_prefix_caching) -> BlockPool:
+        return BlockPool(self.params.config, n_blocks, block_size, enable_prefix_caching)
+
+    def _make_scheduler(self, config: SchedulerConfig) -> Scheduler:
+        return Scheduler(self.pool, config)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({len(self.running)} running, {len(self.waiting)} "
@@ -156,25 +166,35 @@ class Engine:
         return any(name in self.requests or name in self.parents for name in names)
 
     def _checked_request(self, prompt_ids, sampling_params) -> tuple[list[int], SamplingParams]:
-        prompt = check_ids(prompt_ids, self.params).tolist()
+        prompt = self._checked_prompt(prompt_ids)
         sampling = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got "
                             f"{type(sampling).__name__}")
         positions = len(prompt) + sampling.max_tokens - 1
-        if positions > self.params.config.context_length:
+        if positions > self._context_length():
             raise ValueError(f"{len(prompt)} prompt tokens and max_tokens "
                              f"{sampling.max_tokens} need {positions} positions; the context "
-                             f"length is {self.params.config.context_length}")
+                             f"length is {self._context_length()}")
         if not self.enable_chunked_prefill and len(prompt) > self.max_num_batched_tokens:
             raise ValueError(f"without chunked prefill a prompt must fit one step: "
                              f"{len(prompt)} tokens exceed max_num_batched_tokens "
                              f"{self.max_num_batched_tokens}")
-        if -(-positions // self.block_size) > self.pool.n_blocks:
-            raise ValueError(f"this request needs {-(-positions // self.block_size)} blocks of "
+        if self._most_blocks(positions) > self.pool.n_blocks:
+            raise ValueError(f"this request needs {self._most_blocks(positions)} blocks of "
                              f"{self.block_size} positions, and the pool has "
                              f"{self.pool.n_blocks} in all: it could never finish")
         return prompt, sampling
+
+    def _checked_prompt(self, prompt_ids) -> list[int]:
+        return check_ids(prompt_ids, self.params).tolist()
+
+    def _context_length(self) -> int:
+        return self.params.config.context_length
+
+    def _most_blocks(self, positions: int) -> int:
+        """The most blocks a request of `positions` positions holds at once: all of them."""
+        return -(-positions // self.block_size)
 
     def _queue(self, prompt: list[int], sampling: SamplingParams, request_id) -> int | str:
         if sampling.n == 1:
@@ -260,8 +280,7 @@ class Engine:
             record = self.scheduler.schedule(self.step_count + 1)
             saved.rows = self._rows_to_save(record)
             with trusted():          # the requests were checked when they were added
-                logits = forward_step(self.params, self.pool, record.batch) \
-                    if record.batch else {}
+                logits = self._forward(record.batch) if record.batch else {}
             sampled = {request.request_id: choose_next_token(
                            logits[request.request_id], request.sampling_params.temperature,
                            rng=request.rng)
@@ -277,6 +296,10 @@ class Engine:
         self.last_step = record
         return outputs
 
+    def _forward(self, batch) -> dict:
+        """The model step over the scheduled batch -> {request id: logits (V,)}."""
+        return forward_step(self.params, self.pool, batch)
+
     def _count(self, record: StepRecord) -> None:
         stats = self.stats
         stats["steps"] += 1
@@ -286,8 +309,7 @@ class Engine:
         for i in record.admitted:
             if self.requests[i].first_scheduled_step == record.step:     # not a resumed one
                 stats["prompt_tokens"] += self.requests[i].num_prompt_tokens
-                stats["prefix_hit_tokens"] += len(record.hit_blocks.get(i, ())) * \
-                    self.block_size
+                stats["prefix_hit_tokens"] += record.hit_tokens.get(i, 0)
 
     def _checkpoint(self) -> Checkpoint:
         """What this step may change (Checkpoint): bounded by the pool and max_num_seqs."""
@@ -303,15 +325,21 @@ class Engine:
         gives them back as they were. Blocks that were free hold nothing to keep."""
         taken = set(record.taken_blocks) & (set(record.freed_blocks) |
                                             set(record.evicted_blocks))
-        if not taken or self.pool.keys is None:
+        keys, values = self._kv_arrays()
+        if not taken or keys is None:
             return None
         blocks = sorted(taken)
-        return blocks, self.pool.keys[:, blocks].copy(), self.pool.values[:, blocks].copy()
+        return blocks, keys[:, blocks].copy(), values[:, blocks].copy()
+
+    def _kv_arrays(self):
+        """The arrays holding K and V, blocks along their axis 1 (None, None without)."""
+        return self.pool.keys, self.pool.values
 
     def _restore(self, saved: Checkpoint) -> None:
         if saved.rows is not None:
             blocks, keys, values = saved.rows
-            self.pool.keys[:, blocks], self.pool.values[:, blocks] = keys, values
+            all_keys, all_values = self._kv_arrays()
+            all_keys[:, blocks], all_values[:, blocks] = keys, values
         self.pool.restore(saved.pool)
         for request, state in saved.requests:
             request.restore(state)
@@ -398,13 +426,7 @@ def forward_step(params: Params, allocator: BlockManager, batch) -> dict:
     (batched_gather_attention), each at its own positions.
     """
     config, size = params.config, allocator.block_size
-    ids, positions, spans = [], [], []
-    for request, n_new in batch:
-        start = request.num_computed_tokens
-        ids += request.tokens[start:start + n_new]
-        positions += range(start, start + n_new)
-        spans.append((request, len(ids) - n_new, len(ids)))
-    ids, positions = np.asarray(ids), np.asarray(positions)
+    ids, positions, spans = batch_rows(batch)
     X = embed_tokens(params, ids, positions)                               # (N, d)
     rotary = rotary_positions(config, positions)
     blocks = np.array([request.block_table[p // size]
@@ -438,6 +460,19 @@ def forward_step(params: Params, allocator: BlockManager, batch) -> dict:
         for (request, _), row in zip(last_rows, rows):
             logits[request.request_id] = row
     return logits
+
+
+def batch_rows(batch) -> tuple[np.ndarray, np.ndarray, list]:
+    """A step's batch [(request, n_new)] as rows: the token ids (N,) and positions (N,) of
+    every scheduled token, request after request, and spans [(request, first row, end
+    row)]."""
+    ids, positions, spans = [], [], []
+    for request, n_new in batch:
+        start = request.num_computed_tokens
+        ids += request.tokens[start:start + n_new]
+        positions += range(start, start + n_new)
+        spans.append((request, len(ids) - n_new, len(ids)))
+    return np.asarray(ids), np.asarray(positions), spans
 
 
 def _attention_groups(spans, positions: np.ndarray, block_size: int) -> list[tuple]:
@@ -476,4 +511,4 @@ def write_rows(allocator: BlockManager, layer: int, blocks, slots, K, V) -> None
 
 
 __all__ = ["Engine", "RequestOutput", "SamplingParams", "StaticBatchingEngine", "StepRecord",
-           "forward_step", "summarize", "write_rows"]
+           "batch_rows", "forward_step", "summarize", "write_rows"]

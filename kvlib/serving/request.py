@@ -66,11 +66,13 @@ class SamplingParams:
 class Request:
     """One request (vLLM's Request): its id, prompt, SamplingParams and arrival (an engine step,
     or seconds), then what serving it changes: the output so far, how many of its tokens have
-    K and V in the cache, its block table, how many of its full blocks entered the prefix
-    cache, its status, why it finished (finish_reason: "stop", "length" or "abort"), the
-    steps at which it was first scheduled, got its first token and finished, and its own
-    random generator (seeded by sampling_params.seed). A completion of a request with n > 1
-    names its parent (parent_id) and its index among the n.
+    K and V in the cache, its block table (or, in an engine with several KV cache groups,
+    block_tables: one table a group, kvlib.serving.kv_cache_manager), how many of its full
+    blocks entered the prefix cache, its status, why it finished (finish_reason: "stop",
+    "length" or "abort"), the steps at which it was first scheduled, got its first token
+    and finished, and its own random generator (seeded by sampling_params.seed). A
+    completion of a request with n > 1 names its parent (parent_id) and its index among
+    the n.
 
     all_token_ids is prompt_token_ids + output_token_ids, kept as one list (as vLLM does) so
     that a step reads any slice of it without joining the two.
@@ -84,6 +86,7 @@ class Request:
     all_token_ids: list[int] = field(init=False, repr=False)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
     num_cached_blocks: int = 0
     block_hashes: list[bytes] = field(default_factory=list, repr=False)
     status: str = WAITING
@@ -145,8 +148,7 @@ class Request:
         """Everything serving may change, copied: restore(snapshot) puts it back (the
         engine's all-or-nothing step). Field by field from the request itself, so a new field
         is saved without a word here."""
-        state = {name: list(value) if isinstance(value, list) else value
-                 for name, value in vars(self).items()}
+        state = {name: _copied(value) for name, value in vars(self).items()}
         state["rng"] = self.rng.bit_generator.state
         return state
 
@@ -154,6 +156,12 @@ class Request:
         rng_state = state["rng"]
         vars(self).update({name: value for name, value in state.items() if name != "rng"})
         self.rng.bit_generator.state = rng_state
+
+
+def _copied(value):
+    """A list copied (a list of lists, such as block_tables, to the bottom); anything else
+    as it is."""
+    return [_copied(item) for item in value] if isinstance(value, list) else value
 
 
 @dataclass(frozen=True)

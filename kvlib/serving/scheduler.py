@@ -120,9 +120,10 @@ def _lesson_policy(max_batch, max_batched_tokens, static: bool) -> SchedulerConf
 class StepRecord:
     """What one step did (engine.last_step, for the_engine lesson): scheduled_tokens
     {id: tokens}, admitted [ids] (from the queue this step), prefill_chunks {id: (first
-    position, tokens)} and decodes [ids], preempted, finished, and the blocks hit (prefix
-    cache), taken, freed and evicted; seconds, how long the step took on this machine. batch
-    [(request, tokens)] is what the model step runs."""
+    position, tokens)} and decodes [ids], preempted, finished, the blocks hit (prefix
+    cache) and the tokens they hold {id: tokens}, taken, freed and evicted; seconds, how
+    long the step took on this machine. batch [(request, tokens)] is what the model step
+    runs."""
 
     step: int
     seconds: float = 0.0
@@ -133,6 +134,7 @@ class StepRecord:
     preempted: list[int] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
     hit_blocks: dict[int, list[int]] = field(default_factory=dict)
+    hit_tokens: dict[int, int] = field(default_factory=dict)
     taken_blocks: list[int] = field(default_factory=list)
     freed_blocks: list[int] = field(default_factory=list)
     evicted_blocks: list[int] = field(default_factory=list)
@@ -162,10 +164,15 @@ class Scheduler:
     def schedule(self, step: int) -> StepRecord:
         """Fill a StepRecord for this step, taking and freeing blocks as it goes."""
         record = StepRecord(step)
+        self._free_skipped_blocks(record)
         budget = self._schedule_running(record, self.config.budget)
         if not record.preempted and not (self.config.static and self.running):
             self._schedule_waiting(record, budget)
         return record
+
+    def _free_skipped_blocks(self, record: StepRecord) -> None:
+        """Before scheduling: free the blocks no running request will read again (none here:
+        every layer is global; kvlib.serving.gemma3_engine's scheduler frees sliding ones)."""
 
     def _schedule_running(self, record: StepRecord, budget: int) -> int:
         index = 0
@@ -179,7 +186,7 @@ class Scheduler:
                     break
             if request.status != RUNNING:
                 break
-            self._take_blocks(request, self._blocks_needed(request, n_new), record)
+            self._allocate(request, n_new, record)
             self._run(request, n_new, record)
             budget -= n_new
             index += 1
@@ -188,26 +195,22 @@ class Scheduler:
     def _schedule_waiting(self, record: StepRecord, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            hits = self._cached_prefix(request)
-            computed = len(hits) * self.pool.block_size
+            hits, computed = self._cached_prefix_of(request)
             n_new = request.num_tokens - computed
             if n_new > budget:
                 if not self.config.enable_chunked_prefill and n_new <= self.config.budget:
                     break                   # whole prompts only: wait for a step with room
                 n_new = budget              # a chunk (or a resumed request that outgrew it)
-            idle_hits = sum(1 for block in hits if self.pool.ref_counts[block] == 0)
-            needed = -(-(computed + n_new) // self.pool.block_size) - len(hits)
-            if needed > self.pool.n_free - idle_hits:
+            if self._blocks_to_admit(hits, computed + n_new) > self.pool.n_free:
                 break                                      # first come, first served: wait
             self.waiting.popleft()
-            request.block_table = [self.pool.share(block) for block in hits]
-            request.num_cached_blocks = len(hits)
-            request.num_computed_tokens = computed
-            self._take_blocks(request, needed, record)
+            self._hold_hits(request, hits, computed)
+            self._allocate(request, n_new, record)
             request.status = RUNNING
             self.running.append(request)
-            if hits:
-                record.hit_blocks[request.request_id] = list(hits)
+            if computed:
+                record.hit_blocks[request.request_id] = self._held_hit_blocks(hits)
+                record.hit_tokens[request.request_id] = computed
             if request.first_scheduled_step is None:
                 request.first_scheduled_step = record.step
             record.admitted.append(request.request_id)
@@ -233,6 +236,33 @@ class Scheduler:
             return []
         n_blocks = (request.num_tokens - 1) // self.pool.block_size
         return self.pool.lookup_keys(self._block_hashes(request, n_blocks))
+
+    def _cached_prefix_of(self, request: Request) -> tuple[list[int], int]:
+        """(the blocks of the longest cached prefix, the tokens they hold)."""
+        hits = self._cached_prefix(request)
+        return hits, len(hits) * self.pool.block_size
+
+    def _blocks_to_admit(self, hits: list[int], end: int) -> int:
+        """Blocks an admission takes from the free ones: new blocks up to position end, and
+        the hit blocks nobody holds (idle: taking them back removes them from the free ones,
+        as vLLM counts its evictable computed blocks)."""
+        idle_hits = sum(1 for block in hits if self.pool.ref_counts[block] == 0)
+        return -(-end // self.pool.block_size) - len(hits) + idle_hits
+
+    def _hold_hits(self, request: Request, hits: list[int], computed: int) -> None:
+        """An admitted request holds its prefix hit's blocks and starts after them."""
+        request.block_table = [self.pool.share(block) for block in hits]
+        request.num_cached_blocks = len(hits)
+        request.num_computed_tokens = computed
+
+    @staticmethod
+    def _held_hit_blocks(hits: list[int]) -> list[int]:
+        """The blocks of a hit, for the StepRecord."""
+        return list(hits)
+
+    def _allocate(self, request: Request, n_new: int, record: StepRecord) -> None:
+        """Take the blocks that let the request's table cover n_new more positions."""
+        self._take_blocks(request, self._blocks_needed(request, n_new), record)
 
     def _blocks_needed(self, request: Request, n_new: int) -> int:
         """Blocks to take so that request's table covers n_new more positions."""

@@ -1,6 +1,7 @@
 """Workloads for the serving lessons and their benchmarks: the batching lesson's seeded stream
 of requests (make_workload), and the engine lesson's chat requests to SmolLM2 (a shared system
-message, questions arriving over six steps, one long passage), how they arrive at an engine,
+message, questions arriving over six steps, one long passage) and the same questions with
+replies past Gemma 3's window (long_reply_workload), how they arrive at an engine,
 the engine variants the lesson compares, and what a run measures.
 
 The lesson (the_engine), the batching lesson, benchmarks/engine.py, benchmarks/
@@ -66,6 +67,27 @@ def chat_prompts(tokenizer, questions=QUESTIONS, system: str = SYSTEM_PROMPT) ->
     return [tokenizer.apply_chat_template([{"role": "system", "content": system},
                                            {"role": "user", "content": question}])
             for question in questions]
+
+
+LONG_REPLIES = [600, 900, 700, 1200, 800, 1000, 1500, 650]
+"""max_tokens of each question in the long-reply workload: replies that go past Gemma 3's
+window of 512 positions (a long chat), as in the chat workload's arrivals."""
+
+
+def long_reply_workload(tokenizer, max_tokens=LONG_REPLIES) -> list[tuple[int, list[int],
+                                                                           SamplingParams]]:
+    """The chat workload's questions as plain-text prompts for a base model (Gemma 3 270M has
+    no chat template): the system message, then "Question: ...\nAnswer:", each with a long
+    reply (max_tokens) and no stop token, arriving as the chat workload's do -> [(arrival
+    step, prompt ids, SamplingParams)]. What local_global measures the pool on: lengths past
+    the window, a shared prefix."""
+    max_tokens = as_whole_numbers("max_tokens", max_tokens, 1).tolist()
+    if len(max_tokens) != len(QUESTIONS):
+        raise ValueError(f"give max_tokens for each of the {len(QUESTIONS)} questions, got "
+                         f"{len(max_tokens)}")
+    return [(arrival, tokenizer.encode(f"{SYSTEM_PROMPT}\n\nQuestion: {question}\nAnswer:"),
+             SamplingParams(max_tokens=n))
+            for arrival, question, n in zip(ARRIVALS, QUESTIONS, max_tokens)]
 
 
 def workload(tokenizer) -> list[tuple[int, list[int], SamplingParams]]:
