@@ -301,6 +301,7 @@ def gemma3_prefilled():
 
 
 pure("gemma3.forward", gemma3.forward, GEMMA3_TINY, PROMPT, last_only=True)
+pure("gemma3.generate", gemma3.generate, GEMMA3_TINY, PROMPT, 3)
 pure("Gemma3Config.replace", GEMMA3_TINY.config.replace, sliding_window=4)
 pure("local_global_cache_bytes", kvlib.local_global_cache_bytes, (3, None), 10, 1, 4, 1, 2)
 ROWS = np.ones((2, GEMMA3_TINY.config.kv_width))
@@ -772,7 +773,7 @@ BATCHED_ARGS = (np.linspace(-1.0, 1.0, 2 * 2 * 1 * 2).reshape(2, 2, 1, 2), [[3],
 pure("batched_block_attention", block_attention.batched_block_attention, *BATCHED_ARGS)
 pure("batched_gather_attention", block_attention.batched_gather_attention, *BATCHED_ARGS)
 
-# ---- the engine serving Gemma 3 (local_global) ---------------------------------------------
+# ---- the engine serving Gemma 3 (local_and_global_layers) -----------------------------
 
 from kvlib import gemma3 as gemma3_model  # noqa: E402
 from kvlib.checkpoints.gemma3 import Gemma3Config  # noqa: E402
@@ -838,8 +839,8 @@ SERVING_NOT_FUZZED = {
                     "Gemma3Engine's accounting and storage, made and called by it on the "
                     "groups, pool and requests it has checked"),
     "KVCacheGroup": "a record that kv_cache_groups builds",
-    "long_reply_workload": "local_global's workload on Gemma 3's tokenizer (the real file): "
-                           "its tests run it",
+    "long_reply_workload": "local_and_global_layers's workload on Gemma 3's tokenizer (the "
+                           "real file): its tests run it",
     **dict.fromkeys(["add_arrivals", "arrivals_in_seconds", "chat_prompts", "run_variant",
                      "variants", "workload", "workload_table"],
                     "the_engine's and batched_decoding's workloads on SmolLM2 (its tokenizer "

@@ -21,7 +21,7 @@ inference, never imported by them. One object per concept, shared by the lessons
 - kv_cache_manager and gemma3_engine.Gemma3Engine: the engine serving Gemma 3, its blocks
   counted per KV cache group (sliding layers free the blocks that left the window; a prefix
   hit needs only their last window), as vLLM V1's hybrid KV cache manager does; pool_peak,
-  the pool a workload needs with and without it (local_global);
+  the pool a workload needs with and without it (local_and_global_layers);
 - workloads: the lessons' and benchmarks' streams of requests.
 """
 

@@ -1,5 +1,5 @@
-"""The engine serving Gemma 3 (local_global): the_engine's loop over a model whose layers mix
-sliding-window and global attention, with its blocks counted per KV cache group
+"""The engine serving Gemma 3 (local_and_global_layers): the_engine's loop over a model
+whose layers mix sliding-window and global attention, with its blocks counted per KV cache group
 (kvlib.serving.kv_cache_manager, vLLM V1's hybrid KV cache manager).
 
 Gemma3Engine is kvlib's Engine (scheduling, chunked prefill, prefix caching, preemption by
@@ -118,7 +118,8 @@ class GroupedScheduler(Scheduler):
 
 
 class Gemma3Engine(Engine):
-    """kvlib's Engine serving Gemma3Params with block accounting per layer type (local_global).
+    """kvlib's Engine serving Gemma3Params with block accounting per layer type
+    (local_and_global_layers).
 
     Gemma3Engine(params, block_size=16, n_blocks=256, max_num_batched_tokens=256,
     max_num_seqs=64, enable_prefix_caching=True, enable_chunked_prefill=True,
@@ -222,7 +223,7 @@ class Gemma3Engine(Engine):
 
 def gemma3_forward_step(params: Gemma3Params, kv: KVCacheTensors, block_size: int,
                         batch) -> dict:
-    """One batched pass of Gemma 3 over every scheduled token (local_global): batch
+    """One batched pass of Gemma 3 over every scheduled token (local_and_global_layers): batch
     [(request, n_new)] -> {request id: logits (V,)} for each request whose tokens reach their
     end. The rows of all requests go through each projection and the MLP as one matrix
     (kvlib.gemma3.decoder_layer_around); in each layer the new K and V rows are written into
@@ -278,7 +279,7 @@ def _attention_over_blocks(config: Gemma3Config, layer, index: int, kv: KVCacheT
 def pool_peak(config: Gemma3Config, requests, block_size: int = 16,
               disable_hybrid_kv_cache_manager: bool = False,
               max_num_batched_tokens: int = 256, enable_prefix_caching: bool = True) -> dict:
-    """The pool a workload needs (local_global): the requests [(arrival step, prompt ids,
+    """The pool a workload needs (local_and_global_layers): the requests [(arrival step, prompt ids,
     SamplingParams)] scheduled by the engine's GroupedScheduler on a pool that never runs out,
     without a model (every new token 0: the accounting needs the lengths, not the tokens;
     requests with stop tokens run to max_tokens) -> {"peak_blocks", "block_bytes",
@@ -317,8 +318,8 @@ def pool_peak(config: Gemma3Config, requests, block_size: int = 16,
 
 def blocks_in_memory(config: Gemma3Config, nbytes: int, block_size: int = 16,
                      disable_hybrid_kv_cache_manager: bool = False) -> int:
-    """How many blocks a pool of nbytes of K and V holds (local_global): nbytes // the bytes
-    of a block, as vLLM sizes its pool from the memory left for the KV cache. The same
+    """How many blocks a pool of nbytes of K and V holds (local_and_global_layers): nbytes //
+    the bytes of a block, as vLLM sizes its pool from the memory left for the KV cache. The same
     memory is fewer, larger blocks without hybrid accounting (a block holds every layer)."""
     if not isinstance(config, Gemma3Config):
         raise TypeError(f"config must be a Gemma3Config, got {type(config).__name__}")

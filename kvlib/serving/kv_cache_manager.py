@@ -1,4 +1,4 @@
-"""Block accounting per layer type (local_global; vLLM V1's hybrid KV cache manager): the
+"""Block accounting per layer type (local_and_global_layers; vLLM V1's hybrid KV cache manager): the
 layers of a model that mixes sliding-window and global attention are cut into KV cache
 groups, each group keeps its own block table for every request, and all groups take their
 blocks from one pool.

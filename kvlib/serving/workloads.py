@@ -79,8 +79,8 @@ def long_reply_workload(tokenizer, max_tokens=LONG_REPLIES) -> list[tuple[int, l
     """The chat workload's questions as plain-text prompts for a base model (Gemma 3 270M has
     no chat template): the system message, then "Question: ...\nAnswer:", each with a long
     reply (max_tokens) and no stop token, arriving as the chat workload's do -> [(arrival
-    step, prompt ids, SamplingParams)]. What local_global measures the pool on: lengths past
-    the window, a shared prefix."""
+    step, prompt ids, SamplingParams)]. What local_and_global_layers measures the pool on:
+    lengths past the window, a shared prefix."""
     max_tokens = as_whole_numbers("max_tokens", max_tokens, 1).tolist()
     if len(max_tokens) != len(QUESTIONS):
         raise ValueError(f"give max_tokens for each of the {len(QUESTIONS)} questions, got "
