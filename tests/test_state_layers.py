@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from checker_cases import assert_answers_in_words, case_id, correct, not_yet, odd_answers
+from checker_cases import correct, not_yet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from notebook_runs import assert_solutions_pass, run_notebook
@@ -197,11 +197,6 @@ def test_exercise_1_accepts_the_answer_in_any_form(answer):
     correct(exercises.check_state_bytes(answer), "39,518,208")
 
 
-@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
-def test_exercise_1_answers_anything_in_words(label, answer):
-    assert_answers_in_words(exercises.check_state_bytes, answer)
-
-
 # ---------------------------------------------------------------------------- exercise 2
 
 @pytest.mark.parametrize("answer, words", [
@@ -224,11 +219,6 @@ def test_exercise_2_accepts_the_answer_in_any_form(answer):
     correct(exercises.check_truncate_lengths(answer), "nothing to undo")
 
 
-@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
-def test_exercise_2_answers_anything_in_words(label, answer):
-    assert_answers_in_words(exercises.check_truncate_lengths, answer)
-
-
 # ---------------------------------------------------------------------------- exercise 3
 
 @pytest.mark.parametrize("answer, words", [
@@ -245,11 +235,6 @@ def test_exercise_3_diagnoses_typical_mistakes(answer, words):
                                     (528.0, np.int64(896))])
 def test_exercise_3_accepts_the_answer_in_any_form(answer):
     correct(exercises.check_resumable_tokens(answer), "472")
-
-
-@pytest.mark.parametrize("label, answer", odd_answers(), ids=case_id)
-def test_exercise_3_answers_anything_in_words(label, answer):
-    assert_answers_in_words(exercises.check_resumable_tokens, answer)
 
 
 # ---------------------------------------------------------------------------- the notebook
