@@ -19,6 +19,7 @@ from kvlib import gemma3
 from kvlib.checkpoints.gemma3 import GEMMA3_270M, Gemma3Config
 from kvlib.exercises import local_and_global_layers as exercises
 from kvlib.memory import MiB
+from kvlib.serving.kv_cache_manager import freeable_blocks
 from kvlib.widgets import local_and_global_layers as widgets
 
 # ---------------------------------------------------------------------------------------------
@@ -117,7 +118,7 @@ def test_the_measured_text_is_the_tools():
 def test_the_freed_blocks_are_exactly_those_no_later_query_reads(window, block, computed):
     """A block may go when every position in it is older than the next query's window
     (which starts at computed - window + 1); vLLM 0.33.0's docstring example too."""
-    freed = exercises.blocks_to_free(window, block, computed)
+    freed = freeable_blocks(computed, window, block)
     first_read = computed - window + 1
     for index in range(computed // block + 1):
         assert (index in freed) == ((index + 1) * block <= first_read)
@@ -125,7 +126,7 @@ def test_the_freed_blocks_are_exactly_those_no_later_query_reads(window, block, 
 
 def test_vllm_docstring_example():
     # get_num_skipped_tokens(7) == 4 for sliding_window=4: with blocks of 2, blocks 0 and 1
-    assert exercises.blocks_to_free(4, 2, 7) == (0, 1)
+    assert list(freeable_blocks(7, 4, 2)) == [0, 1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,7 +194,7 @@ def test_global_layers_valid_forms(answer):
 def test_every_solution_passes_in_the_notebooks_variables(monkeypatch):
     monkeypatch.chdir(NOTEBOOKS)           # the notebook reads data/ beside it, as in Jupyter
     namespace = run_notebook("local_and_global_layers")
-    assert namespace["blocks_to_free"](27, 8, 4) == list(exercises.blocks_to_free(8, 4, 27))
+    assert namespace["blocks_to_free"](27, 8, 4) == list(freeable_blocks(27, 8, 4))
     assert_solutions_pass(namespace, exercises, {1: exercises.check_cache_bytes,
                                                  2: exercises.check_blocks_to_free,
                                                  3: exercises.check_global_layers})

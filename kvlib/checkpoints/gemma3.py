@@ -77,7 +77,7 @@ from .gguf import (
     read_gguf,
 )
 from .gguf import is_converted as _is_converted
-from .integrity import MANIFEST_NAME, DamagedFileError, sha256_of, verify_folder
+from .integrity import MANIFEST_NAME, DamagedFileError, passes, sha256_of, verify_folder
 from .safetensors import in_dtype, read_header, read_safetensors
 
 CHUNKS = (
@@ -589,13 +589,7 @@ def fetch(directory=None, *, convert: bool = True) -> Path:
 def _is_ready(path: Path) -> bool:
     """The GGUF file's converted folder up to date and as its manifest says (_check_folder:
     hashing only what verified.json does not vouch for): what fetch checks."""
-    if not is_converted(path):
-        return False
-    try:
-        _check_folder(converted_directory(path))
-    except DamagedFileError:
-        return False
-    return True
+    return is_converted(path) and passes(_check_folder, converted_directory(path))
 
 
 def _convert(path: Path) -> Path:

