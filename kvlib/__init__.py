@@ -16,6 +16,8 @@ from .cache import (
 from .checkpoints.gemma3 import GEMMA3_270M, gemma3_tokenizer, load_gemma3
 from .checkpoints.smollm2 import SMOLLM2_135M, load_smollm2, smollm2_tokenizer
 from .config import GPT2_LONG, GPT2_SMALL, ModelConfig
+from . import eviction, long_context
+from .eviction import EvictingCache, pyramid_budgets
 from .flops import (
     MultiplyAdds,
     count_multiply_adds,

@@ -142,6 +142,16 @@ class BaseKVCache:
         self._check_room(layer, len(K))
         return self._store(layer, K, V)
 
+    def mask_for(self, layer: int, mask):
+        """The mask of a pass for one layer's rows: the same for every layer here; an evicting
+        cache's layers may hold fewer rows (kvlib.eviction)."""
+        return mask
+
+    def observe(self, layer: int, weights: np.ndarray) -> None:
+        """What a layer's attention paid to the rows it read, weights (h, T, S), reported after
+        each pass: a cache that keeps every row ignores it; an evicting cache chooses here what
+        to keep (kvlib.eviction, keeping_what_attention_reads)."""
+
     def reset(self) -> None:
         """Forget every position (start a new, unrelated prompt); buffers are kept. Also
         the way out when the layers disagree."""

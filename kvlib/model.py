@@ -368,10 +368,15 @@ def _cached_attention(n_heads: int, mask, cache, layer_index: int, record_attent
     """decoder_block's attend: the chunk's K and V appended to the cache first (when there is
     one), then attention over every position it holds, with the mask -> (T, h x dh)."""
     def attend(Q, K, V):
+        layer_mask = mask
         if cache is not None:
             K, V = cache.append(layer_index, K, V)
+            layer_mask = cache.mask_for(layer_index, mask)   # an evicting cache's layers differ
         n_kv_heads = K.shape[1] // (Q.shape[1] // n_heads)   # fewer with grouped K/V heads
-        weights = attention_weights(split_heads(Q, n_heads), split_heads(K, n_kv_heads), mask)
+        weights = attention_weights(split_heads(Q, n_heads), split_heads(K, n_kv_heads),
+                                    layer_mask)
+        if cache is not None:
+            cache.observe(layer_index, weights)   # an evicting cache chooses what to keep here
         if record_attention is not None:
             record_attention.append(weights)
         return merge_heads(weighted_sum(weights, split_heads(V, n_kv_heads)))
