@@ -17,7 +17,8 @@ calls the policy after attention (kvlib.decoder_block reports the weights throug
 - SnapKV: once, on the prompt: the prompt's last `observation_window` queries vote for the
   positions before them, the votes pooled over `kernel_size` neighbours, per K/V head; the top
   positions and the window itself stay; generated tokens are all kept (Li et al., NeurIPS 2024,
-  arXiv 2404.14469; defaults from FasterDecoding/SnapKV's snapkv_utils.py).
+  arXiv 2404.14469). Pooling kernel 5 as in SnapKV's and PyramidKV's code; their observation
+  window of 32 or 64 is for budgets of a thousand and more, so the default here is 8.
 
 PyramidKV (Cai et al., arXiv 2406.02069) is a budget, not a policy: pyramid_budgets gives the
 lower layers more positions and the higher ones fewer, for the same total, and SnapKV selects.
@@ -244,6 +245,12 @@ class EvictingCache(BaseKVCache):
     def nbytes(self) -> int:
         """Bytes of the rows held: 2 (K and V) x the rows of every layer and head x dh x bytes."""
         return sum(keys.nbytes + values.nbytes for keys, values in zip(self._keys, self._values))
+
+    @property
+    def index_bytes(self) -> int:
+        """Bytes kept beside the rows: each held row's position and score, per K/V head."""
+        return sum(positions.nbytes + scores.nbytes
+                   for positions, scores in zip(self._positions, self._scores))
 
     def _describe(self) -> str:
         held = sorted({positions.shape[1] for positions in self._positions})

@@ -1,0 +1,159 @@
+"""Write notebooks/data/keeping_what_attention_reads.json: what each eviction policy costs
+SmolLM2-135M at equal cache budgets (after `make smollm2`; numpy and kvlib only, one BLAS
+thread):
+
+    .venv/bin/python tools/measure_eviction.py            # about 25 minutes on one core
+    .venv/bin/python tools/measure_eviction.py --quick    # a smaller run, printed, not written
+
+Three measurements, every policy through kvlib.eviction.EvictingCache, the ceiling through a
+plain kvlib.KVCache:
+
+- loss: Python's documentation of the assignment statement (pydoc_data.topics, PSF licence),
+  its first N_LOSS SmolLM2 tokens (ids kept, since another Python may hold another text), fed
+  one token at a time (kvlib.long_context.streaming_losses); per policy and budget the mean
+  loss of the tokens at positions SCORED_FROM .. N_LOSS - 1, and the mean of every block of
+  BLOCK predictions (block b: the predictions of ids[b x BLOCK + 1 ..]).
+- copying: a passage of PASSAGE_WORDS random words from the documentation, then FILLER tokens
+  of other documentation, then the passage's first CUE tokens; how many of the rest the model
+  copies greedily, teacher-forced (kvlib.long_context.copied_tokens). "question_last": the
+  prompt in one pass, the cue last (a scoring policy sees the cue when it chooses);
+  "question_later": the passage and filler in one pass, the cue in a second (it does not).
+- cost: one decode step at position N_LOSS - 1 with budget COST_BUDGET, per policy and for
+  plain caches of the whole sequence and of COST_BUDGET positions: the median time of
+  COST_STEPS steps (one thread; a timing, so the notebook shows it and checks nothing on it),
+  the bytes of K and V held and the bytes of positions and scores kept beside them.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_variable] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import kvlib  # noqa: E402
+from kvlib.eviction import EvictingCache, SnapKV, pyramid_budgets  # noqa: E402
+from kvlib.long_context import copied_tokens, streaming_losses  # noqa: E402
+
+OUTPUT = ROOT / "notebooks" / "data" / "keeping_what_attention_reads.json"
+N_LOSS, SCORED_FROM, BLOCK = 1536, 512, 64
+BUDGETS = [32, 64, 128, 256, 512]
+STREAMING = ["window", "sinks", "h2o", "tova"]           # SnapKV compresses a prompt, once
+PROMPTED = STREAMING + ["snapkv", "pyramidkv"]
+PASSAGE_WORDS, FILLER, CUE, TRIALS = 24, 640, 4, 3
+COST_BUDGET, COST_STEPS = 128, 15
+
+
+def loss_ids(tokenizer) -> list[int]:
+    from pydoc_data import topics
+    return tokenizer.encode(topics.topics["assignment"])[:N_LOSS]
+
+
+def make_cache(config, policy: str, budget: int):
+    """The cache a row is measured with: KVCache for "full", PyramidKV as SnapKV selecting
+    within pyramid_budgets, the others by name."""
+    if policy == "full":
+        return kvlib.KVCache(config)
+    if policy == "pyramidkv":
+        return EvictingCache(config, pyramid_budgets(config.n_layers, budget), SnapKV())
+    return EvictingCache(config, budget, policy)
+
+
+def loss_row(params, ids, policy: str, budget: int) -> dict:
+    losses = streaming_losses(params, ids, make_cache(params.config, policy, budget))
+    blocks = [float(losses[start:start + BLOCK].mean()) for start in range(0, len(losses), BLOCK)]
+    return {"mean": round(float(losses[SCORED_FROM - 1:].mean()), 4),
+            "blocks": [round(value, 4) for value in blocks]}
+
+
+def copy_trial(tokenizer, seed: int) -> dict:
+    """Ids of one copying trial: the passage, the filler around it, the cue length."""
+    from pydoc_data import topics
+    names = sorted(topics.topics)
+    rng = np.random.default_rng(seed)
+    words = topics.topics["assignment"].split()
+    passage = tokenizer.encode(" " + " ".join(rng.choice(words, PASSAGE_WORDS)))
+    filler_text = " ".join(topics.topics[name] for name in rng.choice(names, 12, replace=False))
+    filler = tokenizer.encode(filler_text)[:FILLER + 64]
+    return {"before": filler[:64], "passage": passage, "filler": filler[64:]}
+
+
+def copy_chunks(trial: dict, variant: str) -> tuple[list[list[int]], list[int]]:
+    """The prompt's chunks and the answer of a trial: the cue in the prompt's one pass
+    (question_last) or in a pass of its own (question_later)."""
+    head = trial["before"] + trial["passage"] + trial["filler"]
+    cue, answer = trial["passage"][:CUE], trial["passage"][CUE:]
+    chunks = [head + cue] if variant == "question_last" else [head, cue]
+    return chunks, answer
+
+
+def copy_fraction(params, trials, variant: str, policy: str, budget: int) -> float:
+    hits = [copied_tokens(params, *copy_chunks(trial, variant),
+                          make_cache(params.config, policy, budget)) for trial in trials]
+    return round(float(np.concatenate(hits).mean()), 4)
+
+
+def step_cost(params, ids, policy: str, budget: int) -> dict:
+    """The median time of a decode step after ids[:-1] (prefilled in one pass, so compressed
+    once to the budget), and the bytes held."""
+    config = params.config
+    cache = make_cache(config, "full" if policy == "short" else policy, budget)
+    prompt = ids[-budget - 1:-1] if policy == "short" else ids[:-1]
+    kvlib.prefill(params, prompt, cache, last_only=True)
+    saved, times = cache.checkpoint(), []
+    for _ in range(COST_STEPS):
+        start = time.perf_counter()
+        kvlib.decode_step(params, ids[-1], cache)
+        times.append(time.perf_counter() - start)
+        cache.restore(saved)
+    index_bytes = cache.index_bytes if isinstance(cache, EvictingCache) else 0
+    return {"step_ms": round(1000 * float(np.median(times)), 2), "nbytes": cache.nbytes,
+            "index_bytes": index_bytes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small run, printed, not written")
+    quick = parser.parse_args().quick
+    params, tokenizer = kvlib.load_smollm2(), kvlib.smollm2_tokenizer()
+    ids = loss_ids(tokenizer)[: 300 if quick else N_LOSS]
+    budgets = [32, 128] if quick else BUDGETS
+    data = {"command": "python tools/measure_eviction.py", "model": "SmolLM2-135M-Instruct",
+            "loss": {"ids": ids, "scored_from": SCORED_FROM, "block": BLOCK, "budgets": budgets,
+                     "full": loss_row(params, ids, "full", 0), "policies": {}}}
+    for policy in STREAMING:
+        data["loss"]["policies"][policy] = {str(b): loss_row(params, ids, policy, b)
+                                            for b in budgets}
+        print(policy, [row["mean"] for row in data["loss"]["policies"][policy].values()],
+              "full", data["loss"]["full"]["mean"], flush=True)
+    trials = [copy_trial(tokenizer, seed) for seed in range(1 if quick else TRIALS)]
+    data["copying"] = {"cue": CUE, "trials": trials, "budgets": budgets}
+    for variant in ("question_last", "question_later"):
+        row = {"full": copy_fraction(params, trials, variant, "full", 0), "policies": {}}
+        for policy in PROMPTED:
+            row["policies"][policy] = [copy_fraction(params, trials, variant, policy, b)
+                                       for b in budgets]
+        data["copying"][variant] = row
+        print(variant, row, flush=True)
+    data["cost"] = {"position": len(ids) - 1, "budget": COST_BUDGET, "policies": {
+        policy: step_cost(params, ids, policy, COST_BUDGET)
+        for policy in ["full", "short"] + PROMPTED}}
+    print(data["cost"], flush=True)
+    if not quick:
+        OUTPUT.write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
+        print("wrote", OUTPUT.relative_to(ROOT))
+
+
+if __name__ == "__main__":
+    main()
