@@ -226,10 +226,11 @@ def test_a_pass_that_fails_half_way_leaves_the_cache_as_it_was(error, monkeypatc
     with pytest.raises(type(error)):
         kvlib.decode_step(params, 3, cache)
     monkeypatch.setattr(EvictingCache, "observe", observe)
-    after = cache.checkpoint()[1]
-    assert after[0] == before[0] and after[-1] == before[-1]
-    for listed_before, listed_after in zip(before[1:5], after[1:5]):
-        assert all(a is b for a, b in zip(listed_before, listed_after))
+    lengths, layers = cache.checkpoint()[1]
+    assert lengths == before[0]
+    for state_before, state_after in zip(before[1], layers):   # the same arrays, untouched
+        assert all(a is b for a, b in zip(state_before, state_after))
+    assert cache.lengths == (12, 12, 12) and cache.held_positions(0).shape == (2, 6)
 
 
 @pytest.mark.parametrize("make, words", [
@@ -271,7 +272,7 @@ def test_streaming_losses_through_a_plain_cache_are_the_models_losses():
     np.testing.assert_allclose(streaming_losses(params, ids, kvlib.KVCache(config)),
                                kvlib.next_token_losses(kvlib.forward(params, ids), ids),
                                atol=1e-12)
-    with pytest.raises(ValueError, match="empty cache"):
+    with pytest.raises(ValueError, match="an empty cache"):
         cache = kvlib.KVCache(config)
         kvlib.prefill(params, [1], cache)
         streaming_losses(params, ids, cache)
@@ -311,3 +312,59 @@ def test_one_copying_row_is_remade(smollm2):
     fraction = tool.copy_fraction(smollm2, data["trials"], "question_later", "window", budgets[-1])
     # each trial's answer has about 30 tokens: another CPU's float32 may flip a near tie or two
     assert abs(fraction - data["question_later"]["policies"]["window"][-1]) <= 0.05
+
+
+# --------------------------------------------------------------------------- Gemma 3
+
+@st.composite
+def gemma3_models(draw):
+    """A tiny random Gemma 3 in float64: sliding and global layers, one K/V head or two."""
+    from kvlib import gemma3
+    from kvlib.checkpoints.gemma3 import LAYER_TYPES, Gemma3Config
+    kv = draw(st.integers(1, 2))
+    layers = draw(st.integers(1, 3))
+    config = Gemma3Config(
+        vocab_size=20, hidden_size=8, intermediate_size=6, num_hidden_layers=layers,
+        num_attention_heads=kv * draw(st.integers(1, 2)), num_key_value_heads=kv, head_dim=4,
+        layer_types=tuple(draw(st.lists(st.sampled_from(LAYER_TYPES), min_size=layers,
+                                        max_size=layers))),
+        sliding_window=draw(st.integers(1, 5)), query_pre_attn_scalar=9.0,
+        max_position_embeddings=40, dtype="float64")
+    return gemma3.init_gemma3_params(config, draw(st.integers(0, 1000)))
+
+
+def run_gemma3(params, ids, cache, first):
+    from kvlib import gemma3
+    logits, cache = gemma3.prefill(params, ids[:first], cache)
+    rows = [logits] + [gemma3.decode_step(params, token, cache) for token in ids[first:]]
+    return np.concatenate(rows)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), name=st.sampled_from(["window", "sinks", "tova", "h2o", "snapkv"]))
+def test_gemma3s_evicting_global_layers_are_its_cache_with_room_and_keep_their_budget(data, name):
+    from kvlib import gemma3
+    params = data.draw(gemma3_models())
+    config = params.config
+    if config.num_key_value_heads > 1 and name in ("h2o", "snapkv"):
+        with pytest.raises(ValueError, match="per K/V head"):
+            gemma3.evicting_cache(config, 10, name)
+        return
+    name = {"snapkv": SnapKV(2, 3), "sinks": Sinks(2)}.get(name, name)
+    ids = data.draw(st.lists(st.integers(0, 19), min_size=6, max_size=20))
+    first = data.draw(st.integers(1, len(ids)))
+    expected = run_gemma3(params, ids, gemma3.Gemma3Cache(config), first)
+    roomy = gemma3.evicting_cache(config, 20, name)
+    np.testing.assert_array_equal(run_gemma3(params, ids, roomy, first), expected)
+    budget = 5
+    tight = gemma3.evicting_cache(config, budget, name)
+    run_gemma3(params, ids, tight, first)
+    for index, layer in enumerate(tight.layers):
+        held = layer.n_held
+        if config.is_sliding(index):
+            assert held == min(len(ids), config.sliding_window)
+        elif isinstance(name, SnapKV):
+            assert held == min(first, budget) + len(ids) - first
+        else:
+            assert held == min(len(ids), budget)
+    assert len(tight) == len(ids)

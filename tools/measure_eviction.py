@@ -1,9 +1,11 @@
 """Write notebooks/data/keeping_what_attention_reads.json: what each eviction policy costs
-SmolLM2-135M at equal cache budgets (after `make smollm2`; numpy and kvlib only, one BLAS
-thread):
+SmolLM2-135M at equal cache budgets, and keeping_what_attention_reads_gemma3.json: the same
+for Gemma 3 270M's three global layers, its sliding layers keeping their ring (after `make
+smollm2 gemma3`; numpy and kvlib only, one BLAS thread):
 
-    .venv/bin/python tools/measure_eviction.py            # about 25 minutes on one core
-    .venv/bin/python tools/measure_eviction.py --quick    # a smaller run, printed, not written
+    .venv/bin/python tools/measure_eviction.py                  # about 25 minutes on one core
+    .venv/bin/python tools/measure_eviction.py --model gemma3   # about 25 minutes
+    .venv/bin/python tools/measure_eviction.py --quick          # a smaller run, printed only
 
 Three measurements, every policy through kvlib.eviction.EvictingCache, the ceiling through a
 plain kvlib.KVCache:
@@ -18,7 +20,11 @@ plain kvlib.KVCache:
   copies greedily, teacher-forced (kvlib.long_context.copied_tokens). "question_last": the
   prompt in one pass, the cue last (a scoring policy sees the cue when it chooses);
   "question_later": the passage and filler in one pass, the cue in a second (it does not).
-- cost: one decode step at position N_LOSS - 1 with budget COST_BUDGET, per policy and for
+- Gemma 3: fewer rows (a step takes six times SmolLM2's): N_LOSS_GEMMA3 tokens, budgets
+  BUDGETS_GEMMA3 for the global layers, TRIALS_GEMMA3 copying trials, no PyramidKV (three
+  global layers), no cost rows. Its filler is longer than its 512-position window, so only the
+  global layers can reach the passage.
+- cost (SmolLM2): one decode step at position N_LOSS - 1 with budget COST_BUDGET, per policy and for
   plain caches of the whole sequence and of COST_BUDGET positions: the median time of
   COST_STEPS steps (one thread; a timing, so the notebook shows it and checks nothing on it),
   the bytes of K and V held and the bytes of positions and scores kept beside them.
@@ -43,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import kvlib  # noqa: E402
+from kvlib import gemma3  # noqa: E402
 from kvlib.eviction import EvictingCache, SnapKV, pyramid_budgets  # noqa: E402
 from kvlib.long_context import copied_tokens, streaming_losses  # noqa: E402
 
@@ -53,16 +60,22 @@ STREAMING = ["window", "sinks", "h2o", "tova"]           # SnapKV compresses a p
 PROMPTED = STREAMING + ["snapkv", "pyramidkv"]
 PASSAGE_WORDS, FILLER, CUE, TRIALS = 24, 640, 4, 3
 COST_BUDGET, COST_STEPS = 128, 15
+OUTPUT_GEMMA3 = ROOT / "notebooks" / "data" / "keeping_what_attention_reads_gemma3.json"
+N_LOSS_GEMMA3, BUDGETS_GEMMA3, TRIALS_GEMMA3 = 768, [32, 128], 2
 
 
-def loss_ids(tokenizer) -> list[int]:
+def loss_ids(tokenizer, n_tokens: int = N_LOSS) -> list[int]:
     from pydoc_data import topics
-    return tokenizer.encode(topics.topics["assignment"])[:N_LOSS]
+    return tokenizer.encode(topics.topics["assignment"])[:n_tokens]
 
 
 def make_cache(config, policy: str, budget: int):
     """The cache a row is measured with: KVCache for "full", PyramidKV as SnapKV selecting
-    within pyramid_budgets, the others by name."""
+    within pyramid_budgets, the others by name; for Gemma 3 its own cache, the global layers
+    evicting."""
+    if isinstance(config, gemma3.Gemma3Config):
+        return gemma3.Gemma3Cache(config) if policy == "full" else \
+            gemma3.evicting_cache(config, budget, policy)
     if policy == "full":
         return kvlib.KVCache(config)
     if policy == "pyramidkv":
@@ -83,7 +96,10 @@ def copy_trial(tokenizer, seed: int) -> dict:
     names = sorted(topics.topics)
     rng = np.random.default_rng(seed)
     words = topics.topics["assignment"].split()
-    passage = tokenizer.encode(" " + " ".join(rng.choice(words, PASSAGE_WORDS)))
+    passage_text = " " + " ".join(rng.choice(words, PASSAGE_WORDS))
+    # Gemma 3's tokenizer puts BOS first unless told not to: once, at the prompt's start
+    passage = tokenizer.encode(passage_text, add_bos=False) if hasattr(tokenizer, "bos_id") \
+        else tokenizer.encode(passage_text)
     filler_text = " ".join(topics.topics[name] for name in rng.choice(names, 12, replace=False))
     filler = tokenizer.encode(filler_text)[:FILLER + 64]
     return {"before": filler[:64], "passage": passage, "filler": filler[64:]}
@@ -122,10 +138,42 @@ def step_cost(params, ids, policy: str, budget: int) -> dict:
             "index_bytes": index_bytes}
 
 
+def measure_gemma3(quick: bool) -> None:
+    params, tokenizer = kvlib.load_gemma3(), kvlib.gemma3_tokenizer()
+    ids = loss_ids(tokenizer, 600 if quick else N_LOSS_GEMMA3)
+    budgets = [32] if quick else BUDGETS_GEMMA3
+    data = {"command": "python tools/measure_eviction.py --model gemma3",
+            "model": "Gemma 3 270M", "evicting": "the 3 global layers",
+            "loss": {"ids": ids, "scored_from": SCORED_FROM, "block": BLOCK, "budgets": budgets,
+                     "full": loss_row(params, ids, "full", 0), "policies": {}}}
+    for policy in STREAMING:
+        data["loss"]["policies"][policy] = {str(b): loss_row(params, ids, policy, b)
+                                            for b in budgets}
+        print(policy, [row["mean"] for row in data["loss"]["policies"][policy].values()],
+              "full", data["loss"]["full"]["mean"], flush=True)
+    trials = [copy_trial(tokenizer, seed) for seed in range(1 if quick else TRIALS_GEMMA3)]
+    data["copying"] = {"cue": CUE, "trials": trials, "budgets": budgets}
+    for variant in ("question_last", "question_later"):
+        row = {"full": copy_fraction(params, trials, variant, "full", 0), "policies": {}}
+        for policy in STREAMING + ["snapkv"]:
+            row["policies"][policy] = [copy_fraction(params, trials, variant, policy, b)
+                                       for b in budgets]
+        data["copying"][variant] = row
+        print(variant, row, flush=True)
+    if not quick:
+        OUTPUT_GEMMA3.write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
+        print("wrote", OUTPUT_GEMMA3.relative_to(ROOT))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small run, printed, not written")
-    quick = parser.parse_args().quick
+    parser.add_argument("--model", choices=["smollm2", "gemma3"], default="smollm2")
+    arguments = parser.parse_args()
+    quick = arguments.quick
+    if arguments.model == "gemma3":
+        measure_gemma3(quick)
+        return
     params, tokenizer = kvlib.load_smollm2(), kvlib.smollm2_tokenizer()
     ids = loss_ids(tokenizer)[: 300 if quick else N_LOSS]
     budgets = [32, 128] if quick else BUDGETS
