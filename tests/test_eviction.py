@@ -368,3 +368,61 @@ def test_gemma3s_evicting_global_layers_are_its_cache_with_room_and_keep_their_b
         else:
             assert held == min(len(ids), budget)
     assert len(tight) == len(ids)
+
+
+# --------------------------------------------------------------------------- kvpress on transformers
+
+REFERENCE = ROOT / "tests" / "data" / "eviction-reference.npz"
+
+
+@pytest.mark.parametrize("name, policy", [("sinks", Sinks(4)), ("snapkv", SnapKV(4, 3))])
+def test_the_kept_positions_and_the_next_logits_are_kvpresss(name, policy):
+    """tools/make_eviction_reference.py: kvpress 0.5.5's presses on transformers 5.25, the tiny
+    Llama in float64, a 32-token prompt compressed to 12 positions, then one decode step."""
+    reference, params = np.load(REFERENCE), _tiny_llama()
+    kept = reference[f"{name}_positions"].shape[-1]
+    cache = EvictingCache(params.config, kept, policy)
+    recorded = []
+    kvlib.prefill(params, reference["ids"], cache, record_attention=recorded)
+    for layer, positions in enumerate(reference[f"{name}_positions"]):
+        np.testing.assert_array_equal(cache.held_positions(layer), positions)
+    logits = kvlib.decode_step(params, int(reference["token"]), cache)
+    np.testing.assert_allclose(logits[0], reference[f"{name}_logits"][-1], rtol=0, atol=1e-9)
+    assert np.abs(reference["full_logits"][-1] - logits[0]).max() > 1e-3   # eviction showed
+    if name == "snapkv":     # no near tie between the last kept and the first dropped vote
+        window = policy.observation_window
+        for weights in recorded:
+            votes = weights.reshape(2, -1, *weights.shape[1:])[:, :, -window:, :-window]
+            ranked = -np.sort(-average_pool(votes.sum(axis=(1, 2)), policy.kernel_size))
+            chosen = kept - window
+            assert (ranked[:, chosen - 1] - ranked[:, chosen] > 1e-4 * ranked[:, 0]).all()
+
+
+def test_tova_scores_what_kvpresss_tova_scores():
+    """kvpress's TOVAPress keeps the last position always, then the others the last query
+    weighs most, averaged over every query head; TOVA's own code (TOVACache.reduce) and kvlib
+    rank the last position like any other. So kvpress's choice is checked against kvlib's
+    scores with the last forced in, and kvlib's own choice differs exactly where the last
+    position's weight is not among the 12 highest."""
+    reference, params = np.load(REFERENCE), _tiny_llama()
+    kept = reference["tova_positions"].shape[-1]
+    cache = EvictingCache(params.config, kept, TOVA())
+    recorded = []
+    kvlib.prefill(params, reference["ids"], cache, record_attention=recorded)
+    differs = []
+    for layer, weights in enumerate(recorded):
+        scores = weights[:, -1, :].mean(axis=0)                       # (T,)
+        others = np.argsort(-scores[:-1], kind="stable")[: kept - 1]
+        forced_last = sorted([*others.tolist(), len(scores) - 1])
+        assert reference["tova_positions"][layer].tolist() == [forced_last] * 2
+        ranked = -np.sort(-scores[:-1])
+        assert ranked[kept - 2] - ranked[kept - 1] > 1e-4 * ranked[0]    # no near tie
+        last_is_top = scores[-1] >= np.sort(scores)[-kept]
+        assert (cache.held_positions(layer)[0].tolist() == forced_last) == bool(last_is_top)
+        differs.append(not last_is_top)
+    assert any(differs)        # the difference shows on this prompt: the test compares something
+
+
+def _tiny_llama():
+    from kvlib.checkpoints import llama
+    return llama.load(ROOT / "tests" / "data" / "llama-reference", dtype="float64")
