@@ -35,7 +35,6 @@ from .cache import BaseKVCache, _plural
 from .checks import as_config, as_one_of, as_whole_number
 from .config import ModelConfig
 
-
 # ---------------------------------------------------------------------------------- policies
 
 def _top(scores: np.ndarray, n_keep: int) -> np.ndarray:
@@ -81,7 +80,7 @@ class Sinks:
         n_heads, n_slots = positions.shape
         recent = _last(n_heads, n_slots, budget - self.sink_tokens)
         sinks = np.broadcast_to(np.arange(self.sink_tokens), (n_heads, self.sink_tokens))
-        return np.concatenate([sinks, recent], axis=1)   # the sinks are the first slots, never evicted
+        return np.concatenate([sinks, recent], axis=1)   # sinks: the first slots, never evicted
 
 
 class H2O:

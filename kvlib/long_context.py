@@ -13,7 +13,7 @@ import numpy as np
 
 from . import gemma3
 from .checkpoints.gemma3 import Gemma3Params
-from .checks import as_cache, as_params, as_token_ids
+from .checks import as_cache, as_params, as_token_ids, as_whole_number
 from .inference import decode_step, prefill
 
 
@@ -37,16 +37,18 @@ def log_loss(logits_row: np.ndarray, token: int) -> float:
     return float(np.log(np.exp(row).sum()) - row[token])
 
 
-def streaming_losses(params, ids, cache) -> np.ndarray:
-    """The text fed one token at a time through an empty cache, each token predicting the next
+def streaming_losses(params, ids, cache, prompt_length: int = 1) -> np.ndarray:
+    """The text fed through an empty cache, each token predicting the next
     (keeping_what_attention_reads): ids (T,) -> losses (T - 1,), loss t for ids[t + 1] given
-    what the cache kept of ids[: t + 1]. One token a pass is what an evicting cache is made
-    for: it chooses after every step."""
+    what the cache kept of ids[: t + 1]. The first prompt_length ids go in one pass (a prompt:
+    what SnapKV compresses, once), the rest one token at a time (an evicting cache chooses
+    after every step)."""
     run_prefill, run_decode_step, vocab_size = _model(params, cache, np.size(ids))
     ids = as_token_ids(ids, vocab_size, "ids")
-    logits, cache = run_prefill(params, ids[:1], cache)
-    losses = []
-    for position in range(1, len(ids)):
+    prompt_length = as_whole_number("prompt_length", prompt_length, 1, len(ids))
+    logits, cache = run_prefill(params, ids[:prompt_length], cache)
+    losses = [log_loss(row, token) for row, token in zip(logits[:-1], ids[1:prompt_length])]
+    for position in range(prompt_length, len(ids)):
         losses.append(log_loss(logits[-1], ids[position]))
         if position < len(ids) - 1:
             logits = run_decode_step(params, ids[position], cache)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import configs
 
 import kvlib
-from kvlib.eviction import H2O, POLICIES, TOVA, EvictingCache, SnapKV, Sinks, Window, average_pool
+from kvlib.eviction import H2O, POLICIES, TOVA, EvictingCache, Sinks, SnapKV, Window, average_pool
 from kvlib.long_context import copied_tokens, streaming_losses
-from strategies import configs
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "notebooks" / "data" / "keeping_what_attention_reads.json"
@@ -370,7 +370,7 @@ def test_gemma3s_evicting_global_layers_are_its_cache_with_room_and_keep_their_b
     assert len(tight) == len(ids)
 
 
-# --------------------------------------------------------------------------- kvpress on transformers
+# ------------------------------------------------------------------- kvpress on transformers
 
 REFERENCE = ROOT / "tests" / "data" / "eviction-reference.npz"
 
@@ -426,3 +426,15 @@ def test_tova_scores_what_kvpresss_tova_scores():
 def _tiny_llama():
     from kvlib.checkpoints import llama
     return llama.load(ROOT / "tests" / "data" / "llama-reference", dtype="float64")
+
+
+def test_a_prompt_in_one_pass_gives_the_same_losses_as_one_token_at_a_time():
+    params, config = toy()
+    ids = np.random.default_rng(4).integers(0, 40, 20)
+    one_by_one = streaming_losses(params, ids, kvlib.KVCache(config))
+    np.testing.assert_allclose(streaming_losses(params, ids, kvlib.KVCache(config), 12),
+                               one_by_one, atol=1e-12)
+    # SnapKV compresses a prompt given in one pass, not one given token by token
+    compressed = streaming_losses(params, ids, EvictingCache(config, 8, SnapKV(2)), 12)
+    assert np.abs(compressed[12:] - one_by_one[12:]).max() > 1e-6
+    np.testing.assert_allclose(compressed[:11], one_by_one[:11], atol=1e-12)

@@ -62,6 +62,7 @@ PASSAGE_WORDS, FILLER, CUE, TRIALS = 24, 640, 4, 3
 COST_BUDGET, COST_STEPS = 128, 15
 OUTPUT_GEMMA3 = ROOT / "notebooks" / "data" / "keeping_what_attention_reads_gemma3.json"
 N_LOSS_GEMMA3, BUDGETS_GEMMA3, TRIALS_GEMMA3 = 768, [32, 128], 2
+CONTINUED = 512
 
 
 def loss_ids(tokenizer, n_tokens: int = N_LOSS) -> list[int]:
@@ -83,8 +84,11 @@ def make_cache(config, policy: str, budget: int):
     return EvictingCache(config, budget, policy)
 
 
-def loss_row(params, ids, policy: str, budget: int) -> dict:
-    losses = streaming_losses(params, ids, make_cache(params.config, policy, budget))
+def loss_row(params, ids, policy: str, budget: int, prompt_length: int = 1) -> dict:
+    """The mean loss of the tokens at SCORED_FROM .. and the mean of every block of BLOCK
+    predictions, fed one token at a time after a prompt of prompt_length in one pass."""
+    losses = streaming_losses(params, ids, make_cache(params.config, policy, budget),
+                              prompt_length)
     blocks = [float(losses[start:start + BLOCK].mean()) for start in range(0, len(losses), BLOCK)]
     return {"mean": round(float(losses[SCORED_FROM - 1:].mean()), 4),
             "blocks": [round(value, 4) for value in blocks]}
@@ -138,69 +142,92 @@ def step_cost(params, ids, policy: str, budget: int) -> dict:
             "index_bytes": index_bytes}
 
 
-def measure_gemma3(quick: bool) -> None:
-    params, tokenizer = kvlib.load_gemma3(), kvlib.gemma3_tokenizer()
-    ids = loss_ids(tokenizer, 600 if quick else N_LOSS_GEMMA3)
-    budgets = [32] if quick else BUDGETS_GEMMA3
-    data = {"command": "python tools/measure_eviction.py --model gemma3",
-            "model": "Gemma 3 270M", "evicting": "the 3 global layers",
-            "loss": {"ids": ids, "scored_from": SCORED_FROM, "block": BLOCK, "budgets": budgets,
-                     "full": loss_row(params, ids, "full", 0), "policies": {}}}
+MODELS = {
+    "smollm2": dict(load=kvlib.load_smollm2, tokenizer=kvlib.smollm2_tokenizer, output=OUTPUT,
+                    name="SmolLM2-135M-Instruct", n_loss=N_LOSS, budgets=BUDGETS, trials=TRIALS,
+                    prompted=PROMPTED, sections=("loss", "continued", "copying", "cost")),
+    "gemma3": dict(load=kvlib.load_gemma3, tokenizer=kvlib.gemma3_tokenizer,
+                   output=OUTPUT_GEMMA3, name="Gemma 3 270M, its 3 global layers evicting",
+                   n_loss=N_LOSS_GEMMA3, budgets=BUDGETS_GEMMA3, trials=TRIALS_GEMMA3,
+                   prompted=STREAMING + ["snapkv"], sections=("loss", "copying")),
+}
+
+
+def measure_loss(params, ids, budgets, settings) -> dict:
+    """The text one token at a time from the start: the streaming policies."""
+    section = {"ids": ids, "scored_from": SCORED_FROM, "block": BLOCK, "budgets": budgets,
+               "full": loss_row(params, ids, "full", 0), "policies": {}}
     for policy in STREAMING:
-        data["loss"]["policies"][policy] = {str(b): loss_row(params, ids, policy, b)
-                                            for b in budgets}
-        print(policy, [row["mean"] for row in data["loss"]["policies"][policy].values()],
-              "full", data["loss"]["full"]["mean"], flush=True)
-    trials = [copy_trial(tokenizer, seed) for seed in range(1 if quick else TRIALS_GEMMA3)]
-    data["copying"] = {"cue": CUE, "trials": trials, "budgets": budgets}
+        section["policies"][policy] = {str(b): loss_row(params, ids, policy, b) for b in budgets}
+        print("loss", policy, [row["mean"] for row in section["policies"][policy].values()],
+              "full", section["full"]["mean"], flush=True)
+    return section
+
+
+def measure_continued(params, ids, budgets, settings) -> dict:
+    """The text's first len - CONTINUED tokens as a prompt in one pass (every policy chooses,
+    SnapKV once), then the rest one token at a time: every policy, SnapKV and PyramidKV too."""
+    prompt_length = len(ids) - CONTINUED
+    section = {"prompt_length": prompt_length, "budgets": budgets,
+               "full": loss_row(params, ids, "full", 0, prompt_length)["mean"], "policies": {}}
+    for policy in settings["prompted"]:
+        section["policies"][policy] = [loss_row(params, ids, policy, b, prompt_length)["mean"]
+                                       for b in budgets]
+        print("continued", policy, section["policies"][policy], "full", section["full"],
+              flush=True)
+    return section
+
+
+def measure_copying(params, tokenizer, budgets, settings) -> dict:
+    trials = [copy_trial(tokenizer, seed) for seed in range(settings["trials"])]
+    section = {"cue": CUE, "trials": trials, "budgets": budgets}
     for variant in ("question_last", "question_later"):
         row = {"full": copy_fraction(params, trials, variant, "full", 0), "policies": {}}
-        for policy in STREAMING + ["snapkv"]:
+        for policy in settings["prompted"]:
             row["policies"][policy] = [copy_fraction(params, trials, variant, policy, b)
                                        for b in budgets]
-        data["copying"][variant] = row
+        section[variant] = row
         print(variant, row, flush=True)
-    if not quick:
-        OUTPUT_GEMMA3.write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
-        print("wrote", OUTPUT_GEMMA3.relative_to(ROOT))
+    return section
+
+
+def measure_cost(params, ids, settings) -> dict:
+    section = {"position": len(ids) - 1, "budget": COST_BUDGET, "policies": {
+        policy: step_cost(params, ids, policy, COST_BUDGET)
+        for policy in ["full", "short"] + settings["prompted"]}}
+    print(section, flush=True)
+    return section
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2")
+    parser.add_argument("--sections", help="comma-separated sections to measure again, the "
+                        "others kept from the file (default: all)")
     parser.add_argument("--quick", action="store_true", help="small run, printed, not written")
-    parser.add_argument("--model", choices=["smollm2", "gemma3"], default="smollm2")
     arguments = parser.parse_args()
+    settings = MODELS[arguments.model]
+    sections = arguments.sections.split(",") if arguments.sections else settings["sections"]
+    unknown = set(sections) - set(settings["sections"])
+    if unknown:
+        parser.error(f"no section {sorted(unknown)} for {arguments.model}")
+    params, tokenizer = settings["load"](), settings["tokenizer"]()
     quick = arguments.quick
-    if arguments.model == "gemma3":
-        measure_gemma3(quick)
-        return
-    params, tokenizer = kvlib.load_smollm2(), kvlib.smollm2_tokenizer()
-    ids = loss_ids(tokenizer)[: 300 if quick else N_LOSS]
-    budgets = [32, 128] if quick else BUDGETS
-    data = {"command": "python tools/measure_eviction.py", "model": "SmolLM2-135M-Instruct",
-            "loss": {"ids": ids, "scored_from": SCORED_FROM, "block": BLOCK, "budgets": budgets,
-                     "full": loss_row(params, ids, "full", 0), "policies": {}}}
-    for policy in STREAMING:
-        data["loss"]["policies"][policy] = {str(b): loss_row(params, ids, policy, b)
-                                            for b in budgets}
-        print(policy, [row["mean"] for row in data["loss"]["policies"][policy].values()],
-              "full", data["loss"]["full"]["mean"], flush=True)
-    trials = [copy_trial(tokenizer, seed) for seed in range(1 if quick else TRIALS)]
-    data["copying"] = {"cue": CUE, "trials": trials, "budgets": budgets}
-    for variant in ("question_last", "question_later"):
-        row = {"full": copy_fraction(params, trials, variant, "full", 0), "policies": {}}
-        for policy in PROMPTED:
-            row["policies"][policy] = [copy_fraction(params, trials, variant, policy, b)
-                                       for b in budgets]
-        data["copying"][variant] = row
-        print(variant, row, flush=True)
-    data["cost"] = {"position": len(ids) - 1, "budget": COST_BUDGET, "policies": {
-        policy: step_cost(params, ids, policy, COST_BUDGET)
-        for policy in ["full", "short"] + PROMPTED}}
-    print(data["cost"], flush=True)
+    ids = loss_ids(tokenizer, 600 if quick else settings["n_loss"])
+    budgets = settings["budgets"][:1] if quick else settings["budgets"]
+    output = settings["output"]
+    data = json.loads(output.read_text()) if arguments.sections else {}
+    data.update({"command": f"python tools/measure_eviction.py --model {arguments.model}",
+                 "model": settings["name"]})
+    measures = {"loss": lambda: measure_loss(params, ids, budgets, settings),
+                "continued": lambda: measure_continued(params, ids, budgets, settings),
+                "copying": lambda: measure_copying(params, tokenizer, budgets, settings),
+                "cost": lambda: measure_cost(params, ids, settings)}
+    for section in sections:
+        data[section] = measures[section]()
     if not quick:
-        OUTPUT.write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
-        print("wrote", OUTPUT.relative_to(ROOT))
+        output.write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
+        print("wrote", output.relative_to(ROOT))
 
 
 if __name__ == "__main__":
