@@ -50,7 +50,7 @@ def any_policy(name, draw):
     return POLICIES[name]()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(data=st.data(), name=st.sampled_from(NAMES))
 def test_with_room_for_the_whole_sequence_every_policy_is_the_plain_cache(data, name):
     config = data.draw(configs(latent=False, window=False))
@@ -69,7 +69,7 @@ def test_with_room_for_the_whole_sequence_every_policy_is_the_plain_cache(data, 
     assert cache.nbytes == 2 * config.n_layers * len(ids) * config.kv_width * 8
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(data=st.data(), name=st.sampled_from(NAMES))
 def test_the_budget_is_never_exceeded_between_passes(data, name):
     config = data.draw(configs(latent=False, window=False, positions="rotary"))
