@@ -118,7 +118,22 @@ def copy_chunks(trial: dict, variant: str) -> tuple[list[list[int]], list[int]]:
     return chunks, answer
 
 
+def copy_fractions(params, trials, variant: str, policy: str, budget: int) -> list[float]:
+    """Per trial, the share of the answer's tokens copied."""
+    return [round(float(copied_tokens(params, *copy_chunks(trial, variant),
+                                      make_cache(params.config, policy, budget)).mean()), 4)
+            for trial in trials]
+
+
+def pooled(fractions: list[float], trials) -> float:
+    """The trials' shares as one: the tokens copied in all of them over all their tokens."""
+    lengths = [len(trial["passage"]) - CUE for trial in trials]
+    copied = sum(round(fraction * length) for fraction, length in zip(fractions, lengths))
+    return round(copied / sum(lengths), 4)
+
+
 def copy_fraction(params, trials, variant: str, policy: str, budget: int) -> float:
+    """The share of every trial's answer tokens copied, all trials together."""
     hits = [copied_tokens(params, *copy_chunks(trial, variant),
                           make_cache(params.config, policy, budget)) for trial in trials]
     return round(float(np.concatenate(hits).mean()), 4)
@@ -182,12 +197,17 @@ def measure_copying(params, tokenizer, budgets, settings) -> dict:
     trials = [copy_trial(tokenizer, seed) for seed in range(settings["trials"])]
     section = {"cue": CUE, "trials": trials, "budgets": budgets}
     for variant in ("question_last", "question_later"):
-        row = {"full": copy_fraction(params, trials, variant, "full", 0), "policies": {}}
+        # per trial (a cell remakes one in seconds), and of every trial's tokens together
+        per_trial = {"full": copy_fractions(params, trials, variant, "full", 0), "policies": {}}
         for policy in settings["prompted"]:
-            row["policies"][policy] = [copy_fraction(params, trials, variant, policy, b)
-                                       for b in budgets]
-        section[variant] = row
-        print(variant, row, flush=True)
+            per_trial["policies"][policy] = [copy_fractions(params, trials, variant, policy, b)
+                                             for b in budgets]
+        section[variant] = {
+            "full": pooled(per_trial["full"], trials),
+            "policies": {policy: [pooled(row, trials) for row in rows]
+                         for policy, rows in per_trial["policies"].items()},
+            "per_trial": per_trial}
+        print(variant, section[variant]["full"], section[variant]["policies"], flush=True)
     return section
 
 
