@@ -287,12 +287,18 @@ def test_copied_tokens_counts_the_greedy_choices():
         copied_tokens(params, [ids[:6], ids[6:10]], ids[10:], kvlib.KVCache(config)), expected)
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="tools/measure_eviction.py has not written it")
-def test_the_committed_measurements_are_the_tools_inputs(smollm2_tokenizer):
+DATA_GEMMA3 = ROOT / "notebooks" / "data" / "keeping_what_attention_reads_gemma3.json"
+
+
+def _tool():
     import sys
     sys.path.insert(0, str(ROOT / "tools"))
-    import measure_eviction as tool
-    data = json.loads(DATA.read_text())
+    import measure_eviction
+    return measure_eviction
+
+
+def test_the_committed_measurements_are_the_tools_inputs(smollm2_tokenizer):
+    tool, data = _tool(), json.loads(DATA.read_text())
     assert data["loss"]["ids"] == tool.loss_ids(smollm2_tokenizer)
     assert data["copying"]["trials"] == [tool.copy_trial(smollm2_tokenizer, seed)
                                          for seed in range(tool.TRIALS)]
@@ -302,12 +308,23 @@ def test_the_committed_measurements_are_the_tools_inputs(smollm2_tokenizer):
         assert all(rows[str(b)]["mean"] >= loss["full"]["mean"] - 0.05 for b in loss["budgets"])
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="tools/measure_eviction.py has not written it")
+def test_gemma3s_measurements_are_the_tools_inputs_and_one_trial_is_remade():
+    tool, data = _tool(), json.loads(DATA_GEMMA3.read_text())
+    tokenizer, params = kvlib.gemma3_tokenizer(), kvlib.load_gemma3()
+    assert data["loss"]["ids"] == tool.loss_ids(tokenizer, tool.N_LOSS_GEMMA3)
+    copying = data["copying"]
+    assert copying["trials"] == [tool.copy_trial(tokenizer, seed)
+                                 for seed in range(tool.TRIALS_GEMMA3)]
+    # the filler is longer than the sliding window: only the global layers reach the passage
+    assert len(copying["trials"][0]["filler"]) > params.config.sliding_window
+    row = copying["question_later"]["per_trial"]["policies"]["tova"][0]     # budget 32
+    remade = tool.copy_fractions(params, copying["trials"][:1], "question_later", "tova",
+                                 copying["budgets"][0])
+    assert abs(remade[0] - row[0]) <= 0.07        # two tokens of about 30: float32 near ties
+
+
 def test_one_copying_row_is_remade(smollm2):
-    import sys
-    sys.path.insert(0, str(ROOT / "tools"))
-    import measure_eviction as tool
-    data = json.loads(DATA.read_text())["copying"]
+    tool, data = _tool(), json.loads(DATA.read_text())["copying"]
     budgets = data["budgets"]
     fraction = tool.copy_fraction(smollm2, data["trials"], "question_later", "window", budgets[-1])
     # each trial's answer has about 30 tokens: another CPU's float32 may flip a near tie or two

@@ -6,8 +6,9 @@ smollm2 gemma3`; numpy and kvlib only, one BLAS thread):
     .venv/bin/python tools/measure_eviction.py                  # about 25 minutes on one core
     .venv/bin/python tools/measure_eviction.py --model gemma3   # about 25 minutes
     .venv/bin/python tools/measure_eviction.py --quick          # a smaller run, printed only
+    .venv/bin/python tools/measure_eviction.py --sections cost  # one section again, the rest kept
 
-Three measurements, every policy through kvlib.eviction.EvictingCache, the ceiling through a
+Four measurements, every policy through kvlib.eviction.EvictingCache, the ceiling through a
 plain kvlib.KVCache:
 
 - loss: Python's documentation of the assignment statement (pydoc_data.topics, PSF licence),
@@ -15,6 +16,10 @@ plain kvlib.KVCache:
   one token at a time (kvlib.long_context.streaming_losses); per policy and budget the mean
   loss of the tokens at positions SCORED_FROM .. N_LOSS - 1, and the mean of every block of
   BLOCK predictions (block b: the predictions of ids[b x BLOCK + 1 ..]).
+- continued: the same text's first N_LOSS - CONTINUED tokens as a prompt in one pass (where
+  every policy chooses once, SnapKV's only choice), then the last CONTINUED tokens one at a
+  time; their mean loss, for every policy, SnapKV and PyramidKV included (SnapKV keeps every
+  token after the prompt, so it ends holding its budget + CONTINUED).
 - copying: a passage of PASSAGE_WORDS random words from the documentation, then FILLER tokens
   of other documentation, then the passage's first CUE tokens; how many of the rest the model
   copies greedily, teacher-forced (kvlib.long_context.copied_tokens). "question_last": the
@@ -84,13 +89,14 @@ def make_cache(config, policy: str, budget: int):
     return EvictingCache(config, budget, policy)
 
 
-def loss_row(params, ids, policy: str, budget: int, prompt_length: int = 1) -> dict:
-    """The mean loss of the tokens at SCORED_FROM .. and the mean of every block of BLOCK
+def loss_row(params, ids, policy: str, budget: int, prompt_length: int = 1,
+             scored_from: int = SCORED_FROM) -> dict:
+    """The mean loss of the tokens at scored_from .. and the mean of every block of BLOCK
     predictions, fed one token at a time after a prompt of prompt_length in one pass."""
     losses = streaming_losses(params, ids, make_cache(params.config, policy, budget),
                               prompt_length)
     blocks = [float(losses[start:start + BLOCK].mean()) for start in range(0, len(losses), BLOCK)]
-    return {"mean": round(float(losses[SCORED_FROM - 1:].mean()), 4),
+    return {"mean": round(float(losses[scored_from - 1:].mean()), 4),
             "blocks": [round(value, 4) for value in blocks]}
 
 
@@ -181,13 +187,15 @@ def measure_loss(params, ids, budgets, settings) -> dict:
 
 def measure_continued(params, ids, budgets, settings) -> dict:
     """The text's first len - CONTINUED tokens as a prompt in one pass (every policy chooses,
-    SnapKV once), then the rest one token at a time: every policy, SnapKV and PyramidKV too."""
-    prompt_length = len(ids) - CONTINUED
-    section = {"prompt_length": prompt_length, "budgets": budgets,
-               "full": loss_row(params, ids, "full", 0, prompt_length)["mean"], "policies": {}}
+    SnapKV once), then the rest one token at a time, whose mean loss is kept: every policy,
+    SnapKV and PyramidKV too."""
+    prompt_length = len(ids) - CONTINUED     # scored: the tokens after the prompt
+    section = {"prompt_length": prompt_length, "budgets": budgets, "full": loss_row(
+        params, ids, "full", 0, prompt_length, prompt_length)["mean"], "policies": {}}
     for policy in settings["prompted"]:
-        section["policies"][policy] = [loss_row(params, ids, policy, b, prompt_length)["mean"]
-                                       for b in budgets]
+        section["policies"][policy] = [
+            loss_row(params, ids, policy, b, prompt_length, prompt_length)["mean"]
+            for b in budgets]
         print("continued", policy, section["policies"][policy], "full", section["full"],
               flush=True)
     return section
