@@ -25,9 +25,9 @@ plain kvlib.KVCache:
   copies greedily, teacher-forced (kvlib.long_context.copied_tokens). "question_last": the
   prompt in one pass, the cue last (a scoring policy sees the cue when it chooses);
   "question_later": the passage and filler in one pass, the cue in a second (it does not).
-- Gemma 3: fewer rows (a step takes six times SmolLM2's): N_LOSS_GEMMA3 tokens, budgets
+- Gemma 3: fewer rows (a step takes about five times SmolLM2's): N_LOSS_GEMMA3 tokens, budgets
   BUDGETS_GEMMA3 for the global layers, TRIALS_GEMMA3 copying trials, no PyramidKV (three
-  global layers), no cost rows. Its filler is longer than its 512-position window, so only the
+  global layers), no continued or cost rows. Its filler is longer than its 512-position window, so only the
   global layers can reach the passage.
 - cost (SmolLM2): one decode step at position N_LOSS - 1 with budget COST_BUDGET, per policy and for
   plain caches of the whole sequence and of COST_BUDGET positions: the median time of
