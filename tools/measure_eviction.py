@@ -27,10 +27,10 @@ plain kvlib.KVCache:
   "question_later": the passage and filler in one pass, the cue in a second (it does not).
 - Gemma 3: fewer rows (a step takes about five times SmolLM2's): N_LOSS_GEMMA3 tokens, budgets
   BUDGETS_GEMMA3 for the global layers, TRIALS_GEMMA3 copying trials, no PyramidKV (three
-  global layers), no continued or cost rows. Its filler is longer than its 512-position window, so only the
-  global layers can reach the passage.
-- cost (SmolLM2): one decode step at position N_LOSS - 1 with budget COST_BUDGET, per policy and for
-  plain caches of the whole sequence and of COST_BUDGET positions: the median time of
+  global layers), no continued or cost rows. Its filler is longer than its 512-position
+  window, so only the global layers can reach the passage.
+- cost (SmolLM2): one decode step at position N_LOSS - 1 with budget COST_BUDGET, per policy
+  and for plain caches of the whole sequence and of COST_BUDGET positions: the median time of
   COST_STEPS steps (one thread; a timing, so the notebook shows it and checks nothing on it),
   the bytes of K and V held and the bytes of positions and scores kept beside them.
 """
