@@ -4,6 +4,7 @@ Each function's docstring names the notebook that introduces it and its shapes.
 The core needs numpy only; kvlib.plots and kvlib.widgets import matplotlib and ipywidgets.
 """
 
+from . import eviction, long_context
 from .bpe import Tokenizer
 from .cache import (
     BaseKVCache,
@@ -16,7 +17,6 @@ from .cache import (
 from .checkpoints.gemma3 import GEMMA3_270M, gemma3_tokenizer, load_gemma3
 from .checkpoints.smollm2 import SMOLLM2_135M, load_smollm2, smollm2_tokenizer
 from .config import GPT2_LONG, GPT2_SMALL, ModelConfig
-from . import eviction, long_context
 from .eviction import EvictingCache, pyramid_budgets
 from .flops import (
     MultiplyAdds,

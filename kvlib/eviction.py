@@ -35,7 +35,6 @@ from .cache import BaseKVCache, _plural
 from .checks import as_config, as_one_of, as_whole_number
 from .config import ModelConfig
 
-
 # ---------------------------------------------------------------------------------- policies
 
 def _top(scores: np.ndarray, n_keep: int) -> np.ndarray:
@@ -81,7 +80,7 @@ class Sinks:
         n_heads, n_slots = positions.shape
         recent = _last(n_heads, n_slots, budget - self.sink_tokens)
         sinks = np.broadcast_to(np.arange(self.sink_tokens), (n_heads, self.sink_tokens))
-        return np.concatenate([sinks, recent], axis=1)   # the sinks are the first slots, never evicted
+        return np.concatenate([sinks, recent], axis=1)   # sinks: the first slots, never evicted
 
 
 class H2O:
@@ -196,16 +195,99 @@ def pyramid_budgets(n_layers: int, budget: int, observation_window: int = 8,
 
 # ---------------------------------------------------------------------------------- the cache
 
+class EvictingLayer:
+    """One layer's held rows (keeping_what_attention_reads): per K/V head the positions held
+    (kv, held), their keys and values (kv, held, dh) and the attention each has received
+    (kv, held), all in position order. ``append`` adds a pass's rows, ``observe`` lets the
+    policy keep `budget` of them. Every change replaces these arrays, never writes into them,
+    so a copy of the list of them is a snapshot. EvictingCache has one per layer; Gemma 3's
+    evicting cache one per global layer (kvlib.gemma3.evicting_cache)."""
+
+    def __init__(self, budget: int, policy, kv_heads: int, head_dim: int, dtype):
+        self.budget, self.policy, self.kv_heads, self.head_dim = budget, policy, kv_heads, head_dim
+        self.positions = np.zeros((kv_heads, 0), dtype=np.int64)
+        self.scores = np.zeros((kv_heads, 0))
+        self.keys = self.values = np.zeros((kv_heads, 0, head_dim), dtype=dtype)
+        self.length, self.first_pass = 0, True
+
+    @property
+    def n_held(self) -> int:
+        return self.positions.shape[1]
+
+    def append(self, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A pass's rows K, V (T, kv x dh) at the next positions -> every row attention reads,
+        held and new: (held + T, kv x dh) each, K/V head by K/V head in its columns."""
+        n_new = len(K)
+        new_positions = np.arange(self.length, self.length + n_new)
+        self.first_pass = self.length == 0
+        self.positions = np.concatenate(
+            [self.positions, np.broadcast_to(new_positions, (self.kv_heads, n_new))], axis=1)
+        self.keys = np.concatenate([self.keys, self._split(K)], axis=1)
+        self.values = np.concatenate([self.values, self._split(V)], axis=1)
+        self.scores = np.concatenate([self.scores, np.zeros((self.kv_heads, n_new))], axis=1)
+        self.length += n_new
+        return merged(self.keys), merged(self.values)
+
+    def _split(self, rows: np.ndarray) -> np.ndarray:
+        """(T, kv x dh) -> (kv, T, dh)."""
+        return rows.reshape(len(rows), self.kv_heads, self.head_dim).transpose(1, 0, 2)
+
+    def observe(self, weights: np.ndarray) -> None:
+        """After the pass's attention, weights (h, T, held + T): add them to the scores, then,
+        over budget, keep what the policy chooses."""
+        grouped = weights.reshape(self.kv_heads, -1, *weights.shape[1:])   # (kv, h/kv, T, S)
+        self.scores = self.scores + grouped.sum(axis=(1, 2))
+        if self.n_held <= self.budget:
+            return
+        kept = self.policy.keep(self.positions, self.scores, grouped, self.budget,
+                                self.first_pass)
+        self.positions = np.take_along_axis(self.positions, kept, axis=1)
+        self.scores = np.take_along_axis(self.scores, kept, axis=1)
+        self.keys = np.take_along_axis(self.keys, kept[:, :, None], axis=1)
+        self.values = np.take_along_axis(self.values, kept[:, :, None], axis=1)
+
+    def forget_from(self, n: int) -> None:
+        """Drop the positions from n on, when nothing was evicted (every head holds 0 .. length)."""
+        kept = self.positions[0] < n
+        self.positions, self.scores = self.positions[:, kept], self.scores[:, kept]
+        self.keys, self.values = self.keys[:, kept], self.values[:, kept]
+        self.length = n
+
+    @property
+    def evicted(self) -> bool:
+        return self.n_held < self.length
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+    @property
+    def index_bytes(self) -> int:
+        return self.positions.nbytes + self.scores.nbytes
+
+    def state(self) -> tuple:
+        return (self.positions, self.scores, self.keys, self.values, self.length, self.first_pass)
+
+    def put_back(self, state: tuple) -> None:
+        (self.positions, self.scores, self.keys, self.values, self.length,
+         self.first_pass) = state
+
+
+def merged(rows: np.ndarray) -> np.ndarray:
+    """(kv, S, dh) -> (S, kv x dh): row j of head k sits in head k's columns; a head's row j
+    and another head's row j may be different positions."""
+    return rows.transpose(1, 0, 2).reshape(rows.shape[1], -1)
+
+
 class EvictingCache(BaseKVCache):
     """A cache that holds at most `budget` positions a layer and lets a policy choose them
     (keeping_what_attention_reads).
 
-    Per layer and K/V head it keeps the positions held (kv, held), their keys and values
-    (kv, held, dh) and an accumulated score (kv, held) (H2O's). A pass appends its rows and
-    attention reads every held row and the new ones; then ``observe`` hands the weights to the
-    policy, which keeps `budget` of them. So between two passes a layer holds at most its
-    budget (SnapKV: its prompt at most the budget, plus every later token), and a pass of T
-    tokens reads at most budget + T rows.
+    One EvictingLayer per layer. A pass appends its rows and attention reads every held row
+    and the new ones; then ``observe`` hands the weights to the policy, which keeps `budget`
+    of them. So between two passes a layer holds at most its budget (SnapKV: its prompt at
+    most the budget, plus every later token), and a pass of T tokens reads at most budget + T
+    rows.
 
     ``len(cache)`` is the sequence's length (the next position); ``nbytes`` counts what is
     held. budget: one number for every layer, or one per layer (pyramid_budgets). policy: a
@@ -218,45 +300,38 @@ class EvictingCache(BaseKVCache):
             raise ValueError("an EvictingCache needs a model with K and V and no window of its "
                              "own (the window is one of its policies)")
         super().__init__(config)
-        self.policy = _as_policy(policy)
+        self.policy = as_policy(policy)
         self.budgets = _as_budgets(budget, config.n_layers)
         for layer_budget in set(self.budgets):
             self.policy.check(layer_budget)
-        self.width, self.head_dim, self.kv_heads = config.kv_width, config.head_dim, config.kv_heads
+        self.width = config.kv_width
         self.reset()
 
     # ---------------------------------------------------------------- what is held
 
     def held_positions(self, layer: int) -> np.ndarray:
         """The positions a layer holds, per K/V head, in position order: (kv, held)."""
-        return self._positions[self._check_layer(layer)].copy()
+        return self._layers[self._check_layer(layer)].positions.copy()
 
     def keys(self, layer: int) -> np.ndarray:
         """The held keys, K/V head by K/V head in its columns: (held, kv_width)."""
-        return self._merged(self._keys[self._check_layer(layer)])
+        return merged(self._layers[self._check_layer(layer)].keys)
 
     def values(self, layer: int) -> np.ndarray:
-        return self._merged(self._values[self._check_layer(layer)])
-
-    @staticmethod
-    def _merged(rows: np.ndarray) -> np.ndarray:
-        """(kv, S, dh) -> (S, kv x dh): row j of head k sits in head k's columns; a head's
-        row j and another head's row j may be different positions."""
-        return rows.transpose(1, 0, 2).reshape(rows.shape[1], -1)
+        return merged(self._layers[self._check_layer(layer)].values)
 
     @property
     def nbytes(self) -> int:
         """Bytes of the rows held: 2 (K and V) x the rows of every layer and head x dh x bytes."""
-        return sum(keys.nbytes + values.nbytes for keys, values in zip(self._keys, self._values))
+        return sum(layer.nbytes for layer in self._layers)
 
     @property
     def index_bytes(self) -> int:
         """Bytes kept beside the rows: each held row's position and score, per K/V head."""
-        return sum(positions.nbytes + scores.nbytes
-                   for positions, scores in zip(self._positions, self._scores))
+        return sum(layer.index_bytes for layer in self._layers)
 
     def _describe(self) -> str:
-        held = sorted({positions.shape[1] for positions in self._positions})
+        held = sorted({layer.n_held for layer in self._layers})
         held_text = str(held[0]) if len(held) == 1 else f"{held[0]}-{held[-1]}"
         return (f"EvictingCache({self.policy.name}, {_plural(self._lengths[0], 'position')} "
                 f"seen, {held_text} held a layer, budget {_budget_text(self.budgets)}, "
@@ -269,47 +344,23 @@ class EvictingCache(BaseKVCache):
         see all held rows and each other causally, whatever positions are held. The rows of
         the layer holding most, numbered up to the next position: (held + n_new,)."""
         n, n_new = len(self), self._check_new(n_new)
-        most = max(positions.shape[1] for positions in self._positions)
+        most = max(layer.n_held for layer in self._layers)
         return np.arange(n - most, n + n_new)
 
     def mask_for(self, layer: int, mask):
         """The pass's mask cut to this layer's rows: the last columns (layers may hold fewer)."""
         if mask is None:
             return None
-        return mask[:, mask.shape[1] - self._positions[layer].shape[1]:]
+        return mask[:, mask.shape[1] - self._layers[layer].n_held:]
 
     def _store(self, layer: int, K: np.ndarray, V: np.ndarray):
-        start, n_new = self._lengths[layer], len(K)
-        self._first_pass[layer] = start == 0
-        new_positions = np.broadcast_to(np.arange(start, start + n_new), (self.kv_heads, n_new))
-        self._positions[layer] = np.concatenate([self._positions[layer], new_positions], axis=1)
-        self._keys[layer] = np.concatenate([self._keys[layer], self._split(K)], axis=1)
-        self._values[layer] = np.concatenate([self._values[layer], self._split(V)], axis=1)
-        self._scores[layer] = np.concatenate([self._scores[layer],
-                                              np.zeros((self.kv_heads, n_new))], axis=1)
-        self._lengths[layer] = start + n_new
-        return self._merged(self._keys[layer]), self._merged(self._values[layer])
-
-    def _split(self, rows: np.ndarray) -> np.ndarray:
-        """(T, kv x dh) -> (kv, T, dh)."""
-        return rows.reshape(len(rows), self.kv_heads, self.head_dim).transpose(1, 0, 2)
+        self._lengths[layer] += len(K)
+        return self._layers[layer].append(K, V)
 
     def observe(self, layer: int, weights: np.ndarray) -> None:
         """After a layer's attention: weights (h, T, S) over the rows it read. Add them to the
         scores, then, over budget, keep what the policy chooses."""
-        grouped = weights.reshape(self.kv_heads, -1, *weights.shape[1:])   # (kv, h/kv, T, S)
-        self._scores[layer] = self._scores[layer] + grouped.sum(axis=(1, 2))
-        budget = self.budgets[layer]
-        if self._positions[layer].shape[1] <= budget:
-            return
-        kept = self.policy.keep(self._positions[layer], self._scores[layer], grouped, budget,
-                                self._first_pass[layer])
-        self._evicted = True
-        rows = kept[:, :, None]
-        self._positions[layer] = np.take_along_axis(self._positions[layer], kept, axis=1)
-        self._scores[layer] = np.take_along_axis(self._scores[layer], kept, axis=1)
-        self._keys[layer] = np.take_along_axis(self._keys[layer], rows, axis=1)
-        self._values[layer] = np.take_along_axis(self._values[layer], rows, axis=1)
+        self._layers[layer].observe(weights)
 
     # ---------------------------------------------------------------- going back
 
@@ -318,46 +369,35 @@ class EvictingCache(BaseKVCache):
         was dropped to make room is gone, so the cache could not be what it was at n)."""
         n = self._check_truncate(n)
         if n == 0:
-            self._empty()
+            self.reset()
             return
-        if n < len(self) and self._evicted:
+        if n < len(self) and any(layer.evicted for layer in self._layers):
             raise ValueError(f"cannot truncate an evicting cache from {len(self)} to {n} "
                              "positions: it dropped positions since, and the ones dropped to "
                              "make room are gone. Keep a checkpoint() and restore() it instead")
-        for layer in range(self.config.n_layers):
-            kept = self._positions[layer][0] < n          # nothing evicted: every head the same
-            self._positions[layer] = self._positions[layer][:, kept]
-            self._scores[layer] = self._scores[layer][:, kept]
-            self._keys[layer] = self._keys[layer][:, kept]
-            self._values[layer] = self._values[layer][:, kept]
+        for layer in self._layers:
+            layer.forget_from(n)
         self._lengths = [n] * self.config.n_layers
 
-    def _empty(self) -> None:
-        layers, dtype = self.config.n_layers, self.config.numpy_dtype
-        self._positions = [np.zeros((self.kv_heads, 0), dtype=np.int64)] * layers
-        self._scores = [np.zeros((self.kv_heads, 0))] * layers
-        self._keys = [np.zeros((self.kv_heads, 0, self.head_dim), dtype=dtype)] * layers
-        self._values = list(self._keys)
-        self._first_pass = [True] * layers
-        self._evicted = False
-        self._lengths = [0] * layers
-
     def reset(self) -> None:
-        self._empty()
+        config = self.config
+        self._layers = [EvictingLayer(budget, self.policy, config.kv_heads, config.head_dim,
+                                      config.numpy_dtype) for budget in self.budgets]
+        self._lengths = [0] * config.n_layers
 
     def _state(self):
-        # every change replaces a layer's arrays, so copies of the lists are a snapshot
-        return (tuple(self._lengths), list(self._positions), list(self._scores),
-                list(self._keys), list(self._values), list(self._first_pass), self._evicted)
+        return tuple(self._lengths), [layer.state() for layer in self._layers]
 
     def _put_back(self, state) -> None:
-        lengths, positions, scores, keys, values, first_pass, evicted = state
-        self._lengths, self._positions, self._scores = list(lengths), list(positions), list(scores)
-        self._keys, self._values = list(keys), list(values)
-        self._first_pass, self._evicted = list(first_pass), evicted
+        lengths, layers = state
+        self._lengths = list(lengths)
+        for layer, layer_state in zip(self._layers, layers):
+            layer.put_back(layer_state)
 
 
-def _as_policy(policy):
+def as_policy(policy):
+    """A policy object from a name of POLICIES or an object (the door of EvictingCache and
+    kvlib.gemma3.evicting_cache)."""
     if isinstance(policy, str):
         return POLICIES[as_one_of("policy", policy, tuple(POLICIES))]()
     if isinstance(policy, tuple(POLICIES.values())):

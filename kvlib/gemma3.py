@@ -43,6 +43,7 @@ import numpy as np
 
 from .checkpoints.gemma3 import Gemma3Config, Gemma3LayerParams, Gemma3Params
 from .checks import as_count, as_flag, as_rows, as_whole_number, contains_bool
+from .eviction import EvictingLayer, as_policy, merged
 from .inference import choose_next_token
 from .model import attention_mask, gelu, rms_norm, softmax, weighted_sum
 from .model import embed as lookup
@@ -94,15 +95,21 @@ def attention_mask_for(config: Gemma3Config, layer_index: int, query_positions,
     return attention_mask(query_positions, key_positions, window)
 
 
-def attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, mask: np.ndarray,
-              scaling: float) -> np.ndarray:
-    """Scaled dot-product attention over grouped K/V heads: Q (h, T, dh), K and V (kv, S,
-    dh), mask (T, S) -> (h, T, dh). Query head i reads K/V head i // (h / kv)."""
+def attention_weights(Q: np.ndarray, K: np.ndarray, mask: np.ndarray,
+                      scaling: float) -> np.ndarray:
+    """Scaled, masked, softmaxed scores over grouped K/V heads: Q (h, T, dh), K (kv, S, dh),
+    mask (T, S) -> weights (h, T, S). Query head i reads K/V head i // (h / kv)."""
     h, T, dh = Q.shape
     groups = Q.reshape(K.shape[0], h // K.shape[0], T, dh)          # (kv, h/kv, T, dh)
     scores = ((groups @ K[:, None].swapaxes(-1, -2)) * scaling).reshape(h, T, K.shape[1])
-    weights = softmax(np.where(mask, scores, -np.inf))
-    return weighted_sum(weights, V)
+    return softmax(np.where(mask, scores, -np.inf))
+
+
+def attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, mask: np.ndarray,
+              scaling: float) -> np.ndarray:
+    """Scaled dot-product attention over grouped K/V heads: Q (h, T, dh), K and V (kv, S,
+    dh), mask (T, S) -> (h, T, dh)."""
+    return weighted_sum(attention_weights(Q, K, mask, scaling), V)
 
 
 def project_qkv(X: np.ndarray, layer: Gemma3LayerParams, config: Gemma3Config,
@@ -115,31 +122,43 @@ def project_qkv(X: np.ndarray, layer: Gemma3LayerParams, config: Gemma3Config,
     return Q, K, X @ layer.Wv
 
 
+def heads_of(rows: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
+    """Rows of heads side by side (S, n x dh) -> (n, S, dh)."""
+    return rows.reshape(len(rows), n_heads, head_dim).transpose(1, 0, 2)
+
+
 def attend_rows(Q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray,
                 config: Gemma3Config) -> np.ndarray:
     """attention on rows: Q (T, h x dh), keys and values (S, kv x dh), mask (T, S) -> the
     heads side by side (T, h x dh), before W_o."""
-    T = Q.shape[0]
+    return attend_rows_weighing(Q, keys, values, mask, config)[0]
+
+
+def attend_rows_weighing(Q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray,
+                         config: Gemma3Config) -> tuple[np.ndarray, np.ndarray]:
+    """attend_rows, and the weights it paid: -> (T, h x dh), weights (h, T, S)."""
     h, kv, dh = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    heads = attention(Q.reshape(T, h, dh).transpose(1, 0, 2),
-                      keys.reshape(-1, kv, dh).transpose(1, 0, 2),
-                      values.reshape(-1, kv, dh).transpose(1, 0, 2), mask,
-                      config.query_pre_attn_scalar ** -0.5)
-    return heads.transpose(1, 0, 2).reshape(T, h * dh)
+    weights = attention_weights(heads_of(Q, h, dh), heads_of(keys, kv, dh), mask,
+                                config.query_pre_attn_scalar ** -0.5)
+    heads = weighted_sum(weights, heads_of(values, kv, dh))
+    return heads.transpose(1, 0, 2).reshape(len(Q), h * dh), weights
 
 
 def self_attn(X: np.ndarray, layer: Gemma3LayerParams, config: Gemma3Config, layer_index: int,
               positions: np.ndarray, rotary: RotaryPositions, cache=None) -> np.ndarray:
     """Gemma3Attention: X (T, d), normalized, at positions (T,) -> (T, d), before the
     post-attention norm. q and k are normalized per head, then rotated; K and V go to the
-    cache (if any), which returns every row this layer may read and their positions."""
+    cache (if any), which returns every row this layer may read and their positions, and
+    hears the weights (an evicting layer chooses what to keep from them)."""
     Q, K, V = project_qkv(X, layer, config, rotary)
     if cache is None:
-        keys, values, key_positions = K, V, positions
-    else:
-        keys, values, key_positions = cache.update(layer_index, K, V)
+        mask = attention_mask_for(config, layer_index, positions, positions)
+        return attend_rows(Q, K, V, mask, config) @ layer.Wo
+    keys, values, key_positions = cache.update(layer_index, K, V)
     mask = attention_mask_for(config, layer_index, positions, key_positions)
-    return attend_rows(Q, keys, values, mask, config) @ layer.Wo
+    attended, weights = attend_rows_weighing(Q, keys, values, mask, config)
+    cache.observe(layer_index, weights)
+    return attended @ layer.Wo
 
 
 def mlp(X: np.ndarray, layer: Gemma3LayerParams) -> np.ndarray:
@@ -221,6 +240,9 @@ class RingCacheLayer:
         self.length += T
         return keys, values, key_positions
 
+    def observe(self, weights: np.ndarray) -> None:
+        """A ring keeps its window whatever attention paid."""
+
     def held(self):
         """(keys, values, positions) of the rows held, in position order."""
         order = np.argsort(self.ring_positions)[np.sort(self.ring_positions) >= 0]
@@ -251,6 +273,9 @@ class FullCacheLayer:
         self.all_keys[start:end], self.all_values[start:end] = K, V
         self.length = end
         return self.all_keys[:end], self.all_values[:end], np.arange(end)
+
+    def observe(self, weights: np.ndarray) -> None:
+        """A full layer keeps every position whatever attention paid."""
 
     def held(self):
         return self.all_keys[:self.length], self.all_values[:self.length], np.arange(self.length)
@@ -304,6 +329,10 @@ class Gemma3Cache:
         key_positions) that the chunk's queries read (transformers' Cache.update)."""
         return self._layer(layer).update(K, V)
 
+    def observe(self, layer: int, weights: np.ndarray) -> None:
+        """What a layer's attention paid to the rows update returned, weights (h, T, S)."""
+        self._layer(layer).observe(weights)
+
     def keys(self, layer: int) -> np.ndarray:
         """The keys a layer holds, in position order: (held, kv_width)."""
         return self._layer(layer).held()[0]
@@ -319,6 +348,57 @@ class Gemma3Cache:
     def nbytes(self) -> int:
         itemsize = self.config.numpy_dtype.itemsize
         return sum(2 * layer.n_held * self.config.kv_width * itemsize for layer in self.layers)
+
+
+class EvictingCacheLayer:
+    """A global layer that keeps at most `budget` positions, chosen by a kvlib.eviction
+    policy after each pass (keeping_what_attention_reads): kvlib.eviction.EvictingLayer behind
+    this module's layer interface. Its positions are one row: one K/V head (Gemma 3 270M), or
+    a policy that keeps one set for every head."""
+
+    def __init__(self, budget: int, policy, config: Gemma3Config):
+        self.rows = EvictingLayer(budget, policy, config.num_key_value_heads, config.head_dim,
+                                  config.numpy_dtype)
+        self.width = config.kv_width
+
+    @property
+    def length(self) -> int:
+        return self.rows.length
+
+    @property
+    def n_held(self) -> int:
+        return self.rows.n_held
+
+    def update(self, K: np.ndarray, V: np.ndarray):
+        """Append a chunk's K and V (T, kv_width) -> (keys, values, key_positions) of the rows
+        held and the chunk's; the policy chooses after the pass (observe)."""
+        K, V = _checked_rows(K, V, self.width)
+        keys, values = self.rows.append(K, V)
+        return keys, values, self.rows.positions[0]
+
+    def observe(self, weights: np.ndarray) -> None:
+        self.rows.observe(weights)
+
+    def held(self):
+        return merged(self.rows.keys), merged(self.rows.values), self.rows.positions[0]
+
+
+def evicting_cache(config: Gemma3Config, budget, policy="tova") -> Gemma3Cache:
+    """A Gemma3Cache whose sliding layers keep their ring and whose global layers keep at most
+    `budget` positions each, chosen by the policy (keeping_what_attention_reads): the only
+    layers of Gemma 3 whose cache grows are the ones that evict."""
+    cache = Gemma3Cache(config)
+    policy = as_policy(policy)
+    budget = as_whole_number("budget", budget, 1)
+    policy.check(budget)
+    if config.num_key_value_heads > 1 and policy.name in ("h2o", "snapkv"):
+        raise ValueError(f"{policy.name} keeps positions per K/V head, and this model has "
+                         f"{config.num_key_value_heads}: a Gemma 3 layer reads one row of "
+                         "positions; use window, sinks or tova")
+    cache.layers = [layer if config.is_sliding(index) else
+                    EvictingCacheLayer(budget, policy, config)
+                    for index, layer in enumerate(cache.layers)]
+    return cache
 
 
 # ---------------------------------------------------------------------- running the model

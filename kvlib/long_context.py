@@ -2,16 +2,33 @@
 token of a long text fed through the cache one token at a time, and how much of a passage the
 model copies when it sees the passage's start again.
 
-Both run through any kvlib cache (KVCache for the ceiling, an EvictingCache with a budget), so
-the same code measures every policy; tools/measure_eviction.py runs them over budgets.
+Both run through any kvlib cache (KVCache for the ceiling, an EvictingCache with a budget), or
+Gemma 3's (kvlib.gemma3.Gemma3Cache, kvlib.gemma3.evicting_cache), so the same code measures
+every policy; tools/measure_eviction.py runs them over budgets.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .checks import as_cache, as_params, as_token_ids
+from . import gemma3
+from .checkpoints.gemma3 import Gemma3Params
+from .checks import as_cache, as_params, as_token_ids, as_whole_number
 from .inference import decode_step, prefill
+
+
+def _model(params, cache, adding: int):
+    """(prefill, decode_step, vocab_size) of the params' model, its empty cache checked."""
+    if isinstance(params, Gemma3Params):
+        model = gemma3.prefill, gemma3.decode_step, params.config.vocab_size
+    else:
+        config = as_params(params).config
+        as_cache(cache, config, adding=adding)
+        model = prefill, decode_step, config.vocab_size
+    if len(cache):
+        raise ValueError(f"this needs an empty cache, got one holding {len(cache)} positions "
+                         "(a fresh one, or cache.reset())")
+    return model
 
 
 def log_loss(logits_row: np.ndarray, token: int) -> float:
@@ -20,22 +37,21 @@ def log_loss(logits_row: np.ndarray, token: int) -> float:
     return float(np.log(np.exp(row).sum()) - row[token])
 
 
-def streaming_losses(params, ids, cache) -> np.ndarray:
-    """The text fed one token at a time through an empty cache, each token predicting the next
+def streaming_losses(params, ids, cache, prompt_length: int = 1) -> np.ndarray:
+    """The text fed through an empty cache, each token predicting the next
     (keeping_what_attention_reads): ids (T,) -> losses (T - 1,), loss t for ids[t + 1] given
-    what the cache kept of ids[: t + 1]. One token a pass is what an evicting cache is made
-    for: it chooses after every step."""
-    config = as_params(params).config
-    ids = as_token_ids(ids, config.vocab_size, "ids")
-    if len(as_cache(cache, config, adding=len(ids))):
-        raise ValueError(f"streaming_losses needs an empty cache, got one holding {len(cache)} "
-                         "positions (cache.reset() empties it)")
-    logits, cache = prefill(params, ids[:1], cache)
-    losses = []
-    for position in range(1, len(ids)):
+    what the cache kept of ids[: t + 1]. The first prompt_length ids go in one pass (a prompt:
+    what SnapKV compresses, once), the rest one token at a time (an evicting cache chooses
+    after every step)."""
+    run_prefill, run_decode_step, vocab_size = _model(params, cache, np.size(ids))
+    ids = as_token_ids(ids, vocab_size, "ids")
+    prompt_length = as_whole_number("prompt_length", prompt_length, 1, len(ids))
+    logits, cache = run_prefill(params, ids[:prompt_length], cache)
+    losses = [log_loss(row, token) for row, token in zip(logits[:-1], ids[1:prompt_length])]
+    for position in range(prompt_length, len(ids)):
         losses.append(log_loss(logits[-1], ids[position]))
         if position < len(ids) - 1:
-            logits = decode_step(params, ids[position], cache)
+            logits = run_decode_step(params, ids[position], cache)
     return np.array(losses)
 
 
@@ -43,17 +59,15 @@ def copied_tokens(params, prompt_chunks, answer, cache) -> np.ndarray:
     """The prompt fed chunk by chunk (each chunk one pass: what an evicting cache sees when it
     compresses), then the answer teacher-forced one token at a time; per answer token, whether
     the greedy choice was it (keeping_what_attention_reads): -> bool (len(answer),)."""
-    config = as_params(params).config
-    chunks = [as_token_ids(chunk, config.vocab_size, "each prompt chunk") for chunk in prompt_chunks]
-    answer = as_token_ids(answer, config.vocab_size, "answer")
-    total = sum(map(len, chunks)) + len(answer)
-    if len(as_cache(cache, config, adding=total)):
-        raise ValueError("copied_tokens needs an empty cache (cache.reset() empties it)")
+    total = sum(map(np.size, prompt_chunks)) + np.size(answer)
+    run_prefill, run_decode_step, vocab_size = _model(params, cache, total)
+    chunks = [as_token_ids(chunk, vocab_size, "each prompt chunk") for chunk in prompt_chunks]
+    answer = as_token_ids(answer, vocab_size, "answer")
     for chunk in chunks:
-        logits, cache = prefill(params, chunk, cache, last_only=True)
+        logits, cache = run_prefill(params, chunk, cache, last_only=True)
     hits = []
     for index, token in enumerate(answer):
         hits.append(int(np.argmax(logits[-1])) == token)
         if index < len(answer) - 1:
-            logits = decode_step(params, token, cache)
+            logits = run_decode_step(params, token, cache)
     return np.array(hits)
