@@ -28,7 +28,7 @@ from .base import (
     shown,
 )
 
-EXERCISE1_POSITIONS = np.array([0, 2, 5, 7, 8, 9])
+EXERCISE1_POSITIONS = np.array([0, 2, 5, 6, 8, 9])
 """The positions a layer holds, budget 5: the current token (9) has just been added."""
 EXERCISE1_WEIGHTS = np.array([[0.50, 0.02, 0.10, 0.08, 0.10, 0.20],
                               [0.40, 0.20, 0.01, 0.09, 0.10, 0.20],
@@ -52,7 +52,7 @@ def tova_dropped() -> int:
 
 @checker
 def check_tova_drop(answer) -> Feedback:
-    """Exercise 1: the position TOVA drops from the table (positions 0, 2, 5, 7, 8, 9;
+    """Exercise 1: the position TOVA drops from the table (positions 0, 2, 5, 6, 8, 9;
     budget 5)."""
     value = read_whole_number(answer, "a position")
     if isinstance(value, Feedback):
@@ -150,7 +150,7 @@ def _as_positions(answer):
     if isinstance(answer, (set, frozenset, range, list, tuple)):
         try:
             return sorted(answer)
-        except TypeError:
+        except (TypeError, ValueError, OverflowError):     # mixed types, huge numbers
             return list(answer)
     return answer
 
