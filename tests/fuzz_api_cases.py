@@ -957,7 +957,6 @@ _gemma_method("key_positions", 5)
 
 # ---- the evicting cache and the losses through any cache (keeping_what_attention_reads) --
 
-from kvlib import eviction as _eviction  # noqa: E402
 from kvlib import long_context as _long_context  # noqa: E402
 
 
