@@ -297,6 +297,11 @@ NOT_FUZZED = {
     "keeping_what_attention_reads calls an EvictingCache's held_positions(layer); the "
     "config's, the rows a window keeps of n positions, is called by kvlib's caches with their "
     "own lengths",
+    **dict.fromkeys(["kvlib.eviction.EvictingLayer.append", "kvlib.eviction.EvictingLayer.state",
+                     "kvlib.gemma3.EvictingCacheLayer.update"],
+                    "in the scope by their names only (the notebooks call append, state and "
+                    "update on other caches): one layer of an evicting cache, which the cache "
+                    "calls with rows it has checked; tests/test_eviction.py tries them"),
     **{f"kvlib.cache_bugs.{name}": "the bug zoo: loops with bugs planted on purpose, which "
        "kvlib.debug.first_divergence runs and whose crashes it reports as findings"
        for name in ("CacheNeverRead", "JumpingOffset", "PrefixCacheWithoutParent", "RolledBack",
