@@ -59,6 +59,10 @@ def copied_tokens(params, prompt_chunks, answer, cache) -> np.ndarray:
     """The prompt fed chunk by chunk (each chunk one pass: what an evicting cache sees when it
     compresses), then the answer teacher-forced one token at a time; per answer token, whether
     the greedy choice was it (keeping_what_attention_reads): -> bool (len(answer),)."""
+    if not isinstance(prompt_chunks, (list, tuple)) or not prompt_chunks:
+        raise TypeError("prompt_chunks must be a non-empty list of chunks of token ids, such "
+                        f"as [[1, 2, 3], [4]], got {type(prompt_chunks).__name__} "
+                        f"{prompt_chunks!r:.40}")
     total = sum(map(np.size, prompt_chunks)) + np.size(answer)
     run_prefill, run_decode_step, vocab_size = _model(params, cache, total)
     chunks = [as_token_ids(chunk, vocab_size, "each prompt chunk") for chunk in prompt_chunks]

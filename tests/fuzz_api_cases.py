@@ -954,3 +954,47 @@ _gemma_method("update", 0, np.ones((1, _GEMMA3.kv_width), np.float32),
 _gemma_method("keys", 5)
 _gemma_method("values", 5)
 _gemma_method("key_positions", 5)
+
+# ---- the evicting cache and the losses through any cache (keeping_what_attention_reads) --
+
+from kvlib import long_context as _long_context  # noqa: E402
+
+
+def evicting_state(cache):
+    """What an evicting cache holds: its lengths, and each layer's positions, keys, values."""
+    if not len(cache):                 # nothing held: keys() of an empty layer is not read
+        return cache.lengths, [cache.held_positions(i) for i in range(cache.config.n_layers)]
+    return (cache.lengths, [(cache.held_positions(i), np.array(cache.keys(i)),
+                             np.array(cache.values(i))) for i in range(cache.config.n_layers)])
+
+
+def _evicting_method(name, *args, budget=8):
+    def build():
+        cache = kvlib.EvictingCache(ROTARY.config, budget, "h2o")
+        kvlib.prefill(ROTARY, PROMPT, cache)
+        return Case(getattr(cache, name), args, state=lambda: evicting_state(cache))
+    CASES[f"EvictingCache.{name}"] = build
+
+
+pure("EvictingCache", kvlib.EvictingCache, ROTARY.config, 4, "tova")
+pure("pyramid_budgets", kvlib.pyramid_budgets, 30, 128)
+_evicting_method("held_positions", 1, budget=3)
+_evicting_method("keys", 1, budget=3)
+_evicting_method("values", 1, budget=3)
+_evicting_method("key_positions", 2, budget=3)
+_evicting_method("truncate", 2)
+_evicting_method("reset")
+
+
+@case("streaming_losses")
+def _():
+    cache = kvlib.EvictingCache(ROTARY.config, 3, "tova")
+    return Case(_long_context.streaming_losses, (ROTARY, PROMPT, cache),
+                state=lambda: evicting_state(cache))
+
+
+@case("copied_tokens")
+def _():
+    cache = kvlib.EvictingCache(ROTARY.config, 3, "h2o")
+    return Case(_long_context.copied_tokens, (ROTARY, [[0, 3], [7]], [1, 9], cache),
+                state=lambda: evicting_state(cache))

@@ -285,6 +285,23 @@ NOT_FUZZED = {
                      "kvlib.checkpoints.gemma3.gemma3_tokenizer"],
                     "need Gemma 3's files: tests/test_gemma3.py and tests/test_model_files.py "
                     "try their odd input"),
+    **dict.fromkeys([f"kvlib.eviction.{policy}.{method}"
+                     for policy in ("Window", "Sinks", "H2O", "TOVA", "SnapKV")
+                     for method in ("keep", "check")],
+                    "a policy's step, called by EvictingCache with arrays and a budget it has "
+                    "read and built itself (keeping_what_attention_reads calls keep once on "
+                    "well-formed arrays, to compare with its own lines); it trusts its "
+                    "caller, as kvlib's internals do. tests/test_eviction.py and "
+                    "tests/test_keeping_what_attention_reads.py run it on random inputs"),
+    "kvlib.config.ModelConfig.held_positions": "in the scope by its name only: "
+    "keeping_what_attention_reads calls an EvictingCache's held_positions(layer); the "
+    "config's, the rows a window keeps of n positions, is called by kvlib's caches with their "
+    "own lengths",
+    **dict.fromkeys(["kvlib.eviction.EvictingLayer.append", "kvlib.eviction.EvictingLayer.state",
+                     "kvlib.gemma3.EvictingCacheLayer.update"],
+                    "in the scope by their names only (the notebooks call append, state and "
+                    "update on other caches): one layer of an evicting cache, which the cache "
+                    "calls with rows it has checked; tests/test_eviction.py tries them"),
     **{f"kvlib.cache_bugs.{name}": "the bug zoo: loops with bugs planted on purpose, which "
        "kvlib.debug.first_divergence runs and whose crashes it reports as findings"
        for name in ("CacheNeverRead", "JumpingOffset", "PrefixCacheWithoutParent", "RolledBack",
