@@ -172,6 +172,10 @@ POLICIES = {"window": Window, "sinks": Sinks, "h2o": H2O, "tova": TOVA, "snapkv"
 """Each policy's name and class; EvictingCache(policy="tova") makes TOVA() with its defaults."""
 
 
+MOST_LAYERS = 10_000
+"""pyramid_budgets' limit: more layers than any model has (a list of them must fit in memory)."""
+
+
 def pyramid_budgets(n_layers: int, budget: int, observation_window: int = 8,
                     beta: int = 20) -> list[int]:
     """PyramidKV's budgets (keeping_what_attention_reads): as many positions in total as
@@ -182,7 +186,7 @@ def pyramid_budgets(n_layers: int, budget: int, observation_window: int = 8,
     steps by the whole number (largest - smallest) // (layers - 1), which keeps more in total
     (10% more for SmolLM2 at 128); here each layer's share is rounded instead, so that the
     total is the uniform budget's and a comparison at equal memory is fair."""
-    n_layers = as_whole_number("n_layers", n_layers, 1)
+    n_layers = as_whole_number("n_layers", n_layers, 1, MOST_LAYERS)
     observation_window = as_whole_number("observation_window", observation_window, 1)
     budget = as_whole_number("budget", budget, observation_window + 1)
     beta = as_whole_number("beta", beta, 1)
@@ -276,7 +280,8 @@ class EvictingLayer:
 def merged(rows: np.ndarray) -> np.ndarray:
     """(kv, S, dh) -> (S, kv x dh): row j of head k sits in head k's columns; a head's row j
     and another head's row j may be different positions."""
-    return rows.transpose(1, 0, 2).reshape(rows.shape[1], -1)
+    kv, n_rows, head_dim = rows.shape
+    return rows.transpose(1, 0, 2).reshape(n_rows, kv * head_dim)
 
 
 class EvictingCache(BaseKVCache):

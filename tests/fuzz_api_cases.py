@@ -962,8 +962,6 @@ from kvlib import long_context as _long_context  # noqa: E402
 
 def evicting_state(cache):
     """What an evicting cache holds: its lengths, and each layer's positions, keys, values."""
-    if not len(cache):                 # nothing held: keys() of an empty layer is not read
-        return cache.lengths, [cache.held_positions(i) for i in range(cache.config.n_layers)]
     return (cache.lengths, [(cache.held_positions(i), np.array(cache.keys(i)),
                              np.array(cache.values(i))) for i in range(cache.config.n_layers)])
 
