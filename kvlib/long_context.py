@@ -20,6 +20,9 @@ from .inference import decode_step, prefill
 def _model(params, cache, adding: int):
     """(prefill, decode_step, vocab_size) of the params' model, its empty cache checked."""
     if isinstance(params, Gemma3Params):
+        if not isinstance(cache, gemma3.Gemma3Cache):
+            raise TypeError(f"Gemma 3 needs a kvlib.gemma3.Gemma3Cache (or evicting_cache), "
+                            f"got {type(cache).__name__}")
         model = gemma3.prefill, gemma3.decode_step, params.config.vocab_size
     else:
         config = as_params(params).config

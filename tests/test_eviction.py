@@ -455,3 +455,17 @@ def test_a_prompt_in_one_pass_gives_the_same_losses_as_one_token_at_a_time():
     compressed = streaming_losses(params, ids, EvictingCache(config, 8, SnapKV(2)), 12)
     assert np.abs(compressed[12:] - one_by_one[12:]).max() > 1e-6
     np.testing.assert_allclose(compressed[:11], one_by_one[:11], atol=1e-12)
+
+
+def test_gemma3_is_given_its_own_cache_or_a_clear_error():
+    from kvlib import gemma3
+    from kvlib.checkpoints.gemma3 import Gemma3Config
+    config = Gemma3Config(vocab_size=20, hidden_size=8, intermediate_size=6, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                          layer_types=("sliding_attention", "full_attention"), sliding_window=3,
+                          query_pre_attn_scalar=9.0, max_position_embeddings=40, dtype="float64")
+    params = gemma3.init_gemma3_params(config, 1)
+    for wrong in (kvlib.KVCache(toy()[1]), 5, "cache"):
+        with pytest.raises(TypeError, match="Gemma3Cache"):
+            streaming_losses(params, [1, 2, 3], wrong)
+    assert len(streaming_losses(params, [1, 2, 3, 4], gemma3.evicting_cache(config, 2))) == 3
